@@ -1,0 +1,40 @@
+# rlvr_lightning — the commands a user runs. `make help` lists them.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ALGO ?= grpo
+ARGS ?=
+ALGOS := $(sort $(basename $(notdir $(wildcard configs/algo/*.yaml))))
+# vLLM on CPU: run in-process and keep the KV cache small (it reserves ~16 GiB otherwise).
+export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: help setup train test ui clean-cache
+
+help:
+	@echo "make setup                 create $(VENV) and install everything (CPU or GPU stack, auto-detected)"
+	@echo "make train [ALGO=grpo] [ARGS='--model.init_args.lr 1e-5']   train; ALGO is one of: $(ALGOS)"
+	@echo "make test                  run the test suite"
+	@echo "make ui                    open the MLflow UI on ./mlruns"
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh $(VENV)
+	@touch $@
+
+train: setup
+	@if [ ! -f configs/algo/$(ALGO).yaml ]; then \
+	  echo "error: unknown ALGO '$(ALGO)'; valid: $(ALGOS)" >&2; exit 2; fi
+	$(PY) -m rlvr_lightning fit --config configs/base.yaml --config configs/algo/$(ALGO).yaml \
+	  --trainer.logger.init_args.run_name $(ALGO) $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q $(ARGS)
+
+ui: setup
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --default-artifact-root mlruns/artifacts
+
+clean-cache:
+	rm -rf $${RLVR_CACHE_DIR:-$$HOME/.cache/rlvr_lightning}

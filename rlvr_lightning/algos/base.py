@@ -1,0 +1,418 @@
+"""RLVRModule: the training step every RLVR algorithm shares.
+
+One `training_step` = one rollout batch (DESIGN.md, "Data flow"):
+  1. the rollout engine samples G completions per prompt
+  2. rollout callbacks score them (RewardVerifier → `rollout.rewards`, `rollout.correct`)
+  3. the algorithm turns rewards into advantages              (`compute_advantages`)
+  4. attribution callbacks may reshape them per token          (`rollout.token_weights`)
+  5. old (and reference) log-probs under the trainer's model, no grad
+  6. K mini-batches × micro-batches: the algorithm's loss → manual backward → clip → step
+  7. the new weights go to the engine, whose change is probed
+  8. metrics are logged
+
+Manual optimisation, because global token normalisation (DAPO) and several updates per rollout
+batch conflict with Lightning's automatic accumulation scaling. An algorithm subclass only
+overrides what differs: `compute_advantages` and `policy_loss` (or `micro_batch_loss`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from rlvr_lightning.advantages import group_advantage, group_reward_stats
+from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.losses import LossAgg, aggregate, kl_penalty, masked_mean
+from rlvr_lightning.rollout.engine import RolloutEngine
+from rlvr_lightning.rollout.sync import WeightSyncProbe
+from rlvr_lightning.rollout.types import PromptBatch, Rollout, RolloutTensors
+
+log = logging.getLogger(__name__)
+
+
+class RolloutCallback(Callback):
+    """A Lightning callback with two extra hooks, called by the module inside the training step."""
+
+    def on_rollout_generated(self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout) -> None:
+        """After generation: fill `rollout.rewards` / `rollout.correct` (the reward verifier)."""
+
+    def on_advantages_computed(self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout) -> None:
+        """After advantages: fill `rollout.token_weights` (THR / OAR attribution)."""
+
+
+@dataclass
+class StepNorms:
+    """Global normalisers of one optimizer step (ALGORITHMS.md §1.2), summed over micro-batches and ranks."""
+
+    num_seqs: float
+    num_tokens: float
+    world_size: int
+
+
+@dataclass
+class MicroBatch:
+    tensors: RolloutTensors
+    advantages: torch.Tensor  # [n, T] token advantages (reshaped by attribution if any)
+    old_logp: torch.Tensor  # [n, T]
+    ref_logp: torch.Tensor | None  # [n, T]
+    seq_index: torch.Tensor  # positions of these sequences in the rollout
+
+
+class RLVRModule(L.LightningModule):
+    def __init__(
+        self,
+        lr: float = 1e-6,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        lr_schedule: str = "constant",
+        max_grad_norm: float = 1.0,
+        mini_batches: int = 1,
+        ppo_epochs: int = 1,
+        micro_batch_size: int = 64,
+        loss_agg: LossAgg = "seq-mean-token-mean",
+        kl_coef: float = 0.0,
+        kl_estimator: str = "k3",
+        use_adv_std: bool = True,
+        sync_check_tol: float = 1e-3,
+        max_nonfinite_steps: int = 10,
+    ) -> None:
+        """
+        Args:
+            lr: AdamW learning rate.
+            warmup_steps: linear warm-up, in optimizer steps.
+            lr_schedule: `constant` or `cosine` (to 0 at `trainer.max_steps`) after warm-up.
+            max_grad_norm: gradient clipping by global norm.
+            mini_batches: K optimizer steps per rollout batch; the prompts are split into K mini-batches.
+            ppo_epochs: passes over the rollout batch.
+            micro_batch_size: sequences per forward/backward (gradient accumulation inside a mini-batch).
+            loss_agg: how per-token losses are reduced (ALGORITHMS.md §1.2).
+            kl_coef: β of the KL penalty to the frozen initial policy; 0 = no reference model.
+            kl_estimator: k1, k2 or k3.
+            use_adv_std: divide group-centred rewards by the group std.
+            sync_check_tol: max |engine − trainer| log-prob on the probe sequence after a weight sync.
+            max_nonfinite_steps: stop after this many consecutive updates with a non-finite loss or gradient.
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        if lr_schedule not in ("constant", "cosine"):
+            raise ConfigError(f"model.lr_schedule={lr_schedule!r}; valid: constant, cosine")
+        if mini_batches < 1 or ppo_epochs < 1 or micro_batch_size < 1:
+            raise ConfigError("model.mini_batches, model.ppo_epochs and model.micro_batch_size must be ≥ 1")
+        self.policy: torch.nn.Module | None = None
+        self.ref_policy: torch.nn.Module | None = None
+        self.policy_version = 0
+        self.latest_val: dict[str, float] = {}
+        self._sync_probe = WeightSyncProbe(tol=sync_check_tol)
+        self._nonfinite_streak = 0
+
+    # ---- model, engine, optimiser ------------------------------------------------------------
+    def configure_model(self) -> None:
+        if self.policy is not None:
+            return
+        from transformers import AutoModelForCausalLM
+
+        path = self.datamodule.policy_path
+        self.policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        self.policy.config.use_cache = False
+        if self.hparams.kl_coef > 0:
+            self.ref_policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+            self.ref_policy.requires_grad_(False)
+
+    @property
+    def datamodule(self):
+        return self.trainer.datamodule
+
+    @property
+    def engine(self) -> RolloutEngine:
+        return self.datamodule.engine(self.policy)
+
+    def configure_callbacks(self) -> list[Callback]:
+        from rlvr_lightning.callbacks.reward import RewardVerifier
+
+        # The reward is part of the algorithm: add the default verifier unless the user configured one.
+        if any(isinstance(c, RewardVerifier) for c in self.trainer.callbacks):
+            return []
+        return [RewardVerifier()]
+
+    def configure_optimizers(self):
+        h = self.hparams
+        opt = torch.optim.AdamW(self.policy.parameters(), lr=h.lr, weight_decay=h.weight_decay)
+        total = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else None
+
+        def factor(step: int) -> float:
+            if step < h.warmup_steps:
+                return (step + 1) / h.warmup_steps
+            if h.lr_schedule == "cosine" and total:
+                progress = min(1.0, (step - h.warmup_steps) / max(1, total - h.warmup_steps))
+                return 0.5 * (1 + math.cos(math.pi * progress))
+            return 1.0
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def on_fit_start(self) -> None:
+        self._check_batch_layout()
+        self.engine  # build now, so its start-up cost is not charged to the first step
+
+    def _check_batch_layout(self) -> None:
+        dm = self.datamodule.hparams
+        if dm.batch_size % self.hparams.mini_batches:
+            raise ConfigError(
+                f"data.batch_size={dm.batch_size} prompts must divide into model.mini_batches="
+                f"{self.hparams.mini_batches} mini-batches of whole groups"
+            )
+
+    # ---- the algorithm's hooks ---------------------------------------------------------------
+    def compute_advantages(self, rollout: Rollout) -> torch.Tensor:
+        """Sequence advantages [N] from `rollout.rewards` (default: group-relative, §1.1)."""
+        return group_advantage(rollout.rewards, rollout.group_size, use_std=self.hparams.use_adv_std)
+
+    def policy_loss(
+        self, logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Per-token policy loss [n, T] and boolean/float per-token statistics. Subclasses define it."""
+        raise NotImplementedError
+
+    def micro_batch_loss(self, mb: MicroBatch, logp: torch.Tensor, norms: StepNorms) -> tuple[torch.Tensor, dict]:
+        """Scalar loss of one micro-batch, already divided by the step's global normalisers."""
+        mask = mb.tensors.response_mask
+        per_tok, stats = self.policy_loss(logp, mb.old_logp, mb.advantages, mask)
+        if self.hparams.kl_coef > 0:
+            kl = kl_penalty(logp, mb.ref_logp, self.hparams.kl_estimator)
+            per_tok = per_tok + self.hparams.kl_coef * kl
+            stats["kl"] = kl.detach()
+        loss = aggregate(
+            per_tok, mask, self.hparams.loss_agg, norms.num_seqs, norms.num_tokens,
+            norm_const=self.datamodule.hparams.max_response_length, world_size=norms.world_size,
+        )  # fmt: skip
+        return loss, stats
+
+    # ---- one training step -------------------------------------------------------------------
+    def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        times: dict[str, float] = {}
+        t_step = time.perf_counter()
+        with _timed(times, "rollout"):
+            rollout = self.generate(batch)
+        with _timed(times, "reward"):
+            self._run_rollout_hooks("on_rollout_generated", rollout)
+        if rollout.rewards is None:
+            raise RuntimeError("no rollout callback set rollout.rewards (is a RewardVerifier configured?)")
+        rollout.advantages = self.compute_advantages(rollout)
+        with _timed(times, "attribution"):
+            self._run_rollout_hooks("on_advantages_computed", rollout)
+        tensors = rollout.tensors(self.datamodule.tokenizer.pad_token_id).to(self.device)
+        adv_tok = rollout.advantages.to(self.device)[:, None] * tensors.response_mask
+        if rollout.token_weights is not None:
+            adv_tok = adv_tok * rollout.token_weights.to(self.device)
+        with _timed(times, "old_logprob"):
+            old_logp, ref_logp = self.reference_logprobs(tensors, rollout.sampling.temperature)
+        with _timed(times, "update"):
+            update_metrics = self.update(rollout, tensors, adv_tok, old_logp, ref_logp)
+        with _timed(times, "weight_sync"):
+            self.sync_engine(rollout)
+        times["step"] = time.perf_counter() - t_step
+        self._log_step(rollout, tensors, old_logp, update_metrics, times)
+
+    def generate(self, batch: PromptBatch) -> Rollout:
+        dm = self.datamodule
+        prompt_ids = [dm.tokenizer(p, add_special_tokens=False).input_ids for p in batch.prompts]
+        sampling = dm.sampling(seed=self._sampling_seed())
+        groups = self.engine.generate(prompt_ids, sampling)
+        completions = [c for group in groups for c in group]
+        texts = dm.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+        return Rollout(
+            batch=batch, group_size=sampling.n, prompt_ids=prompt_ids, completions=completions,
+            sampling=sampling, policy_version=self.policy_version, texts=texts,
+        )  # fmt: skip
+
+    def _sampling_seed(self) -> int:
+        # Reproducible across runs and resumes; distinct per step and per rank.
+        return self.datamodule.hparams.seed * 1_000_003 + self.global_step * 101 + self.global_rank
+
+    def _run_rollout_hooks(self, hook: str, rollout: Rollout) -> None:
+        for cb in self.trainer.callbacks:
+            if isinstance(cb, RolloutCallback):
+                getattr(cb, hook)(self.trainer, self, rollout)
+
+    # ---- log-probs ---------------------------------------------------------------------------
+    def token_logprobs(
+        self, model: torch.nn.Module, t: RolloutTensors, temperature: float, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """log π(y_t | ·) of every response token, log_softmax(logits / T) in fp32, 0 on padding."""
+        T = t.response_mask.shape[1]
+        out = model(
+            input_ids=t.input_ids, attention_mask=t.attention_mask, position_ids=t.position_ids,
+            logits_to_keep=T + 1, use_cache=False,
+        )  # fmt: skip
+        logits = out.logits[:, :-1].float() / temperature  # position P−1+t predicts response token t
+        logp_all = logits.log_softmax(-1)
+        targets = t.input_ids[:, t.prompt_width :]
+        logp = logp_all.gather(-1, targets[..., None]).squeeze(-1) * t.response_mask
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                entropy = -(logp_all.exp() * logp_all).sum(-1)
+        return logp, entropy
+
+    @torch.no_grad()
+    def reference_logprobs(self, t: RolloutTensors, temperature: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """θ_old log-probs (recomputed by the trainer, as the loss needs) and reference log-probs if KL is on."""
+        old, ref = [], []
+        for idx in self._micro_batches(torch.arange(t.input_ids.shape[0], device=self.device)):
+            mb = t.select(idx)
+            old.append(self.token_logprobs(self.policy, mb, temperature)[0])
+            if self.ref_policy is not None:
+                ref.append(self.token_logprobs(self.ref_policy, mb, temperature)[0])
+        return torch.cat(old), (torch.cat(ref) if ref else None)
+
+    def _micro_batches(self, seq_index: torch.Tensor) -> list[torch.Tensor]:
+        return list(seq_index.split(self.hparams.micro_batch_size))
+
+    # ---- updates -----------------------------------------------------------------------------
+    def update(
+        self,
+        rollout: Rollout,
+        t: RolloutTensors,
+        adv_tok: torch.Tensor,
+        old_logp: torch.Tensor,
+        ref_logp: torch.Tensor | None,
+    ) -> dict[str, float]:
+        opt = self.optimizers()
+        sched = self.lr_schedulers()
+        h = self.hparams
+        G = rollout.group_size
+        num_prompts = len(rollout.batch)
+        acc = _MetricAccumulator()
+        for _epoch in range(h.ppo_epochs):
+            # Mini-batches hold whole groups: prompt-level split, sequences stay group-contiguous.
+            for prompt_idx in torch.arange(num_prompts).chunk(h.mini_batches):
+                seq_index = (prompt_idx[:, None] * G + torch.arange(G)).flatten().to(self.device)
+                norms = self._step_norms(t.response_mask[seq_index])
+                opt.zero_grad(set_to_none=True)
+                for idx in self._micro_batches(seq_index):
+                    mb = MicroBatch(
+                        t.select(idx), adv_tok[idx], old_logp[idx],
+                        ref_logp[idx] if ref_logp is not None else None, idx,
+                    )  # fmt: skip
+                    logp, entropy = self.token_logprobs(self.policy, mb.tensors, rollout.sampling.temperature, True)
+                    loss, stats = self.micro_batch_loss(mb, logp, norms)
+                    self.manual_backward(loss)
+                    acc.add_tokens(stats, entropy, mb.tensors.response_mask)
+                    acc.add("loss", loss.detach())
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), h.max_grad_norm)
+                if not torch.isfinite(grad_norm):
+                    self._skip_nonfinite_update(opt, grad_norm)
+                    acc.add("skipped_updates", torch.tensor(1.0))
+                    continue
+                self._nonfinite_streak = 0
+                opt.step()
+                sched.step()
+                acc.add("grad_norm", grad_norm.detach())
+        metrics = acc.result()
+        metrics["lr"] = sched.get_last_lr()[0]
+        return metrics
+
+    def _step_norms(self, mask: torch.Tensor) -> StepNorms:
+        counts = torch.tensor([float(mask.shape[0]), mask.sum().item()], device=self.device)
+        counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
+        return StepNorms(counts[0].item(), counts[1].item(), self.trainer.world_size)
+
+    def _skip_nonfinite_update(self, opt, grad_norm: torch.Tensor) -> None:
+        opt.zero_grad(set_to_none=True)
+        self._nonfinite_streak += 1
+        log.warning("skipped an update with a non-finite gradient norm (%s)", grad_norm.item())
+        if self._nonfinite_streak >= self.hparams.max_nonfinite_steps:
+            raise RuntimeError(
+                f"{self._nonfinite_streak} consecutive updates had a non-finite loss or gradient; stopping. "
+                "Lower model.lr or check the reward and the data."
+            )
+
+    # ---- weight sync -------------------------------------------------------------------------
+    @torch.no_grad()
+    def sync_engine(self, rollout: Rollout) -> None:
+        self.engine.load_weights(self.policy.state_dict().items())
+        self.policy_version += 1
+        self._sync_probe.check(self.engine, self._trainer_score, rollout)
+
+    @torch.no_grad()
+    def _trainer_score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=self.device)
+        logits = self.policy(input_ids=ids, use_cache=False).logits[0, len(prompt_ids) - 1 : -1].float()
+        return logits.log_softmax(-1).gather(-1, ids[0, len(prompt_ids) :, None]).squeeze(-1).tolist()
+
+    # ---- logging -----------------------------------------------------------------------------
+    def _log_step(self, rollout: Rollout, t: RolloutTensors, old_logp, update_metrics, times) -> None:
+        mask = t.response_mask
+        lengths = rollout.response_lengths
+        mismatch = (t.rollout_logp - old_logp).abs() * mask
+        metrics = {f"train/{k}": v for k, v in group_reward_stats(rollout.rewards, rollout.group_size).items()}
+        metrics.update({f"train/{k}": v for k, v in update_metrics.items()})
+        metrics.update({f"train/{k}": v for k, v in rollout.metrics.items()})
+        metrics.update(
+            {
+                "train/accuracy": rollout.correct.float().mean().item(),
+                "train/response_length_mean": lengths.mean().item(),
+                "train/response_length_max": lengths.max().item(),
+                "train/response_clip_ratio": rollout.truncated.float().mean().item(),
+                "train/logprob_mismatch_mean": masked_mean(mismatch, mask).item(),
+                "train/logprob_mismatch_max": mismatch.max().item(),
+                "train/policy_version": float(self.policy_version),
+                "train/sync_probe_max_abs_diff": self._sync_probe.last_diff,
+                "throughput/rollout_tokens_per_s": lengths.sum().item() / max(times["rollout"], 1e-9),
+            }
+        )
+        metrics.update({f"time/{k}": v for k, v in times.items()})
+        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(rollout.batch))
+        bar = {"reward": metrics["train/reward_mean"]}
+        if "val/accuracy" in self.latest_val:
+            bar["val_acc"] = self.latest_val["val/accuracy"]
+        self.log_dict(bar, prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=len(rollout.batch))
+
+
+@contextmanager
+def _timed(times: dict[str, float], key: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        times[key] = times.get(key, 0.0) + time.perf_counter() - start
+
+
+class _MetricAccumulator:
+    """Token-weighted means of per-token statistics and plain means of scalars over micro-batches."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.counts: dict[str, float] = {}
+        self.maxes: dict[str, float] = {}
+
+    def add(self, key: str, value: torch.Tensor, weight: float = 1.0) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + float(value) * weight
+        self.counts[key] = self.counts.get(key, 0.0) + weight
+
+    def add_tokens(self, stats: dict[str, torch.Tensor], entropy: torch.Tensor | None, mask: torch.Tensor) -> None:
+        n_tok = float(mask.sum())
+        per_token = dict(stats)
+        if entropy is not None:
+            per_token["entropy"] = entropy
+        for key, value in per_token.items():
+            self.add(key, masked_mean(value.float(), mask), weight=n_tok)
+        if "ratio" in stats:
+            self.maxes["ratio_max"] = max(self.maxes.get("ratio_max", 0.0), float((stats["ratio"] * mask).max()))
+
+    def result(self) -> dict[str, float]:
+        out = {k: self.sums[k] / self.counts[k] for k in self.sums if self.counts[k] > 0}
+        for old, new in (("clipped_low", "clip_frac_low"), ("clipped_high", "clip_frac_high"), ("ratio", "ratio_mean")):
+            if old in out:
+                out[new] = out.pop(old)
+        if "clip_frac_low" in out:
+            out["clip_frac"] = out["clip_frac_low"] + out["clip_frac_high"]
+        return {**out, **self.maxes}

@@ -1,0 +1,98 @@
+"""Held-out evaluation with the rollout engine: before training, every N steps, and at the end.
+
+`val/accuracy` is the accuracy of *sampled* completions at the training temperature (mean over
+`num_samples` per problem): on small policies greedy accuracy is flat or noisy while the sampled
+policy improves (DESIGN.md, "Embedded default"), so greedy accuracy is logged beside it.
+Not a Lightning validation loop: evaluation needs the engine and the verifier, not `validation_step`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from rlvr_lightning.callbacks.reward import RewardVerifier
+
+
+class Evaluation(Callback):
+    def __init__(
+        self,
+        every_n_steps: int = 20,
+        num_samples: int = 4,
+        temperature: float | None = None,
+        greedy: bool = True,
+        batch_size: int = 256,
+    ) -> None:
+        """
+        Args:
+            every_n_steps: evaluate after every N rollout batches (0 = only at start and end).
+            num_samples: sampled completions per problem for `val/accuracy`.
+            temperature: sampling temperature; null = the training temperature.
+            greedy: also log `val/accuracy_greedy` (temperature 0, one completion).
+            batch_size: prompts per engine call.
+        """
+        self.every_n_steps = every_n_steps
+        self.num_samples = num_samples
+        self.temperature = temperature
+        self.greedy = greedy
+        self.batch_size = batch_size
+        self._last_step = -1
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.evaluate(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if self.every_n_steps and (batch_idx + 1) % self.every_n_steps == 0:
+            self.evaluate(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.evaluate(trainer, pl_module)
+
+    @torch.no_grad()
+    def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
+        if trainer.global_step == self._last_step:
+            return pl_module.latest_val
+        dm = trainer.datamodule
+        batches = dm.val_batches(self.batch_size)
+        if not batches:
+            return {}
+        verifier = next(c for c in trainer.callbacks if isinstance(c, RewardVerifier))
+        t0 = time.perf_counter()
+        temperature = self.temperature if self.temperature is not None else dm.hparams.temperature
+        metrics = self._score(pl_module, dm, verifier, batches, dm.sampling(n=self.num_samples, temperature=temperature, seed=0))
+        if self.greedy:
+            greedy = self._score(pl_module, dm, verifier, batches, dm.sampling(n=1, temperature=0.0, seed=0))
+            metrics["accuracy_greedy"] = greedy["accuracy"]
+        metrics["seconds"] = time.perf_counter() - t0
+        out = {f"val/{k}": v for k, v in metrics.items()}
+        pl_module.latest_val = out
+        self._last_step = trainer.global_step
+        if trainer.logger is not None:
+            trainer.logger.log_metrics(out, step=trainer.global_step)
+        return out
+
+    @staticmethod
+    def _score(pl_module, dm, verifier: RewardVerifier, batches, sampling) -> dict[str, float]:
+        correct, lengths, no_answer, n_problems = [], [], 0.0, 0
+        for batch in batches:
+            prompt_ids = [dm.tokenizer(p, add_special_tokens=False).input_ids for p in batch.prompts]
+            groups = pl_module.engine.generate(prompt_ids, sampling)
+            comps = [c for g in groups for c in g]
+            texts = dm.tokenizer.batch_decode([c.token_ids for c in comps], skip_special_tokens=True)
+            golds = [a for a in batch.answers for _ in range(sampling.n)]
+            truncated = torch.tensor([c.finish_reason == "length" for c in comps])
+            c, m = verifier.score(golds, texts, truncated)
+            correct.append(c)
+            lengths.extend(len(x.token_ids) for x in comps)
+            no_answer += m["no_answer_frac"] * len(texts)
+            n_problems += len(batch)
+        c = torch.cat(correct)
+        return {
+            "accuracy": c.mean().item(),
+            "response_length_mean": sum(lengths) / len(lengths),
+            "no_answer_frac": no_answer / len(c),
+            "num_problems": float(n_problems),
+        }

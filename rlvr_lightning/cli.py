@@ -1,0 +1,71 @@
+"""Command line: `python -m rlvr_lightning fit --config configs/base.yaml --config configs/algo/grpo.yaml ...`.
+
+A LightningCLI whose model is any `RLVRModule` subclass (the algorithm) and whose data is the
+RolloutDataModule. Two additions over the stock CLI:
+  * the MLflow run is named after the algorithm and tagged with algorithm, model and dataset;
+  * the resolved config is logged to MLflow (flattened params + `config.yaml` artifact) instead of
+    being written to a log directory, which the MLflow logger does not have.
+User errors (bad config values, data files, model paths) print one clear message, no traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from jsonargparse import Namespace
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import MLFlowLogger
+
+import rlvr_lightning.algos  # noqa: F401  (registers every algorithm for `--model <Name>`)
+from rlvr_lightning.algos.base import RLVRModule
+from rlvr_lightning.data.datamodule import RolloutDataModule
+from rlvr_lightning.data.sources import DataSourceError
+from rlvr_lightning.errors import ConfigError
+
+
+class MLflowSaveConfig(SaveConfigCallback):
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        for logger in trainer.loggers:
+            if isinstance(logger, MLFlowLogger):
+                text = self.parser.dump(self.config, skip_none=False)
+                logger.experiment.log_text(logger.run_id, text, "config.yaml")
+                logger.log_hyperparams(_without_logger(self.config.as_dict()))
+
+
+def _without_logger(cfg: dict) -> dict:
+    # The logger's own settings are not hyper-parameters (and the tracking URI is machine-specific).
+    trainer = {k: v for k, v in cfg.get("trainer", {}).items() if k != "logger"}
+    return {**cfg, "trainer": trainer}
+
+
+class RLVRCLI(LightningCLI):
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("save_config_callback", MLflowSaveConfig)
+        kwargs.setdefault("save_config_kwargs", {"save_to_log_dir": False})
+        super().__init__(RLVRModule, RolloutDataModule, *args, subclass_mode_model=True, **kwargs)
+
+    def before_instantiate_classes(self) -> None:
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        logger = cfg.trainer.logger
+        if not (isinstance(logger, Namespace) and logger.class_path.endswith("MLFlowLogger")):
+            return
+        algorithm = cfg.model.class_path.rsplit(".", 1)[-1]
+        args = logger.init_args
+        args.run_name = args.run_name or algorithm.lower()
+        args.tags = {
+            **(args.tags or {}),
+            "algorithm": algorithm,
+            "preset": args.run_name,
+            "model": cfg.data.model_name_or_path,
+            "dataset": cfg.data.train_data,
+        }
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        RLVRCLI(args=argv)
+    except (ConfigError, DataSourceError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,211 @@
+"""RolloutDataModule: prompt batches for RL, the held-out problems, the tokenizer and the rollout engine.
+
+The dataloader yields *prompts* only. Completions are generated inside the training step (see
+DESIGN.md): Lightning fetches the next batch before the current step runs, so generating in a
+dataset iterator would sample from stale weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Literal
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from rlvr_lightning.data.embedded_task import train_test_split
+from rlvr_lightning.data.sources import ProblemRecord, load_problems
+from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.models.warm_start import EMBEDDED, resolve_policy_path
+from rlvr_lightning.rollout.engine import RolloutEngine
+from rlvr_lightning.rollout.types import PromptBatch, SamplingConfig
+
+log = logging.getLogger(__name__)
+
+
+class RolloutDataModule(L.LightningDataModule):
+    def __init__(
+        self,
+        model_name_or_path: str = EMBEDDED,
+        train_data: str = EMBEDDED,
+        val_data: str | None = EMBEDDED,
+        train_split: str = "train",
+        val_split: str = "test",
+        problem_field: str | None = None,
+        answer_field: str | None = None,
+        id_field: str | None = None,
+        prompt_template: str = "{problem}",
+        use_chat_template: bool = False,
+        batch_size: int = 16,
+        group_size: int = 8,
+        max_prompt_length: int = 64,
+        max_response_length: int = 32,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        val_size: int | None = 200,
+        engine: Literal["vllm", "hf"] = "vllm",
+        dtype: str = "float32",
+        kv_cache_gib: float = 1.0,
+        gpu_memory_utilization: float = 0.3,
+        enforce_eager: bool = True,
+        seed: int = 0,
+    ) -> None:
+        """
+        Args:
+            model_name_or_path: `embedded` (the built-in tiny model, warm-started on first use), an
+                HF model id, or a local HF model directory. The trainer and the engine both load it.
+            train_data: `embedded` (the built-in arithmetic task), a .jsonl/.json/.parquet file, or
+                an HF dataset name.
+            val_data: held-out problems for `val/accuracy` (same forms), or null for none.
+            problem_field / answer_field / id_field: column names; auto-detected when null.
+            prompt_template: Python format string applied to each problem (`{problem}`).
+            use_chat_template: wrap the templated prompt in the tokenizer's chat template.
+            batch_size: prompts per rollout batch (B). Each prompt gets `group_size` completions (G).
+            max_prompt_length: prompts longer than this (in tokens) are dropped, with a count.
+            max_response_length: generation limit; completions that hit it count as truncated.
+            engine: `vllm` (default) or `hf` (the transformers `generate` fallback).
+            kv_cache_gib: vLLM KV cache on CPU, in GiB (`VLLM_CPU_KVCACHE_SPACE`).
+            gpu_memory_utilization: vLLM's share of GPU memory when colocated with training.
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        if group_size < 2:
+            raise ConfigError(f"data.group_size must be ≥ 2 (group-relative advantages), got {group_size}")
+        if temperature <= 0:
+            raise ConfigError(f"data.temperature must be > 0 for RL sampling, got {temperature}")
+        self.tokenizer = None
+        self.policy_path: str | None = None
+        self.train_records: list[ProblemRecord] = []
+        self.val_records: list[ProblemRecord] = []
+        self._engine: RolloutEngine | None = None
+
+    # ---- setup -------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        if self.tokenizer is not None:
+            return
+        self.policy_path = resolve_policy_path(self.hparams.model_name_or_path)
+        self.tokenizer = load_tokenizer(self.policy_path)
+        self.train_records = self._load(self.hparams.train_data, self.hparams.train_split, train=True)
+        self.val_records = (
+            self._load(self.hparams.val_data, self.hparams.val_split, train=False)[: self.hparams.val_size]
+            if self.hparams.val_data
+            else []
+        )
+        if len(self.train_records) < self.hparams.batch_size:
+            raise ConfigError(
+                f"data.train_data has {len(self.train_records)} usable problems, fewer than data.batch_size="
+                f"{self.hparams.batch_size}"
+            )
+
+    def _load(self, source: str, split: str, train: bool) -> list[ProblemRecord]:
+        if source == EMBEDDED:
+            train_set, test_set = train_test_split(seed=0)
+            records = [p.record() for p in (train_set if train else test_set)]
+        else:
+            h = self.hparams
+            records = load_problems(
+                source, split=split, problem_field=h.problem_field, answer_field=h.answer_field, id_field=h.id_field
+            )
+        kept = [r for r in records if len(self.prompt_ids(r.problem)) <= self.hparams.max_prompt_length]
+        if len(kept) < len(records):
+            log.warning(
+                "%s: dropped %d of %d problems longer than data.max_prompt_length=%d tokens",
+                source, len(records) - len(kept), len(records), self.hparams.max_prompt_length,
+            )  # fmt: skip
+        return kept
+
+    def format_prompt(self, problem: str) -> str:
+        text = self.hparams.prompt_template.format(problem=problem)
+        if self.hparams.use_chat_template:
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            )
+        return text
+
+    def prompt_ids(self, problem: str) -> list[int]:
+        return self.tokenizer(self.format_prompt(problem), add_special_tokens=False).input_ids
+
+    # ---- dataloaders -------------------------------------------------------------------------
+    def collate(self, records: list[ProblemRecord]) -> PromptBatch:
+        return PromptBatch(
+            ids=[r.id for r in records],
+            prompts=[self.format_prompt(r.problem) for r in records],
+            answers=[r.answer for r in records],
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        generator = torch.Generator().manual_seed(self.hparams.seed)
+        return DataLoader(
+            self.train_records,
+            batch_size=self.hparams.batch_size,
+            shuffle=True,
+            drop_last=True,
+            generator=generator,
+            collate_fn=self.collate,
+        )
+
+    def val_batches(self, batch_size: int = 64) -> list[PromptBatch]:
+        """Held-out problems in fixed order (not a Lightning val loop: evaluation is a callback)."""
+        recs = self.val_records
+        return [self.collate(recs[i : i + batch_size]) for i in range(0, len(recs), batch_size)]
+
+    # ---- sampling and the engine -------------------------------------------------------------
+    def sampling(self, **overrides) -> SamplingConfig:
+        h = self.hparams
+        base = dict(
+            n=h.group_size, temperature=h.temperature, top_p=h.top_p, top_k=h.top_k, max_tokens=h.max_response_length
+        )
+        return SamplingConfig(**{**base, **overrides})
+
+    def engine(self, policy: torch.nn.Module) -> RolloutEngine:
+        """The rollout engine, built on first use (the HF fallback samples with `policy` itself)."""
+        if self._engine is None:
+            self._engine = self._build_engine(policy)
+        return self._engine
+
+    def _build_engine(self, policy: torch.nn.Module) -> RolloutEngine:
+        h = self.hparams
+        if h.engine == "hf":
+            from rlvr_lightning.rollout.hf_engine import HFGenerateEngine
+
+            return HFGenerateEngine(policy, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
+        from rlvr_lightning.rollout.vllm_engine import VLLMEngine
+
+        # Each rank gets its own engine and its own seed, so ranks do not sample identical completions.
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        return VLLMEngine(
+            self.policy_path,
+            max_model_len=h.max_prompt_length + h.max_response_length,
+            dtype=h.dtype,
+            seed=h.seed + rank,
+            kv_cache_gib=h.kv_cache_gib,
+            gpu_memory_utilization=h.gpu_memory_utilization,
+            enforce_eager=h.enforce_eager,
+        )
+
+    def teardown(self, stage: str) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    if os.sep in path and not Path(path).exists():
+        raise ConfigError(f"data.model_name_or_path: model directory does not exist: {path}")
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"could not load a tokenizer from data.model_name_or_path={path!r}: {str(err).splitlines()[0]} "
+            "(use `embedded`, a local HF model directory, or an HF model id reachable from this machine)"
+        ) from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+

@@ -1,0 +1,350 @@
+"""Load math problem datasets (local files or Hugging Face datasets) into uniform `ProblemRecord`s.
+
+Every mistake a user can make (wrong path, malformed line, missing column, unreachable hub) raises
+`DataSourceError` with a one-line message naming the file, the line or row, and the field, so a bad
+dataset is reported before any training starts instead of as a traceback from inside a library.
+
+Locations in messages: JSONL content is reported by 1-based line number (what an editor shows);
+JSON lists, parquet and HF datasets by 0-based row index (the same index used in default ids).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".parquet")
+PROBLEM_FIELDS = ("problem", "question", "prompt", "query", "input")
+ANSWER_FIELDS = ("answer", "final_answer", "solution", "target", "output")
+ID_FIELDS = ("id", "unique_id", "idx", "problem_id")
+
+# Endings that only a file name has: such a string is never a hub dataset name, so when it does not
+# exist we report "not found" rather than making a (slow, confusing, possibly offline) hub request.
+_FILE_SUFFIXES = SUPPORTED_EXTENSIONS + (".csv", ".tsv", ".txt", ".arrow", ".gz", ".zst", ".bz2", ".xz")
+# Hub ids are "name" or "owner/name". On POSIX os.sep is "/", so one "/" alone cannot mean "path".
+_HF_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+_BOXED = re.compile(r"\\boxed\s*\{")
+# A comma between digit groups of three ("1,450,000"), but not in tuples like "(1,2)".
+_THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+@dataclass(frozen=True)
+class ProblemRecord:
+    id: str  # stable id: the id field if present (str()), else f"{source_name}:{row_index}"
+    problem: str  # question text, exactly as stored
+    answer: str  # gold final answer, normalised by `gold_from_field`
+
+
+class DataSourceError(ValueError):
+    """A dataset could not be loaded because of its contents, its location, or the options given."""
+
+
+# --------------------------------------------------------------------------- gold normalisation
+
+
+def gold_from_field(value: Any, where: str = "gold answer") -> str:
+    """Turn a stored gold answer into the final-answer string the verifier compares against.
+
+    - numbers: integral values lose the ".0" (AMC23 stores 27.0 -> "27"), other floats use str();
+    - GSM8K style "... #### 1,234": the text after the last "####", thousands commas removed;
+    - a full solution containing \\boxed{...} (MATH `solution`): content of the LAST \\boxed{},
+      matched with balanced braces so nested \\frac{}{} survive;
+    - otherwise the stripped string.
+    Plain integers are written canonically ("025" -> "25"): AIME stores 3-digit zero-padded answers
+    and a string comparison would otherwise reject a correct "25".
+    `where` (file, line, field) prefixes error messages.
+    """
+    if value is None:
+        raise DataSourceError(f"{where}: gold answer is empty (null)")
+    if isinstance(value, bool):  # bool is an int subclass; True as a gold answer is a data bug
+        raise DataSourceError(f"{where}: gold answer is a boolean ({value}), expected text or a number")
+    if isinstance(value, numbers.Integral):  # also numpy ints
+        return str(int(value))
+    if isinstance(value, numbers.Real):  # floats, numpy floats
+        value = float(value)
+        if not math.isfinite(value):  # NaN is how parquet/pandas store a missing number
+            raise DataSourceError(f"{where}: gold answer is not a finite number ({value})")
+        return str(int(value)) if value.is_integer() else str(value)
+    if not isinstance(value, str):
+        raise DataSourceError(f"{where}: gold answer has type {type(value).__name__}, expected text or a number")
+
+    text = value.strip()
+    if "####" in text:
+        text = _THOUSANDS_COMMA.sub("", text.rsplit("####", 1)[1]).strip()
+    elif _BOXED.search(text):
+        boxed = last_boxed(text)
+        if boxed is None:
+            raise DataSourceError(f"{where}: gold answer has a \\boxed{{ with unbalanced braces")
+        text = boxed.strip()
+    if _INTEGER.fullmatch(text):
+        text = str(int(text))
+    if not text:
+        raise DataSourceError(f"{where}: gold answer is empty")
+    return text
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last balanced \\boxed{...} in `text`, or None when there is none."""
+    for match in reversed(list(_BOXED.finditer(text))):
+        depth = 1
+        for i in range(match.end(), len(text)):
+            if text[i] == "{":
+                depth += 1
+            elif text[i] == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[match.end() : i]
+    return None
+
+
+# --------------------------------------------------------------------------- public entry point
+
+
+def load_problems(
+    source: str | os.PathLike[str],
+    split: str = "train",
+    problem_field: str | None = None,
+    answer_field: str | None = None,
+    id_field: str | None = None,
+    limit: int | None = None,
+    hf_config: str | None = None,
+) -> list[ProblemRecord]:
+    """Load problems from a .jsonl/.json/.parquet file, an HF-style directory, or an HF dataset name.
+
+    Field options left as None are auto-detected from the first record (PROBLEM_FIELDS, ANSWER_FIELDS,
+    ID_FIELDS, first match wins). Without an id field, ids are "<file stem or dataset/split>:<row>".
+    `id_field=""` forces those row-index ids. `split` and `hf_config` only apply to HF datasets and
+    HF-style directories. `limit` keeps the first `limit` records (and stops reading there).
+    """
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise DataSourceError(f"limit must be None or an integer >= 0, got {limit!r}")
+    source = os.fspath(source)
+    path = Path(source).expanduser()
+
+    if path.is_dir():
+        rows, source_name = _iter_hf(str(path), split, hf_config, limit, is_dir=True), f"{path.resolve().name}/{split}"
+    elif path.is_file():
+        suffix = path.suffix.lower()
+        if suffix == ".jsonl":
+            rows = _iter_jsonl(path)
+        elif suffix == ".json":
+            rows = _iter_json(path)
+        elif suffix == ".parquet":
+            rows = _iter_parquet(path)
+        else:
+            raise DataSourceError(
+                f"unsupported data file type {suffix or '(no extension)'!r}: {path}; "
+                f"supported: {', '.join(SUPPORTED_EXTENSIONS)} or a Hugging Face dataset name"
+            )
+        source_name = path.stem
+    elif _looks_like_path(source):
+        raise DataSourceError(f"data file not found: {source}")
+    else:
+        rows, source_name = _iter_hf(source, split, hf_config, limit, is_dir=False), f"{source}/{split}"
+
+    if limit == 0:  # the source was found and its type checked; nothing is read
+        return []
+    if limit is not None:
+        rows = islice(rows, limit)  # lazy: a JSONL file is not parsed past the limit
+    return _to_records(rows, source_name, problem_field, answer_field, id_field, source)
+
+
+# --------------------------------------------------------------------------- readers
+# Each reader yields (where, row): `where` locates the row for error messages ("file, line 3").
+
+
+def _looks_like_path(source: str) -> bool:
+    if Path(source).suffix.lower() in _FILE_SUFFIXES:
+        return True
+    if source.startswith((".", "~", "/")) or "\\" in source:  # relative/absolute/home, or a Windows path
+        return True
+    return source.count("/") > 1 or not _HF_NAME.fullmatch(source)
+
+
+def _decode(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8-sig")  # -sig: tolerate a byte-order mark written by some editors
+    except UnicodeDecodeError as err:
+        raise DataSourceError(f"{where}: not valid UTF-8 text ({err})") from None
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
+    # Read line by line ourselves so errors can name the 1-based line an editor would show.
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            where = f"{path}, line {lineno}"
+            line = _decode(raw, where)
+            if not line.strip():
+                continue  # blank lines (e.g. a trailing newline) are not records
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataSourceError(f"{where}: invalid JSON ({err.msg} at column {err.colno})") from None
+            if not isinstance(row, dict):
+                raise DataSourceError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            yield where, row
+
+
+def _iter_json(path: Path) -> Iterator[tuple[str, Any]]:
+    text = _decode(path.read_bytes(), str(path))
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        # JSON-lines content saved as .json: the first record parses on its own line.
+        first = next((line for line in text.splitlines() if line.strip()), "")
+        if _is_json_object(first):
+            yield from _iter_jsonl(path)
+            return
+        raise DataSourceError(f"{path}: invalid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]  # {"data": [...]} wrapper
+    elif isinstance(data, dict):
+        data = [data]  # a one-record JSON-lines file parses as a single object
+    if not isinstance(data, list):
+        raise DataSourceError(f'{path}: expected a list of objects or {{"data": [...]}}, got {type(data).__name__}')
+    for i, row in enumerate(data):
+        where = f"{path}, row {i}"
+        if not isinstance(row, dict):
+            raise DataSourceError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        yield where, row
+
+
+def _is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def _iter_parquet(path: Path) -> Iterator[tuple[str, Any]]:
+    import pyarrow.parquet as pq  # noqa: PLC0415 (only needed for parquet)
+
+    try:
+        parquet = pq.ParquetFile(path)
+        batches = parquet.iter_batches(batch_size=1024)  # batches: stop reading early under a limit
+        i = 0
+        for batch in batches:
+            for row in batch.to_pylist():
+                yield f"{path}, row {i}", row
+                i += 1
+    except DataSourceError:
+        raise
+    except Exception as err:  # pyarrow raises several types (ArrowInvalid, OSError) for bad files
+        raise DataSourceError(f"{path}: cannot read parquet file ({_one_line(err)})") from None
+
+
+def _iter_hf(source: str, split: str, hf_config: str | None, limit: int | None, is_dir: bool) -> Iterator[tuple[str, Any]]:
+    kind = "directory" if is_dir else "HF dataset"
+    label = f"{kind} {source!r} (config={hf_config!r}, split={split!r})"
+    try:
+        import datasets  # noqa: PLC0415 (slow import, only needed for HF sources)
+
+        if is_dir and ((Path(source) / "state.json").exists() or (Path(source) / "dataset_dict.json").exists()):
+            ds = datasets.load_from_disk(source)  # written by Dataset.save_to_disk
+            if isinstance(ds, datasets.DatasetDict):
+                ds = ds[split]
+        else:
+            ds = datasets.load_dataset(source, hf_config, split=split)
+        if limit is not None:
+            ds = ds.select(range(min(limit, len(ds))))
+    except Exception as err:  # offline, unknown name, gated repo, missing split: all one message
+        hint = "" if is_dir else (
+            f"; hint: no local file {source!r} exists, and a local .jsonl/.json/.parquet path works offline"
+        )
+        raise DataSourceError(f"could not load {label}: {_one_line(err).rstrip('.')}{hint}") from None
+    for i, row in enumerate(ds):
+        yield f"{label}, row {i}", row
+
+
+def _one_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: " + " ".join(str(err).split())
+
+
+# --------------------------------------------------------------------------- rows -> records
+
+
+def _to_records(
+    rows: Iterator[tuple[str, Any]],
+    source_name: str,
+    problem_field: str | None,
+    answer_field: str | None,
+    id_field: str | None,
+    source: str,
+) -> list[ProblemRecord]:
+    records: list[ProblemRecord] = []
+    seen_ids: dict[str, str] = {}
+    fields: tuple[str, str, str | None] | None = None
+    for index, (where, row) in enumerate(rows):
+        if fields is None:  # fields are resolved once, from the first record's columns
+            fields = (
+                _resolve("problem", problem_field, PROBLEM_FIELDS, row, where, "problem_field"),
+                _resolve("answer", answer_field, ANSWER_FIELDS, row, where, "answer_field"),
+                None if id_field == "" else _resolve("id", id_field, ID_FIELDS, row, where, "id_field", required=False),
+            )
+        pf, af, idf = fields
+        for field, option in ((pf, "problem_field"), (af, "answer_field")):
+            if field not in row:
+                raise DataSourceError(
+                    f"{where}: field {field!r} is missing; columns found: {_columns(row)} "
+                    f"(set {option}= to choose another column)"
+                )
+        problem = row[pf]
+        if not isinstance(problem, str) or not problem.strip():
+            raise DataSourceError(f"{where}, field {pf!r}: problem text is empty or not a string ({problem!r:.60})")
+        answer = gold_from_field(row[af], where=f"{where}, field {af!r}")
+        raw_id = row.get(idf) if idf is not None else None
+        if raw_id is None:
+            rid = f"{source_name}:{index}"
+        elif isinstance(raw_id, numbers.Real) and not isinstance(raw_id, bool) and float(raw_id).is_integer():
+            rid = str(int(raw_id))  # ids stored as floats (parquet with nulls) stay "7", not "7.0"
+        else:
+            rid = str(raw_id)
+        if rid in seen_ids:  # downstream code groups rollouts and logs results by id
+            raise DataSourceError(
+                f"{where}: duplicate id {rid!r} (first seen at {seen_ids[rid]}); set id_field= to a unique "
+                f'column, or id_field="" to use row-index ids'
+            )
+        seen_ids[rid] = where
+        records.append(ProblemRecord(id=rid, problem=problem, answer=answer))
+    if not records:
+        raise DataSourceError(f"{source}: no records found")
+    return records
+
+
+def _resolve(
+    kind: str,
+    explicit: str | None,
+    candidates: tuple[str, ...],
+    row: dict[str, Any],
+    where: str,
+    option: str,
+    required: bool = True,
+) -> str | None:
+    if explicit is not None:
+        if explicit in row:
+            return explicit
+        raise DataSourceError(
+            f"{where}: {option}={explicit!r} is not a column of this data; columns found: {_columns(row)}"
+        )
+    for name in candidates:
+        if name in row:
+            return name
+    if not required:
+        return None
+    raise DataSourceError(
+        f"{where}: no {kind} field found (looked for {', '.join(candidates)}); columns found: {_columns(row)}. "
+        f"Set {option}= to the column that holds the {kind}"
+    )
+
+
+def _columns(row: dict[str, Any]) -> str:
+    return ", ".join(map(str, row)) or "(none)"

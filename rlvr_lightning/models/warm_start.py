@@ -1,0 +1,123 @@
+"""Supervised warm start of the embedded policy, cached on disk and reused.
+
+A plain PyTorch loop on purpose: it is a one-off preprocessing step of about a minute on two CPU
+cores, with no logging, checkpointing or distribution needs that would justify a Trainer.
+The result is keyed by everything that determines it, so changing any knob builds a new one and
+concurrent processes (e.g. several ranks) build it only once (file lock).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from filelock import FileLock
+
+from rlvr_lightning.data.embedded_task import flawed_demonstration, train_test_split
+from rlvr_lightning.models.embedded import TinyQwen2Spec, build_char_tokenizer, build_tiny_qwen2, save_policy
+
+log = logging.getLogger(__name__)
+EMBEDDED = "embedded"
+_FORMAT_VERSION = 2  # bump when the builder or task changes in a way the key cannot see
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    steps: int = 500
+    batch_size: int = 64
+    lr: float = 3e-3
+    warmup_steps: int = 50
+    wrong_format_prob: float = 0.5
+    slip_prob: float = 0.2
+    task_seed: int = 0
+    seed: int = 0
+    spec: TinyQwen2Spec = field(default_factory=TinyQwen2Spec)
+
+    def key(self) -> str:
+        blob = json.dumps({"v": _FORMAT_VERSION, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("RLVR_CACHE_DIR", Path.home() / ".cache" / "rlvr_lightning"))
+
+
+def embedded_policy_path(cfg: WarmStartConfig | None = None) -> Path:
+    """Directory of the warm-started embedded policy; built on first use."""
+    cfg = cfg or WarmStartConfig()
+    out = cache_root() / f"embedded-{cfg.key()}"
+    if (out / "warm_start.json").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):
+        if not (out / "warm_start.json").exists():
+            _build(cfg, out)
+    return out
+
+
+def _lr_at(step: int, cfg: WarmStartConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _build(cfg: WarmStartConfig, out: Path) -> None:
+    t0 = time.time()
+    log.info("Building the embedded warm-start policy (%d steps) in %s", cfg.steps, out)
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_qwen2(tokenizer, cfg.spec, seed=cfg.seed)
+    train, _ = train_test_split(seed=cfg.task_seed)
+    rng = random.Random(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    model.train()
+    for step in range(cfg.steps):
+        batch = rng.sample(train, cfg.batch_size)
+        prompts = [tokenizer(p.prompt()).input_ids for p in batch]
+        targets = [
+            tokenizer(flawed_demonstration(p, rng, cfg.wrong_format_prob, cfg.slip_prob)).input_ids
+            + [tokenizer.eos_token_id]
+            for p in batch
+        ]
+        input_ids, labels, attn = _pack_right_padded(prompts, targets, tokenizer.pad_token_id)
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, cfg)
+        loss = model(input_ids=input_ids, attention_mask=attn, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 100 == 0 or step == cfg.steps - 1:
+            log.info("warm start step %d/%d loss %.4f", step + 1, cfg.steps, loss.item())
+    tmp = out.with_name(out.name + ".tmp")
+    save_policy(model, tokenizer, tmp)
+    meta = {"config": asdict(cfg), "final_loss": loss.item(), "seconds": round(time.time() - t0, 1)}
+    (tmp / "warm_start.json").write_text(json.dumps(meta, indent=2))
+    tmp.rename(out)  # atomic: a half-written cache entry is never picked up
+
+
+def _pack_right_padded(prompts: list[list[int]], targets: list[list[int]], pad_id: int):
+    """Concatenate prompt+target, right-pad, and mask the prompt out of the labels (−100)."""
+    width = max(len(p) + len(t) for p, t in zip(prompts, targets))
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    labels = torch.full_like(ids, -100)
+    attn = torch.zeros_like(ids)
+    for i, (p, t) in enumerate(zip(prompts, targets)):
+        n = len(p) + len(t)
+        ids[i, :n] = torch.tensor(p + t)
+        labels[i, len(p) : n] = torch.tensor(t)
+        attn[i, :n] = 1
+    return ids, labels, attn
+
+
+def resolve_policy_path(name_or_path: str) -> str:
+    """`embedded` → the cached warm-start directory; anything else is returned for HF to resolve."""
+    return str(embedded_policy_path()) if name_or_path == EMBEDDED else name_or_path

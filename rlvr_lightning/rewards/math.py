@@ -1,0 +1,336 @@
+"""Hardened math answer verifier: the reward of RL training and the metric of evaluation.
+
+A completion's answer is extracted in the parent with plain string operations (last
+``\\boxed{...}``, else GSM8K's ``#### N``) and compared with the gold answer by
+math-verify (sympy) in a persistent pool of worker processes.
+
+Why processes with a hard kill, and not threads or an in-process call:
+
+* sympy can take effectively forever (or blow up memory) on inputs a policy will
+  eventually produce, e.g. ``9^{9^{9}}`` compared with an integer. Reward computation
+  runs every training step, so one such completion must not stall training.
+* math-verify's own timeouts use ``signal.alarm`` (SIGALRM). Signals are only delivered
+  to the main thread, so they cannot work inside a thread pool, nor in a trainer whose
+  reward runs off the main thread; and a handler never runs while the interpreter is
+  stuck inside one long C call. Their ``TimeoutException`` also derives from
+  ``BaseException``, so ``except Exception`` does not catch it.
+* So each (gold, prediction) pair is one task in a ``pebble.ProcessPool`` with a
+  wall-clock ``timeout``: pebble kills a worker whose task overruns and starts a new
+  one. The worker still passes math-verify's own (shorter) timeouts, so most slow cases
+  end cleanly inside the worker, which is cheaper than killing and respawning it.
+* Workers are started with 'spawn' (or 'forkserver'), never 'fork': the trainer holds
+  torch/OpenMP threads and an in-process vLLM engine, which fork does not copy safely.
+  (As with any spawn pool, a script using it needs an ``if __name__ == "__main__":`` guard.)
+
+No model output is ever eval'ed or exec'ed here: extraction is string slicing, and
+math-verify parses LaTeX with an ANTLR grammar; its plain-expression path only ever hands
+sympy strings of digits, operators and spaces (see its ``ExprExtractionConfig`` regex).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import numbers
+import re
+import threading
+import time
+from concurrent.futures import wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+
+import pebble
+
+logger = logging.getLogger(__name__)
+
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_THOUSANDS_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+
+
+# --------------------------------------------------------------------------- extraction
+def extract_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}``, braces balanced.
+
+    None when there is no box, when the last box is never closed (a truncated
+    generation has no answer), or when it is empty.
+    """
+    if not text:
+        return None
+    last = None
+    for last in _BOX_RE.finditer(text):
+        pass
+    if last is None:
+        return None
+    start = last.end()  # just after the opening brace
+    depth, i = 1, start
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\":
+            i += 2  # escaped char: '\{' / '\}' (e.g. '\left\{') are not grouping braces
+            continue
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                content = text[start:i].strip()
+                return content or None
+        i += 1
+    return None
+
+
+def _after_hashes(text: str) -> str | None:
+    """GSM8K style: first line of the text after the last '####', stripped."""
+    if "####" not in text:
+        return None
+    tail = text.rsplit("####", 1)[1].strip()
+    answer = tail.splitlines()[0].strip() if tail else ""
+    return answer or None
+
+
+def extract_prediction(completion: str) -> str | None:
+    """The answer a completion commits to: last box, else '#### N', else None."""
+    if not completion:
+        return None
+    boxed = extract_boxed(completion)
+    return boxed if boxed is not None else _after_hashes(completion)
+
+
+def normalize_gold(answer) -> str:
+    """Gold answer of a dataset row as a string math-verify can parse.
+
+    27.0 (AMC23 stores floats) -> "27"; GSM8K "...#### 1,234" -> "1234"; a full
+    solution with a box -> the box content; anything else -> stripped str.
+    """
+    if isinstance(answer, numbers.Integral) and not isinstance(answer, bool):
+        return str(int(answer))
+    if isinstance(answer, numbers.Real) and not isinstance(answer, bool):
+        value = float(answer)
+        return str(int(value)) if value.is_integer() else repr(value)
+    text = str(answer).strip()
+    hashed = _after_hashes(text)
+    if hashed is not None:
+        # Thousands commas only here: in MATH answers a comma separates list items ("1,-2").
+        return hashed.replace(",", "") if _THOUSANDS_RE.fullmatch(hashed) else hashed
+    if _BOX_RE.search(text):
+        boxed = extract_boxed(text)
+        if boxed is not None:
+            return boxed
+    return text
+
+
+# -------------------------------------------------------------------------- verification
+def _parse(text: str, timeout_s: int | None) -> list:
+    from math_verify import parse
+
+    # A bare answer ("\frac{1}{2}", "(3,4]", "18") is not found by math-verify's extractors
+    # unless it sits in a box or in math delimiters. The box comes first because its
+    # extraction takes the whole content (a "$...$" match may pick a sub-expression).
+    # raise_on_error: a timeout raises instead of returning [], so a slow input is not
+    # parsed a second time under the other wrapping.
+    for wrapped in (f"\\boxed{{{text}}}", f"${text}$"):
+        parsed = parse(wrapped, parsing_timeout=timeout_s, raise_on_error=True)
+        if parsed:
+            return parsed
+    return []
+
+
+def verify_answer(gold: str, prediction: str | None, *, timeout_s: int | None = 2) -> bool:
+    """True iff `prediction` is mathematically equivalent to `gold` (math-verify).
+
+    `timeout_s` is math-verify's own SIGALRM timeout per parse / comparison (whole
+    seconds; None or 0 disables it). Meant to run in a pool worker's main thread; called
+    from another thread it runs without those timeouts, as SIGALRM cannot be used there.
+    Never raises: any failure, including math-verify's timeout, gives False.
+    """
+    if not gold or not prediction:
+        return False
+    if threading.current_thread() is not threading.main_thread():
+        timeout_s = None
+    timeout_s = int(timeout_s) if timeout_s else None  # signal.alarm takes whole seconds
+    try:
+        from math_verify import verify
+
+        gold_parsed = _parse(gold, timeout_s)  # gold first: verify() is not symmetric
+        if not gold_parsed:
+            return False
+        pred_parsed = _parse(prediction, timeout_s)
+        if not pred_parsed:
+            return False
+        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=timeout_s))
+    except (KeyboardInterrupt, SystemExit):
+        raise  # only ever seen when called in the parent; workers ignore SIGINT
+    except BaseException:  # math-verify's TimeoutException is a BaseException
+        return False
+
+
+def _verify_task(gold: str, prediction: str, timeout_s: int | None) -> bool:
+    """Pool task. Catches everything so that only a hard kill or a crash is an error."""
+    try:
+        return verify_answer(gold, prediction, timeout_s=timeout_s)
+    except BaseException:
+        return False
+
+
+def _worker_init() -> None:
+    # math-verify logs every input that timed out (up to max_completion_chars) at WARNING.
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    # Import sympy/ANTLR and compile math-verify's regexes now, so that the first task of
+    # every (re)started worker does not spend its timeout on them.
+    verify_answer("1", "1")
+
+
+# -------------------------------------------------------------------------------- public
+@dataclass
+class VerifyResult:
+    rewards: list[float]  # 1.0 correct / 0.0 otherwise, in input order
+    predictions: list[str | None]  # extracted answer per completion
+    num_timeouts: int  # completions whose verification was killed at the wall-clock limit
+    num_no_answer: int  # completions with no extractable answer
+    seconds: float
+
+
+class MathVerifier:
+    """Verifies batches of completions against gold answers in a persistent process pool.
+
+    The pool starts on first use and is reused; use as a context manager or call close().
+    `inner_timeout_s` is math-verify's own timeout (None: derived from `timeout_s`;
+    0: disabled, which leaves only the hard kill, as tests of that path need).
+    """
+
+    def __init__(
+        self,
+        num_workers: int = 2,
+        timeout_s: float = 5.0,
+        max_completion_chars: int = 20000,
+        *,
+        inner_timeout_s: int | None = None,
+        mp_context: str = "spawn",
+    ):
+        if mp_context == "fork":
+            raise ValueError("fork is unsafe next to torch/vLLM threads; use spawn or forkserver")
+        self.num_workers = num_workers
+        self.timeout_s = timeout_s
+        self.max_completion_chars = max_completion_chars
+        # Below the hard limit so that most slow cases end inside the worker; one task runs
+        # up to three parses and a comparison, each bounded by it.
+        self.inner_timeout_s = (
+            max(1, int(timeout_s / 2)) if inner_timeout_s is None else inner_timeout_s
+        )
+        self.mp_context = mp_context
+        self._pool: pebble.ProcessPool | None = None
+        self._lock = threading.Lock()
+
+    # -- pool lifecycle
+    def _get_pool(self) -> pebble.ProcessPool:
+        with self._lock:
+            if self._pool is not None and not self._pool.active:
+                # Broken (e.g. all workers died at once): replace it rather than fail forever.
+                self._stop_pool()
+            if self._pool is None:
+                self._pool = pebble.ProcessPool(
+                    max_workers=self.num_workers,
+                    initializer=_worker_init,
+                    context=multiprocessing.get_context(self.mp_context),
+                )
+            return self._pool
+
+    def _stop_pool(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.stop()
+            pool.join()
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop_pool()
+
+    def __enter__(self) -> MathVerifier:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- verification
+    def verify(self, golds: list[str], completions: list[str]) -> VerifyResult:
+        if len(golds) != len(completions):
+            raise ValueError(f"{len(golds)} golds but {len(completions)} completions")
+        t0 = time.perf_counter()
+        # Keep the end of an over-long completion: that is where the answer is.
+        predictions = [
+            extract_prediction(c[-self.max_completion_chars :] if c else "") for c in completions
+        ]
+        keys = [
+            (normalize_gold(g), p) if p is not None else None for g, p in zip(golds, predictions)
+        ]
+
+        # One task per distinct (gold, prediction): RL groups repeat answers a lot.
+        unique = list(dict.fromkeys(k for k in keys if k is not None))
+        outcome = self._run(unique) if unique else {}
+        broken = [k for k, v in outcome.items() if v == "broken"]
+        if broken:  # the pool died under us (e.g. workers OOM-killed): once more on a new one
+            logger.warning("math verification pool broke; retrying %d tasks", len(broken))
+            outcome.update(self._run(broken))
+
+        rewards, num_timeouts = [], 0
+        for k in keys:
+            result = outcome.get(k, False) if k is not None else False
+            num_timeouts += result == "timeout"
+            rewards.append(1.0 if result is True else 0.0)
+        return VerifyResult(
+            rewards=rewards,
+            predictions=predictions,
+            num_timeouts=num_timeouts,
+            num_no_answer=sum(p is None for p in predictions),
+            seconds=time.perf_counter() - t0,
+        )
+
+    def _run(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], bool | str]:
+        """Verifies pairs in the pool: {pair: True | False | "timeout" | "broken"}."""
+        try:
+            pool = self._get_pool()
+            futures = {
+                p: pool.schedule(_verify_task, args=(*p, self.inner_timeout_s), timeout=self.timeout_s)
+                for p in pairs
+            }
+        except RuntimeError:  # the pool broke between the check in _get_pool and scheduling
+            return dict.fromkeys(pairs, "broken")
+        # Safety net only, per-task timeouts normally bound the wait: never wait forever,
+        # e.g. on workers that cannot start.
+        deadline = time.monotonic() + 120 + self.timeout_s * (math.ceil(len(pairs) / self.num_workers) + 1)
+        pending, stuck = set(futures.values()), "timeout"
+        while pending:
+            _, pending = wait(pending, timeout=1.0)
+            if pending and not pool.active:
+                stuck = "broken"  # pebble fails the running tasks of a broken pool, not the queued ones
+                break
+            if pending and time.monotonic() > deadline:
+                logger.warning("math verification: %d tasks hit the batch deadline", len(pending))
+                break
+        for future in pending:
+            future.cancel()
+        return {p: stuck if f in pending else self._result(f) for p, f in futures.items()}
+
+    @staticmethod
+    def _result(future) -> bool | str:
+        """True/False, "timeout" when the task was killed for running too long, or
+        "broken" when the whole pool failed."""
+        try:
+            return future.result(timeout=0) is True
+        except TimeoutError:  # pebble's hard kill (concurrent.futures.TimeoutError)
+            return "timeout"
+        except BrokenProcessPool:
+            return "broken"
+        except pebble.ProcessExpired as e:  # the worker crashed (segfault, OOM kill, ...)
+            logger.warning("math verification worker died (exit code %s)", e.exitcode)
+            return False
+        except Exception:
+            logger.warning("math verification task failed", exc_info=True)
+            return False

@@ -1,0 +1,27 @@
+"""The rollout-engine protocol shared by the vLLM engine (default) and the HF `generate` fallback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+import torch
+
+from rlvr_lightning.rollout.types import Completion, SamplingConfig
+
+
+class WeightSyncError(RuntimeError):
+    """The engine did not take the trainer's weights (the classic silent-no-op sync)."""
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[list[Completion]]:
+        """`sampling.n` completions for every prompt, grouped per prompt, in prompt order."""
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the engine's weights with the trainer's (HF checkpoint names)."""
+
+    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        """Engine log-probs (temperature 1) of a given completion: used to probe weight syncs."""
+
+    def close(self) -> None: ...

@@ -1,0 +1,78 @@
+"""HF `generate` rollout engine: the explicit fallback (`--data.engine hf`).
+
+It samples with the trainer's own module, so a weight sync has nothing to copy; it is several times
+slower than vLLM (see bench/) and exists for models or platforms vLLM does not support.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from rlvr_lightning.rollout.types import Completion, SamplingConfig
+
+
+class HFGenerateEngine:
+    def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int) -> None:
+        self.model = model
+        self.pad_id = pad_id
+        self.eos_id = eos_id
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[list[Completion]]:
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompt_ids)
+        ids = torch.full((len(prompt_ids), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for i, p in enumerate(prompt_ids):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            attn[i, width - len(p) :] = 1
+        greedy = sampling.temperature == 0
+        gen_kwargs = dict(do_sample=False) if greedy else dict(
+            do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k > 0 else 0,
+        )  # fmt: skip
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = self.model.generate(
+                input_ids=ids.to(device),
+                attention_mask=attn.to(device),
+                max_new_tokens=sampling.max_tokens,
+                num_return_sequences=sampling.n,
+                pad_token_id=self.pad_id,
+                eos_token_id=self.eos_id,
+                output_scores=True,  # the processed (temperature-scaled, filtered) logits
+                return_dict_in_generate=True,
+                **gen_kwargs,
+            )
+        finally:
+            self.model.train(was_training)
+        new_tokens = out.sequences[:, width:].cpu()
+        logprobs = torch.stack(out.scores, 1).float().log_softmax(-1).cpu()
+        token_lp = logprobs.gather(-1, new_tokens[..., None]).squeeze(-1)
+        completions = [self._cut_at_eos(new_tokens[k], token_lp[k]) for k in range(len(new_tokens))]
+        return [completions[i * sampling.n : (i + 1) * sampling.n] for i in range(len(prompt_ids))]
+
+    def _cut_at_eos(self, tokens: torch.Tensor, lp: torch.Tensor) -> Completion:
+        hits = (tokens == self.eos_id).nonzero()
+        if len(hits):
+            end = int(hits[0]) + 1
+            return Completion(tokens[:end].tolist(), lp[:end].tolist(), "stop")
+        return Completion(tokens.tolist(), lp.tolist(), "length")
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Nothing to copy: this engine samples with the trainer's module itself."""
+
+    @torch.no_grad()
+    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        device = next(self.model.parameters()).device
+        ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=device)
+        logits = self.model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
+        return logits.log_softmax(-1).gather(-1, ids[0, len(prompt_ids) :, None]).squeeze(-1).tolist()
+
+    def close(self) -> None:
+        self.model = None

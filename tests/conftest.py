@@ -1,0 +1,36 @@
+"""Shared fixtures: tiny HF-format policies built locally, and the vLLM environment for tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# vLLM on CPU: in-process engine and a small KV cache (it reserves ~16 GiB by default).
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+BENCHMARKS = REPO.parent / "shared" / "data" / "benchmarks"
+
+
+@pytest.fixture(scope="session")
+def tiny_policy_dir(tmp_path_factory) -> Path:
+    """An untrained tiny Qwen2 + byte-level tokenizer in HF layout (random weights, fixed seed)."""
+    from rlvr_lightning.models.embedded import TinyQwen2Spec, build_char_tokenizer, build_tiny_qwen2, save_policy
+
+    tok = build_char_tokenizer()
+    model = build_tiny_qwen2(tok, TinyQwen2Spec(num_hidden_layers=2), seed=0)
+    return save_policy(model, tok, tmp_path_factory.mktemp("tiny_policy"))
+
+
+@pytest.fixture(scope="session")
+def quick_warm_start(tmp_path_factory):
+    """A short warm start in a private cache (so tests never depend on, or pollute, the user's cache)."""
+    from rlvr_lightning.models.warm_start import WarmStartConfig, embedded_policy_path
+
+    os.environ["RLVR_CACHE_DIR"] = str(tmp_path_factory.mktemp("rlvr_cache"))
+    cfg = WarmStartConfig(steps=60, warmup_steps=10)
+    return cfg, embedded_policy_path(cfg)

@@ -1,0 +1,106 @@
+"""The vLLM rollout engine on CPU: sampling, log-prob alignment with the trainer, and weight sync."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rlvr_lightning.algos.base import RLVRModule
+from rlvr_lightning.rollout.engine import WeightSyncError
+from rlvr_lightning.rollout.hf_engine import HFGenerateEngine
+from rlvr_lightning.rollout.sync import WeightSyncProbe
+from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
+from rlvr_lightning.rollout.vllm_engine import VLLMEngine
+
+PROMPTS = ["What is 1+2-3?\n", "What is 17+20+9?\n", "Hi\n"]  # different lengths: exercises left padding
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_policy_dir):
+    tok = AutoTokenizer.from_pretrained(tiny_policy_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy_dir, dtype=torch.float32).eval()
+    engine = VLLMEngine(str(tiny_policy_dir), max_model_len=128, dtype="float32")
+    yield tok, model, engine
+    engine.close()
+
+
+def _trainer_logprobs(model, rollout: Rollout, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    t = rollout.tensors(pad_id)
+    logp, _ = RLVRModule.token_logprobs(None, model, t, rollout.sampling.temperature)
+    return logp, t.rollout_logp, t.response_mask
+
+
+def _rollout(engine, tok, sampling: SamplingConfig) -> Rollout:
+    prompt_ids = [tok(p).input_ids for p in PROMPTS]
+    groups = engine.generate(prompt_ids, sampling)
+    batch = PromptBatch(ids=["a", "b", "c"], prompts=PROMPTS, answers=["0", "46", "x"])
+    return Rollout(batch, sampling.n, prompt_ids, [c for g in groups for c in g], sampling, 0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_vllm_rollout_logprobs_match_trainer(setup, temperature):
+    tok, model, engine = setup
+    rollout = _rollout(engine, tok, SamplingConfig(n=4, temperature=temperature, max_tokens=12))
+    assert len(rollout.completions) == 12
+    assert {c.finish_reason for c in rollout.completions} <= {"stop", "length"}
+    for c in rollout.completions:
+        assert len(c.token_ids) == len(c.logprobs) <= 12
+    logp, rollout_logp, mask = _trainer_logprobs(model, rollout, tok.pad_token_id)
+    # Trainer positions must be the engine's (left-padded prompts, explicit position ids).
+    assert ((logp - rollout_logp).abs() * mask).max() < 1e-3
+
+
+def test_hf_engine_logprobs_match_trainer(setup):
+    tok, model, _ = setup
+    engine = HFGenerateEngine(model, tok.pad_token_id, tok.eos_token_id)
+    rollout = _rollout(engine, tok, SamplingConfig(n=3, temperature=1.0, max_tokens=10, seed=0))
+    logp, rollout_logp, mask = _trainer_logprobs(model, rollout, tok.pad_token_id)
+    assert ((logp - rollout_logp).abs() * mask).max() < 1e-3
+
+
+def test_weight_sync_moves_engine_to_trainer_weights(setup, tiny_policy_dir):
+    tok, _, engine = setup
+    trainer = AutoModelForCausalLM.from_pretrained(tiny_policy_dir, dtype=torch.float32).eval()
+    prompt, completion = tok("What is 3+4+5?\n").input_ids, tok("3+4=7,7+5=12.\\boxed{12}").input_ids
+
+    def trainer_score():
+        return HFGenerateEngine(trainer, tok.pad_token_id, tok.eos_token_id).score(prompt, completion)
+
+    before = engine.score(prompt, completion)
+    assert max(abs(a - b) for a, b in zip(before, trainer_score())) < 1e-3
+    with torch.no_grad():
+        for p in trainer.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    changed = trainer_score()
+    assert max(abs(a - b) for a, b in zip(before, changed)) > 1e-2  # the update is visible...
+    engine.load_weights(trainer.state_dict().items())
+    after = engine.score(prompt, completion)
+    assert max(abs(a - b) for a, b in zip(after, changed)) < 1e-3  # ...and the engine now has it
+    assert max(abs(a - b) for a, b in zip(after, before)) > 1e-2
+
+
+class _FrozenEngine:
+    """An engine whose sync silently does nothing: the probe must catch it."""
+
+    def __init__(self, scores):
+        self.scores = scores
+
+    def score(self, prompt_ids, completion_ids):
+        return list(self.scores)
+
+
+def test_sync_probe_detects_noop_and_divergence(setup):
+    tok, _, engine = setup
+    rollout = _rollout(engine, tok, SamplingConfig(n=2, temperature=1.0, max_tokens=6))
+    probe = WeightSyncProbe(tol=1e-3)
+    n = len(probe_completion(rollout))
+    probe.check(_FrozenEngine([-1.0] * n), lambda p, c: [-1.0] * n, rollout)  # agree: fine
+    with pytest.raises(WeightSyncError, match="did nothing"):
+        probe.check(_FrozenEngine([-1.0] * n), lambda p, c: [-1.0 + 1e-5] * n, rollout)
+    with pytest.raises(WeightSyncError, match="differ from the trainer"):
+        WeightSyncProbe(tol=1e-3).check(_FrozenEngine([-1.0] * n), lambda p, c: [-2.0] * n, rollout)
+
+
+def probe_completion(rollout: Rollout) -> list[int]:
+    return next(c.token_ids for c in rollout.completions if c.token_ids)

@@ -1,0 +1,311 @@
+"""Tests of the math reward: extraction, gold normalisation, verification on the real
+benchmarks, perturbations, the hard-kill timeout path, worker crashes and batching."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import re
+import signal
+import threading
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from rlvr_lightning.rewards.math import (
+    MathVerifier,
+    extract_boxed,
+    extract_prediction,
+    normalize_gold,
+    verify_answer,
+)
+
+BENCH = Path(__file__).resolve().parents[1].parent / "shared/data/benchmarks"
+needs_bench = pytest.mark.skipif(
+    not BENCH.is_dir(), reason=f"benchmark files not found at {BENCH}"
+)
+NUMBER = re.compile(r"-?(?:\d+(?:\.\d+)?|\.\d+)")
+# Takes sympy far longer than any timeout (exact 9^(9^9)); math-verify's own SIGALRM
+# timeout does stop it, so the hard-kill tests disable that one.
+PATHOLOGICAL = "\\boxed{9^{9^{9}}}"
+
+
+def _load(name: str) -> list[dict]:
+    with open(BENCH / name) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    with MathVerifier(num_workers=2, timeout_s=5.0) as v:
+        yield v
+
+
+# ------------------------------------------------------------------------ extraction
+def test_extract_boxed():
+    assert extract_boxed("so \\boxed{\\frac{1}{2}}.") == "\\frac{1}{2}"
+    assert extract_boxed("\\boxed{{a}^{b_{c}}}") == "{a}^{b_{c}}"  # nested braces
+    assert extract_boxed("\\boxed{1} then \\boxed{2}") == "2"  # last box wins
+    assert extract_boxed("\\fbox{42}") == "42"
+    assert extract_boxed("\\boxed {7}") == "7"
+    assert extract_boxed("\\boxed{3} and \\boxed{\\frac{1}{2}") is None  # last box unbalanced
+    assert extract_boxed("\\boxed{\\frac{1}{2}") is None
+    assert extract_boxed("\\boxed{}") is None
+    assert extract_boxed("\\boxed{  }") is None
+    assert extract_boxed("no box here") is None
+    assert extract_boxed("") is None
+    # Escaped braces are not grouping braces.
+    assert extract_boxed("\\boxed{\\{1,2\\}}") == "\\{1,2\\}"
+    assert extract_boxed("\\boxed{\\left\\{ x \\right.}") == "\\left\\{ x \\right."
+
+
+def test_extract_prediction():
+    assert extract_prediction("The answer is \\boxed{5}.") == "5"
+    assert extract_prediction("Work...\n#### 1,234\n") == "1,234"
+    assert extract_prediction("a #### 1\nb #### 2 \nextra") == "2"  # last ####, first line
+    assert extract_prediction("\\boxed{3}\n#### 4") == "3"  # a box takes precedence
+    assert extract_prediction("####   \n") is None
+    assert extract_prediction("I don't know") is None
+    assert extract_prediction("") is None
+
+
+def test_normalize_gold():
+    assert normalize_gold("Natalia sold 48/2 = 24 clips.\n#### 1,234") == "1234"
+    assert normalize_gold("#### 72") == "72"
+    assert normalize_gold(27.0) == "27"
+    assert normalize_gold(2.5) == "2.5"
+    assert normalize_gold(-1.0) == "-1"
+    assert normalize_gold(204) == "204"
+    assert normalize_gold("So the answer is $\\boxed{\\frac{14}{3}}$.") == "\\frac{14}{3}"
+    assert normalize_gold("  \\frac{3}{2} ") == "\\frac{3}{2}"
+    # Outside the GSM8K case commas are kept: in MATH answers they separate items.
+    assert normalize_gold("1,-2") == "1,-2"
+    assert normalize_gold("025") == "025"
+
+
+# ---------------------------------------------------------------------- verify_answer
+def test_verify_answer_in_process():
+    assert verify_answer("\\frac{1}{2}", "0.5")
+    assert verify_answer("\\frac{1}{2}", "\\dfrac12")
+    assert verify_answer("1234", "1,234")
+    assert verify_answer("025", "25")  # AIME golds have leading zeros
+    assert verify_answer("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\pi/2)")
+    assert not verify_answer("\\frac{1}{2}", "0.6")
+    assert not verify_answer("5", None)
+    assert not verify_answer("5", "")
+    assert not verify_answer("", "5")
+    for junk in ("}{", "\\frac{", "$$", "\\boxed{", "\x00", "__import__('os')", "a" * 5000):
+        assert verify_answer("5", junk) is False  # never raises
+
+
+def test_verify_answer_off_main_thread():
+    # SIGALRM timeouts cannot be used off the main thread; it must still verify.
+    out = []
+    t = threading.Thread(target=lambda: out.append(verify_answer("\\frac{1}{2}", "0.5")))
+    t.start()
+    t.join()
+    assert out == [True]
+
+
+# ------------------------------------------------------------------------- benchmarks
+def _replace_last_box(solution: str, old: str, new: str) -> str:
+    box = "\\boxed{" + old + "}"
+    i = solution.rfind(box)
+    assert i >= 0, "the last box of a MATH-500 solution is its answer"
+    return solution[:i] + "\\boxed{" + new + "}" + solution[i + len(box) :]
+
+
+def _plus_one(number: str) -> str:
+    return str(Decimal(number) + 1)
+
+
+@needs_bench
+def test_math500_reference_solutions_verify(verifier):
+    rows = _load("math500.jsonl")
+    res = verifier.verify([r["answer"] for r in rows], [r["solution"] for r in rows])
+    failed = [r["unique_id"] for r, x in zip(rows, res.rewards) if x != 1.0]
+    assert failed == []
+    assert res.num_timeouts == 0 and res.num_no_answer == 0
+
+
+@needs_bench
+def test_gsm8k_reference_solutions_verify(verifier):
+    rows = _load("gsm8k.jsonl")
+    golds = [normalize_gold(r["answer"]) for r in rows]
+    assert all(NUMBER.fullmatch(g) for g in golds)
+    res = verifier.verify(golds, [r["answer"] for r in rows])
+    failed = [i for i, x in enumerate(res.rewards) if x != 1.0]
+    assert failed == []
+    assert res.num_timeouts == 0
+
+
+@needs_bench
+def test_aime_amc_golds_verify(verifier):
+    rows = _load("aime24.jsonl") + _load("amc23.jsonl")
+    golds = [normalize_gold(r["answer"]) for r in rows]
+    assert "27" in golds and "025" in golds  # AMC23 floats, AIME zero padding
+    completions = [f"... so the answer is $\\boxed{{{int(g)}}}$." for g in golds]
+    wrong = [f"\\boxed{{{int(g) + 1}}}" for g in golds]
+    res = verifier.verify(golds + golds, completions + wrong)
+    assert res.rewards == [1.0] * len(golds) + [0.0] * len(golds)
+
+
+@needs_bench
+def test_perturbed_numeric_answers_fail(verifier):
+    math_rows = [r for r in _load("math500.jsonl") if NUMBER.fullmatch(r["answer"])]
+    gsm_rows = _load("gsm8k.jsonl")
+    assert len(math_rows) > 300
+    golds, completions = [], []
+    for r in math_rows:
+        golds.append(r["answer"])
+        completions.append(
+            _replace_last_box(r["solution"], r["answer"], _plus_one(r["answer"]))
+        )
+    for r in gsm_rows:
+        gold = normalize_gold(r["answer"])
+        golds.append(gold)
+        completions.append(r["answer"].rsplit("####", 1)[0] + "#### " + _plus_one(gold))
+    res = verifier.verify(golds, completions)
+    assert [g for g, x in zip(golds, res.rewards) if x != 0.0] == []
+    assert res.num_no_answer == 0
+
+
+@needs_bench
+def test_swapped_non_numeric_answers_fail(verifier):
+    rows = _load("math500.jsonl")
+    golds, completions, other_golds = [], [], []
+    for i, r in enumerate(rows):
+        if NUMBER.fullmatch(r["answer"]):
+            continue
+        # The next item whose gold is a different string.
+        other = next(
+            o["answer"] for o in rows[i + 1 :] + rows[:i] if o["answer"] != r["answer"]
+        )
+        golds.append(r["answer"])
+        completions.append(_replace_last_box(r["solution"], r["answer"], other))
+        other_golds.append(other)
+    assert len(golds) > 150
+    res = verifier.verify(golds, completions)
+    collisions = [(g, o) for g, o, x in zip(golds, other_golds, res.rewards) if x != 0.0]
+    assert collisions == []
+
+
+# --------------------------------------------------------------------- timeouts, crashes
+def test_hard_kill_timeout_then_pool_still_works():
+    # math-verify's own timeouts off: only pebble's wall-clock kill can stop the task.
+    with MathVerifier(num_workers=2, timeout_s=1.0, inner_timeout_s=0) as v:
+        v.verify(["1"], ["\\boxed{1}"])  # start the pool outside the timed part
+        t0 = time.perf_counter()
+        res = v.verify(["5", "3"], [PATHOLOGICAL, "so \\boxed{3}"])
+        elapsed = time.perf_counter() - t0
+        assert res.rewards == [0.0, 1.0]
+        assert res.num_timeouts == 1
+        assert elapsed < 5.0  # 1 s limit + SIGTERM/SIGKILL + slack
+        # The killed worker was replaced: a normal batch still verifies.
+        res = v.verify(
+            ["\\frac{1}{2}", "7", "x^2+1", "3"],
+            ["\\boxed{0.5}", "#### 7", "\\boxed{1+x^2}", "\\boxed{4}"],
+        )
+        assert res.rewards == [1.0, 1.0, 1.0, 0.0]
+        assert res.num_timeouts == 0
+
+
+def test_math_verify_inner_timeout_ends_in_worker(verifier):
+    # With math-verify's own timeout (2 s here), the slow case ends inside the worker
+    # before the 5 s hard kill: reward 0, not counted as a kill.
+    t0 = time.perf_counter()
+    res = verifier.verify(["5", "4"], [PATHOLOGICAL, "\\boxed{4}"])
+    assert res.rewards == [0.0, 1.0]
+    assert res.num_timeouts == 0
+    assert time.perf_counter() - t0 < 5.0
+
+
+def test_worker_crash_gives_zero_and_pool_recovers():
+    before = {p.pid for p in multiprocessing.active_children()}
+    with MathVerifier(num_workers=2, timeout_s=30.0, inner_timeout_s=0) as v:
+        v.verify(["1"], ["\\boxed{1}"])
+        workers = [p.pid for p in multiprocessing.active_children() if p.pid not in before]
+        assert len(workers) == 2
+        # Kill this verifier's workers while one is busy with the slow task.
+        killer = threading.Timer(0.5, lambda: [os.kill(pid, signal.SIGKILL) for pid in workers])
+        killer.start()
+        t0 = time.perf_counter()
+        res = v.verify(["5", "3"], [PATHOLOGICAL, "\\boxed{3}"])
+        killer.join()
+        assert res.rewards == [0.0, 1.0]
+        assert res.num_timeouts == 0
+        assert time.perf_counter() - t0 < 10.0
+        res = v.verify(["2", "3"], ["\\boxed{2}", "\\boxed{3}"])
+        assert res.rewards == [1.0, 1.0]
+
+
+# --------------------------------------------------------------------------- batching
+def test_dedup_order_and_no_answer(verifier, monkeypatch):
+    scheduled = []
+    run = verifier._run
+    monkeypatch.setattr(verifier, "_run", lambda pairs: scheduled.extend(pairs) or run(pairs))
+    golds = ["4", "4", "4", "4", "\\frac{1}{2}", "4", "9"]
+    completions = [
+        "\\boxed{4}",
+        "so \\boxed{5}",
+        "\\boxed{4}",  # same pair as #0
+        "no answer at all",
+        "\\boxed{0.5}",
+        "2+2 \\boxed{4}",  # same pair as #0
+        "\\boxed{4}",  # same prediction, other gold: its own task
+    ]
+    res = verifier.verify(golds, completions)
+    assert res.rewards == [1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+    assert res.predictions == ["4", "5", "4", None, "0.5", "4", "4"]
+    assert res.num_no_answer == 1 and res.num_timeouts == 0
+    assert sorted(scheduled) == sorted([("4", "4"), ("4", "5"), ("\\frac{1}{2}", "0.5"), ("9", "4")])
+
+
+def test_golds_are_normalized_in_verify(verifier):
+    res = verifier.verify(["#### 1,234", 27.0], ["\\boxed{1234}", "\\boxed{27}"])
+    assert res.rewards == [1.0, 1.0]
+
+
+def test_long_completion_keeps_the_end(verifier):
+    filler = "blah " * 10_000  # 50k chars, over max_completion_chars
+    res = verifier.verify(["7", "7"], [filler + "\\boxed{7}", "\\boxed{7}" + filler])
+    assert res.predictions == ["7", None]
+    assert res.rewards == [1.0, 0.0]
+    assert res.num_no_answer == 1
+
+
+def test_empty_batch(verifier):
+    res = verifier.verify([], [])
+    assert res.rewards == [] and res.predictions == []
+    assert res.num_timeouts == 0 and res.num_no_answer == 0
+
+
+def test_all_without_answer_starts_no_pool():
+    v = MathVerifier()
+    res = v.verify(["1", "2"], ["nothing", ""])
+    assert res.rewards == [0.0, 0.0] and res.num_no_answer == 2
+    assert v._pool is None  # nothing was scheduled
+    v.close()
+
+
+def test_mismatched_lengths_raise(verifier):
+    with pytest.raises(ValueError):
+        verifier.verify(["1"], [])
+
+
+def test_close_twice_and_reuse():
+    v = MathVerifier(num_workers=1)
+    assert v.verify(["3"], ["\\boxed{3}"]).rewards == [1.0]
+    v.close()
+    v.close()
+    # A closed verifier starts a new pool lazily if used again.
+    assert v.verify(["3"], ["\\boxed{3}"]).rewards == [1.0]
+    v.close()
+
+
+def test_fork_is_refused():
+    with pytest.raises(ValueError):
+        MathVerifier(mp_context="fork")
