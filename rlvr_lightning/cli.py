@@ -30,13 +30,27 @@ class MLflowSaveConfig(SaveConfigCallback):
             if isinstance(logger, MLFlowLogger):
                 text = self.parser.dump(self.config, skip_none=False)
                 logger.experiment.log_text(logger.run_id, text, "config.yaml")
-                logger.log_hyperparams(_without_logger(self.config.as_dict()))
+                logger.log_hyperparams(flatten_config(self.config.as_dict()))
 
 
-def _without_logger(cfg: dict) -> dict:
-    # The logger's own settings are not hyper-parameters (and the tracking URI is machine-specific).
-    trainer = {k: v for k, v in cfg.get("trainer", {}).items() if k != "logger"}
-    return {**cfg, "trainer": trainer}
+def flatten_config(cfg: dict, prefix: str = "") -> dict[str, object]:
+    """Dotted keys, exactly the CLI flag names (`model.init_args.lr`), for MLflow params.
+
+    The logger's own settings are left out: they are not hyper-parameters, and the tracking URI is
+    machine-specific. Lists (callbacks) are flattened by index.
+    """
+    flat: dict[str, object] = {}
+    for key, value in cfg.items():
+        name = f"{prefix}{key}"
+        if name in ("trainer.logger", "_instantiator", "__path__"):
+            continue
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            value = {str(i): v for i, v in enumerate(value)}
+        if isinstance(value, dict):
+            flat.update(flatten_config(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
 
 
 class RLVRCLI(LightningCLI):

@@ -230,7 +230,7 @@ def test_worker_crash_gives_zero_and_pool_recovers():
         workers = [p.pid for p in multiprocessing.active_children() if p.pid not in before]
         assert len(workers) == 2
         # Kill this verifier's workers while one is busy with the slow task.
-        killer = threading.Timer(0.5, lambda: [os.kill(pid, signal.SIGKILL) for pid in workers])
+        killer = threading.Timer(1.0, lambda: [os.kill(pid, signal.SIGKILL) for pid in workers])
         killer.start()
         t0 = time.perf_counter()
         res = v.verify(["5", "3"], [PATHOLOGICAL, "\\boxed{3}"])
@@ -261,7 +261,8 @@ def test_dedup_order_and_no_answer(verifier, monkeypatch):
     assert res.rewards == [1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]
     assert res.predictions == ["4", "5", "4", None, "0.5", "4", "4"]
     assert res.num_no_answer == 1 and res.num_timeouts == 0
-    assert sorted(scheduled) == sorted([("4", "4"), ("4", "5"), ("\\frac{1}{2}", "0.5"), ("9", "4")])
+    expected = [("4", "4"), ("4", "5"), ("\\frac{1}{2}", "0.5"), ("9", "4")]
+    assert sorted(scheduled) == sorted(expected)
 
 
 def test_golds_are_normalized_in_verify(verifier):

@@ -214,7 +214,7 @@ class MathVerifier:
         self.timeout_s = timeout_s
         self.max_completion_chars = max_completion_chars
         # Below the hard limit so that most slow cases end inside the worker; one task runs
-        # up to three parses and a comparison, each bounded by it.
+        # two parses (gold, prediction) and a comparison, each bounded by it.
         self.inner_timeout_s = (
             max(1, int(timeout_s / 2)) if inner_timeout_s is None else inner_timeout_s
         )
@@ -260,6 +260,9 @@ class MathVerifier:
 
     # -- verification
     def verify(self, golds: list[str], completions: list[str]) -> VerifyResult:
+        """Rewards of `completions` against `golds` (paired by position). Golds go
+        through normalize_gold, so raw dataset answers are fine. Never stalls: each
+        distinct (gold, prediction) pair is killed after `timeout_s` seconds."""
         if len(golds) != len(completions):
             raise ValueError(f"{len(golds)} golds but {len(completions)} completions")
         t0 = time.perf_counter()
@@ -297,19 +300,23 @@ class MathVerifier:
         try:
             pool = self._get_pool()
             futures = {
-                p: pool.schedule(_verify_task, args=(*p, self.inner_timeout_s), timeout=self.timeout_s)
+                p: pool.schedule(
+                    _verify_task, args=(*p, self.inner_timeout_s), timeout=self.timeout_s
+                )
                 for p in pairs
             }
         except RuntimeError:  # the pool broke between the check in _get_pool and scheduling
             return dict.fromkeys(pairs, "broken")
         # Safety net only, per-task timeouts normally bound the wait: never wait forever,
         # e.g. on workers that cannot start.
-        deadline = time.monotonic() + 120 + self.timeout_s * (math.ceil(len(pairs) / self.num_workers) + 1)
+        rounds = math.ceil(len(pairs) / self.num_workers) + 1
+        deadline = time.monotonic() + 120 + self.timeout_s * rounds
         pending, stuck = set(futures.values()), "timeout"
         while pending:
             _, pending = wait(pending, timeout=1.0)
             if pending and not pool.active:
-                stuck = "broken"  # pebble fails the running tasks of a broken pool, not the queued ones
+                # A broken pebble pool fails its running tasks but never its queued ones.
+                stuck = "broken"
                 break
             if pending and time.monotonic() > deadline:
                 logger.warning("math verification: %d tasks hit the batch deadline", len(pending))

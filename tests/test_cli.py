@@ -1,0 +1,120 @@
+"""The command line as a user runs it: a 2-step fit on the real vLLM engine, and clear errors on bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+BASE = ["fit", "--config", "configs/base.yaml", "--config", "configs/algo/grpo.yaml"]
+
+
+def run_cli(args: list[str], tmp_path: Path, timeout: int = 420) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RLVR_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "rlvr_lightning", *args], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+def small_run_args(tmp_path: Path, model_dir: Path) -> list[str]:
+    return [
+        *BASE,
+        "--trainer.max_steps", "2",
+        "--trainer.logger.init_args.tracking_uri", f"sqlite:///{tmp_path}/mlflow.db",
+        "--trainer.logger.init_args.artifact_location", str(tmp_path / "artifacts"),
+        "--data.model_name_or_path", str(model_dir),
+        "--data.batch_size", "4",
+        "--data.group_size", "4",
+        "--data.val_size", "8",
+        "--data.max_response_length", "16",
+    ]  # fmt: skip
+
+
+@pytest.mark.e2e
+def test_two_step_fit_with_vllm_writes_an_mlflow_run(tmp_path, tiny_policy_dir):
+    proc = run_cli(small_run_args(tmp_path, tiny_policy_dir), tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "grpo"
+    assert run.data.tags["algorithm"] == "GRPO" and run.data.tags["model"] == str(tiny_policy_dir)
+    assert run.data.params["model.init_args.lr"] == "3e-05"
+    history = {k: client.get_metric_history(run.info.run_id, k) for k in run.data.metrics}
+    for key in (
+        "train/reward_mean", "train/reward_std", "train/frac_reward_zero_std", "train/response_length_mean",
+        "train/response_clip_ratio", "train/clip_frac", "train/entropy", "train/kl", "train/grad_norm",
+        "train/lr", "train/policy_version", "train/logprob_mismatch_mean", "time/rollout", "time/reward",
+        "time/old_logprob", "time/update", "time/weight_sync", "throughput/rollout_tokens_per_s",
+    ):  # fmt: skip
+        assert [m.step for m in history[key]] == [0, 1], key
+    assert [m.value for m in history["train/policy_version"]] == [1.0, 2.0]
+    assert max(m.value for m in history["train/logprob_mismatch_mean"]) < 1e-3
+    assert [m.step for m in history["val/accuracy"]] == [0, 2]  # before RL and after the last step
+    artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
+    assert "config.yaml" in artifacts
+
+
+def test_print_config_shows_the_resolved_algorithm(tmp_path):
+    proc = run_cli([*BASE, "--print_config"], tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "class_path: rlvr_lightning.algos.grpo.GRPO" in proc.stdout
+    assert "clip_eps_high: 0.2" in proc.stdout
+
+
+def test_unknown_algo_lists_the_valid_ones():
+    proc = subprocess.run(["make", "-s", "train", "ALGO=nope"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "unknown ALGO 'nope'" in proc.stderr and "grpo" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "lines,field_args,expected",
+    [
+        (['{"problem": "1+1", "answer": "2"}', '{"problem": "2+2", "answer": "4"}', "{not json"], [], "line 3"),
+        (['{"question": "1+1", "result": "2"}'], [], "answer"),
+        (['{"problem": "1+1", "answer": "2"}'], ["--data.answer_field", "gold"], "gold"),
+    ],
+    ids=["malformed-line", "missing-answer-field", "unknown-explicit-field"],
+)
+def test_bad_data_file_is_a_clear_error_before_training(tmp_path, tiny_policy_dir, lines, field_args, expected):
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    args = [*small_run_args(tmp_path, tiny_policy_dir), "--data.train_data", str(data), *field_args]
+    proc = run_cli(args, tmp_path, timeout=180)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    err = proc.stderr.strip().splitlines()[-1]
+    assert err.startswith("error:") and str(data) in err and expected in err
+    assert "Traceback" not in proc.stderr
+    if expected == "answer":
+        assert "question" in err and "result" in err  # the columns that were found
+
+
+def test_missing_model_path_is_a_clear_error(tmp_path, tiny_policy_dir):
+    args = [*small_run_args(tmp_path, tiny_policy_dir), "--data.model_name_or_path", str(tmp_path / "no_model")]
+    proc = run_cli(args, tmp_path, timeout=180)
+    assert proc.returncode == 2
+    assert "does not exist" in proc.stderr and str(tmp_path / "no_model") in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_embedded_warm_start_is_cached_and_partially_correct(quick_warm_start):
+    from rlvr_lightning.models.warm_start import embedded_policy_path
+
+    cfg, path = quick_warm_start
+    meta = json.loads((path / "warm_start.json").read_text())
+    assert meta["config"]["steps"] == cfg.steps
+    mtime = (path / "model.safetensors").stat().st_mtime
+    assert embedded_policy_path(cfg) == path  # second call reuses the cache...
+    assert (path / "model.safetensors").stat().st_mtime == mtime  # ...without rebuilding
+    assert (path / "tokenizer.json").exists() and (path / "config.json").exists()

@@ -1,0 +1,159 @@
+"""GRPO math on the hand-checkable toy batch of ALGORITHMS.md §3.2.
+
+One group, G = 4, c = (1,0,0,0), L = (2,4,4,6), on policy (logp = old_logp), β = 0.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlvr_lightning.advantages import group_advantage, group_reward_stats
+from rlvr_lightning.losses import aggregate, kl_penalty, ppo_clip
+
+G, LENGTHS = 4, (2, 4, 4, 6)
+T = max(LENGTHS)
+
+
+def toy_batch(seed: int = 0):
+    torch.manual_seed(seed)
+    mask = torch.zeros(G, T)
+    for n, L in enumerate(LENGTHS):
+        mask[n, :L] = 1
+    logp = (-torch.rand(G, T) * mask).requires_grad_(True)  # padded positions hold 0
+    return logp, mask
+
+
+def grpo_loss(logp, old_logp, mask, r, mode="seq-mean-token-mean", use_std=True, C=None, eps=(0.2, 0.2)):
+    A = group_advantage(r, G, use_std=use_std)[:, None] * mask
+    per_tok, stats = ppo_clip(logp, old_logp, A, *eps)
+    return aggregate(per_tok, mask, mode, num_seqs=mask.shape[0], num_tokens=mask.sum().item(), norm_const=C), stats
+
+
+def test_group_advantage_values():
+    r = torch.tensor([1.0, 0, 0, 0])
+    torch.testing.assert_close(group_advantage(r, G), torch.tensor([1.5, -0.5, -0.5, -0.5]), atol=1e-5, rtol=0)
+    # ±1 rewards give the same standardised advantages (affine invariance).
+    torch.testing.assert_close(group_advantage(2 * r - 1, G), torch.tensor([1.5, -0.5, -0.5, -0.5]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(group_advantage(r, G, use_std=False), torch.tensor([0.75, -0.25, -0.25, -0.25]))
+
+
+def test_all_equal_group_has_exactly_zero_advantage():
+    r = torch.tensor([1.0, 1, 1, 1, 0.3, 0.3, 0.3, 0.3])
+    A = group_advantage(r, G)
+    assert torch.equal(A, torch.zeros(8))
+    assert group_reward_stats(r, G)["frac_reward_zero_std"] == 1.0
+
+
+def test_group_advantage_rejects_singleton_groups():
+    with pytest.raises(ValueError, match="group_size"):
+        group_advantage(torch.ones(3), 1)
+
+
+@pytest.mark.parametrize(
+    "mode,use_std,C,expected,loss_value",
+    [
+        ("seq-mean-token-mean", True, None, (-0.1875, 0.03125, 0.03125, 0.0208333), 0.0),  # GRPO
+        ("token-mean", True, None, (-0.09375, 0.03125, 0.03125, 0.03125), 0.25),  # DAPO's aggregator
+        ("seq-mean-token-sum-norm", False, 8, (-0.0234375, 0.0078125, 0.0078125, 0.0078125), 0.0625),  # Dr. GRPO
+    ],
+)
+def test_per_token_gradients_on_toy_batch(mode, use_std, C, expected, loss_value):
+    logp, mask = toy_batch()
+    loss, _ = grpo_loss(logp, logp.detach(), mask, torch.tensor([1.0, 0, 0, 0]), mode, use_std, C)
+    loss.backward()
+    for n, L in enumerate(LENGTHS):
+        torch.testing.assert_close(logp.grad[n, :L], torch.full((L,), expected[n]), atol=1e-6, rtol=1e-5)
+        assert torch.all(logp.grad[n, L:] == 0)
+    # The surrogate's value on policy is −Σ mask·Â / normaliser (ALGORITHMS.md §3.2 table).
+    assert loss.item() == pytest.approx(loss_value, abs=1e-6)
+
+
+def test_on_policy_ratio_is_one_and_nothing_is_clipped():
+    logp, mask = toy_batch()
+    _, stats = grpo_loss(logp, logp.detach(), mask, torch.tensor([1.0, 0, 0, 0]))
+    assert ((stats["ratio"] - 1).abs() * mask).max() < 1e-6
+    assert not stats["clipped_low"].any() and not stats["clipped_high"].any()
+
+
+def test_zero_signal_groups_give_exactly_zero_gradient():
+    logp, mask = toy_batch()
+    loss, _ = grpo_loss(logp, logp.detach(), mask, torch.tensor([0.0, 0, 0, 0]))
+    loss.backward()
+    assert torch.equal(logp.grad, torch.zeros_like(logp))
+
+
+def test_ppo_clip_asymmetric_branches():
+    logp = torch.log(torch.tensor([[0.5, 1.5, 1.1, 0.9]]))
+    old = torch.zeros(1, 4)
+    pos, stats = ppo_clip(logp, old, torch.ones(1, 4), eps_low=0.2, eps_high=0.28)
+    neg, stats_neg = ppo_clip(logp, old, -torch.ones(1, 4), eps_low=0.2, eps_high=0.28)
+    # Â > 0: ratio capped at 1+ε_high from above; below 1−ε_low the unclipped ratio is the min.
+    torch.testing.assert_close(pos, -torch.tensor([[0.5, 1.28, 1.1, 0.9]]))
+    assert stats["clipped_high"].tolist() == [[False, True, False, False]]
+    # Â < 0: ratio floored at 1−ε_low; above 1+ε_high the unclipped ratio is kept (pessimistic bound).
+    torch.testing.assert_close(neg, torch.tensor([[0.8, 1.5, 1.1, 0.9]]))
+    assert stats_neg["clipped_low"].tolist() == [[True, False, False, False]]
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_zero_value_and_gradient_at_reference(estimator):
+    logp = torch.tensor([-1.0, -2.0, -0.5], requires_grad=True)
+    kl = kl_penalty(logp, logp.detach(), estimator)
+    assert torch.equal(kl.detach(), torch.zeros(3))
+    if estimator != "k1":  # k1's gradient is 1 everywhere; its expectation is what vanishes
+        kl.sum().backward()
+        assert torch.allclose(logp.grad, torch.zeros(3))
+
+
+def test_k3_is_nonnegative_and_clamped():
+    logp = torch.linspace(-30, 0, 50)
+    ref = torch.linspace(0, -30, 50)
+    kl = kl_penalty(logp, ref, "k3")
+    assert (kl >= 0).all() and (kl <= 10).all()
+
+
+@pytest.mark.parametrize(
+    "mode,C", [("seq-mean-token-mean", None), ("token-mean", None), ("seq-mean-token-sum-norm", 8)]
+)
+def test_micro_batch_and_rank_layout_does_not_change_the_gradient(mode, C):
+    torch.manual_seed(1)
+    N = 8
+    lengths = torch.tensor([2, 4, 4, 6, 1, 3, 6, 5])
+    mask = (torch.arange(T)[None] < lengths[:, None]).float()
+    old = -torch.rand(N, T) * mask
+    logp = (old + 0.1 * torch.randn(N, T) * mask).requires_grad_(True)
+    A = group_advantage(torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1]), G)[:, None] * mask
+    N_S, T_S = float(N), mask.sum().item()
+
+    def grad_for(splits: list[list[int]], world_size: int = 1) -> torch.Tensor:
+        logp.grad = None
+        for idx in splits:
+            per_tok, _ = ppo_clip(logp[idx], old[idx], A[idx], 0.2, 0.28)
+            # Simulated ranks: each rank's gradient is averaged over ranks afterwards (DDP/FSDP).
+            (aggregate(per_tok, mask[idx], mode, N_S, T_S, C, world_size) / world_size).backward()
+        return logp.grad.clone()
+
+    one_pass = grad_for([list(range(N))])
+    torch.testing.assert_close(grad_for([[0, 1, 2], [3, 4], [5, 6, 7]]), one_pass, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(grad_for([[0, 1, 2, 3], [4, 5, 6, 7]], world_size=2), one_pass, rtol=1e-5, atol=1e-7)
+
+
+def test_padding_changes_neither_loss_nor_gradient():
+    logp, mask = toy_batch()
+    r = torch.tensor([1.0, 0, 0, 0])
+    loss, _ = grpo_loss(logp, logp.detach() - 0.05 * mask, mask, r)
+    loss.backward()
+    grad = logp.grad.clone()
+    wide = torch.cat([logp.detach(), torch.zeros(G, 5)], 1).requires_grad_(True)
+    wide_mask = torch.cat([mask, torch.zeros(G, 5)], 1)
+    loss2, _ = grpo_loss(wide, wide.detach() - 0.05 * wide_mask, wide_mask, r)
+    loss2.backward()
+    assert loss2.item() == pytest.approx(loss.item(), abs=1e-7)
+    torch.testing.assert_close(wide.grad[:, :T], grad)
+    assert torch.equal(wide.grad[:, T:], torch.zeros(G, 5))
+
+
+def test_unknown_aggregator_is_a_clear_error():
+    with pytest.raises(ValueError, match="valid: seq-mean-token-mean"):
+        aggregate(torch.ones(1, 1), torch.ones(1, 1), "bnpo", 1, 1)
