@@ -17,9 +17,6 @@ import torch
 
 from rlvr_lightning.rollout.types import Completion, SamplingConfig
 
-log = logging.getLogger(__name__)
-
-
 def _configure_vllm_env(kv_cache_gib: float) -> None:
     # Must happen before vLLM reads its environment; explicit user settings win.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -55,6 +52,8 @@ class VLLMEngine:
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         self.llm = LLM(**kwargs)
+        # Every in-place reload warns that rotary embeddings have no weights to load: true and harmless.
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[list[Completion]]:
         from vllm import SamplingParams
