@@ -38,8 +38,9 @@ def small_run_args(tmp_path: Path, model_dir: Path) -> list[str]:
 
 
 @pytest.mark.e2e
-def test_two_step_fit_with_vllm_writes_an_mlflow_run(tmp_path, tiny_policy_dir):
-    proc = run_cli(small_run_args(tmp_path, tiny_policy_dir), tmp_path)
+@pytest.mark.parametrize("engine", ["vllm", "hf"])
+def test_two_step_fit_writes_an_mlflow_run(tmp_path, tiny_policy_dir, engine):
+    proc = run_cli([*small_run_args(tmp_path, tiny_policy_dir), "--data.engine", engine], tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
     import mlflow
@@ -50,6 +51,7 @@ def test_two_step_fit_with_vllm_writes_an_mlflow_run(tmp_path, tiny_policy_dir):
     assert run.info.run_name == "grpo"
     assert run.data.tags["algorithm"] == "GRPO" and run.data.tags["model"] == str(tiny_policy_dir)
     assert run.data.params["model.init_args.lr"] == "3e-05"
+    assert run.data.params["data.engine"] == engine
     history = {k: client.get_metric_history(run.info.run_id, k) for k in run.data.metrics}
     for key in (
         "train/reward_mean", "train/reward_std", "train/frac_reward_zero_std", "train/response_length_mean",
