@@ -297,6 +297,7 @@ class RLVRModule(L.LightningModule):
                 seq_index = (prompt_idx[:, None] * G + torch.arange(G)).flatten().to(self.device)
                 norms = self._step_norms(t.response_mask[seq_index])
                 opt.zero_grad(set_to_none=True)
+                step_loss = torch.zeros((), device=self.device)
                 for idx in self._micro_batches(seq_index):
                     mb = MicroBatch(
                         t.select(idx), adv_tok[idx], old_logp[idx],
@@ -306,7 +307,8 @@ class RLVRModule(L.LightningModule):
                     loss, stats = self.micro_batch_loss(mb, logp, norms)
                     self.manual_backward(loss)
                     acc.add_tokens(stats, entropy, mb.tensors.response_mask)
-                    acc.add("loss", loss.detach())
+                    step_loss += loss.detach()  # micro-batch losses are already globally normalised: sum them
+                acc.add("loss", step_loss)
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), h.max_grad_norm)
                 if not torch.isfinite(grad_norm):
                     self._skip_nonfinite_update(opt, grad_norm)
