@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -122,6 +123,9 @@ class RLVRModule(L.LightningModule):
         path = self.datamodule.policy_path
         self.policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         self.policy.config.use_cache = False
+        # The policy stays in eval mode on purpose: no dropout, so trainer log-probs equal the
+        # engine's and repeated forwards (old log-probs, REAL two-pass) are deterministic.
+        warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training")
         if self.hparams.kl_coef > 0:
             self.ref_policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
             self.ref_policy.requires_grad_(False)
