@@ -23,6 +23,7 @@ import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import lightning as L
 import torch
@@ -32,8 +33,9 @@ from rlvr_lightning.advantages import group_advantage, group_reward_stats
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.losses import LossAgg, aggregate, kl_penalty, masked_mean
 from rlvr_lightning.rollout.engine import RolloutEngine
+from rlvr_lightning.rollout.hf_engine import completion_logprobs
 from rlvr_lightning.rollout.sync import WeightSyncProbe
-from rlvr_lightning.rollout.types import PromptBatch, Rollout, RolloutTensors
+from rlvr_lightning.rollout.types import PromptBatch, Rollout, RolloutTensors, SamplingConfig
 
 log = logging.getLogger(__name__)
 
@@ -225,10 +227,11 @@ class RLVRModule(L.LightningModule):
         times["step"] = time.perf_counter() - t_step
         self._log_step(rollout, tensors, old_logp, update_metrics, times)
 
-    def generate(self, batch: PromptBatch) -> Rollout:
+    def generate(self, batch: PromptBatch, sampling: SamplingConfig | None = None) -> Rollout:
+        """Sample completions for a prompt batch (training sampling settings unless given)."""
         dm = self.datamodule
         prompt_ids = [dm.tokenizer(p, add_special_tokens=False).input_ids for p in batch.prompts]
-        sampling = dm.sampling(seed=self._sampling_seed())
+        sampling = sampling or dm.sampling(seed=self._sampling_seed())
         groups = self.engine.generate(prompt_ids, sampling)
         completions = [c for group in groups for c in group]
         texts = dm.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
@@ -346,13 +349,7 @@ class RLVRModule(L.LightningModule):
     def sync_engine(self, rollout: Rollout) -> None:
         self.engine.load_weights(self.policy.state_dict().items())
         self.policy_version += 1
-        self._sync_probe.check(self.engine, self._trainer_score, rollout)
-
-    @torch.no_grad()
-    def _trainer_score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
-        ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=self.device)
-        logits = self.policy(input_ids=ids, use_cache=False).logits[0, len(prompt_ids) - 1 : -1].float()
-        return logits.log_softmax(-1).gather(-1, ids[0, len(prompt_ids) :, None]).squeeze(-1).tolist()
+        self._sync_probe.check(self.engine, partial(completion_logprobs, self.policy), rollout)
 
     # ---- logging -----------------------------------------------------------------------------
     def _log_step(self, rollout: Rollout, t: RolloutTensors, old_logp, update_metrics, times) -> None:

@@ -62,9 +62,10 @@ class Evaluation(Callback):
         verifier = next(c for c in trainer.callbacks if isinstance(c, RewardVerifier))
         t0 = time.perf_counter()
         temperature = self.temperature if self.temperature is not None else dm.hparams.temperature
-        metrics = self._score(pl_module, dm, verifier, batches, dm.sampling(n=self.num_samples, temperature=temperature, seed=0))
+        sampled = dm.sampling(n=self.num_samples, temperature=temperature, seed=0)
+        metrics = self._score(pl_module, verifier, batches, sampled)
         if self.greedy:
-            greedy = self._score(pl_module, dm, verifier, batches, dm.sampling(n=1, temperature=0.0, seed=0))
+            greedy = self._score(pl_module, verifier, batches, dm.sampling(n=1, temperature=0.0, seed=0))
             metrics["accuracy_greedy"] = greedy["accuracy"]
         metrics["seconds"] = time.perf_counter() - t0
         out = {f"val/{k}": v for k, v in metrics.items()}
@@ -75,19 +76,14 @@ class Evaluation(Callback):
         return out
 
     @staticmethod
-    def _score(pl_module, dm, verifier: RewardVerifier, batches, sampling) -> dict[str, float]:
+    def _score(pl_module, verifier: RewardVerifier, batches, sampling) -> dict[str, float]:
         correct, lengths, no_answer, n_problems = [], [], 0.0, 0
         for batch in batches:
-            prompt_ids = [dm.tokenizer(p, add_special_tokens=False).input_ids for p in batch.prompts]
-            groups = pl_module.engine.generate(prompt_ids, sampling)
-            comps = [c for g in groups for c in g]
-            texts = dm.tokenizer.batch_decode([c.token_ids for c in comps], skip_special_tokens=True)
-            golds = [a for a in batch.answers for _ in range(sampling.n)]
-            truncated = torch.tensor([c.finish_reason == "length" for c in comps])
-            c, m = verifier.score(golds, texts, truncated)
+            rollout = pl_module.generate(batch, sampling)
+            c, m = verifier.score(rollout.answers_per_sequence, rollout.texts, rollout.truncated)
             correct.append(c)
-            lengths.extend(len(x.token_ids) for x in comps)
-            no_answer += m["no_answer_frac"] * len(texts)
+            lengths.extend(rollout.response_lengths.tolist())
+            no_answer += m["no_answer_frac"] * len(c)
             n_problems += len(batch)
         c = torch.cat(correct)
         return {

@@ -67,12 +67,17 @@ class HFGenerateEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Nothing to copy: this engine samples with the trainer's module itself."""
 
-    @torch.no_grad()
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
-        device = next(self.model.parameters()).device
-        ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=device)
-        logits = self.model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
-        return logits.log_softmax(-1).gather(-1, ids[0, len(prompt_ids) :, None]).squeeze(-1).tolist()
+        return completion_logprobs(self.model, prompt_ids, completion_ids)
 
     def close(self) -> None:
         self.model = None
+
+
+@torch.no_grad()
+def completion_logprobs(model: torch.nn.Module, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+    """log π(completion token | prefix) at temperature 1, one unpadded sequence."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=device)
+    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt_ids) - 1 : -1].float()
+    return logits.log_softmax(-1).gather(-1, ids[0, len(prompt_ids) :, None]).squeeze(-1).tolist()

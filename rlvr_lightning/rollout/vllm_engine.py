@@ -17,6 +17,7 @@ import torch
 
 from rlvr_lightning.rollout.types import Completion, SamplingConfig
 
+
 def _configure_vllm_env(kv_cache_gib: float) -> None:
     # Must happen before vLLM reads its environment; explicit user settings win.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
