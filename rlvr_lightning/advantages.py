@@ -31,3 +31,27 @@ def group_reward_stats(r: torch.Tensor, group_size: int) -> dict[str, float]:
         "reward_std": R.std().item() if R.numel() > 1 else 0.0,
         "frac_reward_zero_std": zero_std.mean().item(),
     }
+
+
+def mixed_groups(correct: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[B] bool: groups with at least one correct and one incorrect rollout (0 < n+ < G).
+
+    DAPO's dynamic-sampling filter. It looks at correctness c, never at a shaped reward: an
+    all-correct group whose overlong penalties differ still carries no signal about correctness.
+    """
+    n_correct = correct.view(-1, group_size).gt(0.5).sum(1)
+    return (n_correct > 0) & (n_correct < group_size)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer_length: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment R_length(L) ∈ [−1, 0] (ALGORITHMS.md §2.3).
+
+    0 up to L_max − L_cache, then linear down to −1 at L_max, and −1 beyond.
+    """
+    if buffer_length <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float32)
+    if buffer_length > max_length:
+        raise ValueError(f"overlong buffer ({buffer_length}) exceeds the maximum length ({max_length})")
+    start = max_length - buffer_length
+    penalty = (start - lengths.float()) / buffer_length
+    return penalty.clamp(min=-1.0, max=0.0)

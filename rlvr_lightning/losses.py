@@ -12,14 +12,21 @@ import torch
 
 LossAgg = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
 KLEstimator = Literal["k1", "k2", "k3"]
+Surrogate = Literal["ppo-clip", "gspo-token", "gspo"]
+TISLevel = Literal["off", "token", "sequence"]
 LOG_RATIO_CLAMP = 20.0  # as verl: exp() of a larger log-ratio is never a meaningful ratio
+GSPO_LOG_RATIO_MAX = 10.0  # as verl's GSPO: the sequence log-ratio is clamped above before exp()
+
+# Every policy surrogate has one calling convention, so a preset is a choice of pieces:
+#   surrogate(logp, old_logp, adv, mask, eps_low, eps_high) -> (per_token_loss [N,T], stats)
+# `adv` holds token advantages Â_{n,t} (sequence advantages broadcast, possibly reshaped by THR/OAR);
+# `stats` holds detached per-token tensors: the ratio and boolean clip masks.
 
 
-def ppo_clip(
-    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float
+def _clipped_objective(
+    ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-token PPO clipped surrogate −min(ρÂ, clip(ρ, 1−ε_low, 1+ε_high)Â) and its clip masks."""
-    ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+    """−min(ratio·Â, clip(ratio, 1−ε_low, 1+ε_high)·Â) and which tokens the clip silenced."""
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1 - eps_low, 1 + eps_high)
     per_tok = torch.maximum(unclipped, clipped)
@@ -32,6 +39,93 @@ def ppo_clip(
             "clipped_high": active & (ratio > 1 + eps_high),
         }
     return per_tok, stats
+
+
+def ppo_clip(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's per-token clipped surrogate with ρ = π_θ/π_old per token (§1.4; asymmetric ε = clip-higher)."""
+    ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+    return _clipped_objective(ratio, adv, eps_low, eps_high)
+
+
+def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """s̄_n = (1/L_n) Σ_t mask·(logp − old_logp): the length-normalised log-ratio of each sequence."""
+    return ((logp - old_logp) * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+
+def gspo_token(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GSPO-token (§2.4): s_{n,t} = sg[s_n]·π_θ(y_t)/sg[π_θ(y_t)], value s_n, gradient through token t only.
+
+    With per-sequence advantages its gradient equals sequence-level GSPO's; unlike GSPO it accepts
+    token advantages reshaped by THR/OAR.
+    """
+    seq_lr = sequence_log_ratio(logp, old_logp, mask).detach()
+    log_s = ((logp - logp.detach()) + seq_lr[:, None]).clamp(max=GSPO_LOG_RATIO_MAX)
+    return _clipped_objective(log_s.exp(), adv, eps_low, eps_high)
+
+
+def gspo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Sequence-level GSPO (§2.4): one clipped term per sequence with s_n = exp(s̄_n).
+
+    The sequence term is written on every response token so that `seq-mean-token-mean` reduces it
+    to (1/N)Σ_n term_n, the paper's objective. Token advantages are averaged over the sequence
+    (identical to Â_n when they were not reshaped).
+    """
+    s = sequence_log_ratio(logp, old_logp, mask).clamp(max=GSPO_LOG_RATIO_MAX).exp()
+    seq_adv = (adv * mask).sum(1) / mask.sum(1).clamp(min=1)
+    per_seq, stats = _clipped_objective(s, seq_adv, eps_low, eps_high)
+    return per_seq[:, None] * mask, {k: v[:, None].expand_as(mask) for k, v in stats.items()}
+
+
+SURROGATES = {"ppo-clip": ppo_clip, "gspo-token": gspo_token, "gspo": gspo}
+
+
+def truncated_is_weights(
+    old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, level: TISLevel, cap: float
+) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """Truncated importance-sampling weights that correct for the engine ≠ trainer mismatch.
+
+    The engine samples from π_rollout, while the loss's ratio is taken against π_old as the trainer
+    computes it; w = min(π_old/π_rollout, cap) re-weights the policy-gradient term (Yao et al. 2025,
+    "Your efficient RL framework secretly brings you off-policy RL training"; verl's `tis_imp_ratio_cap`).
+    `token`: one weight per token; `sequence`: the product over the sequence, shared by its tokens.
+    Returns detached weights [N,T] (None when `level` is `off`) and statistics.
+    """
+    if level == "off":
+        return None, {}
+    if level not in ("token", "sequence"):
+        raise ValueError(f"unknown truncated-IS level {level!r}; valid: off, token, sequence")
+    with torch.no_grad():
+        log_w = (old_logp - rollout_logp) * mask
+        if level == "sequence":
+            log_w = log_w.sum(1, keepdim=True).expand_as(mask)
+        raw = log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+        weights = raw.clamp(max=cap) * mask
+        stats = {
+            "tis_weight_mean": masked_mean(weights, mask).item(),
+            "tis_capped_frac": masked_mean((raw > cap).float(), mask).item(),
+        }
+    return weights, stats
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimator = "k3") -> torch.Tensor:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlvr_lightning.advantages import group_advantage, group_reward_stats
-from rlvr_lightning.losses import aggregate, kl_penalty, ppo_clip
+from rlvr_lightning.losses import SURROGATES, aggregate, kl_penalty, ppo_clip
 
 G, LENGTHS = 4, (2, 4, 4, 6)
 T = max(LENGTHS)
@@ -24,9 +24,11 @@ def toy_batch(seed: int = 0):
     return logp, mask
 
 
-def grpo_loss(logp, old_logp, mask, r, mode="seq-mean-token-mean", use_std=True, C=None, eps=(0.2, 0.2)):
+def grpo_loss(
+    logp, old_logp, mask, r, mode="seq-mean-token-mean", use_std=True, C=None, eps=(0.2, 0.2), surrogate="ppo-clip"
+):
     A = group_advantage(r, G, use_std=use_std)[:, None] * mask
-    per_tok, stats = ppo_clip(logp, old_logp, A, *eps)
+    per_tok, stats = SURROGATES[surrogate](logp, old_logp, A, mask, *eps)
     return aggregate(per_tok, mask, mode, num_seqs=mask.shape[0], num_tokens=mask.sum().item(), norm_const=C), stats
 
 
@@ -50,35 +52,77 @@ def test_group_advantage_rejects_singleton_groups():
         group_advantage(torch.ones(3), 1)
 
 
-@pytest.mark.parametrize(
-    "mode,use_std,C,expected,loss_value",
-    [
-        ("seq-mean-token-mean", True, None, (-0.1875, 0.03125, 0.03125, 0.0208333), 0.0),  # GRPO
-        ("token-mean", True, None, (-0.09375, 0.03125, 0.03125, 0.03125), 0.25),  # DAPO's aggregator
-        ("seq-mean-token-sum-norm", False, 8, (-0.0234375, 0.0078125, 0.0078125, 0.0078125), 0.0625),  # Dr. GRPO
-    ],
-)
-def test_per_token_gradients_on_toy_batch(mode, use_std, C, expected, loss_value):
+GRPO_ROW = (-0.1875, 0.03125, 0.03125, 0.0208333)
+TOY_TABLE = {  # ALGORITHMS.md §3.2 item 4: per-token ∂loss/∂logp of rollouts 1..4, and the loss value
+    "grpo": dict(mode="seq-mean-token-mean", use_std=True, C=None, surrogate="ppo-clip", grad=GRPO_ROW, loss=0.0),
+    "dapo": dict(mode="token-mean", use_std=True, C=None, surrogate="ppo-clip",
+                 grad=(-0.09375, 0.03125, 0.03125, 0.03125), loss=0.25, eps=(0.2, 0.28)),
+    "dr-grpo": dict(mode="seq-mean-token-sum-norm", use_std=False, C=8, surrogate="ppo-clip",
+                    grad=(-0.0234375, 0.0078125, 0.0078125, 0.0078125), loss=0.0625),
+    "gspo": dict(mode="seq-mean-token-mean", use_std=True, C=None, surrogate="gspo", grad=GRPO_ROW, loss=0.0,
+                 eps=(3e-4, 4e-4)),
+    "gspo-token": dict(mode="seq-mean-token-mean", use_std=True, C=None, surrogate="gspo-token", grad=GRPO_ROW,
+                       loss=0.0, eps=(3e-4, 4e-4)),
+}  # fmt: skip
+
+
+# Std-scaled advantages are invariant to DAPO's ±1 reward; Dr. GRPO's are not (it uses 0/1).
+SCALES = [(p, s) for p in TOY_TABLE for s in ("0/1", "±1") if s == "0/1" or TOY_TABLE[p]["use_std"]]
+
+
+@pytest.mark.parametrize("preset,reward_scale", SCALES)
+def test_per_token_gradients_on_toy_batch(preset, reward_scale):
+    row = TOY_TABLE[preset]
     logp, mask = toy_batch()
-    loss, _ = grpo_loss(logp, logp.detach(), mask, torch.tensor([1.0, 0, 0, 0]), mode, use_std, C)
+    r = torch.tensor([1.0, 0, 0, 0])
+    if reward_scale == "±1":
+        r = 2 * r - 1
+    loss, _ = grpo_loss(
+        logp, logp.detach(), mask, r, row["mode"], row["use_std"], row["C"], row.get("eps", (0.2, 0.2)), row["surrogate"]
+    )
     loss.backward()
     for n, L in enumerate(LENGTHS):
-        torch.testing.assert_close(logp.grad[n, :L], torch.full((L,), expected[n]), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(logp.grad[n, :L], torch.full((L,), row["grad"][n]), atol=1e-6, rtol=1e-5)
         assert torch.all(logp.grad[n, L:] == 0)
     # The surrogate's value on policy is −Σ mask·Â / normaliser (ALGORITHMS.md §3.2 table).
-    assert loss.item() == pytest.approx(loss_value, abs=1e-6)
+    assert loss.item() == pytest.approx(row["loss"], abs=1e-6)
 
 
-def test_on_policy_ratio_is_one_and_nothing_is_clipped():
+def test_grpo_dapo_dr_grpo_differ_exactly_by_their_normalisation():
+    """Same toy batch, same Â (std): DAPO's gradient = GRPO's × L_n/ΣL·N; Dr. GRPO's (no std) = Â_nostd/(N·C)."""
     logp, mask = toy_batch()
-    _, stats = grpo_loss(logp, logp.detach(), mask, torch.tensor([1.0, 0, 0, 0]))
+    r = torch.tensor([1.0, 0, 0, 0])
+    grads = {}
+    for preset in ("grpo", "dapo", "dr-grpo"):
+        row = TOY_TABLE[preset]
+        logp.grad = None
+        loss, _ = grpo_loss(logp, logp.detach(), mask, r, row["mode"], row["use_std"], row["C"])
+        loss.backward()
+        grads[preset] = logp.grad.clone()
+    L = mask.sum(1, keepdim=True)
+    A_std, A_raw = group_advantage(r, G)[:, None], group_advantage(r, G, use_std=False)[:, None]
+    torch.testing.assert_close(grads["grpo"], -A_std * mask / (G * L))
+    torch.testing.assert_close(grads["dapo"], -A_std * mask / L.sum())
+    torch.testing.assert_close(grads["dr-grpo"], -A_raw * mask / (G * 8))
+
+
+@pytest.mark.parametrize("surrogate", list(SURROGATES))
+def test_on_policy_ratio_is_one_and_nothing_is_clipped(surrogate):
+    logp, mask = toy_batch()
+    # Even GSPO's tiny 3e-4 clip range must not fire on policy.
+    _, stats = grpo_loss(logp, logp.detach(), mask, torch.tensor([1.0, 0, 0, 0]), eps=(3e-4, 4e-4), surrogate=surrogate)
     assert ((stats["ratio"] - 1).abs() * mask).max() < 1e-6
     assert not stats["clipped_low"].any() and not stats["clipped_high"].any()
 
 
-def test_zero_signal_groups_give_exactly_zero_gradient():
+@pytest.mark.parametrize("preset", list(TOY_TABLE))
+@pytest.mark.parametrize("rewards", [(0.0, 0, 0, 0), (1.0, 1, 1, 1), (-0.5, -0.5, -0.5, -0.5)])
+def test_zero_signal_groups_give_exactly_zero_gradient(preset, rewards):
+    row = TOY_TABLE[preset]
     logp, mask = toy_batch()
-    loss, _ = grpo_loss(logp, logp.detach(), mask, torch.tensor([0.0, 0, 0, 0]))
+    old = logp.detach() - 0.1 * mask  # off policy too: zero advantage must still mean zero gradient
+    loss, _ = grpo_loss(logp, old, mask, torch.tensor(rewards), row["mode"], row["use_std"], row["C"],
+                        row.get("eps", (0.2, 0.2)), row["surrogate"])  # fmt: skip
     loss.backward()
     assert torch.equal(logp.grad, torch.zeros_like(logp))
 
@@ -86,8 +130,9 @@ def test_zero_signal_groups_give_exactly_zero_gradient():
 def test_ppo_clip_asymmetric_branches():
     logp = torch.log(torch.tensor([[0.5, 1.5, 1.1, 0.9]]))
     old = torch.zeros(1, 4)
-    pos, stats = ppo_clip(logp, old, torch.ones(1, 4), eps_low=0.2, eps_high=0.28)
-    neg, stats_neg = ppo_clip(logp, old, -torch.ones(1, 4), eps_low=0.2, eps_high=0.28)
+    mask = torch.ones(1, 4)
+    pos, stats = ppo_clip(logp, old, torch.ones(1, 4), mask, eps_low=0.2, eps_high=0.28)
+    neg, stats_neg = ppo_clip(logp, old, -torch.ones(1, 4), mask, eps_low=0.2, eps_high=0.28)
     # Â > 0: ratio capped at 1+ε_high from above; below 1−ε_low the unclipped ratio is the min.
     torch.testing.assert_close(pos, -torch.tensor([[0.5, 1.28, 1.1, 0.9]]))
     assert stats["clipped_high"].tolist() == [[False, True, False, False]]
@@ -129,7 +174,7 @@ def test_micro_batch_and_rank_layout_does_not_change_the_gradient(mode, C):
     def grad_for(splits: list[list[int]], world_size: int = 1) -> torch.Tensor:
         logp.grad = None
         for idx in splits:
-            per_tok, _ = ppo_clip(logp[idx], old[idx], A[idx], 0.2, 0.28)
+            per_tok, _ = ppo_clip(logp[idx], old[idx], A[idx], mask[idx], 0.2, 0.28)
             # Simulated ranks: each rank's gradient is averaged over ranks afterwards (DDP/FSDP).
             (aggregate(per_tok, mask[idx], mode, N_S, T_S, C, world_size) / world_size).backward()
         return logp.grad.clone()

@@ -24,6 +24,7 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from typing import Literal
 
 import lightning as L
 import torch
@@ -31,7 +32,7 @@ from lightning.pytorch.callbacks import Callback
 
 from rlvr_lightning.advantages import group_advantage, group_reward_stats
 from rlvr_lightning.errors import ConfigError
-from rlvr_lightning.losses import LossAgg, aggregate, kl_penalty, masked_mean
+from rlvr_lightning.losses import LossAgg, TISLevel, aggregate, kl_penalty, masked_mean, truncated_is_weights
 from rlvr_lightning.rollout.engine import RolloutEngine
 from rlvr_lightning.rollout.hf_engine import completion_logprobs
 from rlvr_lightning.rollout.sync import WeightSyncProbe
@@ -57,15 +58,29 @@ class StepNorms:
     num_seqs: float
     num_tokens: float
     world_size: int
+    norm_const: float  # C of seq-mean-token-sum-norm: max_response_length, never an observed length
 
 
 @dataclass
-class MicroBatch:
+class LossInputs:
+    """What the loss needs for a set of sequences: the whole rollout batch, or one micro-batch of it."""
+
     tensors: RolloutTensors
     advantages: torch.Tensor  # [n, T] token advantages (reshaped by attribution if any)
-    old_logp: torch.Tensor  # [n, T]
-    ref_logp: torch.Tensor | None  # [n, T]
+    old_logp: torch.Tensor  # [n, T] behaviour log-probs θ_old (0 on padding)
+    ref_logp: torch.Tensor | None  # [n, T] reference log-probs when a KL term is used
+    loss_mask: torch.Tensor  # [n, T] response tokens that enter the loss (truncated ones may be masked)
+    is_weight: torch.Tensor | None  # [n, T] truncated importance-sampling weights, if enabled
     seq_index: torch.Tensor  # positions of these sequences in the rollout
+
+    def select(self, idx: torch.Tensor) -> LossInputs:
+        def pick(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x[idx]
+
+        return LossInputs(
+            self.tensors.select(idx), self.advantages[idx], self.old_logp[idx], pick(self.ref_logp),
+            self.loss_mask[idx], pick(self.is_weight), self.seq_index[idx],
+        )  # fmt: skip
 
 
 class RLVRModule(L.LightningModule):
@@ -83,6 +98,11 @@ class RLVRModule(L.LightningModule):
         kl_coef: float = 0.0,
         kl_estimator: str = "k3",
         use_adv_std: bool = True,
+        mask_truncated: bool = False,
+        behaviour_logprobs: Literal["trainer", "rollout"] = "trainer",
+        tis_level: TISLevel = "off",
+        tis_cap: float = 2.0,
+        allow_filtered_rollout_logprobs: bool = False,
         sync_check_tol: float = 1e-3,
         max_nonfinite_steps: int = 10,
     ) -> None:
@@ -99,6 +119,16 @@ class RLVRModule(L.LightningModule):
             kl_coef: β of the KL penalty to the frozen initial policy; 0 = no reference model.
             kl_estimator: k1, k2 or k3.
             use_adv_std: divide group-centred rewards by the group std.
+            mask_truncated: leave completions cut at max_response_length out of the loss (DAPO's
+                "overlong filtering"; TRL's mask_truncated_completions).
+            behaviour_logprobs: θ_old log-probs from a no-grad forward of the trainer (`trainer`, default)
+                or the rollout engine's own (`rollout`: saves that forward, trusts the engine's numerics).
+            tis_level: truncated importance sampling against the engine ≠ trainer mismatch:
+                `off`, `token` or `sequence`; weights min(π_old/π_rollout, tis_cap) on the policy term.
+            tis_cap: upper bound of the truncated-IS weight.
+            allow_filtered_rollout_logprobs: permit rollout log-probs as the behaviour policy (TIS or
+                behaviour_logprobs=rollout) while sampling with top-p/top-k; the engine's log-probs
+                are then those of the truncated distribution, not of the policy being trained.
             sync_check_tol: max |engine − trainer| log-prob on the probe sequence after a weight sync.
             max_nonfinite_steps: stop after this many consecutive updates with a non-finite loss or gradient.
         """
@@ -109,9 +139,21 @@ class RLVRModule(L.LightningModule):
             raise ConfigError(f"model.lr_schedule={lr_schedule!r}; valid: constant, cosine")
         if mini_batches < 1 or ppo_epochs < 1 or micro_batch_size < 1:
             raise ConfigError("model.mini_batches, model.ppo_epochs and model.micro_batch_size must be ≥ 1")
+        if behaviour_logprobs not in ("trainer", "rollout"):
+            raise ConfigError(f"model.behaviour_logprobs={behaviour_logprobs!r}; valid: trainer, rollout")
+        if tis_level not in ("off", "token", "sequence"):
+            raise ConfigError(f"model.tis_level={tis_level!r}; valid: off, token, sequence")
+        if tis_level != "off" and behaviour_logprobs == "rollout":
+            raise ConfigError(
+                "model.tis_level corrects θ_old (trainer) against the rollout engine; with "
+                "model.behaviour_logprobs=rollout both are the engine's and every weight is 1. Use one or the other."
+            )
+        if tis_cap <= 0:
+            raise ConfigError(f"model.tis_cap must be > 0, got {tis_cap}")
         self.policy: torch.nn.Module | None = None
         self.ref_policy: torch.nn.Module | None = None
         self.policy_version = 0
+        self.rollout_batches = 0  # completed training steps (rollout batches); the x-axis of every metric
         self.latest_val: dict[str, float] = {}
         self._sync_probe = WeightSyncProbe(tol=sync_check_tol)
         self._nonfinite_streak = 0
@@ -166,7 +208,21 @@ class RLVRModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self._check_batch_layout()
+        self._check_behaviour_logprobs()
         self.engine  # build now, so its start-up cost is not charged to the first step
+
+    def _check_behaviour_logprobs(self) -> None:
+        dm, h = self.datamodule.hparams, self.hparams
+        filtered = dm.top_p < 1 or dm.top_k > 0
+        uses_rollout_logprobs = h.tis_level != "off" or h.behaviour_logprobs == "rollout"
+        if filtered and uses_rollout_logprobs and not h.allow_filtered_rollout_logprobs:
+            what = f"model.tis_level={h.tis_level}" if h.tis_level != "off" else "model.behaviour_logprobs=rollout"
+            raise ConfigError(
+                f"{what} uses the rollout engine's log-probs as the behaviour policy, but data.top_p={dm.top_p} / "
+                f"data.top_k={dm.top_k} sample from a truncated distribution whose log-probs are not the "
+                "policy's. Sample with top_p=1 and top_k=-1, or set model.allow_filtered_rollout_logprobs=true "
+                "to accept the bias."
+            )
 
     def _check_batch_layout(self) -> None:
         dm = self.datamodule.hparams
@@ -187,17 +243,19 @@ class RLVRModule(L.LightningModule):
         """Per-token policy loss [n, T] and boolean/float per-token statistics. Subclasses define it."""
         raise NotImplementedError
 
-    def micro_batch_loss(self, mb: MicroBatch, logp: torch.Tensor, norms: StepNorms) -> tuple[torch.Tensor, dict]:
+    def micro_batch_loss(self, mb: LossInputs, logp: torch.Tensor, norms: StepNorms) -> tuple[torch.Tensor, dict]:
         """Scalar loss of one micro-batch, already divided by the step's global normalisers."""
-        mask = mb.tensors.response_mask
+        mask = mb.loss_mask
         per_tok, stats = self.policy_loss(logp, mb.old_logp, mb.advantages, mask)
+        if mb.is_weight is not None:  # truncated IS re-weights the policy term only, as in verl
+            per_tok = per_tok * mb.is_weight
         if self.hparams.kl_coef > 0:
             kl = kl_penalty(logp, mb.ref_logp, self.hparams.kl_estimator)
             per_tok = per_tok + self.hparams.kl_coef * kl
             stats["kl"] = kl.detach()
         loss = aggregate(
             per_tok, mask, self.hparams.loss_agg, norms.num_seqs, norms.num_tokens,
-            norm_const=self.datamodule.hparams.max_response_length, world_size=norms.world_size,
+            norm_const=norms.norm_const, world_size=norms.world_size,
         )  # fmt: skip
         return loss, stats
 
@@ -205,27 +263,68 @@ class RLVRModule(L.LightningModule):
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
         times: dict[str, float] = {}
         t_step = time.perf_counter()
-        with _timed(times, "rollout"):
-            rollout = self.generate(batch)
-        with _timed(times, "reward"):
-            self._run_rollout_hooks("on_rollout_generated", rollout)
-        if rollout.rewards is None:
-            raise RuntimeError("no rollout callback set rollout.rewards (is a RewardVerifier configured?)")
+        rollout = self.collect_rollout(batch, times)
+        if rollout is None:  # nothing to learn from in this batch (e.g. dynamic sampling found no signal)
+            self.rollout_batches += 1
+            return
+        rollout.rewards = self.compute_rewards(rollout)
         rollout.advantages = self.compute_advantages(rollout)
         with _timed(times, "attribution"):
             self._run_rollout_hooks("on_advantages_computed", rollout)
-        tensors = rollout.tensors(self.datamodule.tokenizer.pad_token_id).to(self.device)
-        adv_tok = rollout.advantages.to(self.device)[:, None] * tensors.response_mask
-        if rollout.token_weights is not None:
-            adv_tok = adv_tok * rollout.token_weights.to(self.device)
         with _timed(times, "old_logprob"):
-            old_logp, ref_logp = self.reference_logprobs(tensors, rollout.sampling.temperature)
+            inputs, is_stats = self.loss_inputs(rollout)
         with _timed(times, "update"):
-            update_metrics = self.update(rollout, tensors, adv_tok, old_logp, ref_logp)
+            update_metrics = self.update(rollout, inputs)
         with _timed(times, "weight_sync"):
             self.sync_engine(rollout)
         times["step"] = time.perf_counter() - t_step
-        self._log_step(rollout, tensors, old_logp, update_metrics, times)
+        self._log_step(rollout, inputs, {**update_metrics, **is_stats}, times)
+        self.rollout_batches += 1
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["rlvr"] = {"policy_version": self.policy_version, "rollout_batches": self.rollout_batches}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        state = checkpoint.get("rlvr", {})
+        self.policy_version = state.get("policy_version", 0)
+        self.rollout_batches = state.get("rollout_batches", 0)
+
+    def collect_rollout(self, batch: PromptBatch, times: dict[str, float]) -> Rollout | None:
+        """The scored rollout batch to train on. DAPO overrides this with dynamic sampling."""
+        return self.generate_and_score(batch, times)
+
+    def generate_and_score(self, batch: PromptBatch, times: dict[str, float], round_index: int = 0) -> Rollout:
+        """Sample G completions per prompt and run the rollout callbacks that score them."""
+        with _timed(times, "rollout"):
+            rollout = self.generate(batch, self.datamodule.sampling(seed=self._sampling_seed(round_index)))
+        with _timed(times, "reward"):
+            self._run_rollout_hooks("on_rollout_generated", rollout)
+        if rollout.rewards is None or rollout.correct is None:
+            raise RuntimeError("no rollout callback scored the rollout (is a RewardVerifier configured?)")
+        return rollout
+
+    def compute_rewards(self, rollout: Rollout) -> torch.Tensor:
+        """Scalar reward r [N] fed to the advantage estimator; default r = c (DAPO shapes it)."""
+        return rollout.rewards
+
+    def loss_inputs(self, rollout: Rollout) -> tuple[LossInputs, dict[str, float]]:
+        """Lay the rollout out as tensors; θ_old / reference log-probs; loss mask; truncated-IS weights."""
+        h = self.hparams
+        t = rollout.tensors(self.datamodule.tokenizer.pad_token_id).to(self.device)
+        adv_tok = rollout.advantages.to(self.device)[:, None] * t.response_mask
+        if rollout.token_weights is not None:
+            adv_tok = adv_tok * rollout.token_weights.to(self.device)
+        loss_mask = t.response_mask
+        if h.mask_truncated:
+            loss_mask = loss_mask * (~rollout.truncated).to(self.device, loss_mask.dtype)[:, None]
+        old_logp, ref_logp = self.reference_logprobs(
+            t, rollout.sampling.temperature, with_old=h.behaviour_logprobs == "trainer"
+        )
+        if old_logp is None:
+            old_logp = t.rollout_logp
+        is_weight, is_stats = truncated_is_weights(old_logp, t.rollout_logp, loss_mask, h.tis_level, h.tis_cap)
+        seq_index = torch.arange(t.input_ids.shape[0], device=self.device)
+        return LossInputs(t, adv_tok, old_logp, ref_logp, loss_mask, is_weight, seq_index), is_stats
 
     def generate(self, batch: PromptBatch, sampling: SamplingConfig | None = None) -> Rollout:
         """Sample completions for a prompt batch (training sampling settings unless given)."""
@@ -240,9 +339,9 @@ class RLVRModule(L.LightningModule):
             sampling=sampling, policy_version=self.policy_version, texts=texts,
         )  # fmt: skip
 
-    def _sampling_seed(self) -> int:
-        # Reproducible across runs and resumes; distinct per step and per rank.
-        return self.datamodule.hparams.seed * 1_000_003 + self.global_step * 101 + self.global_rank
+    def _sampling_seed(self, round_index: int = 0) -> int:
+        # Reproducible across runs and resumes; distinct per step, per generation round and per rank.
+        return self.datamodule.hparams.seed * 1_000_003 + self.rollout_batches * 101 + round_index * 10_007 + self.global_rank
 
     def _run_rollout_hooks(self, hook: str, rollout: Rollout) -> None:
         for cb in self.trainer.callbacks:
@@ -270,52 +369,36 @@ class RLVRModule(L.LightningModule):
         return logp, entropy
 
     @torch.no_grad()
-    def reference_logprobs(self, t: RolloutTensors, temperature: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """θ_old log-probs (recomputed by the trainer, as the loss needs) and reference log-probs if KL is on."""
+    def reference_logprobs(
+        self, t: RolloutTensors, temperature: float, with_old: bool = True
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """θ_old log-probs recomputed by the trainer (if `with_old`), and reference log-probs if KL is on."""
         old, ref = [], []
         for idx in self._micro_batches(torch.arange(t.input_ids.shape[0], device=self.device)):
             mb = t.select(idx)
-            old.append(self.token_logprobs(self.policy, mb, temperature)[0])
+            if with_old:
+                old.append(self.token_logprobs(self.policy, mb, temperature)[0])
             if self.ref_policy is not None:
                 ref.append(self.token_logprobs(self.ref_policy, mb, temperature)[0])
-        return torch.cat(old), (torch.cat(ref) if ref else None)
+        return (torch.cat(old) if old else None), (torch.cat(ref) if ref else None)
 
     def _micro_batches(self, seq_index: torch.Tensor) -> list[torch.Tensor]:
         return list(seq_index.split(self.hparams.micro_batch_size))
 
     # ---- updates -----------------------------------------------------------------------------
-    def update(
-        self,
-        rollout: Rollout,
-        t: RolloutTensors,
-        adv_tok: torch.Tensor,
-        old_logp: torch.Tensor,
-        ref_logp: torch.Tensor | None,
-    ) -> dict[str, float]:
+    def update(self, rollout: Rollout, inputs: LossInputs) -> dict[str, float]:
+        """K mini-batches (× ppo_epochs) of whole groups, each one optimizer step over micro-batches."""
         opt = self.optimizers()
         sched = self.lr_schedulers()
         h = self.hparams
         G = rollout.group_size
-        num_prompts = len(rollout.batch)
         acc = _MetricAccumulator()
         for _epoch in range(h.ppo_epochs):
             # Mini-batches hold whole groups: prompt-level split, sequences stay group-contiguous.
-            for prompt_idx in torch.arange(num_prompts).chunk(h.mini_batches):
+            for prompt_idx in torch.arange(len(rollout.batch)).chunk(h.mini_batches):
                 seq_index = (prompt_idx[:, None] * G + torch.arange(G)).flatten().to(self.device)
-                norms = self._step_norms(t.response_mask[seq_index])
                 opt.zero_grad(set_to_none=True)
-                step_loss = torch.zeros((), device=self.device)
-                for idx in self._micro_batches(seq_index):
-                    mb = MicroBatch(
-                        t.select(idx), adv_tok[idx], old_logp[idx],
-                        ref_logp[idx] if ref_logp is not None else None, idx,
-                    )  # fmt: skip
-                    logp, entropy = self.token_logprobs(self.policy, mb.tensors, rollout.sampling.temperature, True)
-                    loss, stats = self.micro_batch_loss(mb, logp, norms)
-                    self.manual_backward(loss)
-                    acc.add_tokens(stats, entropy, mb.tensors.response_mask)
-                    step_loss += loss.detach()  # micro-batch losses are already globally normalised: sum them
-                acc.add("loss", step_loss)
+                acc.add("loss", self.accumulate_gradients(inputs, seq_index, rollout.sampling.temperature, acc))
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), h.max_grad_norm)
                 if not torch.isfinite(grad_norm):
                     self._skip_nonfinite_update(opt, grad_norm)
@@ -329,10 +412,31 @@ class RLVRModule(L.LightningModule):
         metrics["lr"] = sched.get_last_lr()[0]
         return metrics
 
+    def accumulate_gradients(
+        self, inputs: LossInputs, seq_index: torch.Tensor, temperature: float, acc: _MetricAccumulator | None = None
+    ) -> torch.Tensor:
+        """Backward of one optimizer step's loss over its micro-batches; returns the step's loss.
+
+        Each micro-batch loss is already divided by the step's global normalisers, so the
+        accumulated gradient does not depend on the micro-batch size or the number of ranks.
+        """
+        norms = self._step_norms(inputs.loss_mask[seq_index])
+        step_loss = torch.zeros((), device=self.device)
+        for idx in self._micro_batches(seq_index):
+            mb = inputs.select(idx)
+            logp, entropy = self.token_logprobs(self.policy, mb.tensors, temperature, with_entropy=acc is not None)
+            loss, stats = self.micro_batch_loss(mb, logp, norms)
+            self.manual_backward(loss)
+            if acc is not None:
+                acc.add_tokens(stats, entropy, mb.loss_mask)
+            step_loss += loss.detach()  # already globally normalised: the step's loss is their sum
+        return step_loss
+
     def _step_norms(self, mask: torch.Tensor) -> StepNorms:
         counts = torch.tensor([float(mask.shape[0]), mask.sum().item()], device=self.device)
         counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
-        return StepNorms(counts[0].item(), counts[1].item(), self.trainer.world_size)
+        C = float(self.datamodule.hparams.max_response_length)
+        return StepNorms(counts[0].item(), counts[1].item(), self.trainer.world_size, C)
 
     def _skip_nonfinite_update(self, opt, grad_norm: torch.Tensor) -> None:
         opt.zero_grad(set_to_none=True)
@@ -352,10 +456,14 @@ class RLVRModule(L.LightningModule):
         self._sync_probe.check(self.engine, partial(completion_logprobs, self.policy), rollout)
 
     # ---- logging -----------------------------------------------------------------------------
-    def _log_step(self, rollout: Rollout, t: RolloutTensors, old_logp, update_metrics, times) -> None:
+    def _log_step(self, rollout: Rollout, inputs: LossInputs, update_metrics, times) -> None:
+        t = inputs.tensors
         mask = t.response_mask
         lengths = rollout.response_lengths
-        mismatch = (t.rollout_logp - old_logp).abs() * mask
+        log_ratio = (inputs.old_logp - t.rollout_logp) * mask  # log π_old/π_rollout per token
+        mismatch = log_ratio.abs()
+        valid = mask.bool()
+        seq_log_ratio = log_ratio.sum(1)
         metrics = {f"train/{k}": v for k, v in group_reward_stats(rollout.rewards, rollout.group_size).items()}
         metrics.update({f"train/{k}": v for k, v in update_metrics.items()})
         metrics.update({f"train/{k}": v for k, v in rollout.metrics.items()})
@@ -367,6 +475,10 @@ class RLVRModule(L.LightningModule):
                 "train/response_clip_ratio": rollout.truncated.float().mean().item(),
                 "train/logprob_mismatch_mean": masked_mean(mismatch, mask).item(),
                 "train/logprob_mismatch_max": mismatch.max().item(),
+                "train/rollout_is_ratio_min": log_ratio[valid].min().exp().item() if valid.any() else 1.0,
+                "train/rollout_is_ratio_max": log_ratio[valid].max().exp().item() if valid.any() else 1.0,
+                "train/rollout_is_seq_ratio_min": seq_log_ratio.min().clamp(-20, 20).exp().item(),
+                "train/rollout_is_seq_ratio_max": seq_log_ratio.max().clamp(-20, 20).exp().item(),
                 "train/policy_version": float(self.policy_version),
                 "train/sync_probe_max_abs_diff": self._sync_probe.last_diff,
                 "throughput/rollout_tokens_per_s": lengths.sum().item() / max(times["rollout"], 1e-9),

@@ -53,7 +53,10 @@ class Evaluation(Callback):
 
     @torch.no_grad()
     def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
-        if trainer.global_step == self._last_step:
+        # x-axis: completed rollout batches, the axis of the train/ metrics whatever the number of
+        # optimizer steps per batch (GSPO takes 4), so runs of different algorithms line up in MLflow.
+        step = pl_module.rollout_batches
+        if step == self._last_step:
             return pl_module.latest_val
         dm = trainer.datamodule
         batches = dm.val_batches(self.batch_size)
@@ -70,9 +73,9 @@ class Evaluation(Callback):
         metrics["seconds"] = time.perf_counter() - t0
         out = {f"val/{k}": v for k, v in metrics.items()}
         pl_module.latest_val = out
-        self._last_step = trainer.global_step
+        self._last_step = step
         if trainer.logger is not None:
-            trainer.logger.log_metrics(out, step=trainer.global_step)
+            trainer.logger.log_metrics(out, step=step)
         return out
 
     @staticmethod

@@ -82,6 +82,9 @@ class RolloutDataModule(L.LightningDataModule):
         self.train_records: list[ProblemRecord] = []
         self.val_records: list[ProblemRecord] = []
         self._engine: RolloutEngine | None = None
+        # Position in the stream of extra prompts (DAPO's dynamic sampling); part of the state dict.
+        self._extra_epoch = 0
+        self._extra_pos = 0
 
     # ---- setup -------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -147,6 +150,31 @@ class RolloutDataModule(L.LightningDataModule):
             generator=generator,
             collate_fn=self.collate,
         )
+
+    def extra_prompts(self, n: int) -> PromptBatch:
+        """`n` more training prompts, for algorithms that sample beyond the dataloader's batch.
+
+        A separate, seeded, reshuffled-every-pass stream over the training problems, so the
+        dataloader's own order (and its resume position) is untouched.
+        """
+        picked: list[ProblemRecord] = []
+        while len(picked) < n:
+            order = torch.randperm(
+                len(self.train_records), generator=torch.Generator().manual_seed(self.hparams.seed + 7919 * (self._extra_epoch + 1))
+            )  # fmt: skip
+            take = order[self._extra_pos : self._extra_pos + n - len(picked)].tolist()
+            picked += [self.train_records[i] for i in take]
+            self._extra_pos += len(take)
+            if self._extra_pos >= len(order):
+                self._extra_epoch, self._extra_pos = self._extra_epoch + 1, 0
+        return self.collate(picked)
+
+    def state_dict(self) -> dict:
+        return {"extra_epoch": self._extra_epoch, "extra_pos": self._extra_pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._extra_epoch = state.get("extra_epoch", 0)
+        self._extra_pos = state.get("extra_pos", 0)
 
     def val_batches(self, batch_size: int = 64) -> list[PromptBatch]:
         """Held-out problems in fixed order (not a Lightning val loop: evaluation is a callback)."""

@@ -18,6 +18,16 @@ class PromptBatch:
     def __len__(self) -> int:
         return len(self.prompts)
 
+    def select(self, idx: list[int]) -> PromptBatch:
+        return PromptBatch([self.ids[i] for i in idx], [self.prompts[i] for i in idx], [self.answers[i] for i in idx])
+
+    @staticmethod
+    def concat(batches: list[PromptBatch]) -> PromptBatch:
+        return PromptBatch(
+            [x for b in batches for x in b.ids], [x for b in batches for x in b.prompts],
+            [x for b in batches for x in b.answers],
+        )  # fmt: skip
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -77,6 +87,52 @@ class Rollout:
     @property
     def response_lengths(self) -> torch.Tensor:
         return torch.tensor([len(c.token_ids) for c in self.completions], dtype=torch.float32)
+
+    def select_groups(self, groups: list[int]) -> Rollout:
+        """The rollout restricted to whole groups (before advantages exist), e.g. DAPO's kept groups."""
+        if self.advantages is not None or self.token_weights is not None:
+            raise RuntimeError("select_groups must run before advantages and token weights are computed")
+        G = self.group_size
+        seqs = [g * G + j for g in groups for j in range(G)]
+        pick = torch.tensor(seqs, dtype=torch.long)
+        return Rollout(
+            batch=self.batch.select(groups), group_size=G, prompt_ids=[self.prompt_ids[g] for g in groups],
+            completions=[self.completions[n] for n in seqs], sampling=self.sampling,
+            policy_version=self.policy_version, texts=[self.texts[n] for n in seqs] if self.texts else [],
+            rewards=None if self.rewards is None else self.rewards[pick],
+            correct=None if self.correct is None else self.correct[pick], metrics=dict(self.metrics),
+        )  # fmt: skip
+
+    @staticmethod
+    def concat(rollouts: list[Rollout]) -> Rollout:
+        """Several scored rollouts of the same policy as one (DAPO's generation rounds).
+
+        Metrics become sequence-weighted means over the parts, except running totals (`*_total`),
+        which keep their latest value.
+        """
+        first = rollouts[0]
+        if any(r.group_size != first.group_size or r.policy_version != first.policy_version for r in rollouts):
+            raise ValueError("can only concatenate rollouts with the same group size and policy version")
+        metrics: dict[str, float] = {}
+        weights = [r.num_sequences for r in rollouts]
+        for key in {k for r in rollouts for k in r.metrics}:
+            present = [(r.metrics[key], w) for r, w in zip(rollouts, weights) if key in r.metrics]
+            if key.endswith("_total"):
+                metrics[key] = present[-1][0]
+            else:
+                metrics[key] = sum(v * w for v, w in present) / max(1, sum(w for _, w in present))
+
+        def cat(name: str) -> torch.Tensor | None:
+            parts = [getattr(r, name) for r in rollouts]
+            return None if any(p is None for p in parts) else torch.cat(parts)
+
+        return Rollout(
+            batch=PromptBatch.concat([r.batch for r in rollouts]), group_size=first.group_size,
+            prompt_ids=[p for r in rollouts for p in r.prompt_ids],
+            completions=[c for r in rollouts for c in r.completions], sampling=first.sampling,
+            policy_version=first.policy_version, texts=[t for r in rollouts for t in r.texts],
+            rewards=cat("rewards"), correct=cat("correct"), metrics=metrics,
+        )  # fmt: skip
 
     def tensors(self, pad_id: int) -> RolloutTensors:
         G = self.group_size

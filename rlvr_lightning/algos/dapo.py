@@ -1,0 +1,131 @@
+"""DAPO — Decoupled Clip and Dynamic sAmpling Policy Optimization (arXiv 2503.14476).
+
+GRPO plus four changes (ALGORITHMS.md §2.3; reference framework verl `recipe/dapo`):
+  1. clip-higher: ε_low = 0.2, ε_high = 0.28, so low-probability tokens can rise (against entropy collapse)
+  2. dynamic sampling: generate rounds of prompts until B groups have mixed correctness (0 < n+ < G)
+  3. token-level loss: token-mean over the global token count of the optimizer step
+  4. overlong reward shaping: r = (+1 correct / −1 otherwise) + penalty · R_length(L), with
+     R_length falling linearly from 0 to −1 over the last L_cache tokens before L_max
+No KL. Overlong *filtering* (`mask_truncated`) is available and off, as in the best DAPO runs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from rlvr_lightning.advantages import overlong_penalty
+from rlvr_lightning.algos.grpo import GRPO
+from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.losses import LossAgg
+from rlvr_lightning.rollout.dynamic_sampling import OnExhausted, dynamic_sample
+from rlvr_lightning.rollout.types import PromptBatch, Rollout
+
+log = logging.getLogger(__name__)
+
+
+class DAPO(GRPO):
+    def __init__(
+        self,
+        clip_eps_low: float = 0.2,
+        clip_eps_high: float = 0.28,
+        loss_agg: LossAgg = "token-mean",
+        kl_coef: float = 0.0,
+        dynamic_sampling: bool = True,
+        gen_batch_size: int | None = None,
+        max_num_gen_batches: int = 10,
+        on_exhausted: OnExhausted = "train_partial",
+        max_empty_batches: int = 5,
+        signed_reward: bool = True,
+        overlong_buffer_len: int | None = None,
+        overlong_penalty_factor: float = 1.0,
+        **kwargs,
+    ) -> None:
+        """
+        Args:
+            dynamic_sampling: keep only groups with mixed correctness, regenerating as needed.
+            gen_batch_size: prompts per generation round; default 3 × data.batch_size (verl's recipe).
+            max_num_gen_batches: generation rounds per training batch before giving up (0 = unlimited).
+            on_exhausted: at the round limit, `train_partial` (log a warning, train on the mixed groups
+                found) or `error` (stop, as verl's recipe does).
+            max_empty_batches: stop the run (gracefully) after this many consecutive rollout batches
+                without a single mixed group: the policy has nothing left to learn from this data.
+            signed_reward: correctness as +1/−1 (paper) rather than 1/0; with std-scaled advantages the
+                two only differ once the overlong penalty is added.
+            overlong_buffer_len: L_cache, the last tokens before data.max_response_length over which the
+                penalty ramps to −1; default 20% of max_response_length (the paper's 4096 of 20480);
+                0 turns the shaping off.
+            overlong_penalty_factor: scale of the overlong penalty.
+        """
+        if on_exhausted not in ("error", "train_partial"):
+            raise ConfigError(f"model.on_exhausted={on_exhausted!r}; valid: error, train_partial")
+        if max_num_gen_batches < 0 or (gen_batch_size is not None and gen_batch_size < 1):
+            raise ConfigError("model.max_num_gen_batches must be ≥ 0 and model.gen_batch_size ≥ 1")
+        super().__init__(
+            clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, loss_agg=loss_agg, kl_coef=kl_coef, **kwargs
+        )
+        self.save_hyperparameters()
+        self._empty_streak = 0
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        dm = self.datamodule.hparams
+        if self.hparams.gen_batch_size is not None and self.hparams.gen_batch_size < dm.batch_size:
+            raise ConfigError(
+                f"model.gen_batch_size={self.hparams.gen_batch_size} must be ≥ data.batch_size={dm.batch_size}"
+            )
+        if self._overlong_buffer_len() > dm.max_response_length:
+            raise ConfigError(
+                f"model.overlong_buffer_len={self.hparams.overlong_buffer_len} exceeds "
+                f"data.max_response_length={dm.max_response_length}"
+            )
+
+    def _overlong_buffer_len(self) -> int:
+        h = self.hparams
+        L_max = self.datamodule.hparams.max_response_length
+        return h.overlong_buffer_len if h.overlong_buffer_len is not None else L_max // 5
+
+    # ---- 2. dynamic sampling -----------------------------------------------------------------
+    def collect_rollout(self, batch: PromptBatch, times: dict[str, float]) -> Rollout | None:
+        h = self.hparams
+        if not h.dynamic_sampling:
+            return super().collect_rollout(batch, times)
+        gen_batch_size = h.gen_batch_size or 3 * len(batch)
+
+        def draw_round(k: int) -> Rollout:
+            # Round 0 starts from the dataloader's batch, so every prompt of an epoch is still seen.
+            prompts = batch if k == 0 else PromptBatch([], [], [])
+            missing = gen_batch_size - len(prompts)
+            if missing > 0:
+                prompts = PromptBatch.concat([prompts, self.datamodule.extra_prompts(missing)])
+            return self.generate_and_score(prompts, times, round_index=k)
+
+        rollout, stats = dynamic_sample(draw_round, len(batch), h.max_num_gen_batches, h.on_exhausted)
+        metrics = {f"train/{k}": v for k, v in stats.metrics().items()}
+        if rollout is None:
+            self._empty_streak += 1
+            self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(batch))
+            if self._empty_streak >= h.max_empty_batches:
+                log.warning(
+                    "%d consecutive rollout batches had no group with mixed correctness; stopping the run",
+                    self._empty_streak,
+                )
+                self.trainer.should_stop = True
+            return None
+        self._empty_streak = 0
+        rollout.metrics.update(stats.metrics())
+        return rollout
+
+    # ---- 4. reward: ±1 correctness plus the overlong penalty ---------------------------------
+    def compute_rewards(self, rollout: Rollout) -> torch.Tensor:
+        h = self.hparams
+        correct = rollout.correct.float()
+        reward = 2 * correct - 1 if h.signed_reward else correct
+        buffer = self._overlong_buffer_len()
+        if buffer > 0 and h.overlong_penalty_factor:
+            L_max = self.datamodule.hparams.max_response_length
+            penalty = overlong_penalty(rollout.response_lengths, L_max, buffer)
+            reward = reward + h.overlong_penalty_factor * penalty
+            rollout.metrics["overlong_penalty_mean"] = penalty.mean().item()
+        return reward

@@ -1,0 +1,44 @@
+"""GSPO — Group Sequence Policy Optimization (arXiv 2507.18071), and GSPO-token.
+
+The importance ratio is the length-normalised *sequence* likelihood ratio, and clipping acts on
+whole sequences (ALGORITHMS.md §2.4):
+
+    s_i = (π_θ(y_i|x) / π_old(y_i|x))^(1/|y_i|)
+    GSPO:       J = E[ (1/G) Σ_i min(s_i Â_i, clip(s_i, 1−ε_low, 1+ε_high) Â_i) ]
+    GSPO-token: s_{i,t} = sg[s_i] · π_θ(y_{i,t}) / sg[π_θ(y_{i,t})], averaged over tokens
+
+With per-sequence advantages both give the same gradient; GSPO-token also accepts token
+advantages reshaped by THR/OAR. On the first, on-policy mini-batch s_i = 1 and the update equals
+GRPO's; GSPO differs on the later mini-batches, hence K = 4 mini-batches per rollout batch and the
+tiny clip range 3e-4 / 4e-4 of the paper.
+"""
+
+from __future__ import annotations
+
+from rlvr_lightning.algos.grpo import GRPO
+from rlvr_lightning.errors import ConfigError
+
+
+class GSPO(GRPO):
+    def __init__(
+        self,
+        token_level: bool = False,
+        clip_eps_low: float = 3e-4,
+        clip_eps_high: float = 4e-4,
+        mini_batches: int = 4,
+        kl_coef: float = 0.0,
+        **kwargs,
+    ) -> None:
+        """
+        Args:
+            token_level: GSPO-token (needed when THR/OAR reshape token advantages) instead of GSPO.
+            clip_eps_low / clip_eps_high: clip range of the sequence ratio (paper §5.1).
+            mini_batches: optimizer steps per rollout batch (K); GSPO's ratio is 1 on the first one.
+        """
+        surrogate = "gspo-token" if token_level else "gspo"
+        if kwargs.pop("surrogate", surrogate) != surrogate:  # a saved checkpoint's hparams carry it too
+            raise ConfigError("GSPO chooses its surrogate with model.token_level; do not set model.surrogate")
+        super().__init__(
+            surrogate=surrogate, clip_eps_low=clip_eps_low,
+            clip_eps_high=clip_eps_high, mini_batches=mini_batches, kl_coef=kl_coef, **kwargs,
+        )  # fmt: skip

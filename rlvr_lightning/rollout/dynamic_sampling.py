@@ -1,0 +1,94 @@
+"""DAPO's dynamic sampling (arXiv 2503.14476; ALGORITHMS.md §2.3): keep only groups that carry signal.
+
+A group whose rollouts are all correct or all wrong has zero advantage everywhere, so it adds
+nothing to the gradient but still dilutes the batch. Dynamic sampling generates rounds of
+`gen_batch_size` prompts, keeps the mixed groups (0 < n+ < G, judged on correctness c), and stops
+as soon as `target_groups` are kept; the batch is cut to exactly that many groups.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from rlvr_lightning.advantages import mixed_groups
+from rlvr_lightning.rollout.types import Rollout
+
+log = logging.getLogger(__name__)
+
+OnExhausted = Literal["error", "train_partial"]
+
+
+class DynamicSamplingExhausted(RuntimeError):
+    pass
+
+
+@dataclass
+class DynamicSamplingStats:
+    rounds: int
+    groups_generated: int
+    groups_kept: int  # mixed groups found (before cutting to the target)
+    exhausted: bool
+    accuracy_before_filter: float
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "dynamic_sampling_rounds": float(self.rounds),
+            "dynamic_sampling_filtered_frac": 1.0 - self.groups_kept / max(1, self.groups_generated),
+            "dynamic_sampling_exhausted": float(self.exhausted),
+            "accuracy_before_filter": self.accuracy_before_filter,
+        }
+
+
+def dynamic_sample(
+    draw_round: Callable[[int], Rollout],
+    target_groups: int,
+    max_rounds: int = 10,
+    on_exhausted: OnExhausted = "train_partial",
+) -> tuple[Rollout | None, DynamicSamplingStats]:
+    """Call `draw_round(k)` (a generated *and scored* rollout) until `target_groups` mixed groups are kept.
+
+    `max_rounds = 0` means unlimited. When the limit is reached first, a warning is logged and
+    either `DynamicSamplingExhausted` is raised (`error`, as in verl's recipe) or the mixed groups
+    found so far are returned (`train_partial`; None if there are none).
+    """
+    if target_groups < 1:
+        raise ValueError(f"target_groups must be ≥ 1, got {target_groups}")
+    kept: list[Rollout] = []
+    n_kept = n_generated = n_correct = n_seqs = 0
+    round_index = 0
+    while n_kept < target_groups and (max_rounds == 0 or round_index < max_rounds):
+        rollout = draw_round(round_index)
+        round_index += 1
+        if rollout.correct is None:
+            raise RuntimeError("dynamic sampling needs scored rollouts (rollout.correct is None)")
+        mixed = mixed_groups(rollout.correct, rollout.group_size)
+        n_generated += len(mixed)
+        n_correct += int(rollout.correct.sum().item())
+        n_seqs += rollout.num_sequences
+        survivors = mixed.nonzero().flatten().tolist()
+        if survivors:
+            kept.append(rollout.select_groups(survivors))
+            n_kept += len(survivors)
+    stats = DynamicSamplingStats(
+        rounds=round_index, groups_generated=n_generated, groups_kept=n_kept,
+        exhausted=n_kept < target_groups, accuracy_before_filter=n_correct / max(1, n_seqs),
+    )  # fmt: skip
+    if stats.exhausted:
+        message = (
+            f"dynamic sampling found {n_kept} of {target_groups} groups with mixed rewards in {round_index} "
+            f"generation rounds ({n_generated} groups generated)"
+        )
+        if on_exhausted == "error":
+            raise DynamicSamplingExhausted(
+                message + "; raise model.max_num_gen_batches, or set model.on_exhausted=train_partial"
+            )
+        log.warning("%s; training on the groups found", message)
+        if not kept:
+            return None, stats
+    batch = Rollout.concat(kept)
+    if n_kept > target_groups:
+        batch = batch.select_groups(list(range(target_groups)))
+    return batch, stats

@@ -1,0 +1,188 @@
+"""The GRPO-family LightningModules on a tiny real model: the module's own code paths (tensor layout,
+θ_old pass, loss inputs, micro-batch accumulation), not re-implementations of them."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+
+from rlvr_lightning.algos import DAPO, GRPO, GSPO, DrGRPO
+from rlvr_lightning.algos.base import _MetricAccumulator
+from rlvr_lightning.data.datamodule import RolloutDataModule
+from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
+
+G, MAX_LEN = 4, 8
+PRESETS = {
+    "grpo": (GRPO, {}),
+    "dr-grpo": (DrGRPO, {}),
+    "dapo": (DAPO, {}),
+    "gspo": (GSPO, {}),
+    "gspo-token": (GSPO, {"token_level": True}),
+}
+
+
+def attach(cls, tiny_policy_dir, data_kwargs=None, **model_kwargs):
+    """A module wired to a bare Trainer and a RolloutDataModule (tokenizer, lengths), without fitting."""
+    dm = RolloutDataModule(
+        model_name_or_path=str(tiny_policy_dir), max_response_length=MAX_LEN, batch_size=2, group_size=G,
+        **(data_kwargs or {}),
+    )  # fmt: skip
+    module = cls(**model_kwargs)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False,
+    )  # fmt: skip
+    trainer._data_connector.attach_datamodule(module, datamodule=dm)
+    module.trainer = trainer
+    trainer.strategy.connect(module)
+    dm.setup("fit")
+    module.configure_model()
+    return module
+
+
+def sample_rollout(module, seed=0) -> Rollout:
+    """Two prompts × G completions of random tokens (any token sequence has a log-prob under the policy)."""
+    tok = module.datamodule.tokenizer
+    prompts = ["What is 3+4-2?\n", "What is 10+1+5?\n"]
+    prompt_ids = [tok(p, add_special_tokens=False).input_ids for p in prompts]
+    g = torch.Generator().manual_seed(seed)
+    completions = []
+    for L_n in (2, 8, 5, 8, 3, 6, 8, 4):  # three hit MAX_LEN: truncated
+        ids = torch.randint(3, 60, (L_n,), generator=g).tolist()
+        completions.append(Completion(ids, [0.0] * L_n, "length" if L_n == MAX_LEN else "stop"))
+    correct = torch.tensor([1.0, 0, 0, 1, 0, 0, 1, 0])
+    return Rollout(
+        batch=PromptBatch(["a", "b"], prompts, ["5", "16"]), group_size=G, prompt_ids=prompt_ids,
+        completions=completions, sampling=SamplingConfig(n=G, max_tokens=MAX_LEN), policy_version=0,
+        texts=[""] * 8, rewards=correct.clone(), correct=correct,
+    )  # fmt: skip
+
+
+def set_engine_logprobs(rollout: Rollout, per_token: torch.Tensor) -> None:
+    for n, comp in enumerate(rollout.completions):
+        comp.logprobs = per_token[n, : len(comp.token_ids)].tolist()
+
+
+def prepared(module, rollout):
+    rollout.rewards = module.compute_rewards(rollout)
+    rollout.advantages = module.compute_advantages(rollout)
+    inputs, _ = module.loss_inputs(rollout)
+    return inputs
+
+
+def gradient(module, inputs, micro_batch_size, acc=None):
+    module.hparams.micro_batch_size = micro_batch_size
+    module.policy.zero_grad(set_to_none=True)
+    loss = module.accumulate_gradients(inputs, inputs.seq_index, 1.0, acc)
+    return loss, torch.cat([p.grad.flatten() for p in module.policy.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_gradient_accumulation_does_not_change_the_update(tiny_policy_dir, preset):
+    cls, kwargs = PRESETS[preset]
+    module = attach(cls, tiny_policy_dir, **kwargs)
+    rollout = sample_rollout(module)
+    inputs = prepared(module, rollout)
+    # Make the step off-policy so that clipping and the ratio matter, not only the on-policy case.
+    inputs.old_logp = inputs.old_logp + 0.01 * torch.randn_like(inputs.old_logp) * inputs.tensors.response_mask
+    loss_whole, g_whole = gradient(module, inputs, 8)
+    for size in (3, 1):
+        loss_split, g_split = gradient(module, inputs, size)
+        assert loss_split.item() == pytest.approx(loss_whole.item(), rel=1e-5, abs=1e-7)
+        torch.testing.assert_close(g_split, g_whole, rtol=1e-4, atol=1e-7)
+    assert g_whole.abs().sum() > 0
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_first_mini_batch_after_a_rollout_is_exactly_on_policy(tiny_policy_dir, preset):
+    cls, kwargs = PRESETS[preset]
+    module = attach(cls, tiny_policy_dir, micro_batch_size=3, **kwargs)
+    inputs = prepared(module, sample_rollout(module))
+    acc = _MetricAccumulator()
+    gradient(module, inputs, 3, acc)
+    stats = acc.result()
+    assert abs(stats["ratio_mean"] - 1) < 1e-6 and abs(stats["ratio_max"] - 1) < 1e-6
+    assert stats["clip_frac_low"] == 0 and stats["clip_frac_high"] == 0
+    assert stats["entropy"] > 0
+
+
+def test_dapo_reward_is_signed_correctness_plus_overlong_penalty(tiny_policy_dir):
+    module = attach(DAPO, tiny_policy_dir, overlong_buffer_len=4)
+    rollout = sample_rollout(module)
+    lengths = rollout.response_lengths
+    expected = (2 * rollout.correct - 1) + ((4 - lengths) / 4).clamp(-1, 0)  # penalty from L > 8 − 4
+    torch.testing.assert_close(module.compute_rewards(rollout), expected)
+    assert (expected < 2 * rollout.correct - 1).any()  # the sample does contain penalised lengths
+    assert attach(DAPO, tiny_policy_dir)._overlong_buffer_len() == MAX_LEN // 5
+
+
+def test_mask_truncated_takes_truncated_completions_out_of_the_loss(tiny_policy_dir):
+    module = attach(DAPO, tiny_policy_dir, mask_truncated=True)
+    rollout = sample_rollout(module)
+    inputs = prepared(module, rollout)
+    truncated = rollout.truncated
+    assert truncated.any() and (~truncated).any()
+    assert torch.equal(inputs.loss_mask[truncated], torch.zeros_like(inputs.loss_mask[truncated]))
+    torch.testing.assert_close(inputs.loss_mask[~truncated], inputs.tensors.response_mask[~truncated])
+
+
+def test_truncated_is_scales_the_policy_gradient_by_the_capped_ratio(tiny_policy_dir):
+    plain = attach(GRPO, tiny_policy_dir)
+    rollout = sample_rollout(plain)
+    inputs = prepared(plain, rollout)
+    _, g_plain = gradient(plain, inputs, 8)
+    # The engine assigned every token 1/1.5 of the trainer's probability: w = 1.5 (under the cap of 2).
+    set_engine_logprobs(rollout, inputs.old_logp - torch.log(torch.tensor(1.5)))
+    tis = attach(GRPO, tiny_policy_dir, tis_level="token", tis_cap=2.0)
+    tis.policy.load_state_dict(plain.policy.state_dict())
+    rollout.advantages = None
+    tis_inputs = prepared(tis, rollout)
+    torch.testing.assert_close(tis_inputs.is_weight, 1.5 * tis_inputs.loss_mask)
+    _, g_tis = gradient(tis, tis_inputs, 8)
+    torch.testing.assert_close(g_tis, 1.5 * g_plain, rtol=1e-4, atol=1e-7)
+
+
+def test_behaviour_logprobs_from_the_rollout_engine(tiny_policy_dir):
+    module = attach(GRPO, tiny_policy_dir, behaviour_logprobs="rollout")
+    rollout = sample_rollout(module)
+    engine_logp = -torch.rand(8, MAX_LEN)
+    set_engine_logprobs(rollout, engine_logp)
+    inputs = prepared(module, rollout)
+    torch.testing.assert_close(inputs.old_logp, engine_logp * inputs.tensors.response_mask)
+
+
+@pytest.mark.parametrize(
+    "model_kwargs,data_kwargs,ok",
+    [
+        ({"tis_level": "token"}, {"top_p": 0.9}, False),
+        ({"tis_level": "sequence"}, {"top_k": 20}, False),
+        ({"behaviour_logprobs": "rollout"}, {"top_p": 0.95}, False),
+        ({"tis_level": "token", "allow_filtered_rollout_logprobs": True}, {"top_p": 0.9}, True),
+        ({}, {"top_p": 0.9}, True),  # θ_old from the trainer: the engine's log-probs are only logged
+        ({"tis_level": "token"}, {}, True),
+    ],
+)
+def test_filtered_sampling_with_rollout_logprobs_is_refused_unless_opted_in(
+    tiny_policy_dir, model_kwargs, data_kwargs, ok
+):
+    module = attach(GRPO, tiny_policy_dir, data_kwargs, **model_kwargs)
+    if ok:
+        module._check_behaviour_logprobs()
+    else:
+        with pytest.raises(ConfigError, match="allow_filtered_rollout_logprobs"):
+            module._check_behaviour_logprobs()
+
+
+def test_contradictory_or_invalid_settings_are_clear_errors():
+    with pytest.raises(ConfigError, match="every weight is 1"):
+        GRPO(tis_level="token", behaviour_logprobs="rollout")
+    with pytest.raises(ConfigError, match="valid: ppo-clip, gspo-token, gspo"):
+        GRPO(surrogate="ppo")
+    with pytest.raises(ConfigError, match="token_level"):
+        GSPO(token_level=True, surrogate="gspo")
+    with pytest.raises(ConfigError, match="valid: error, train_partial"):
+        DAPO(on_exhausted="skip")
+    assert GSPO(token_level=True).surrogate == "gspo-token" and GSPO().surrogate == "gspo"
+    assert GSPO(token_level=True, surrogate="gspo-token").surrogate == "gspo-token"  # checkpoint reload

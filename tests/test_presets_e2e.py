@@ -1,0 +1,93 @@
+"""Every GRPO-family preset as a user runs it: `configs/base.yaml` + `configs/algo/<name>.yaml`, 2 rollout batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli import run_cli
+
+METRICS_EVERY_PRESET_LOGS = (
+    "train/reward_mean", "train/accuracy", "train/entropy", "train/clip_frac_low", "train/clip_frac_high",
+    "train/ratio_mean", "train/grad_norm", "train/logprob_mismatch_mean", "train/logprob_mismatch_max",
+    "train/rollout_is_ratio_min", "train/rollout_is_ratio_max", "time/rollout", "time/update",
+)  # fmt: skip
+
+
+def preset_args(tmp_path: Path, algo: str, model_dir: Path, max_response_length: int = 16) -> list[str]:
+    return [
+        "fit", "--config", "configs/base.yaml", "--config", f"configs/algo/{algo}.yaml",
+        "--trainer.logger.init_args.run_name", algo,
+        "--trainer.logger.init_args.tracking_uri", f"sqlite:///{tmp_path}/mlflow.db",
+        "--trainer.logger.init_args.artifact_location", str(tmp_path / "artifacts"),
+        "--data.model_name_or_path", str(model_dir),
+        "--data.batch_size", "4", "--data.group_size", "4", "--data.val_size", "8",
+        "--data.max_response_length", str(max_response_length),
+    ]  # fmt: skip
+
+
+def finished_run(tmp_path: Path, algo: str):
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == algo
+    history = {k: client.get_metric_history(run.info.run_id, k) for k in run.data.metrics}
+    return run, history
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "algo,cls,max_steps,extra",
+    [
+        ("dr-grpo", "DrGRPO", 2, []),
+        ("gspo", "GSPO", 8, []),  # K = 4 optimizer steps per rollout batch
+        ("gspo-token", "GSPO", 8, []),
+        ("dapo-real-baseline", "GRPO", 2, []),
+        ("dapo", "DAPO", 2, []),
+    ],
+)
+def test_preset_two_step_fit(tmp_path, quick_warm_start, algo, cls, max_steps, extra):
+    _, model_dir = quick_warm_start
+    args = [*preset_args(tmp_path, algo, model_dir, max_response_length=40), "--trainer.max_steps", str(max_steps)]
+    proc = run_cli([*args, *extra], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run, history = finished_run(tmp_path, algo)
+    assert run.data.tags["algorithm"] == cls
+    for key in METRICS_EVERY_PRESET_LOGS:
+        assert [m.step for m in history[key]] == [0, 1], key
+    # K = 1 presets are on policy for their single update: ratio exactly 1, nothing clipped.
+    if max_steps == 2:
+        assert all(abs(m.value - 1) < 1e-6 for m in history["train/ratio_mean"])
+        assert all(m.value == 0 for m in history["train/clip_frac_high"] + history["train/clip_frac_low"])
+    if algo == "dapo":
+        assert all(m.value == 0 for m in history["train/frac_reward_zero_std"])  # only mixed groups are kept
+        assert [m.step for m in history["train/dynamic_sampling_rounds"]] == [0, 1]
+        assert "train/overlong_penalty_mean" in history and "train/accuracy_before_filter" in history
+
+
+@pytest.mark.e2e
+def test_dapo_without_any_mixed_group_stops_cleanly(tmp_path, tiny_policy_dir):
+    """An untrained policy never answers correctly: every round is filtered out. The run must stop
+    with a warning after `max_empty_batches`, not loop forever or crash."""
+    args = [
+        *preset_args(tmp_path, "dapo", tiny_policy_dir), "--trainer.max_steps", "2",
+        "--model.init_args.max_num_gen_batches", "2", "--model.init_args.max_empty_batches", "2",
+    ]  # fmt: skip
+    proc = run_cli(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "found 0 of 4 groups with mixed rewards in 2 generation rounds" in proc.stderr
+    assert "consecutive rollout batches had no group with mixed correctness" in proc.stderr
+    _, history = finished_run(tmp_path, "dapo")
+    assert [m.value for m in history["train/dynamic_sampling_exhausted"]] == [1.0, 1.0]
+    assert "train/grad_norm" not in history  # nothing was trained on
+
+
+def test_filtered_sampling_with_truncated_is_is_refused_before_training(tmp_path, tiny_policy_dir):
+    args = [*preset_args(tmp_path, "grpo", tiny_policy_dir), "--data.top_p", "0.9", "--model.init_args.tis_level", "token"]
+    proc = run_cli(args, tmp_path, timeout=180)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    err = proc.stderr.strip().splitlines()[-1]
+    assert err.startswith("error:") and "data.top_p=0.9" in err and "allow_filtered_rollout_logprobs" in err
+    assert "Traceback" not in proc.stderr
