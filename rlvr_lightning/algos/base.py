@@ -1,18 +1,19 @@
 """RLVRModule: the training step every RLVR algorithm shares.
 
 One `training_step` = one rollout batch (DESIGN.md, "Data flow"):
-  1. the rollout engine samples G completions per prompt
-  2. rollout callbacks score them (RewardVerifier → `rollout.rewards`, `rollout.correct`)
-  3. the algorithm turns rewards into advantages              (`compute_advantages`)
-  4. attribution callbacks may reshape them per token          (`rollout.token_weights`)
-  5. old (and reference) log-probs under the trainer's model, no grad
+  1. the rollout engine samples G completions per prompt         (`collect_rollout`; DAPO: dynamic sampling)
+  2. rollout callbacks score them (RewardVerifier → `rollout.correct`, `rollout.rewards`)
+  3. the algorithm shapes rewards and turns them into advantages (`compute_rewards`, `compute_advantages`)
+  4. attribution callbacks may reshape them per token            (`rollout.token_weights`)
+  5. θ_old (and reference) log-probs under the trainer's model, no grad; loss mask; truncated-IS weights
   6. K mini-batches × micro-batches: the algorithm's loss → manual backward → clip → step
   7. the new weights go to the engine, whose change is probed
   8. metrics are logged
 
 Manual optimisation, because global token normalisation (DAPO) and several updates per rollout
 batch conflict with Lightning's automatic accumulation scaling. An algorithm subclass only
-overrides what differs: `compute_advantages` and `policy_loss` (or `micro_batch_loss`).
+overrides what differs: usually `policy_loss`, sometimes `compute_rewards`, `compute_advantages`,
+`collect_rollout` or `micro_batch_loss`.
 """
 
 from __future__ import annotations
