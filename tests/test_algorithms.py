@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlvr_lightning.algos import DAPO, GRPO, GSPO, DrGRPO
-from rlvr_lightning.algos.base import _MetricAccumulator
+from rlvr_lightning.algos.base import MetricAccumulator
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
@@ -100,7 +100,7 @@ def test_first_mini_batch_after_a_rollout_is_exactly_on_policy(tiny_policy_dir, 
     cls, kwargs = PRESETS[preset]
     module = attach(cls, tiny_policy_dir, micro_batch_size=3, **kwargs)
     inputs = prepared(module, sample_rollout(module))
-    acc = _MetricAccumulator()
+    acc = MetricAccumulator()
     gradient(module, inputs, 3, acc)
     stats = acc.result()
     assert abs(stats["ratio_mean"] - 1) < 1e-6 and abs(stats["ratio_max"] - 1) < 1e-6

@@ -68,6 +68,23 @@ def test_preset_two_step_fit(tmp_path, quick_warm_start, algo, cls, max_steps, e
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("algo", ["real", "real-bce"])
+def test_real_presets_two_step_fit(tmp_path, quick_warm_start, algo):
+    _, model_dir = quick_warm_start
+    # Two rollout batches of K = 4 optimizer steps; 4 prompts → one prompt (one whole group) per step.
+    args = [*preset_args(tmp_path, algo, model_dir, max_response_length=40), "--trainer.max_steps", "8"]
+    proc = run_cli(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run, history = finished_run(tmp_path, algo)
+    assert run.data.tags["algorithm"] == "REAL"
+    assert run.data.params["model.init_args.variant"] == ("bce" if algo == "real-bce" else "anchor")
+    for key in ("train/loss", "train/entropy", "train/mixed_group_frac", "train/grad_norm", "time/update"):
+        assert [m.step for m in history[key]] == [0, 1], key
+    if "train/grad_weight_abs_max" in history:  # only logged when a mixed group was sampled
+        assert max(m.value for m in history["train/grad_weight_abs_max"]) <= 1 / 0.5
+
+
+@pytest.mark.e2e
 def test_dapo_without_any_mixed_group_stops_cleanly(tmp_path, tiny_policy_dir):
     """An untrained policy never answers correctly: every round is filtered out. The run must stop
     with a warning after `max_empty_batches`, not loop forever or crash."""

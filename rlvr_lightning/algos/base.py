@@ -31,7 +31,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from rlvr_lightning.advantages import group_advantage, group_reward_stats
+from rlvr_lightning.advantages import group_advantage, group_reward_stats, mixed_groups
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.losses import LossAgg, TISLevel, aggregate, kl_penalty, masked_mean, truncated_is_weights
 from rlvr_lightning.rollout.engine import RolloutEngine
@@ -56,8 +56,10 @@ class RolloutCallback(Callback):
 class StepNorms:
     """Global normalisers of one optimizer step (ALGORITHMS.md §1.2), summed over micro-batches and ranks."""
 
-    num_seqs: float
-    num_tokens: float
+    num_seqs: float  # N_S
+    num_tokens: float  # T_S (loss-masked response tokens)
+    num_groups: float  # B: prompts (REAL's normaliser)
+    num_mixed_seqs: float  # M: rollouts in groups with mixed correctness (REAL-BCE's normaliser)
     world_size: int
     norm_const: float  # C of seq-mean-token-sum-norm: max_response_length, never an observed length
 
@@ -72,7 +74,9 @@ class LossInputs:
     ref_logp: torch.Tensor | None  # [n, T] reference log-probs when a KL term is used
     loss_mask: torch.Tensor  # [n, T] response tokens that enter the loss (truncated ones may be masked)
     is_weight: torch.Tensor | None  # [n, T] truncated importance-sampling weights, if enabled
+    correct: torch.Tensor  # [n] verifier correctness c (REAL's class labels)
     seq_index: torch.Tensor  # positions of these sequences in the rollout
+    group_size: int  # G; sequences are stored group-contiguously
 
     def select(self, idx: torch.Tensor) -> LossInputs:
         def pick(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -80,7 +84,7 @@ class LossInputs:
 
         return LossInputs(
             self.tensors.select(idx), self.advantages[idx], self.old_logp[idx], pick(self.ref_logp),
-            self.loss_mask[idx], pick(self.is_weight), self.seq_index[idx],
+            self.loss_mask[idx], pick(self.is_weight), self.correct[idx], self.seq_index[idx], self.group_size,
         )  # fmt: skip
 
 
@@ -155,6 +159,7 @@ class RLVRModule(L.LightningModule):
         self.ref_policy: torch.nn.Module | None = None
         self.policy_version = 0
         self.rollout_batches = 0  # completed training steps (rollout batches); the x-axis of every metric
+        self.updates_since_rollout = 0
         self.latest_val: dict[str, float] = {}
         self._sync_probe = WeightSyncProbe(tol=sync_check_tol)
         self._nonfinite_streak = 0
@@ -208,9 +213,13 @@ class RLVRModule(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def on_fit_start(self) -> None:
+        self.validate_config()
+        self.engine  # build now, so its start-up cost is not charged to the first step
+
+    def validate_config(self) -> None:
+        """Checks that need the data settings too; run before anything expensive starts."""
         self._check_batch_layout()
         self._check_behaviour_logprobs()
-        self.engine  # build now, so its start-up cost is not charged to the first step
 
     def _check_behaviour_logprobs(self) -> None:
         dm, h = self.datamodule.hparams, self.hparams
@@ -246,19 +255,24 @@ class RLVRModule(L.LightningModule):
 
     def micro_batch_loss(self, mb: LossInputs, logp: torch.Tensor, norms: StepNorms) -> tuple[torch.Tensor, dict]:
         """Scalar loss of one micro-batch, already divided by the step's global normalisers."""
-        mask = mb.loss_mask
-        per_tok, stats = self.policy_loss(logp, mb.old_logp, mb.advantages, mask)
+        per_tok, stats = self.policy_loss(logp, mb.old_logp, mb.advantages, mb.loss_mask)
         if mb.is_weight is not None:  # truncated IS re-weights the policy term only, as in verl
             per_tok = per_tok * mb.is_weight
-        if self.hparams.kl_coef > 0:
-            kl = kl_penalty(logp, mb.ref_logp, self.hparams.kl_estimator)
-            per_tok = per_tok + self.hparams.kl_coef * kl
-            stats["kl"] = kl.detach()
-        loss = aggregate(
+        return self.aggregate(per_tok, mb.loss_mask, norms) + self.kl_loss(mb, logp, norms, stats), stats
+
+    def aggregate(self, per_tok: torch.Tensor, mask: torch.Tensor, norms: StepNorms) -> torch.Tensor:
+        return aggregate(
             per_tok, mask, self.hparams.loss_agg, norms.num_seqs, norms.num_tokens,
             norm_const=norms.norm_const, world_size=norms.world_size,
         )  # fmt: skip
-        return loss, stats
+
+    def kl_loss(self, mb: LossInputs, logp: torch.Tensor, norms: StepNorms, stats: dict) -> torch.Tensor:
+        """β·KL(π_θ‖π_ref) inside the loss, with the same aggregator as the policy term (§1.3)."""
+        if self.hparams.kl_coef <= 0:
+            return logp.new_zeros(())
+        kl = kl_penalty(logp, mb.ref_logp, self.hparams.kl_estimator)
+        stats["kl"] = kl.detach()
+        return self.hparams.kl_coef * self.aggregate(kl, mb.loss_mask, norms)
 
     # ---- one training step -------------------------------------------------------------------
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
@@ -325,7 +339,9 @@ class RLVRModule(L.LightningModule):
             old_logp = t.rollout_logp
         is_weight, is_stats = truncated_is_weights(old_logp, t.rollout_logp, loss_mask, h.tis_level, h.tis_cap)
         seq_index = torch.arange(t.input_ids.shape[0], device=self.device)
-        return LossInputs(t, adv_tok, old_logp, ref_logp, loss_mask, is_weight, seq_index), is_stats
+        correct = rollout.correct.to(self.device, torch.float32)
+        inputs = LossInputs(t, adv_tok, old_logp, ref_logp, loss_mask, is_weight, correct, seq_index, rollout.group_size)
+        return inputs, is_stats
 
     def generate(self, batch: PromptBatch, sampling: SamplingConfig | None = None) -> Rollout:
         """Sample completions for a prompt batch (training sampling settings unless given)."""
@@ -393,7 +409,8 @@ class RLVRModule(L.LightningModule):
         sched = self.lr_schedulers()
         h = self.hparams
         G = rollout.group_size
-        acc = _MetricAccumulator()
+        acc = MetricAccumulator()
+        self.updates_since_rollout = 0  # 0 = the policy still is θ_old (the first mini-batch is on policy)
         for _epoch in range(h.ppo_epochs):
             # Mini-batches hold whole groups: prompt-level split, sequences stay group-contiguous.
             for prompt_idx in torch.arange(len(rollout.batch)).chunk(h.mini_batches):
@@ -408,20 +425,21 @@ class RLVRModule(L.LightningModule):
                 self._nonfinite_streak = 0
                 opt.step()
                 sched.step()
+                self.updates_since_rollout += 1
                 acc.add("grad_norm", grad_norm.detach())
         metrics = acc.result()
         metrics["lr"] = sched.get_last_lr()[0]
         return metrics
 
     def accumulate_gradients(
-        self, inputs: LossInputs, seq_index: torch.Tensor, temperature: float, acc: _MetricAccumulator | None = None
+        self, inputs: LossInputs, seq_index: torch.Tensor, temperature: float, acc: MetricAccumulator | None = None
     ) -> torch.Tensor:
         """Backward of one optimizer step's loss over its micro-batches; returns the step's loss.
 
         Each micro-batch loss is already divided by the step's global normalisers, so the
         accumulated gradient does not depend on the micro-batch size or the number of ranks.
         """
-        norms = self._step_norms(inputs.loss_mask[seq_index])
+        norms = self.step_norms(inputs, seq_index)
         step_loss = torch.zeros((), device=self.device)
         for idx in self._micro_batches(seq_index):
             mb = inputs.select(idx)
@@ -433,11 +451,17 @@ class RLVRModule(L.LightningModule):
             step_loss += loss.detach()  # already globally normalised: the step's loss is their sum
         return step_loss
 
-    def _step_norms(self, mask: torch.Tensor) -> StepNorms:
-        counts = torch.tensor([float(mask.shape[0]), mask.sum().item()], device=self.device)
-        counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
+    def step_norms(self, inputs: LossInputs, seq_index: torch.Tensor) -> StepNorms:
+        """The optimizer step's global counts, summed over its micro-batches and all ranks (one all-reduce)."""
+        G = inputs.group_size
+        mask = inputs.loss_mask[seq_index]
+        mixed = mixed_groups(inputs.correct[seq_index], G)
+        counts = torch.tensor(
+            [float(mask.shape[0]), mask.sum().item(), mask.shape[0] / G, G * mixed.sum().item()], device=self.device
+        )
+        counts = self.trainer.strategy.reduce(counts, reduce_op="sum").tolist()
         C = float(self.datamodule.hparams.max_response_length)
-        return StepNorms(counts[0].item(), counts[1].item(), self.trainer.world_size, C)
+        return StepNorms(*counts, world_size=self.trainer.world_size, norm_const=C)
 
     def _skip_nonfinite_update(self, opt, grad_norm: torch.Tensor) -> None:
         opt.zero_grad(set_to_none=True)
@@ -502,13 +526,13 @@ def _timed(times: dict[str, float], key: str):
         times[key] = times.get(key, 0.0) + time.perf_counter() - start
 
 
-class _MetricAccumulator:
+class MetricAccumulator:
     """Token-weighted means of per-token statistics and plain means of scalars over micro-batches."""
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
         self.counts: dict[str, float] = {}
-        self.maxes: dict[str, float] = {}
+        self.extremes: dict[str, float] = {}
 
     def add(self, key: str, value: torch.Tensor, weight: float = 1.0) -> None:
         self.sums[key] = self.sums.get(key, 0.0) + float(value) * weight
@@ -520,9 +544,22 @@ class _MetricAccumulator:
         if entropy is not None:
             per_token["entropy"] = entropy
         for key, value in per_token.items():
-            self.add(key, masked_mean(value.float(), mask), weight=n_tok)
+            if value.dim() == 1:  # a set of per-sequence samples: mean, or min/max by its name
+                self.add_samples(key, value)
+            else:
+                self.add(key, masked_mean(value.float(), mask), weight=n_tok)
         if "ratio" in stats:
-            self.maxes["ratio_max"] = max(self.maxes.get("ratio_max", 0.0), float((stats["ratio"] * mask).max()))
+            self.extremes["ratio_max"] = max(self.extremes.get("ratio_max", 0.0), float((stats["ratio"] * mask).max()))
+
+    def add_samples(self, key: str, values: torch.Tensor) -> None:
+        if values.numel() == 0:
+            return
+        if key.endswith("_max"):
+            self.extremes[key] = max(self.extremes.get(key, -math.inf), float(values.max()))
+        elif key.endswith("_min"):
+            self.extremes[key] = min(self.extremes.get(key, math.inf), float(values.min()))
+        else:
+            self.add(key, values.float().mean(), weight=float(values.numel()))
 
     def result(self) -> dict[str, float]:
         out = {k: self.sums[k] / self.counts[k] for k in self.sums if self.counts[k] > 0}
@@ -531,4 +568,4 @@ class _MetricAccumulator:
                 out[new] = out.pop(old)
         if "clip_frac_low" in out:
             out["clip_frac"] = out["clip_frac_low"] + out["clip_frac_high"]
-        return {**out, **self.maxes}
+        return {**out, **self.extremes}

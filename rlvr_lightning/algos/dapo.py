@@ -68,8 +68,8 @@ class DAPO(GRPO):
         self.save_hyperparameters()
         self._empty_streak = 0
 
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
+    def validate_config(self) -> None:
+        super().validate_config()
         dm = self.datamodule.hparams
         if self.hparams.gen_batch_size is not None and self.hparams.gen_batch_size < dm.batch_size:
             raise ConfigError(

@@ -1,0 +1,146 @@
+"""REAL — Rewards as Labels: RLVR as classification (arXiv 2602.05630; ALGORITHMS.md §2.5).
+
+Each rollout's logit is its length-normalised log-ratio to the rollout policy, s̄_k/τ. Correct
+rollouts (O+) are the positive class, incorrect ones (O−) the negative class, and a fixed anchor
+logit 0 sits on both sides:
+
+    L_g = log(1 + Σ_{i∈O+} e^{−s̄_i/τ}) + log(1 + Σ_{j∈O−} e^{s̄_j/τ}),    L = (1/B) Σ_{mixed g} L_g
+
+No advantages, no clipping, no KL by default. Unlike a clipped surrogate the gradient with respect
+to each s̄_k is bounded by 1/τ (per group), shrinks for positives that are already likely, and
+saturates for negatives instead of growing without bound. Variants: `bce` (independent
+BCE-with-logits on s̄/τ, normalised by the rollouts in mixed groups) and `pairwise` (anchor-free).
+
+The loss couples the members of a group, so micro-batches must hold whole groups, or
+`two_pass: true` computes every s̄ first (no grad) and backpropagates sg[∂L/∂s̄_k]·s̄_k per
+micro-batch, which gives the same gradient for one extra forward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlvr_lightning.advantages import mixed_groups
+from rlvr_lightning.algos.base import LossInputs, RLVRModule, RolloutCallback, StepNorms, MetricAccumulator
+from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.losses import RealVariant, real_grad_weights, real_loss, sequence_log_ratio
+from rlvr_lightning.rollout.types import Rollout
+
+
+class REAL(RLVRModule):
+    def __init__(
+        self,
+        tau: float = 0.5,
+        variant: RealVariant = "anchor",
+        two_pass: bool = False,
+        mini_batches: int = 4,
+        kl_coef: float = 0.0,
+        **kwargs,
+    ) -> None:
+        """
+        Args:
+            tau: temperature of the sequence logits s̄/τ; the per-sequence gradient is bounded by 1/τ.
+            variant: `anchor` (REAL), `bce` (REAL-BCE) or `pairwise` (anchor-free ablation).
+            two_pass: allow micro-batches that split a group, with the exact two-pass gradient method.
+            mini_batches: optimizer steps per rollout batch (the authors' recipe: 4).
+            kl_coef: β of an optional KL penalty to the initial policy (off in the paper).
+        """
+        if tau <= 0:
+            raise ConfigError(f"model.tau must be > 0, got {tau}")
+        if variant not in ("anchor", "bce", "pairwise"):
+            raise ConfigError(f"model.variant={variant!r}; valid: anchor, bce, pairwise")
+        if kwargs.get("tis_level", "off") != "off":
+            raise ConfigError("model.tis_level re-weights token-level surrogates; REAL's loss is sequence-level")
+        super().__init__(mini_batches=mini_batches, kl_coef=kl_coef, **kwargs)
+        self.save_hyperparameters()
+
+    def validate_config(self) -> None:
+        super().validate_config()
+        G = self.datamodule.hparams.group_size
+        if self.hparams.micro_batch_size % G and not self.hparams.two_pass:
+            raise ConfigError(
+                f"REAL couples the {G} rollouts of a group, but model.micro_batch_size="
+                f"{self.hparams.micro_batch_size} would split groups: use a multiple of data.group_size={G}, "
+                "or model.two_pass=true"
+            )
+        shapers = [type(cb).__name__ for cb in self.trainer.callbacks if _reshapes_advantages(cb)]
+        if shapers:
+            raise ConfigError(f"REAL has no advantages to reshape; remove the callbacks {', '.join(shapers)}")
+
+    def compute_advantages(self, rollout: Rollout) -> torch.Tensor:
+        # REAL has no advantages: its class labels are rollout.correct (see micro_batch_loss).
+        return torch.zeros(rollout.num_sequences)
+
+    def _normaliser(self, norms: StepNorms) -> float:
+        # B (all prompts of the step) for anchor/pairwise; M (rollouts in mixed groups) for BCE.
+        return max(1.0, norms.num_mixed_seqs if self.hparams.variant == "bce" else norms.num_groups)
+
+    def micro_batch_loss(self, mb: LossInputs, logp: torch.Tensor, norms: StepNorms) -> tuple[torch.Tensor, dict]:
+        h = self.hparams
+        s_bar = sequence_log_ratio(logp, mb.old_logp, mb.loss_mask)
+        loss = real_loss(s_bar, mb.correct, mb.group_size, self._normaliser(norms), h.tau, h.variant, norms.world_size)
+        stats = self.sequence_stats(s_bar.detach(), mb.correct, mb.group_size)
+        return loss + self.kl_loss(mb, logp, norms, stats), stats
+
+    def sequence_stats(self, s_bar: torch.Tensor, correct: torch.Tensor, G: int) -> dict[str, torch.Tensor]:
+        """The loss value is constant on policy, so log what moves: the logits of each class, the share
+        of mixed groups and the per-sequence gradient weights |∂L_g/∂s̄_k| (bounded by 1/τ)."""
+        h = self.hparams
+        pos = correct > 0.5
+        mixed = mixed_groups(correct, G)
+        in_mixed = mixed.repeat_interleave(G)
+        weights = real_grad_weights(s_bar, correct, G, 1.0, h.tau, h.variant)[in_mixed].abs()
+        return {
+            "s_bar_pos": s_bar[pos & in_mixed],
+            "s_bar_neg": s_bar[~pos & in_mixed],
+            "mixed_group_frac": mixed.float(),
+            "grad_weight_abs_mean": weights,
+            "grad_weight_abs_min": weights,
+            "grad_weight_abs_max": weights,
+        }
+
+    # ---- the two-pass method (§2.5.5), for micro-batches that split groups ---------------------
+    def accumulate_gradients(
+        self, inputs: LossInputs, seq_index: torch.Tensor, temperature: float, acc: MetricAccumulator | None = None
+    ) -> torch.Tensor:
+        if not self.hparams.two_pass:
+            return super().accumulate_gradients(inputs, seq_index, temperature, acc)
+        h = self.hparams
+        norms = self.step_norms(inputs, seq_index)
+        chunks = self._micro_batches(seq_index)
+        step = inputs.select(seq_index)
+        # Pass 1: every s̄ of the step under the current θ. Groups never span ranks (each rank
+        # generates its own prompts), so the local s̄ suffice; only the normaliser is global.
+        if self.updates_since_rollout == 0 and h.behaviour_logprobs == "trainer":
+            s_bar = torch.zeros(len(seq_index), device=self.device)  # θ = θ_old: s̄ ≡ 0 exactly
+        else:
+            with torch.no_grad():
+                s_bar = torch.cat([self._sequence_log_ratio(inputs.select(idx), temperature)[0] for idx in chunks])
+        normaliser = self._normaliser(norms)
+        weights = real_grad_weights(s_bar, step.correct, step.group_size, normaliser, h.tau, h.variant)
+        step_loss = real_loss(s_bar, step.correct, step.group_size, normaliser, h.tau, h.variant, norms.world_size)
+        # Pass 2: backpropagate sg[∂L/∂s̄_k]·s̄_k(θ) per micro-batch (× R against gradient averaging).
+        offset = 0
+        for idx in chunks:
+            mb = inputs.select(idx)
+            s_mb, logp, entropy = self._sequence_log_ratio(mb, temperature, with_entropy=acc is not None)
+            stats: dict[str, torch.Tensor] = {}
+            kl = self.kl_loss(mb, logp, norms, stats)
+            surrogate = (weights[offset : offset + len(idx)] * s_mb).sum() * norms.world_size
+            self.manual_backward(surrogate + kl)
+            step_loss = step_loss + kl.detach()
+            offset += len(idx)
+            if acc is not None:
+                acc.add_tokens(stats, entropy, mb.loss_mask)
+        if acc is not None:
+            acc.add_tokens(self.sequence_stats(s_bar, step.correct, step.group_size), None, step.loss_mask)
+        return step_loss
+
+    def _sequence_log_ratio(self, mb: LossInputs, temperature: float, with_entropy: bool = False):
+        logp, entropy = self.token_logprobs(self.policy, mb.tensors, temperature, with_entropy)
+        return sequence_log_ratio(logp, mb.old_logp, mb.loss_mask), logp, entropy
+
+
+def _reshapes_advantages(callback) -> bool:
+    hook = getattr(type(callback), "on_advantages_computed", None)
+    return isinstance(callback, RolloutCallback) and hook is not RolloutCallback.on_advantages_computed
