@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import lightning as L
 import pytest
 import torch
 
@@ -11,6 +10,7 @@ from rlvr_lightning.algos import DAPO, GRPO, GSPO, DrGRPO
 from rlvr_lightning.algos.base import MetricAccumulator
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.standalone import standalone
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 
 G, MAX_LEN = 4, 8
@@ -29,17 +29,7 @@ def attach(cls, tiny_policy_dir, data_kwargs=None, **model_kwargs):
         model_name_or_path=str(tiny_policy_dir), max_response_length=MAX_LEN, batch_size=2, group_size=G,
         **(data_kwargs or {}),
     )  # fmt: skip
-    module = cls(**model_kwargs)
-    trainer = L.Trainer(
-        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False,
-    )  # fmt: skip
-    trainer._data_connector.attach_datamodule(module, datamodule=dm)
-    module.trainer = trainer
-    trainer.strategy.connect(module)
-    dm.setup("fit")
-    module.configure_model()
-    return module
+    return standalone(cls(**model_kwargs), dm)
 
 
 def sample_rollout(module, seed=0) -> Rollout:

@@ -4,8 +4,9 @@ One `training_step` = one rollout batch (DESIGN.md, "Data flow"):
   1. the rollout engine samples G completions per prompt         (`collect_rollout`; DAPO: dynamic sampling)
   2. rollout callbacks score them (RewardVerifier → `rollout.correct`, `rollout.rewards`)
   3. the algorithm shapes rewards and turns them into advantages (`compute_rewards`, `compute_advantages`)
-  4. attribution callbacks may reshape them per token            (`rollout.token_weights`)
-  5. θ_old (and reference) log-probs under the trainer's model, no grad; loss mask; truncated-IS weights
+  4. θ_old (and reference) log-probs under the trainer's model, no grad; loss mask; truncated-IS weights
+  5. attribution callbacks may reshape advantages per token      (`rollout.token_weights`; THR reads
+     the θ_old hidden states captured in step 4, so it costs no extra transformer forward)
   6. K mini-batches × micro-batches: the algorithm's loss → manual backward → clip → step
   7. the new weights go to the engine, whose change is probed
   8. metrics are logged
@@ -49,7 +50,17 @@ class RolloutCallback(Callback):
         """After generation: fill `rollout.rewards` / `rollout.correct` (the reward verifier)."""
 
     def on_advantages_computed(self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout) -> None:
-        """After advantages: fill `rollout.token_weights` (THR / OAR attribution)."""
+        """After advantages and the θ_old pass: fill `rollout.token_weights` (THR / OAR attribution)."""
+
+    def hidden_states_needed(self, rollout: Rollout) -> torch.Tensor | None:
+        """Bool [N]: sequences whose θ_old LM-head inputs this callback reads from `rollout.hidden_states`."""
+        return None
+
+
+def reshapes_advantages(callback: Callback) -> bool:
+    """Whether a callback writes token weights (overrides `on_advantages_computed`)."""
+    hook = getattr(type(callback), "on_advantages_computed", None)
+    return isinstance(callback, RolloutCallback) and hook is not RolloutCallback.on_advantages_computed
 
 
 @dataclass
@@ -220,6 +231,14 @@ class RLVRModule(L.LightningModule):
         """Checks that need the data settings too; run before anything expensive starts."""
         self._check_batch_layout()
         self._check_behaviour_logprobs()
+        shapers = [type(cb).__name__ for cb in self.trainer.callbacks if reshapes_advantages(cb)]
+        reason = self.token_advantages_unsupported()
+        if shapers and reason:
+            raise ConfigError(f"{', '.join(shapers)} reshape(s) token advantages, but {reason}")
+
+    def token_advantages_unsupported(self) -> str | None:
+        """Why this algorithm's loss cannot honour per-token advantages (THR/OAR), or None if it can."""
+        return None
 
     def _check_behaviour_logprobs(self) -> None:
         dm, h = self.datamodule.hparams, self.hparams
@@ -284,10 +303,7 @@ class RLVRModule(L.LightningModule):
             return
         rollout.rewards = self.compute_rewards(rollout)
         rollout.advantages = self.compute_advantages(rollout)
-        with _timed(times, "attribution"):
-            self._run_rollout_hooks("on_advantages_computed", rollout)
-        with _timed(times, "old_logprob"):
-            inputs, is_stats = self.loss_inputs(rollout)
+        inputs, is_stats = self.loss_inputs(rollout, times)
         with _timed(times, "update"):
             update_metrics = self.update(rollout, inputs)
         with _timed(times, "weight_sync"):
@@ -322,19 +338,28 @@ class RLVRModule(L.LightningModule):
         """Scalar reward r [N] fed to the advantage estimator; default r = c (DAPO shapes it)."""
         return rollout.rewards
 
-    def loss_inputs(self, rollout: Rollout) -> tuple[LossInputs, dict[str, float]]:
-        """Lay the rollout out as tensors; θ_old / reference log-probs; loss mask; truncated-IS weights."""
+    def loss_inputs(
+        self, rollout: Rollout, times: dict[str, float] | None = None
+    ) -> tuple[LossInputs, dict[str, float]]:
+        """Lay the rollout out as tensors; θ_old / reference log-probs; attribution callbacks; token
+        advantages; loss mask; truncated-IS weights."""
         h = self.hparams
+        times = {} if times is None else times
         t = rollout.tensors(self.datamodule.tokenizer.pad_token_id).to(self.device)
+        with _timed(times, "old_logprob"):
+            old_logp, ref_logp, rollout.hidden_states = self.reference_logprobs(
+                t, rollout.sampling.temperature, with_old=h.behaviour_logprobs == "trainer",
+                hidden_rows=self._hidden_rows_needed(rollout),
+            )  # fmt: skip
+        with _timed(times, "attribution"):
+            self._run_rollout_hooks("on_advantages_computed", rollout)
+        rollout.hidden_states = None  # B·G·L·d floats: free them before the update
         adv_tok = rollout.advantages.to(self.device)[:, None] * t.response_mask
         if rollout.token_weights is not None:
             adv_tok = adv_tok * rollout.token_weights.to(self.device)
         loss_mask = t.response_mask
         if h.mask_truncated:
             loss_mask = loss_mask * (~rollout.truncated).to(self.device, loss_mask.dtype)[:, None]
-        old_logp, ref_logp = self.reference_logprobs(
-            t, rollout.sampling.temperature, with_old=h.behaviour_logprobs == "trainer"
-        )
         if old_logp is None:
             old_logp = t.rollout_logp
         is_weight, is_stats = truncated_is_weights(old_logp, t.rollout_logp, loss_mask, h.tis_level, h.tis_cap)
@@ -369,35 +394,39 @@ class RLVRModule(L.LightningModule):
     def token_logprobs(
         self, model: torch.nn.Module, t: RolloutTensors, temperature: float, with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """log π(y_t | ·) of every response token, log_softmax(logits / T) in fp32, 0 on padding."""
-        T = t.response_mask.shape[1]
-        out = model(
-            input_ids=t.input_ids, attention_mask=t.attention_mask, position_ids=t.position_ids,
-            logits_to_keep=T + 1, use_cache=False,
-        )  # fmt: skip
-        logits = out.logits[:, :-1].float() / temperature  # position P−1+t predicts response token t
-        logp_all = logits.log_softmax(-1)
-        targets = t.input_ids[:, t.prompt_width :]
-        logp = logp_all.gather(-1, targets[..., None]).squeeze(-1) * t.response_mask
-        entropy = None
-        if with_entropy:
-            with torch.no_grad():
-                entropy = -(logp_all.exp() * logp_all).sum(-1)
-        return logp, entropy
+        return token_logprobs(model, t, temperature, with_entropy)
+
+    def _hidden_rows_needed(self, rollout: Rollout) -> torch.Tensor | None:
+        rows = None
+        for cb in self.trainer.callbacks:
+            if isinstance(cb, RolloutCallback) and (need := cb.hidden_states_needed(rollout)) is not None:
+                rows = need.bool().cpu() if rows is None else rows | need.bool().cpu()
+        return rows
 
     @torch.no_grad()
     def reference_logprobs(
-        self, t: RolloutTensors, temperature: float, with_old: bool = True
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """θ_old log-probs recomputed by the trainer (if `with_old`), and reference log-probs if KL is on."""
-        old, ref = [], []
+        self, t: RolloutTensors, temperature: float, with_old: bool = True, hidden_rows: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[int, torch.Tensor] | None]:
+        """θ_old log-probs recomputed by the trainer (if `with_old`), reference log-probs if KL is on,
+        and the θ_old LM-head inputs [L_n, d] of the sequences in `hidden_rows` (bool [N]), all from
+        the same forward."""
+        old, ref, hidden = [], [], {}
         for idx in self._micro_batches(torch.arange(t.input_ids.shape[0], device=self.device)):
             mb = t.select(idx)
-            if with_old:
-                old.append(self.token_logprobs(self.policy, mb, temperature)[0])
+            capture = hidden_rows[idx.cpu()] if hidden_rows is not None else torch.zeros(len(idx), dtype=torch.bool)
+            if with_old or capture.any():
+                with lm_head_inputs(self.policy, enabled=bool(capture.any())) as grabbed:
+                    logp = self.token_logprobs(self.policy, mb, temperature)[0]
+                if with_old:
+                    old.append(logp)
+                lengths = mb.response_mask.sum(1).long().tolist()
+                for row in capture.nonzero().squeeze(1).tolist():
+                    # lm_head saw positions P−1 … P+T−1; the first T predict the response tokens.
+                    hidden[int(idx[row])] = grabbed[0][row, : lengths[row]].clone()
             if self.ref_policy is not None:
                 ref.append(self.token_logprobs(self.ref_policy, mb, temperature)[0])
-        return (torch.cat(old) if old else None), (torch.cat(ref) if ref else None)
+        old_logp, ref_logp = (torch.cat(old) if old else None), (torch.cat(ref) if ref else None)
+        return old_logp, ref_logp, (hidden if hidden_rows is not None else None)
 
     def _micro_batches(self, seq_index: torch.Tensor) -> list[torch.Tensor]:
         return list(seq_index.split(self.hparams.micro_batch_size))
@@ -515,6 +544,42 @@ class RLVRModule(L.LightningModule):
         if "val/accuracy" in self.latest_val:
             bar["val_acc"] = self.latest_val["val/accuracy"]
         self.log_dict(bar, prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=len(rollout.batch))
+
+
+def token_logprobs(
+    model: torch.nn.Module, t: RolloutTensors, temperature: float, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log π(y_t | ·) of every response token, log_softmax(logits / T) in fp32, 0 on padding."""
+    T = t.response_mask.shape[1]
+    out = model(
+        input_ids=t.input_ids, attention_mask=t.attention_mask, position_ids=t.position_ids,
+        logits_to_keep=T + 1, use_cache=False,
+    )  # fmt: skip
+    logits = out.logits[:, :-1].float() / temperature  # position P−1+t predicts response token t
+    logp_all = logits.log_softmax(-1)
+    targets = t.input_ids[:, t.prompt_width :]
+    logp = logp_all.gather(-1, targets[..., None]).squeeze(-1) * t.response_mask
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
+
+
+@contextmanager
+def lm_head_inputs(model: torch.nn.Module, enabled: bool = True):
+    """Collect the inputs of the model's output embedding (the last hidden state after the final
+    norm, whatever the architecture calls it) during the forwards run inside the block."""
+    grabbed: list[torch.Tensor] = []
+    if not enabled:
+        yield grabbed
+        return
+    head = model.get_output_embeddings()
+    handle = head.register_forward_hook(lambda mod, args, out: grabbed.append(args[0].detach()))
+    try:
+        yield grabbed
+    finally:
+        handle.remove()
 
 
 @contextmanager

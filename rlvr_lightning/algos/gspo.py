@@ -42,3 +42,8 @@ class GSPO(GRPO):
             surrogate=surrogate, clip_eps_low=clip_eps_low,
             clip_eps_high=clip_eps_high, mini_batches=mini_batches, kl_coef=kl_coef, **kwargs,
         )  # fmt: skip
+
+    def token_advantages_unsupported(self) -> str | None:
+        if self.surrogate == "gspo":
+            return "sequence-level GSPO averages advantages over each sequence; use model.token_level=true (GSPO-token)"
+        return None

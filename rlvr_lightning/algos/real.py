@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from rlvr_lightning.advantages import mixed_groups
-from rlvr_lightning.algos.base import LossInputs, RLVRModule, RolloutCallback, StepNorms, MetricAccumulator
+from rlvr_lightning.algos.base import LossInputs, MetricAccumulator, RLVRModule, StepNorms
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.losses import RealVariant, real_grad_weights, real_loss, sequence_log_ratio
 from rlvr_lightning.rollout.types import Rollout
@@ -63,9 +63,9 @@ class REAL(RLVRModule):
                 f"{self.hparams.micro_batch_size} would split groups: use a multiple of data.group_size={G}, "
                 "or model.two_pass=true"
             )
-        shapers = [type(cb).__name__ for cb in self.trainer.callbacks if _reshapes_advantages(cb)]
-        if shapers:
-            raise ConfigError(f"REAL has no advantages to reshape; remove the callbacks {', '.join(shapers)}")
+
+    def token_advantages_unsupported(self) -> str | None:
+        return "REAL has no advantages to reshape (its loss uses the correctness labels); remove them"
 
     def compute_advantages(self, rollout: Rollout) -> torch.Tensor:
         # REAL has no advantages: its class labels are rollout.correct (see micro_batch_loss).
@@ -140,7 +140,3 @@ class REAL(RLVRModule):
         logp, entropy = self.token_logprobs(self.policy, mb.tensors, temperature, with_entropy)
         return sequence_log_ratio(logp, mb.old_logp, mb.loss_mask), logp, entropy
 
-
-def _reshapes_advantages(callback) -> bool:
-    hook = getattr(type(callback), "on_advantages_computed", None)
-    return isinstance(callback, RolloutCallback) and hook is not RolloutCallback.on_advantages_computed

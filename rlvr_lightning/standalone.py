@@ -1,0 +1,32 @@
+"""Use an algorithm module outside `Trainer.fit`: in a notebook, a benchmark or a test.
+
+Lightning gives a module its trainer, datamodule and model only inside `fit`. `standalone()`
+wires the same objects with a bare CPU/GPU Trainer so that `module.generate`, `module.loss_inputs`,
+`module.accumulate_gradients`, and the attribution callbacks run exactly as in training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+
+from rlvr_lightning.algos.base import RLVRModule
+from rlvr_lightning.data.datamodule import RolloutDataModule
+
+
+def standalone(
+    module: RLVRModule, datamodule: RolloutDataModule, callbacks: Sequence[Callback] = (), accelerator: str = "cpu"
+) -> RLVRModule:
+    trainer = L.Trainer(
+        accelerator=accelerator, devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=list(callbacks),
+    )  # fmt: skip
+    trainer._data_connector.attach_datamodule(module, datamodule=datamodule)
+    module.trainer = trainer
+    trainer.strategy.connect(module)
+    datamodule.setup("fit")
+    module.configure_model()
+    module.to(trainer.strategy.root_device)
+    return module

@@ -1,0 +1,181 @@
+"""THR (ALGORITHMS.md §2.6, §3.2 item 11): scores against the definition, dominance and weights on
+hand-made values, and the callback inside the real module (p = 0 is the base algorithm, bit for bit)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlvr_lightning.algos import GRPO, GSPO, REAL
+from rlvr_lightning.attribution.thr import dominant_tokens, group_thr_scores, thr_token_weights
+from rlvr_lightning.callbacks.attribution import THRAttribution
+from rlvr_lightning.errors import ConfigError
+from tests.test_algorithms import attach, gradient, prepared, sample_rollout
+
+
+def random_group(seed=0, G=4, d=6, V=11, lengths=(3, 5, 2, 4)):
+    g = torch.Generator().manual_seed(seed)
+    head = torch.nn.Linear(d, V, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(V, d, generator=g))
+    n = sum(lengths)
+    hidden = torch.randn(n, d, generator=g)
+    tokens = torch.randint(0, V, (n,), generator=g)
+    seq = torch.repeat_interleave(torch.arange(G), torch.tensor(lengths))
+    return head, hidden, tokens, seq
+
+
+def scores_by_definition(head, hidden, tokens, seq, correct, temperature):
+    """s_{j,k} = Σ_{i∈O+} Σ_k' ⟨g_{i,k'}, g_{j,k}⟩⟨h_{i,k'}, h_{j,k}⟩ with g restricted to V*: explicit loops."""
+    vocab = sorted(set(tokens.tolist()))
+    probs = torch.softmax(head(hidden).double() / temperature, -1)
+    h = hidden.double()
+
+    def g(t):
+        return torch.tensor([(1.0 if v == tokens[t] else 0.0) - probs[t, v].item() for v in vocab], dtype=torch.float64)
+
+    out = []
+    for t in range(len(tokens)):
+        total = 0.0
+        for t2 in range(len(tokens)):
+            if correct[seq[t2]]:
+                total += float(g(t2) @ g(t)) * float(h[t2] @ h[t])
+        out.append(total)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_scores_equal_the_explicit_double_sum(temperature):
+    head, hidden, tokens, seq = random_group()
+    correct = torch.tensor([True, False, True, False])
+    s, entropy = group_thr_scores(hidden, tokens, seq, correct, head, temperature)
+    torch.testing.assert_close(s.double(), scores_by_definition(head, hidden, tokens, seq, correct, temperature),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    logp = (head(hidden) / temperature).log_softmax(-1)
+    torch.testing.assert_close(entropy, -(logp.exp() * logp).sum(-1))
+
+
+def test_chunked_equals_unchunked():
+    head, hidden, tokens, seq = random_group(seed=3, lengths=(7, 1, 9, 4))
+    correct = torch.tensor([False, True, True, False])
+    whole, _ = group_thr_scores(hidden, tokens, seq, correct, head, chunk_size=10_000)
+    for chunk in (1, 3, 5):
+        torch.testing.assert_close(group_thr_scores(hidden, tokens, seq, correct, head, chunk_size=chunk)[0], whole)
+
+
+def test_matches_the_reference_listing_of_the_spec():
+    """ALGORITHMS.md §2.6.3's `thr_token_advantages`, transcribed, on random groups and all thresholds."""
+    head, hidden, tokens, seq = random_group(seed=5)
+    correct = torch.tensor([True, False, False, True])
+    A = torch.tensor([1.0, -1.0, -1.0, 1.0])
+    vocab = torch.unique(tokens)
+    P = torch.softmax(head(hidden), -1)[:, vocab]
+    col = torch.searchsorted(vocab, tokens)
+    per = [(seq == j).nonzero().squeeze(1) for j in range(4)]
+    g = [torch.zeros_like(P[r]).scatter_(1, col[r][:, None], 1.0) - P[r] for r in per]
+    Mp = sum(g[j].T @ hidden[per[j]] for j in range(4) if correct[j])
+    s_ref = torch.cat([((g[j] @ Mp) * hidden[per[j]]).sum(-1) for j in range(4)])
+    s, _ = group_thr_scores(hidden, tokens, seq, correct, head)
+    torch.testing.assert_close(s, s_ref)
+    thr = A[seq] * s
+    tau = min(s_ref[per[j]].mean() for j in range(4) if correct[j])
+    torch.testing.assert_close(dominant_tokens(s, thr, seq, correct, "anchor"), s_ref.abs() > tau)
+    cut = torch.quantile(thr.abs(), 0.8)
+    torch.testing.assert_close(dominant_tokens(s, thr, seq, correct, "quantile", quantile=0.8), thr.abs() >= cut)
+
+
+def test_dominance_on_hand_values():
+    s = torch.tensor([3.0, 1.0, -0.5, 2.0, -4.0, 0.1])
+    seq = torch.tensor([0, 0, 1, 1, 2, 2])
+    correct = torch.tensor([True, True, False])
+    thr = torch.tensor([1.0, -1, 1, 1, -1, 1]) * s
+    # anchor: means of correct rollouts 2.0 and 0.75 → τ = 0.75; β = 2 → τ = 1.5
+    assert dominant_tokens(s, thr, seq, correct, "anchor").tolist() == [True, True, False, True, True, False]
+    assert dominant_tokens(s, thr, seq, correct, "anchor", beta_anchor=2.0).tolist() == [True, False, False, True, True, False]
+    assert dominant_tokens(s, thr, seq, correct, "absolute", thr_abs=1.5).tolist() == [True, False, False, True, True, False]
+    assert dominant_tokens(s, thr, seq, correct, "all").all()
+    # a negative anchor makes every token dominant
+    assert dominant_tokens(-s.abs(), thr, seq, correct, "anchor").all()
+
+
+@pytest.mark.parametrize("p", [0.5, -0.5, 0.2])
+def test_weights_scale_dominant_tokens_by_one_plus_p_sign(p):
+    thr = torch.tensor([2.0, -3.0, 0.5, -0.1, 0.0])
+    dominant = torch.tensor([True, True, False, False, True])
+    w = thr_token_weights(thr, dominant, p)
+    assert w.tolist() == pytest.approx([1 + p, 1 - p, 1, 1, 1])
+    only = thr_token_weights(thr, dominant, p, mode="only")
+    assert only.tolist() == pytest.approx([1 + p, 1 - p, 0, 0, 1])
+    assert (w > 0).all()  # |p| < 1: Â' keeps the sign of Â
+
+
+def test_callback_rejects_bad_arguments():
+    with pytest.raises(ConfigError, match="p=1.5"):
+        THRAttribution(p=1.5)
+    with pytest.raises(ConfigError, match="thr_abs"):
+        THRAttribution(p=0.1, threshold="absolute")
+    with pytest.raises(ConfigError, match="threshold"):
+        THRAttribution(p=0.1, threshold="median")
+
+
+def with_thr(cls, tiny_policy_dir, thr: THRAttribution | None, **kwargs):
+    module = attach(cls, tiny_policy_dir, **kwargs)
+    if thr is not None:
+        module.trainer.callbacks.append(thr)
+    return module
+
+
+def test_p_zero_is_the_base_algorithm_bit_for_bit(tiny_policy_dir):
+    base = with_thr(GRPO, tiny_policy_dir, None)
+    thr = with_thr(GRPO, tiny_policy_dir, THRAttribution(p=0.0))
+    inputs_base, inputs_thr = prepared(base, sample_rollout(base)), prepared(thr, sample_rollout(thr))
+    assert torch.equal(inputs_base.advantages, inputs_thr.advantages)
+    loss_b, grad_b = gradient(base, inputs_base, 3)
+    loss_t, grad_t = gradient(thr, inputs_thr, 3)
+    assert torch.equal(loss_b, loss_t) and torch.equal(grad_b, grad_t)
+
+
+def test_module_captures_the_hidden_states_that_produce_old_logprobs(tiny_policy_dir):
+    """The hook grabs the LM-head inputs at the positions predicting each response token."""
+    module = with_thr(GRPO, tiny_policy_dir, None)
+    rollout = sample_rollout(module)
+    t = rollout.tensors(module.datamodule.tokenizer.pad_token_id)
+    rows = torch.tensor([True, False, True, True, False, False, False, True])
+    module.hparams.micro_batch_size = 3  # captures across micro-batch boundaries too
+    old, _, hidden = module.reference_logprobs(t, 0.8, hidden_rows=rows)
+    assert sorted(hidden) == [0, 2, 3, 7]
+    head = module.policy.get_output_embeddings()
+    for n, h in hidden.items():
+        L_n = len(rollout.completions[n].token_ids)
+        logp = (head(h).float() / 0.8).log_softmax(-1)
+        targets = torch.tensor(rollout.completions[n].token_ids)
+        torch.testing.assert_close(logp.gather(-1, targets[:, None]).squeeze(1), old[n, :L_n], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("p", [0.3, -0.3])
+def test_callback_reweights_mixed_groups_only(tiny_policy_dir, p):
+    module = with_thr(GRPO, tiny_policy_dir, THRAttribution(p=p, threshold="all"))
+    rollout = sample_rollout(module)
+    rollout.correct[4:] = 0.0  # group 1 now has no correct rollout: Â ≡ 0 and no THR
+    rollout.rewards = rollout.correct.clone()
+    inputs = prepared(module, rollout)
+    w = rollout.token_weights
+    mask = inputs.tensors.response_mask.bool()
+    assert (w[4:] == 1).all()
+    values = w[:4][mask[:4]]
+    near = [torch.isclose(values, torch.tensor(v)) for v in (1 + p, 1 - p, 1.0)]
+    assert (near[0] | near[1] | near[2]).all() and (near[0] | near[1]).any()
+    base = inputs.advantages / w.clamp(min=1e-9)  # Â' = Â·w token by token
+    assert (torch.sign(inputs.advantages) == torch.sign(base)).all()
+    assert rollout.metrics["thr/dominant_frac"] == 1.0
+    assert rollout.metrics["thr/positive_frac"] + rollout.metrics["thr/negative_frac"] == pytest.approx(1.0)
+    assert rollout.hidden_states is None  # freed before the update
+
+
+def test_thr_composes_with_gspo_token_and_is_refused_where_it_cannot(tiny_policy_dir):
+    module = with_thr(GSPO, tiny_policy_dir, THRAttribution(p=0.2), token_level=True, mini_batches=2)
+    module.validate_config()
+    with pytest.raises(ConfigError, match="token_level=true"):
+        with_thr(GSPO, tiny_policy_dir, THRAttribution(p=0.2), mini_batches=2).validate_config()
+    with pytest.raises(ConfigError, match="REAL has no advantages"):
+        with_thr(REAL, tiny_policy_dir, THRAttribution(p=0.2), micro_batch_size=4, mini_batches=1).validate_config()
