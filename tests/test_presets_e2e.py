@@ -108,3 +108,28 @@ def test_filtered_sampling_with_truncated_is_is_refused_before_training(tmp_path
     err = proc.stderr.strip().splitlines()[-1]
     assert err.startswith("error:") and "data.top_p=0.9" in err and "allow_filtered_rollout_logprobs" in err
     assert "Traceback" not in proc.stderr
+
+
+THR_ON_GSPO_TOKEN = [
+    "--trainer.callbacks+=rlvr_lightning.callbacks.attribution.THRAttribution",
+    "--trainer.callbacks.p=-0.2",
+    "--model.init_args.mini_batches=2",
+]  # the README's example, with two prompts per mini-batch for the 4-prompt test batch
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "algo,max_steps,extra,p",
+    [("thr", 2, [], 0.2), ("thr-explore", 2, [], -0.2), ("gspo-token", 4, THR_ON_GSPO_TOKEN, -0.2)],
+)
+def test_thr_presets_two_step_fit(tmp_path, quick_warm_start, algo, max_steps, extra, p):
+    _, model_dir = quick_warm_start
+    args = [*preset_args(tmp_path, algo, model_dir, max_response_length=40), "--trainer.max_steps", str(max_steps)]
+    proc = run_cli([*args, *extra], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run, history = finished_run(tmp_path, algo)
+    assert float(run.data.params["trainer.callbacks.2.init_args.p"]) == p
+    for key in ("train/thr/dominant_frac", "train/thr/positive_frac", "train/thr/abs_p90",
+                "train/thr/abs_entropy_spearman", "time/attribution"):  # fmt: skip
+        assert key in history, key
+    assert {"val/pass_at_4", "val/pass_at_8", "val/pass_at_8_se"} <= set(history)

@@ -93,8 +93,9 @@ class THRAttribution(RolloutCallback):
 
 def thr_metrics(thr: torch.Tensor, dominant: torch.Tensor, entropy: torch.Tensor) -> dict[str, float]:
     """Logged per rollout batch over the tokens of mixed groups (§2.6, issue 5)."""
-    if thr.numel() == 0:
-        return {"thr/tokens": 0.0}
+    if thr.numel() == 0:  # no mixed group in this batch: same keys, so dashboards keep one series
+        keys = ("dominant_frac", "positive_frac", "negative_frac", "abs_p50", "abs_p90", "abs_p99", "abs_max")
+        return {"thr/tokens": 0.0, **{f"thr/{k}": 0.0 for k in keys}, "thr/abs_entropy_spearman": 0.0}
     mag = thr.abs()
     q = torch.quantile(mag, torch.tensor([0.5, 0.9, 0.99]))
     return {

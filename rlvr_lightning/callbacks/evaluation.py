@@ -3,6 +3,9 @@
 `val/accuracy` is the accuracy of *sampled* completions at the training temperature (mean over
 `num_samples` per problem): on small policies greedy accuracy is flat or noisy while the sampled
 policy improves (DESIGN.md, "Embedded default"), so greedy accuracy is logged beside it.
+`val/pass_at_<k>` is the unbiased pass@k over the `num_samples` completions per problem
+(`rlvr_lightning.metrics`), with its standard error `val/pass_at_<k>_se`, for each k in `pass_k`
+(MLflow metric names cannot contain "@").
 Not a Lightning validation loop: evaluation needs the engine and the verifier, not `validation_step`.
 """
 
@@ -15,6 +18,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from rlvr_lightning.callbacks.reward import RewardVerifier
+from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.metrics import PassAtK
 
 
 class Evaluation(Callback):
@@ -25,6 +30,7 @@ class Evaluation(Callback):
         temperature: float | None = None,
         greedy: bool = True,
         batch_size: int = 256,
+        pass_k: list[int] | None = None,
     ) -> None:
         """
         Args:
@@ -33,7 +39,11 @@ class Evaluation(Callback):
             temperature: sampling temperature; null = the training temperature.
             greedy: also log `val/accuracy_greedy` (temperature 0, one completion).
             batch_size: prompts per engine call.
+            pass_k: the k of `val/pass_at_<k>` (each ≤ num_samples); null = [num_samples].
         """
+        self.pass_k = list(pass_k) if pass_k is not None else [num_samples]
+        if any(k < 1 or k > num_samples for k in self.pass_k):
+            raise ConfigError(f"Evaluation.pass_k={self.pass_k}: each k must lie in [1, num_samples={num_samples}]")
         self.every_n_steps = every_n_steps
         self.num_samples = num_samples
         self.temperature = temperature
@@ -66,9 +76,9 @@ class Evaluation(Callback):
         t0 = time.perf_counter()
         temperature = self.temperature if self.temperature is not None else dm.hparams.temperature
         sampled = dm.sampling(n=self.num_samples, temperature=temperature, seed=0)
-        metrics = self._score(pl_module, verifier, batches, sampled)
+        metrics = self._score(pl_module, verifier, batches, sampled, self.pass_k)
         if self.greedy:
-            greedy = self._score(pl_module, verifier, batches, dm.sampling(n=1, temperature=0.0, seed=0))
+            greedy = self._score(pl_module, verifier, batches, dm.sampling(n=1, temperature=0.0, seed=0), [])
             metrics["accuracy_greedy"] = greedy["accuracy"]
         metrics["seconds"] = time.perf_counter() - t0
         out = {f"val/{k}": v for k, v in metrics.items()}
@@ -79,17 +89,24 @@ class Evaluation(Callback):
         return out
 
     @staticmethod
-    def _score(pl_module, verifier: RewardVerifier, batches, sampling) -> dict[str, float]:
+    def _score(pl_module, verifier: RewardVerifier, batches, sampling, pass_k: list[int]) -> dict[str, float]:
         correct, lengths, no_answer, n_problems = [], [], 0.0, 0
+        pass_metrics = {k: PassAtK(k) for k in pass_k}
         for batch in batches:
             rollout = pl_module.generate(batch, sampling)
             c, m = verifier.score(rollout.answers_per_sequence, rollout.texts, rollout.truncated)
             correct.append(c)
+            for metric in pass_metrics.values():
+                metric.update(c.view(len(batch), sampling.n))  # completions are grouped per problem
             lengths.extend(rollout.response_lengths.tolist())
             no_answer += m["no_answer_frac"] * len(c)
             n_problems += len(batch)
         c = torch.cat(correct)
-        return {
+        out = {}
+        for k, metric in pass_metrics.items():
+            out[f"pass_at_{k}"] = metric.compute().item()
+            out[f"pass_at_{k}_se"] = metric.standard_error().item()
+        return out | {
             "accuracy": c.mean().item(),
             "response_length_mean": sum(lengths) / len(lengths),
             "no_answer_frac": no_answer / len(c),
