@@ -29,4 +29,5 @@ def standalone(
     datamodule.setup("fit")
     module.configure_model()
     module.to(trainer.strategy.root_device)
+    trainer.strategy.setup_optimizers(trainer)  # module.optimizers() / lr_schedulers(), as in fit
     return module

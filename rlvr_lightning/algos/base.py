@@ -295,12 +295,21 @@ class RLVRModule(L.LightningModule):
 
     # ---- one training step -------------------------------------------------------------------
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        result = self.train_on_batch(batch)
+        if result is not None:
+            self._log_step(*result)
+        self.rollout_batches += 1
+
+    def train_on_batch(
+        self, batch: PromptBatch
+    ) -> tuple[Rollout, LossInputs, dict[str, float], dict[str, float]] | None:
+        """Steps 1–7 on one prompt batch; returns what is logged, or None when there was nothing to
+        learn from (e.g. dynamic sampling found no mixed group). Benchmarks call it directly."""
         times: dict[str, float] = {}
         t_step = time.perf_counter()
         rollout = self.collect_rollout(batch, times)
-        if rollout is None:  # nothing to learn from in this batch (e.g. dynamic sampling found no signal)
-            self.rollout_batches += 1
-            return
+        if rollout is None:
+            return None
         rollout.rewards = self.compute_rewards(rollout)
         rollout.advantages = self.compute_advantages(rollout)
         inputs, is_stats = self.loss_inputs(rollout, times)
@@ -309,8 +318,7 @@ class RLVRModule(L.LightningModule):
         with _timed(times, "weight_sync"):
             self.sync_engine(rollout)
         times["step"] = time.perf_counter() - t_step
-        self._log_step(rollout, inputs, {**update_metrics, **is_stats}, times)
-        self.rollout_batches += 1
+        return rollout, inputs, {**update_metrics, **is_stats}, times
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["rlvr"] = {"policy_version": self.policy_version, "rollout_batches": self.rollout_batches}
