@@ -430,7 +430,8 @@ class RLVRModule(L.LightningModule):
                 lengths = mb.response_mask.sum(1).long().tolist()
                 for row in capture.nonzero().squeeze(1).tolist():
                     # lm_head saw positions P−1 … P+T−1; the first T predict the response tokens.
-                    hidden[int(idx[row])] = grabbed[0][row, : lengths[row]].clone()
+                    # Kept in host memory: B·G·L·d values would crowd the accelerator during the update.
+                    hidden[int(idx[row])] = grabbed[0][row, : lengths[row]].to("cpu", copy=True)
             if self.ref_policy is not None:
                 ref.append(self.token_logprobs(self.ref_policy, mb, temperature)[0])
         old_logp, ref_logp = (torch.cat(old) if old else None), (torch.cat(ref) if ref else None)

@@ -139,6 +139,8 @@ def rollout_thr(
     for group in mixed_groups(rollout.correct.float(), G).nonzero().squeeze(1).tolist():
         seqs = range(group * G, (group + 1) * G)
         hidden = torch.cat([hidden_states[n] for n in seqs])
+        if isinstance(lm_head, torch.nn.Module):  # captured hidden states wait in host memory
+            hidden = hidden.to(next(lm_head.parameters()).device)
         device = hidden.device
         tokens = torch.cat([torch.tensor(rollout.completions[n].token_ids, dtype=torch.long) for n in seqs])
         lengths = [len(rollout.completions[n].token_ids) for n in seqs]
