@@ -133,3 +133,17 @@ def test_thr_presets_two_step_fit(tmp_path, quick_warm_start, algo, max_steps, e
                 "train/thr/abs_entropy_spearman", "time/attribution"):  # fmt: skip
         assert key in history, key
     assert {"val/pass_at_4", "val/pass_at_8", "val/pass_at_8_se"} <= set(history)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("algo", ["oar-g", "oar-p"])
+def test_oar_presets_two_step_fit(tmp_path, quick_warm_start, algo):
+    _, model_dir = quick_warm_start
+    args = [*preset_args(tmp_path, algo, model_dir, max_response_length=40), "--trainer.max_steps", "2"]
+    proc = run_cli(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run, history = finished_run(tmp_path, algo)
+    assert run.data.params["trainer.callbacks.2.init_args.method"] == ("gradient" if algo == "oar-g" else "perturbation")
+    for key in ("train/oar/weight_p50", "train/oar/suppressed_frac", "train/oar/boosted_frac",
+                "train/oar/no_answer_span_frac", "time/attribution"):  # fmt: skip
+        assert [m.step for m in history[key]] == [0, 1], key

@@ -1,5 +1,8 @@
 """Attribution callbacks: per-token reshaping of the advantages before the policy update.
 
+`OARAttribution` (arXiv 2601.07408, ALGORITHMS.md §2.7): reasoning tokens of every rollout with a
+non-zero advantage and a parsable `\\boxed{}` answer get Bi-Level weights from OAR-P or OAR-G scores.
+
 `THRAttribution` (arXiv 2510.03669, ALGORITHMS.md §2.6): once per rollout batch, under θ_old and
 without grad, score every response token of each mixed group by its Token Hidden Reward and
 write `rollout.token_weights` so that Â' = Â·(1 + p·sign(THR)) on dominant tokens. p > 0 favours
@@ -9,12 +12,17 @@ forward the module runs anyway (no extra transformer pass).
 
 from __future__ import annotations
 
+from typing import Literal
+
 import lightning as L
 import torch
 from torchmetrics.functional import spearman_corrcoef
 
 from rlvr_lightning.advantages import mixed_groups
 from rlvr_lightning.algos.base import RLVRModule, RolloutCallback
+from rlvr_lightning.attribution.oar import (
+    DEFAULT_CONCLUDE, Readout, SaliencyBaseline, bilevel_weights, oar_g_saliency, oar_p_scores, segment_boxed,
+)  # fmt: skip
 from rlvr_lightning.attribution.thr import ReweightMode, ThresholdMode, dominant_tokens, rollout_thr, thr_token_weights
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rollout.types import Rollout
@@ -109,3 +117,99 @@ def thr_metrics(thr: torch.Tensor, dominant: torch.Tensor, entropy: torch.Tensor
         "thr/abs_max": mag.max().item(),
         "thr/abs_entropy_spearman": spearman_corrcoef(mag, entropy.float()).item() if mag.numel() > 1 else 0.0,
     }
+
+
+class OARAttribution(RolloutCallback):
+    """OAR (arXiv 2601.07408, ALGORITHMS.md §2.7): reasoning tokens' advantages reshaped by how much
+    each token moves the model's own final-answer distribution; OAR-P perturbs tokens one at a time,
+    OAR-G uses an input-gradient proxy. Scored once per rollout batch under θ_old."""
+
+    def __init__(
+        self,
+        method: Literal["perturbation", "gradient"] = "gradient",
+        readout: Readout | None = None,
+        q: float = 0.25,
+        beta: float = 1.0,
+        floor: float = 0.1,
+        sum_to_len: bool = True,
+        sigma: float = 1e-3,
+        chunk_size: int = 32,
+        conclude_template: str = DEFAULT_CONCLUDE,
+        saliency_baseline: SaliencyBaseline = "zero",
+    ) -> None:
+        """
+        Args:
+            method: `perturbation` (OAR-P: one forward per reasoning token, the quality ceiling) or
+                `gradient` (OAR-G: one clean forward and one noisy forward/backward to the embeddings).
+            readout: `last`, `answer_mean` or `answer_joint`; null = `last` for P, `answer_mean` for G.
+            q: quantile threshold between suppression and boost.
+            beta: maximum boost (weights up to 1 + beta before renormalisation).
+            floor: minimum weight of suppressed tokens before renormalisation.
+            sum_to_len: renormalise so the mean weight over reasoning tokens is 1.
+            sigma: OAR-G embedding noise (the KL's gradient is 0 without it).
+            chunk_size: sequences per scoring forward (perturbed copies for P, rollouts for G).
+            conclude_template: text joining the truncated reasoning to the answer.
+            saliency_baseline: OAR-G's gradient × (input − baseline): `zero` (authors) or `pad` (the
+                pad token's embedding: a first-order estimate of OAR-P's substitution).
+        """
+        if saliency_baseline not in ("zero", "pad"):
+            raise ConfigError(f"OARAttribution.saliency_baseline={saliency_baseline!r}; valid: zero, pad")
+        self.saliency_baseline = saliency_baseline
+        if method not in ("perturbation", "gradient"):
+            raise ConfigError(f"OARAttribution.method={method!r}; valid: perturbation, gradient")
+        readout = readout or ("last" if method == "perturbation" else "answer_mean")
+        if readout not in ("last", "answer_mean", "answer_joint"):
+            raise ConfigError(f"OARAttribution.readout={readout!r}; valid: last, answer_mean, answer_joint")
+        if not 0.0 < q < 1.0 or beta < 0 or not 0.0 <= floor <= 1.0 or sigma <= 0 or chunk_size < 1:
+            raise ConfigError("OARAttribution needs 0 < q < 1, beta ≥ 0, 0 ≤ floor ≤ 1, sigma > 0, chunk_size ≥ 1")
+        self.method, self.readout, self.q, self.beta, self.floor = method, readout, q, beta, floor
+        self.sum_to_len, self.sigma, self.chunk_size, self.conclude_template = sum_to_len, sigma, chunk_size, conclude_template
+
+    def on_advantages_computed(self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout) -> None:
+        tok = module.datamodule.tokenizer
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        G, N = rollout.group_size, rollout.num_sequences
+        T = max(1, int(rollout.response_lengths.max()))
+        weights = torch.ones(N, T)
+        candidates = [n for n in range(N) if rollout.advantages[n] != 0]  # Â = 0: reshaping changes nothing
+        inputs, rows = [], []
+        for n in candidates:
+            seg = segment_boxed(rollout.prompt_ids[n // G], rollout.completions[n].token_ids, tok, self.conclude_template)
+            if seg is not None and seg.r1 > seg.r0:
+                inputs.append(seg)
+                rows.append(n)
+        scores = self._scores(module, inputs, pad_id, rollout) if inputs else []
+        all_w, all_level = [], []
+        for n, seg, a in zip(rows, inputs, scores):
+            w, level = bilevel_weights(a, self.q, self.beta, self.floor, self.sum_to_len)
+            weights[n, : seg.r1 - seg.r0] = w
+            all_w.append(w)
+            all_level.append(level)
+        rollout.token_weights = weights
+        rollout.metrics.update(oar_metrics(all_w, all_level, scored=len(rows), candidates=len(candidates)))
+
+    def _scores(self, module: RLVRModule, inputs, pad_id: int, rollout: Rollout) -> list[torch.Tensor]:
+        policy = module.policy
+        if self.method == "perturbation":
+            return oar_p_scores(policy, inputs, pad_id, self.readout, self.chunk_size)
+        # One noise draw per rollout, seeded by (step, rollout): reproducible across runs and resumes.
+        seed = module.datamodule.hparams.seed * 1_000_003 + module.rollout_batches * 10_007
+        gens = [torch.Generator().manual_seed(seed + i) for i in range(len(inputs))]
+        return oar_g_saliency(policy, inputs, pad_id, self.readout, self.sigma, gens, self.chunk_size, self.saliency_baseline)
+
+
+def oar_metrics(weights: list[torch.Tensor], levels: list[torch.Tensor], scored: int, candidates: int) -> dict[str, float]:
+    out = {
+        "oar/scored": float(scored),
+        "oar/no_answer_span_frac": 1.0 - scored / candidates if candidates else 0.0,
+    }
+    if not weights:
+        return out | {f"oar/weight_{k}": 1.0 for k in ("p10", "p50", "p90", "min", "max")} | {
+            "oar/suppressed_frac": 0.0, "oar/boosted_frac": 0.0}  # fmt: skip
+    w, level = torch.cat(weights), torch.cat(levels)
+    q = torch.quantile(w, torch.tensor([0.1, 0.5, 0.9]))
+    return out | {
+        "oar/weight_p10": q[0].item(), "oar/weight_p50": q[1].item(), "oar/weight_p90": q[2].item(),
+        "oar/weight_min": w.min().item(), "oar/weight_max": w.max().item(),
+        "oar/suppressed_frac": (level < 0).float().mean().item(), "oar/boosted_frac": (level > 0).float().mean().item(),
+    }  # fmt: skip
