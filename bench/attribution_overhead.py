@@ -1,0 +1,78 @@
+"""Attribution overhead on the GRPO step: THR, OAR-G and OAR-P (issues 5 and 6; issue 9 item 4).
+
+One GRPO module on the embedded default (B = 16 prompts × G = 8, max 40 tokens, vLLM engine). Each
+training step runs with one of: no attribution (GRPO), THRAttribution(p = 0.2), OARAttribution
+(gradient) or OARAttribution(perturbation); the modes rotate step by step (each round in a
+different order, so drift and warm-up cancel), each on fresh rollouts of the current policy.
+Reports median step time and its parts per mode, and each mode's ratio to GRPO: over the whole
+step, and over the trainer side (step − rollout), where attribution lives.
+
+    .venv/bin/python bench/attribution_overhead.py [--rounds 8] [--modes grpo,thr,oar-g,oar-p]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+from common import close, embedded_module, median, prompt_batches, write  # noqa: E402
+
+PARTS = ["step", "rollout", "reward", "old_logprob", "attribution", "update", "weight_sync"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--engine", default="vllm")
+    parser.add_argument("--modes", default="grpo,thr,oar-g,oar-p")
+    args = parser.parse_args()
+
+    from rlvr_lightning.algos import GRPO
+    from rlvr_lightning.callbacks.attribution import OARAttribution, THRAttribution
+
+    callbacks = {
+        "grpo": None,
+        "thr": THRAttribution(p=0.2),
+        "oar-g": OARAttribution(method="gradient"),
+        "oar-p": OARAttribution(method="perturbation"),
+    }
+    modes = args.modes.split(",")
+    module = embedded_module(GRPO(lr=3e-5, kl_coef=0.0, micro_batch_size=128), engine=args.engine)
+    batches = prompt_batches(module)
+    fixed = list(module.trainer.callbacks)
+    times = {m: [] for m in modes}
+    for r in range(args.warmup + args.rounds):
+        for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
+            module.trainer.callbacks = fixed + ([callbacks[mode]] if callbacks[mode] else [])
+            result = module.train_on_batch(next(batches))
+            module.rollout_batches += 1
+            if result is not None and r >= args.warmup:
+                times[mode].append(result[3])
+    close(module)
+
+    summary = {m: {k: median([t.get(k, 0.0) for t in ts]) for k in PARTS} for m, ts in times.items()}
+    for s in summary.values():
+        s["train_side"] = s["step"] - s["rollout"]
+    base = summary.get("grpo")
+    ratios = {
+        m: {"step": s["step"] / base["step"], "train_side": s["train_side"] / base["train_side"],
+            "attribution_share_of_step": s["attribution"] / s["step"]}  # fmt: skip
+        for m, s in summary.items()
+        if base and m != "grpo"
+    }
+    write("attribution_overhead", {
+        "workload": {"model": "embedded", "batch_size": 16, "group_size": 8, "max_response_length": 40,
+                     "engine": args.engine, "rounds": args.rounds, "modes": modes},
+        "median_seconds": summary,
+        "ratio_to_grpo": ratios,
+    })  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
