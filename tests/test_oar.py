@@ -247,3 +247,20 @@ def test_callback_weights_reasoning_tokens_only_with_mean_one(tiny_policy_dir, m
     adv = inputs.advantages
     assert (torch.sign(adv) == torch.sign(rollout.advantages[:, None] * inputs.tensors.response_mask)).all()
     assert rollout.metrics["oar/no_answer_span_frac"] == pytest.approx(2 / 8)  # "Answer:5" and "\boxed{3}"
+
+
+def test_thr_and_oar_compose_multiplicatively(tiny_policy_dir):
+    from rlvr_lightning.algos import GRPO
+    from rlvr_lightning.callbacks.attribution import OARAttribution, THRAttribution
+    from tests.test_algorithms import attach
+
+    def weights(*callbacks):
+        module = attach(GRPO, tiny_policy_dir)
+        module.trainer.callbacks.extend(callbacks)
+        rollout = boxed_rollout(module)
+        rollout.advantages = module.compute_advantages(rollout)
+        module.loss_inputs(rollout)
+        return rollout.token_weights
+
+    thr, oar = THRAttribution(p=0.3, threshold="all"), OARAttribution(method="perturbation")
+    torch.testing.assert_close(weights(thr, oar), weights(thr) * weights(oar))

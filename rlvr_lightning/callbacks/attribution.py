@@ -95,7 +95,7 @@ class THRAttribution(RolloutCallback):
             parts["thr"].append(gs.thr.cpu())
             parts["dominant"].append(dominant.cpu())
             parts["entropy"].append(gs.entropy.cpu())
-        rollout.token_weights = weights
+        rollout.multiply_token_weights(weights)
         rollout.metrics.update(thr_metrics(**{k: torch.cat(v) if v else torch.empty(0) for k, v in parts.items()}))
 
 
@@ -185,7 +185,7 @@ class OARAttribution(RolloutCallback):
             weights[n, : seg.r1 - seg.r0] = w
             all_w.append(w)
             all_level.append(level)
-        rollout.token_weights = weights
+        rollout.multiply_token_weights(weights)
         rollout.metrics.update(oar_metrics(all_w, all_level, scored=len(rows), candidates=len(candidates)))
 
     def _scores(self, module: RLVRModule, inputs, pad_id: int, rollout: Rollout) -> list[torch.Tensor]:

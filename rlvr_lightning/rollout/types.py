@@ -72,6 +72,15 @@ class Rollout:
     hidden_states: dict[int, torch.Tensor] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
 
+    def multiply_token_weights(self, weights: torch.Tensor) -> None:
+        """Compose a shaper's [N, T] weights with those of shapers that ran before it."""
+        if self.token_weights is None:
+            self.token_weights = weights
+        else:
+            T = max(self.token_weights.shape[1], weights.shape[1])
+            pad = lambda w: torch.nn.functional.pad(w, (0, T - w.shape[1]), value=1.0)  # noqa: E731
+            self.token_weights = pad(self.token_weights) * pad(weights)
+
     @property
     def num_sequences(self) -> int:
         return len(self.completions)
