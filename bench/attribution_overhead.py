@@ -39,8 +39,9 @@ def main() -> None:
     callbacks = {
         "grpo": None,
         "thr": THRAttribution(p=0.2),
-        "oar-g": OARAttribution(method="gradient"),
-        "oar-p": OARAttribution(method="perturbation"),
+        # as configs/algo/oar-g.yaml and oar-p.yaml
+        "oar-g": OARAttribution(method="gradient", chunk_size=128, conclude_template="\\boxed{"),
+        "oar-p": OARAttribution(method="perturbation", conclude_template="\\boxed{"),
     }
     modes = args.modes.split(",")
     module = embedded_module(GRPO(lr=3e-5, kl_coef=0.0, micro_batch_size=128), engine=args.engine)

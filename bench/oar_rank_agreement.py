@@ -32,7 +32,7 @@ def main() -> None:
     from rlvr_lightning.models.embedded import TinyQwen2Spec, build_char_tokenizer, build_tiny_qwen2
     from rlvr_lightning.models.warm_start import embedded_policy_path
 
-    warm = embedded_policy_path()
+    warm = str(embedded_policy_path())
     tok = load_tokenizer(warm)
     models = {
         "warm_start": AutoModelForCausalLM.from_pretrained(warm, dtype=torch.float32).eval(),
@@ -45,7 +45,7 @@ def main() -> None:
         v = a + b - c
         prompt = tok(f"What is {a}+{b}-{c}?\n", add_special_tokens=False).input_ids
         response = tok(f"{a}+{b}={a + b},{a + b}-{c}={v}.\\boxed{{{v}}}", add_special_tokens=False).input_ids
-        inputs.append(segment_boxed(prompt, response, tok))
+        inputs.append(segment_boxed(prompt, response, tok, conclude_template="\\boxed{"))  # as the presets
     results = {}
     for name, model in models.items():
         for mode in ("last", "answer_mean", "answer_joint"):

@@ -6,7 +6,9 @@ the THR < 0 tokens (`rlvr_lightning.attribution.thr_check`), measuring the chang
 log-likelihood of the group's correct responses. Reports how often the THR > 0 step raises it and the
 THR < 0 step lowers it, for a step of all parameters and of the (untied) LM head alone.
 
-    .venv/bin/python bench/thr_sign_check.py [--batches 2] [--lr 1e-3]
+    .venv/bin/python bench/thr_sign_check.py [--batches 2] [--lrs 1e-5,1e-3]
+
+THR is a first-order statement: the small step (1e-5) tests it; the larger one shows where it stops holding.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def untied(policy):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lrs", default="1e-5,1e-3")
     args = parser.parse_args()
 
     from rlvr_lightning.advantages import mixed_groups
@@ -46,7 +48,9 @@ def main() -> None:
     head_model = untied(module.policy)
     batches = prompt_batches(module)
     # per step kind: [groups where it held, groups with tokens of that sign]
-    counts = {p: {"positive_raises": [0, 0], "negative_lowers": [0, 0]} for p in ("all", "head")}
+    lrs = [float(x) for x in args.lrs.split(",")]
+    runs = [(lr, p) for lr in lrs for p in ("all", "head")]
+    counts = {f"lr={lr:g}/{p}": {"positive_raises": [0, 0], "negative_lowers": [0, 0]} for lr, p in runs}
     groups = 0
     for b in range(args.batches):
         module.rollout_batches = b
@@ -55,16 +59,18 @@ def main() -> None:
             one = rollout.select_groups([group])
             one.advantages = module.compute_advantages(one)
             groups += 1
-            for params, policy in (("all", module.policy), ("head", head_model)):
-                out = thr_sign_check(policy, one, pad, lr=args.lr, params=params)
+            for lr, params in runs:
+                policy = module.policy if params == "all" else head_model
+                out = thr_sign_check(policy, one, pad, lr=lr, params=params)
+                key_run = f"lr={lr:g}/{params}"
                 for key, sign, held in (("positive_raises", "positive", out["positive"] > 0),
                                         ("negative_lowers", "negative", out["negative"] < 0)):  # fmt: skip
                     if out[f"{sign}_tokens"] > 0:
-                        counts[params][key][0] += held
-                        counts[params][key][1] += 1
+                        counts[key_run][key][0] += held
+                        counts[key_run][key][1] += 1
     close(module)
     write("thr_sign_check", {
-        "workload": {"model": "embedded (warm start)", "batches": args.batches, "lr": args.lr},
+        "workload": {"model": "embedded (warm start)", "batches": args.batches, "sgd_lrs": lrs},
         "mixed_groups": groups,
         "holds": {p: {k: {"frac": h / max(n, 1), "groups": n} for k, (h, n) in c.items()} for p, c in counts.items()},
     })  # fmt: skip
