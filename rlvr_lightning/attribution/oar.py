@@ -19,9 +19,10 @@ from typing import Literal
 
 import torch
 
+from rlvr_lightning.rewards.math import find_last_boxed
+
 Readout = Literal["last", "answer_mean", "answer_joint"]
 SaliencyBaseline = Literal["zero", "pad"]
-BOXED = "\\boxed{"
 DEFAULT_CONCLUDE = "\n\nThe final answer is $\\boxed{"
 
 
@@ -39,26 +40,13 @@ class ScoringInput:
         return len(self.ids) - self.a0
 
 
-def boxed_content(text: str) -> tuple[int, str] | None:
-    """(offset of the last `\\boxed{`, its content), or None if absent, unbalanced or empty."""
-    start = text.rfind(BOXED)
-    if start < 0:
-        return None
-    depth, i = 1, start + len(BOXED)
-    while i < len(text):
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        if depth == 0:
-            content = text[start + len(BOXED) : i]
-            return (start, content) if content.strip() else None
-        i += 1
-    return None
-
-
 def segment_boxed(
     prompt_ids: list[int], response_ids: list[int], tokenizer, conclude_template: str = DEFAULT_CONCLUDE
 ) -> ScoringInput | None:
-    """The scoring input of one rollout (§2.7.1), or None when it has no parsable `\\boxed{}` answer."""
-    found = boxed_content(tokenizer.decode(response_ids, skip_special_tokens=True))
+    """The scoring input of one rollout (§2.7.1), or None when it has no parsable `\\boxed{}` answer
+    (none, unbalanced or empty; `\\fbox{}` counts too, as for the verifier)."""
+    # The box the verifier scores (same extraction), so OAR reshapes the reasoning behind that answer.
+    found = find_last_boxed(tokenizer.decode(response_ids, skip_special_tokens=True))
     if found is None:
         return None
     offset, content = found

@@ -49,8 +49,8 @@ _THOUSANDS_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 
 
 # --------------------------------------------------------------------------- extraction
-def extract_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}``, braces balanced.
+def find_last_boxed(text: str) -> tuple[int, str] | None:
+    """(offset of the last ``\\boxed{`` / ``\\fbox{``, its content), braces balanced.
 
     None when there is no box, when the last box is never closed (a truncated
     generation has no answer), or when it is empty.
@@ -75,9 +75,15 @@ def extract_boxed(text: str) -> str | None:
             depth -= 1
             if depth == 0:
                 content = text[start:i].strip()
-                return content or None
+                return (last.start(), content) if content else None
         i += 1
     return None
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (see `find_last_boxed`)."""
+    found = find_last_boxed(text)
+    return None if found is None else found[1]
 
 
 def _after_hashes(text: str) -> str | None:
