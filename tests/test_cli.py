@@ -16,9 +16,12 @@ BASE = ["fit", "--config", "configs/base.yaml", "--config", "configs/algo/grpo.y
 
 
 def run_cli(args: list[str], tmp_path: Path, timeout: int = 420) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it, from a scratch directory (relative outputs such as `exports/` land
+    there, not in the repository); `configs/…` arguments point into the repository."""
     env = {**os.environ, "RLVR_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    args = [str(REPO / a) if a.startswith("configs/") else a for a in args]
     return subprocess.run(
-        [sys.executable, "-m", "rlvr_lightning", *args], cwd=REPO, env=env, capture_output=True, text=True,
+        [sys.executable, "-m", "rlvr_lightning", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
         timeout=timeout,
     )  # fmt: skip
 
@@ -65,6 +68,9 @@ def test_two_step_fit_writes_an_mlflow_run(tmp_path, tiny_policy_dir, engine):
     assert [m.step for m in history["val/accuracy"]] == [0, 2]  # before RL and after the last step
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
     assert "config.yaml" in artifacts
+    export = Path(run.data.tags["export/final"])  # HFExport of configs/base.yaml, under the working directory
+    assert export == (tmp_path / "exports" / run.info.run_id / "final").resolve()
+    assert (export / "config.json").exists() and (export / "tokenizer.json").exists()
 
 
 def test_print_config_shows_the_resolved_algorithm(tmp_path):
