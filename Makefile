@@ -10,13 +10,15 @@ export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: help setup train test ui clean-cache
+RUNS ?=
+.PHONY: help setup train test ui compare clean-cache
 
 help:
 	@echo "make setup                 create $(VENV) and install everything (CPU or GPU stack, auto-detected)"
 	@echo "make train [ALGO=grpo] [ARGS='--model.init_args.lr 1e-5']   train; ALGO is one of: $(ALGOS)"
 	@echo "make test                  run the test suite"
 	@echo "make ui                    open the MLflow UI on ./mlruns"
+	@echo "make compare [RUNS='grpo thr']   Markdown table + PNG plots of runs (default: latest of each name)"
 
 setup: $(VENV)/.installed
 
@@ -35,6 +37,9 @@ test: setup
 
 ui: setup
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --default-artifact-root mlruns/artifacts
+
+compare: setup
+	$(PY) -m rlvr_lightning.compare --out reports/compare $(if $(RUNS),--runs $(RUNS))
 
 clean-cache:
 	rm -rf $${RLVR_CACHE_DIR:-$$HOME/.cache/rlvr_lightning}
