@@ -98,7 +98,7 @@ def plot(runs: list[RunHistory], key: str, title: str, smooth: int, path: Path) 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    fig, ax = plt.subplots(figsize=(8.5, 4.2), dpi=120)
     for r in runs:
         points = r.history.get(key, [])
         if not points:
@@ -111,7 +111,7 @@ def plot(runs: list[RunHistory], key: str, title: str, smooth: int, path: Path) 
     ax.set_ylabel(key + (f" (moving average of {smooth})" if smooth > 1 else ""))
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")  # outside: never over the lines
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
