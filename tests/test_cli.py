@@ -68,6 +68,12 @@ def test_two_step_fit_writes_an_mlflow_run(tmp_path, tiny_policy_dir, engine):
     assert [m.step for m in history["val/accuracy"]] == [0, 2]  # before RL and after the last step
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
     assert "config.yaml" in artifacts
+    samples = sorted(a.path for a in client.list_artifacts(run.info.run_id, "samples"))
+    assert samples == ["samples/step_000000.json", "samples/step_000002.json"]  # one table per evaluation
+    table = json.loads(Path(client.download_artifacts(run.info.run_id, samples[0], str(tmp_path))).read_text())
+    assert table["columns"] == ["prompt", "completion", "parsed_answer", "gold", "reward", "step"]
+    assert 0 < len(table["data"]) <= 16
+    assert "val/maj_at_8" in history and "val/pass_at_8_se" in history
     export = Path(run.data.tags["export/final"])  # HFExport of configs/base.yaml, under the working directory
     assert export == (tmp_path / "exports" / run.info.run_id / "final").resolve()
     assert (export / "config.json").exists() and (export / "tokenizer.json").exists()

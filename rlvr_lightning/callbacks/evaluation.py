@@ -5,7 +5,10 @@
 policy improves (DESIGN.md, "Embedded default"), so greedy accuracy is logged beside it.
 `val/pass_at_<k>` is the unbiased pass@k over the `num_samples` completions per problem
 (`rlvr_lightning.metrics`), with its standard error `val/pass_at_<k>_se`, for each k in `pass_k`
-(MLflow metric names cannot contain "@").
+(MLflow metric names cannot contain "@"), and `val/maj_at_<k>` (majority vote over the extracted
+answers of the first k samples) for each k in `maj_k`. Every evaluation also logs a bounded table of
+sample completions (prompt, completion, parsed answer, gold, reward) as the MLflow artifact
+`samples/step_<N>.json`.
 Not a Lightning validation loop: evaluation needs the engine and the verifier, not `validation_step`.
 """
 
@@ -19,7 +22,8 @@ from lightning.pytorch.callbacks import Callback
 
 from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.errors import ConfigError
-from rlvr_lightning.metrics import PassAtK
+from rlvr_lightning.metrics import MajAtK, PassAtK
+from rlvr_lightning.rewards.math import extract_prediction
 
 
 class Evaluation(Callback):
@@ -31,6 +35,9 @@ class Evaluation(Callback):
         greedy: bool = True,
         batch_size: int = 256,
         pass_k: list[int] | None = None,
+        maj_k: list[int] | None = None,
+        log_samples: int = 16,
+        max_sample_chars: int = 2000,
     ) -> None:
         """
         Args:
@@ -40,10 +47,16 @@ class Evaluation(Callback):
             greedy: also log `val/accuracy_greedy` (temperature 0, one completion).
             batch_size: prompts per engine call.
             pass_k: the k of `val/pass_at_<k>` (each ≤ num_samples); null = [num_samples].
+            maj_k: the k of `val/maj_at_<k>` (each ≤ num_samples); null = none.
+            log_samples: problems whose first sampled completion goes into the samples table (0 = off).
+            max_sample_chars: prompts and completions longer than this are cut in the table.
         """
         self.pass_k = list(pass_k) if pass_k is not None else [num_samples]
-        if any(k < 1 or k > num_samples for k in self.pass_k):
-            raise ConfigError(f"Evaluation.pass_k={self.pass_k}: each k must lie in [1, num_samples={num_samples}]")
+        self.maj_k = list(maj_k) if maj_k is not None else []
+        for name, ks in (("pass_k", self.pass_k), ("maj_k", self.maj_k)):
+            if any(k < 1 or k > num_samples for k in ks):
+                raise ConfigError(f"Evaluation.{name}={ks}: each k must lie in [1, num_samples={num_samples}]")
+        self.log_samples, self.max_sample_chars = log_samples, max_sample_chars
         self.every_n_steps = every_n_steps
         self.num_samples = num_samples
         self.temperature = temperature
@@ -76,9 +89,9 @@ class Evaluation(Callback):
         t0 = time.perf_counter()
         temperature = self.temperature if self.temperature is not None else dm.hparams.temperature
         sampled = dm.sampling(n=self.num_samples, temperature=temperature, seed=0)
-        metrics = self._score(pl_module, verifier, batches, sampled, self.pass_k)
+        metrics, samples = self._score(pl_module, verifier, batches, sampled, self.pass_k, self.maj_k)
         if self.greedy:
-            greedy = self._score(pl_module, verifier, batches, dm.sampling(n=1, temperature=0.0, seed=0), [])
+            greedy, _ = self._score(pl_module, verifier, batches, dm.sampling(n=1, temperature=0.0, seed=0), [], [])
             metrics["accuracy_greedy"] = greedy["accuracy"]
         metrics["seconds"] = time.perf_counter() - t0
         out = {f"val/{k}": v for k, v in metrics.items()}
@@ -86,18 +99,42 @@ class Evaluation(Callback):
         self._last_step = step
         if trainer.logger is not None:
             trainer.logger.log_metrics(out, step=step)
+            self._log_samples(trainer, samples, step)
         return out
 
+    def _log_samples(self, trainer: L.Trainer, samples: dict[str, list], step: int) -> None:
+        experiment = getattr(trainer.logger, "experiment", None)
+        if not self.log_samples or not samples["prompt"] or not hasattr(experiment, "log_table"):
+            return
+        table = {k: v[: self.log_samples] for k, v in samples.items()}
+        for key in ("prompt", "completion"):
+            table[key] = [t if len(t) <= self.max_sample_chars else t[: self.max_sample_chars] + " …" for t in table[key]]
+        experiment.log_table(trainer.logger.run_id, data=table | {"step": [step] * len(table["prompt"])},
+                             artifact_file=f"samples/step_{step:06d}.json")  # fmt: skip
+
     @staticmethod
-    def _score(pl_module, verifier: RewardVerifier, batches, sampling, pass_k: list[int]) -> dict[str, float]:
+    def _score(
+        pl_module, verifier: RewardVerifier, batches, sampling, pass_k: list[int], maj_k: list[int]
+    ) -> tuple[dict[str, float], dict[str, list]]:
         correct, lengths, no_answer, n_problems = [], [], 0.0, 0
         pass_metrics = {k: PassAtK(k) for k in pass_k}
+        maj_metrics = {k: MajAtK(k) for k in maj_k}
+        samples: dict[str, list] = {"prompt": [], "completion": [], "parsed_answer": [], "gold": [], "reward": []}
         for batch in batches:
             rollout = pl_module.generate(batch, sampling)
             c, m = verifier.score(rollout.answers_per_sequence, rollout.texts, rollout.truncated)
             correct.append(c)
+            per_problem = c.view(len(batch), sampling.n)  # completions are grouped per problem
             for metric in pass_metrics.values():
-                metric.update(c.view(len(batch), sampling.n))  # completions are grouped per problem
+                metric.update(per_problem)
+            answers = [extract_prediction(t) for t in rollout.texts]
+            for metric in maj_metrics.values():
+                metric.update([answers[i * sampling.n : (i + 1) * sampling.n] for i in range(len(batch))], per_problem)
+            for i in range(len(batch)):  # the first sample of each problem
+                n = i * sampling.n
+                row = (batch.prompts[i], rollout.texts[n], answers[n], batch.answers[i], float(c[n]))
+                for key, value in zip(samples, row):
+                    samples[key].append(value)
             lengths.extend(rollout.response_lengths.tolist())
             no_answer += m["no_answer_frac"] * len(c)
             n_problems += len(batch)
@@ -106,9 +143,12 @@ class Evaluation(Callback):
         for k, metric in pass_metrics.items():
             out[f"pass_at_{k}"] = metric.compute().item()
             out[f"pass_at_{k}_se"] = metric.standard_error().item()
+        for k, metric in maj_metrics.items():
+            out[f"maj_at_{k}"] = metric.compute().item()
+            out[f"maj_at_{k}_se"] = metric.standard_error().item()
         return out | {
             "accuracy": c.mean().item(),
             "response_length_mean": sum(lengths) / len(lengths),
             "no_answer_frac": no_answer / len(c),
             "num_problems": float(n_problems),
-        }
+        }, samples
