@@ -11,13 +11,16 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 RUNS ?=
-.PHONY: help setup train test ui compare clean-cache
+CKPT ?= embedded
+BENCH ?= embedded
+.PHONY: help setup train test ui compare eval clean-cache
 
 help:
 	@echo "make setup                 create $(VENV) and install everything (CPU or GPU stack, auto-detected)"
 	@echo "make train [ALGO=grpo] [ARGS='--model.init_args.lr 1e-5']   train; ALGO is one of: $(ALGOS)"
 	@echo "make test                  run the test suite"
 	@echo "make ui                    open the MLflow UI on ./mlruns"
+	@echo "make eval [CKPT=exports/<run>/final] [BENCH='embedded path/to/bench.jsonl'] [ARGS='--n 16']   offline evaluation"
 	@echo "make compare [RUNS='grpo thr']   Markdown table + PNG plots of runs (default: latest of each name)"
 
 setup: $(VENV)/.installed
@@ -37,6 +40,9 @@ test: setup
 
 ui: setup
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --default-artifact-root mlruns/artifacts
+
+eval: setup
+	$(PY) -m rlvr_lightning.evaluate --model $(CKPT) --bench $(BENCH) $(ARGS)
 
 compare: setup
 	$(PY) -m rlvr_lightning.compare --out reports/compare $(if $(RUNS),--runs $(RUNS))

@@ -11,16 +11,21 @@ from collections.abc import Sequence
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import Logger
 
 from rlvr_lightning.algos.base import RLVRModule
 from rlvr_lightning.data.datamodule import RolloutDataModule
 
 
 def standalone(
-    module: RLVRModule, datamodule: RolloutDataModule, callbacks: Sequence[Callback] = (), accelerator: str = "cpu"
+    module: RLVRModule,
+    datamodule: RolloutDataModule,
+    callbacks: Sequence[Callback] = (),
+    accelerator: str = "cpu",
+    logger: Logger | bool = False,
 ) -> RLVRModule:
     trainer = L.Trainer(
-        accelerator=accelerator, devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        accelerator=accelerator, devices=1, logger=logger, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, callbacks=list(callbacks),
     )  # fmt: skip
     trainer._data_connector.attach_datamodule(module, datamodule=datamodule)

@@ -69,7 +69,7 @@ def test_two_step_fit_writes_an_mlflow_run(tmp_path, tiny_policy_dir, engine):
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
     assert "config.yaml" in artifacts
     samples = sorted(a.path for a in client.list_artifacts(run.info.run_id, "samples"))
-    assert samples == ["samples/step_000000.json", "samples/step_000002.json"]  # one table per evaluation
+    assert samples == ["samples/val_step_000000.json", "samples/val_step_000002.json"]  # one per evaluation
     table = json.loads(Path(client.download_artifacts(run.info.run_id, samples[0], str(tmp_path))).read_text())
     assert table["columns"] == ["prompt", "completion", "parsed_answer", "gold", "reward", "step"]
     assert 0 < len(table["data"]) <= 16

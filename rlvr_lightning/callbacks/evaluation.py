@@ -8,7 +8,7 @@ policy improves (DESIGN.md, "Embedded default"), so greedy accuracy is logged be
 (MLflow metric names cannot contain "@"), and `val/maj_at_<k>` (majority vote over the extracted
 answers of the first k samples) for each k in `maj_k`. Every evaluation also logs a bounded table of
 sample completions (prompt, completion, parsed answer, gold, reward) as the MLflow artifact
-`samples/step_<N>.json`.
+`samples/<prefix>_step_<N>.json`.
 Not a Lightning validation loop: evaluation needs the engine and the verifier, not `validation_step`.
 """
 
@@ -38,6 +38,7 @@ class Evaluation(Callback):
         maj_k: list[int] | None = None,
         log_samples: int = 16,
         max_sample_chars: int = 2000,
+        prefix: str = "val",
     ) -> None:
         """
         Args:
@@ -50,13 +51,14 @@ class Evaluation(Callback):
             maj_k: the k of `val/maj_at_<k>` (each ≤ num_samples); null = none.
             log_samples: problems whose first sampled completion goes into the samples table (0 = off).
             max_sample_chars: prompts and completions longer than this are cut in the table.
+            prefix: metric namespace (`val` in training; `eval/<benchmark>` offline).
         """
         self.pass_k = list(pass_k) if pass_k is not None else [num_samples]
         self.maj_k = list(maj_k) if maj_k is not None else []
         for name, ks in (("pass_k", self.pass_k), ("maj_k", self.maj_k)):
             if any(k < 1 or k > num_samples for k in ks):
                 raise ConfigError(f"Evaluation.{name}={ks}: each k must lie in [1, num_samples={num_samples}]")
-        self.log_samples, self.max_sample_chars = log_samples, max_sample_chars
+        self.log_samples, self.max_sample_chars, self.prefix = log_samples, max_sample_chars, prefix
         self.every_n_steps = every_n_steps
         self.num_samples = num_samples
         self.temperature = temperature
@@ -94,7 +96,7 @@ class Evaluation(Callback):
             greedy, _ = self._score(pl_module, verifier, batches, dm.sampling(n=1, temperature=0.0, seed=0), [], [])
             metrics["accuracy_greedy"] = greedy["accuracy"]
         metrics["seconds"] = time.perf_counter() - t0
-        out = {f"val/{k}": v for k, v in metrics.items()}
+        out = {f"{self.prefix}/{k}": v for k, v in metrics.items()}
         pl_module.latest_val = out
         self._last_step = step
         if trainer.logger is not None:
@@ -110,7 +112,7 @@ class Evaluation(Callback):
         for key in ("prompt", "completion"):
             table[key] = [t if len(t) <= self.max_sample_chars else t[: self.max_sample_chars] + " …" for t in table[key]]
         experiment.log_table(trainer.logger.run_id, data=table | {"step": [step] * len(table["prompt"])},
-                             artifact_file=f"samples/step_{step:06d}.json")  # fmt: skip
+                             artifact_file=f"samples/{self.prefix.replace('/', '_')}_step_{step:06d}.json")  # fmt: skip
 
     @staticmethod
     def _score(
@@ -148,6 +150,7 @@ class Evaluation(Callback):
             out[f"maj_at_{k}_se"] = metric.standard_error().item()
         return out | {
             "accuracy": c.mean().item(),
+            f"mean_at_{sampling.n}": c.mean().item(),  # the papers' name for the same average
             "response_length_mean": sum(lengths) / len(lengths),
             "no_answer_frac": no_answer / len(c),
             "num_problems": float(n_problems),

@@ -92,6 +92,7 @@ class RolloutDataModule(L.LightningDataModule):
             return
         self.policy_path = resolve_policy_path(self.hparams.model_name_or_path)
         self.tokenizer = load_tokenizer(self.policy_path)
+        self._check_context_length()
         self.train_records = self._load(self.hparams.train_data, self.hparams.train_split, train=True)
         self.val_records = (
             self._load(self.hparams.val_data, self.hparams.val_split, train=False)[: self.hparams.val_size]
@@ -102,6 +103,18 @@ class RolloutDataModule(L.LightningDataModule):
             raise ConfigError(
                 f"data.train_data has {len(self.train_records)} usable problems, fewer than data.batch_size="
                 f"{self.hparams.batch_size}"
+            )
+
+    def _check_context_length(self) -> None:
+        """Prompt + response must fit the model's positions; vLLM would refuse deep inside otherwise."""
+        from transformers import AutoConfig
+
+        limit = getattr(AutoConfig.from_pretrained(self.policy_path), "max_position_embeddings", None)
+        h = self.hparams
+        if limit is not None and h.max_prompt_length + h.max_response_length > limit:
+            raise ConfigError(
+                f"data.max_prompt_length={h.max_prompt_length} + data.max_response_length={h.max_response_length} "
+                f"exceeds the {limit} positions of {h.model_name_or_path}; lower one of them"
             )
 
     def _load(self, source: str, split: str, train: bool) -> list[ProblemRecord]:

@@ -1,0 +1,106 @@
+"""Offline evaluation of a policy (an HF model directory, e.g. an `HFExport`, or `embedded`) on one or
+more benchmarks with vLLM, recorded as an MLflow run: `eval/<bench>/mean_at_<n>`, `pass_at_<k>`,
+`maj_at_<k>` (with `_se` standard errors), `accuracy_greedy`, the sampling settings as params, and
+a samples table per benchmark. The scoring is the in-training `Evaluation` callback's own.
+
+    python -m rlvr_lightning.evaluate --model exports/<run>/final --bench ../shared/data/benchmarks/math500.jsonl
+    make eval CKPT=exports/<run>/final BENCH="embedded ../shared/data/benchmarks/gsm8k.jsonl"
+
+A benchmark is `embedded` (the built-in task's test split), a .jsonl/.json/.parquet file, or an HF
+dataset name; fields are auto-detected or given with --problem-field / --answer-field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+def bench_name(source: str) -> str:
+    return Path(source).stem if Path(source).suffix else source.replace("/", "_")
+
+
+def evaluate(args: argparse.Namespace) -> dict[str, float]:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    from rlvr_lightning.algos.base import RLVRModule
+    from rlvr_lightning.callbacks.evaluation import Evaluation
+    from rlvr_lightning.callbacks.reward import RewardVerifier
+    from rlvr_lightning.data.datamodule import RolloutDataModule
+    from rlvr_lightning.standalone import standalone
+
+    logger = MLFlowLogger(
+        experiment_name=args.experiment, tracking_uri=args.tracking_uri, run_name=args.run_name,
+        tags={"kind": "evaluation", "model": args.model},
+    )  # fmt: skip
+    results: dict[str, float] = {}
+    if args.max_prompt_length is None:
+        from transformers import AutoConfig
+
+        from rlvr_lightning.models.warm_start import resolve_policy_path
+
+        context = getattr(AutoConfig.from_pretrained(resolve_policy_path(args.model)), "max_position_embeddings", 4096)
+        args.max_prompt_length = max(1, int(context) - args.max_tokens)
+    for source in args.bench:
+        dm = RolloutDataModule(
+            model_name_or_path=args.model, train_data=source, val_data=source, train_split=args.split,
+            val_split=args.split, problem_field=args.problem_field, answer_field=args.answer_field,
+            prompt_template=args.prompt_template, use_chat_template=args.use_chat_template, batch_size=1,
+            max_prompt_length=args.max_prompt_length, max_response_length=args.max_tokens, temperature=args.temperature,
+            top_p=args.top_p, val_size=args.limit, engine=args.engine, dtype=args.dtype, seed=args.seed,
+            kv_cache_gib=args.kv_cache_gib,
+        )  # fmt: skip
+        evaluation = Evaluation(
+            every_n_steps=0, num_samples=args.n, temperature=args.temperature, greedy=not args.no_greedy,
+            pass_k=args.k, maj_k=[k for k in args.k if k > 1], prefix=f"eval/{bench_name(source)}",
+        )  # fmt: skip
+        module = standalone(RLVRModule(), dm, callbacks=[RewardVerifier(num_workers=args.verifier_workers), evaluation],
+                            logger=logger)  # fmt: skip
+        logger.log_hyperparams({f"eval.{bench_name(source)}.{k}": v for k, v in {
+            "source": source, "split": args.split, "problems": len(dm.val_records), "n": args.n,
+            "temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens, "seed": args.seed,
+        }.items()})  # fmt: skip
+        results |= evaluation.evaluate(module.trainer, module)
+        for cb in module.trainer.callbacks:
+            cb.teardown(module.trainer, module, "validate")
+        dm.teardown("validate")
+    logger.finalize("success")
+    for key, value in sorted(results.items()):
+        print(f"{key:45s} {value:.4f}")
+    print(f"MLflow run {logger.run_id} in {args.tracking_uri}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="embedded", help="HF model directory or id, or `embedded`")
+    p.add_argument("--bench", nargs="+", default=["embedded"], help="benchmark files, HF dataset names or `embedded`")
+    p.add_argument("--split", default="test")
+    p.add_argument("--problem-field")
+    p.add_argument("--answer-field")
+    p.add_argument("--prompt-template", default="{problem}")
+    p.add_argument("--use-chat-template", action="store_true")
+    p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark")
+    p.add_argument("--n", type=int, default=8, help="samples per problem")
+    p.add_argument("--k", type=int, nargs="+", default=[1, 4, 8], help="k of pass@k (and maj@k for k > 1)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=int, default=40)
+    p.add_argument("--max-prompt-length", type=int, default=None,
+                   help="longer prompts are dropped (default: the model's context minus --max-tokens)")  # fmt: skip
+    p.add_argument("--no-greedy", action="store_true", help="skip the greedy pass")
+    p.add_argument("--engine", default="vllm", choices=["vllm", "hf"])
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--kv-cache-gib", type=float, default=1.0)
+    p.add_argument("--verifier-workers", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tracking-uri", default="sqlite:///mlruns/mlflow.db")
+    p.add_argument("--experiment", default="rlvr_lightning")
+    p.add_argument("--run-name", default="eval")
+    evaluate(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
