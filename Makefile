@@ -13,7 +13,7 @@ export TOKENIZERS_PARALLELISM ?= false
 RUNS ?=
 CKPT ?= embedded
 BENCH ?= embedded
-.PHONY: help setup train test ui compare eval clean-cache
+.PHONY: help setup train test ui compare eval results clean-cache
 
 help:
 	@echo "make setup                 create $(VENV) and install everything (CPU or GPU stack, auto-detected)"
@@ -22,6 +22,7 @@ help:
 	@echo "make ui                    open the MLflow UI on ./mlruns"
 	@echo "make eval [CKPT=exports/<run>/final] [BENCH='embedded path/to/bench.jsonl'] [ARGS='--n 16']   offline evaluation"
 	@echo "make compare [RUNS='grpo thr']   Markdown table + PNG plots of runs (default: latest of each name)"
+	@echo "make results [ARGS='--algos grpo thr']   train every preset on one budget and rewrite docs/RESULTS.md"
 
 setup: $(VENV)/.installed
 
@@ -46,6 +47,9 @@ eval: setup
 
 compare: setup
 	$(PY) -m rlvr_lightning.compare --out reports/compare $(if $(RUNS),--runs $(RUNS))
+
+results: setup
+	$(PY) -m rlvr_lightning.results $(ARGS)
 
 clean-cache:
 	rm -rf $${RLVR_CACHE_DIR:-$$HOME/.cache/rlvr_lightning}

@@ -55,8 +55,8 @@ def select_runs(client, experiment_id: str, wanted: list[str] | None) -> list:
     return chosen
 
 
-def load_history(client, run) -> RunHistory:
-    keys = {key for _, key, _ in TABLE_METRICS} | {key for _, key, _ in PLOTS}
+def load_history(client, run, columns=TABLE_METRICS) -> RunHistory:
+    keys = {key for _, key, _ in columns} | {key for _, key, _ in PLOTS}
     history = {}
     for key in keys:
         points = client.get_metric_history(run.info.run_id, key)
@@ -77,17 +77,21 @@ def summarise(points: list[tuple[int, float]], how: str) -> str:
     values = [v for _, v in points]
     if how == "first_last":
         return f"{values[0]:.3f} → {values[-1]:.3f}"
+    if how == "last":
+        return f"{values[-1]:.3f}"
+    if how == "sum_minutes":
+        return f"{sum(values) / 60:.1f}"
     if how == "tail_mean":
         return f"{statistics.mean(values[-10:]):.3f}"
     return f"{statistics.mean(values):.3f}"
 
 
-def markdown_table(runs: list[RunHistory]) -> str:
-    header = ["run", "algorithm", "steps", *[col for col, _, _ in TABLE_METRICS]]
+def markdown_table(runs: list[RunHistory], columns=TABLE_METRICS) -> str:
+    header = ["run", "algorithm", "steps", *[col for col, _, _ in columns]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in runs:
         steps = max((s for s, _ in r.history.get("train/accuracy", [])), default=-1) + 1
-        cells = [r.name, r.algorithm, str(steps), *[summarise(r.history[key], how) for _, key, how in TABLE_METRICS]]
+        cells = [r.name, r.algorithm, str(steps), *[summarise(r.history[key], how) for _, key, how in columns]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -1,7 +1,8 @@
-"""Offline evaluation of a policy (an HF model directory, e.g. an `HFExport`, or `embedded`) on one or
-more benchmarks with vLLM, recorded as an MLflow run: `eval/<bench>/mean_at_<n>`, `pass_at_<k>`,
-`maj_at_<k>` (with `_se` standard errors), `accuracy_greedy`, the sampling settings as params, and
-a samples table per benchmark. The scoring is the in-training `Evaluation` callback's own.
+"""Offline evaluation of a policy (an HF model directory, e.g. an `HFExport`, a Lightning `.ckpt`, or
+`embedded`) on one or more benchmarks with vLLM, recorded as an MLflow run: `eval/<bench>/mean_at_<n>`,
+`pass_at_<k>`, `maj_at_<k>` (with `_se` standard errors), `accuracy_greedy`, the sampling settings as
+params (`eval/<bench>/temperature`, …), and a samples table per benchmark. The scoring is the
+in-training `Evaluation` callback's own (each --bench is one of its `benchmarks`).
 
     python -m rlvr_lightning.evaluate --model exports/<run>/final --bench ../shared/data/benchmarks/math500.jsonl
     make eval CKPT=exports/<run>/final BENCH="embedded ../shared/data/benchmarks/gsm8k.jsonl"
@@ -26,43 +27,52 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
     from lightning.pytorch.loggers import MLFlowLogger
 
     from rlvr_lightning.algos.base import RLVRModule
-    from rlvr_lightning.callbacks.evaluation import Evaluation
+    from rlvr_lightning.callbacks.evaluation import Benchmark, Evaluation
     from rlvr_lightning.callbacks.reward import RewardVerifier
     from rlvr_lightning.data.datamodule import RolloutDataModule
+    from rlvr_lightning.errors import ConfigError
+    from rlvr_lightning.models.checkpoint import is_lightning_checkpoint, policy_from_checkpoint
     from rlvr_lightning.standalone import standalone
 
+    names = [bench_name(s) for s in args.bench]
+    if len(set(names)) < len(names):
+        raise ConfigError(f"--bench: two benchmarks share a name ({names}); give each file a distinct stem")
+    model = args.model
+    if is_lightning_checkpoint(model):  # a training checkpoint: its policy, as an HF directory beside it
+        model = str(policy_from_checkpoint(model))
     logger = MLFlowLogger(
         experiment_name=args.experiment, tracking_uri=args.tracking_uri, run_name=args.run_name,
         tags={"kind": "evaluation", "model": args.model},
     )  # fmt: skip
-    results: dict[str, float] = {}
     if args.max_prompt_length is None:
         from transformers import AutoConfig
 
         from rlvr_lightning.models.warm_start import resolve_policy_path
 
-        context = getattr(AutoConfig.from_pretrained(resolve_policy_path(args.model)), "max_position_embeddings", 4096)
+        context = getattr(AutoConfig.from_pretrained(resolve_policy_path(model)), "max_position_embeddings", 4096)
         args.max_prompt_length = max(1, int(context) - args.max_tokens)
-    for source in args.bench:
-        dm = RolloutDataModule(
-            model_name_or_path=args.model, train_data=source, val_data=source, train_split=args.split,
-            val_split=args.split, problem_field=args.problem_field, answer_field=args.answer_field,
-            prompt_template=args.prompt_template, use_chat_template=args.use_chat_template, batch_size=1,
-            max_prompt_length=args.max_prompt_length, max_response_length=args.max_tokens, temperature=args.temperature,
-            top_p=args.top_p, val_size=args.limit, engine=args.engine, dtype=args.dtype, seed=args.seed,
-            kv_cache_gib=args.kv_cache_gib,
-        )  # fmt: skip
-        evaluation = Evaluation(
-            every_n_steps=0, num_samples=args.n, temperature=args.temperature, greedy=not args.no_greedy,
-            pass_k=args.k, maj_k=[k for k in args.k if k > 1], prefix=f"eval/{bench_name(source)}",
-        )  # fmt: skip
-        module = standalone(RLVRModule(), dm, callbacks=[RewardVerifier(num_workers=args.verifier_workers), evaluation],
-                            logger=logger)  # fmt: skip
-        logger.log_hyperparams({f"eval.{bench_name(source)}.{k}": v for k, v in {
-            "source": source, "split": args.split, "problems": len(dm.val_records), "n": args.n,
-            "temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens, "seed": args.seed,
-        }.items()})  # fmt: skip
-        results |= evaluation.evaluate(module.trainer, module)
+    # One engine for all benchmarks; the data module's own train/val sets are not used.
+    dm = RolloutDataModule(
+        model_name_or_path=model, train_data=args.bench[0], val_data=None, train_split=args.split, batch_size=1,
+        problem_field=args.problem_field, answer_field=args.answer_field, prompt_template=args.prompt_template,
+        use_chat_template=args.use_chat_template, max_prompt_length=args.max_prompt_length,
+        max_response_length=args.max_tokens, temperature=args.temperature, top_p=args.top_p, engine=args.engine,
+        dtype=args.dtype, seed=args.seed, kv_cache_gib=args.kv_cache_gib,
+    )  # fmt: skip
+    benchmarks = [
+        Benchmark(name=name, source=source, split=args.split, problem_field=args.problem_field,
+                  answer_field=args.answer_field, limit=args.limit)  # fmt: skip
+        for name, source in zip(names, args.bench)
+    ]
+    evaluation = Evaluation(
+        every_n_steps=0, num_samples=args.n, temperature=args.temperature, greedy=not args.no_greedy,
+        pass_k=args.k, maj_k=[k for k in args.k if k > 1], prefix="eval", benchmarks=benchmarks,
+    )  # fmt: skip
+    module = standalone(RLVRModule(), dm, callbacks=[RewardVerifier(num_workers=args.verifier_workers), evaluation],
+                        logger=logger)  # fmt: skip
+    try:
+        results = evaluation.evaluate(module.trainer, module)
+    finally:
         for cb in module.trainer.callbacks:
             cb.teardown(module.trainer, module, "validate")
         dm.teardown("validate")
@@ -75,7 +85,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="embedded", help="HF model directory or id, or `embedded`")
+    p.add_argument("--model", default="embedded", help="HF model directory or id, a Lightning .ckpt, or `embedded`")
     p.add_argument("--bench", nargs="+", default=["embedded"], help="benchmark files, HF dataset names or `embedded`")
     p.add_argument("--split", default="test")
     p.add_argument("--problem-field")

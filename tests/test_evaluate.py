@@ -27,7 +27,7 @@ def test_untrained_and_trained_models_get_different_sensible_scores(tmp_path, ti
     for run in (untrained, trained):
         m = run.data.metrics
         assert run.info.status == "FINISHED"
-        assert run.data.params["eval.embedded.n"] == "4" and run.data.params["eval.embedded.problems"] == "24"
+        assert run.data.params["eval/embedded/n"] == "4" and run.data.params["eval/embedded/problems"] == "24"
         assert 0 <= m["eval/embedded/pass_at_1"] <= m["eval/embedded/pass_at_4"] <= 1
         assert m["eval/embedded/mean_at_4"] == m["eval/embedded/accuracy"] == m["eval/embedded/pass_at_1"]
         assert "eval/embedded/maj_at_4" in m and "eval/embedded/accuracy_greedy" in m
@@ -47,3 +47,36 @@ def test_prompt_plus_response_longer_than_the_model_is_refused_early(tiny_policy
     dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), max_prompt_length=512, max_response_length=40)
     with pytest.raises(ConfigError, match="exceeds the 256 positions"):
         dm.setup("fit")
+
+
+def test_lightning_checkpoint_becomes_an_hf_directory_with_its_weights(tmp_path, tiny_policy_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlvr_lightning.algos import GRPO
+    from rlvr_lightning.data.datamodule import RolloutDataModule
+    from rlvr_lightning.errors import ConfigError
+    from rlvr_lightning.models.checkpoint import policy_from_checkpoint
+    from rlvr_lightning.standalone import standalone
+
+    dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=4, val_data=None, engine="hf")
+    module = standalone(GRPO(), dm)
+    with torch.no_grad():  # "trained" weights: anything but the base model's
+        for p in module.policy.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    module.trainer.save_checkpoint(tmp_path / "last.ckpt")
+    out = policy_from_checkpoint(tmp_path / "last.ckpt")
+    assert out == tmp_path / "last-hf" and (out / "tokenizer.json").exists()
+    loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    for (name, a), b in zip(module.policy.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert loaded.config.use_cache  # exported for inference
+
+    (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="cannot be read"):
+        policy_from_checkpoint(tmp_path / "junk.ckpt")
+    with pytest.raises(ConfigError, match="not found"):
+        policy_from_checkpoint(tmp_path / "missing.ckpt")
+    torch.save({"state_dict": {}}, tmp_path / "other.ckpt")
+    with pytest.raises(ConfigError, match="not an rlvr_lightning checkpoint"):
+        policy_from_checkpoint(tmp_path / "other.ckpt")

@@ -9,21 +9,70 @@ policy improves (DESIGN.md, "Embedded default"), so greedy accuracy is logged be
 answers of the first k samples) for each k in `maj_k`. Every evaluation also logs a bounded table of
 sample completions (prompt, completion, parsed answer, gold, reward) as the MLflow artifact
 `samples/<prefix>_step_<N>.json`.
+
+`benchmarks` adds named benchmarks (MATH-500, AIME24, … by path or HF name), each with its own
+sampling settings: `val/<name>/mean_at_<n>`, `val/<name>/pass_at_<k>`, `val/<name>/maj_at_<k>`,
+`val/<name>/accuracy_greedy`, with the settings recorded as MLflow params `val/<name>/temperature`, ….
 Not a Lightning validation loop: evaluation needs the engine and the verifier, not `validation_step`.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import asdict, dataclass, replace
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
 from rlvr_lightning.callbacks.reward import RewardVerifier
+from rlvr_lightning.data.sources import ProblemRecord
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.metrics import MajAtK, PassAtK
 from rlvr_lightning.rewards.math import extract_prediction
+from rlvr_lightning.rollout.types import SamplingConfig
+
+
+@dataclass
+class Benchmark:
+    """A named held-out benchmark with its own sampling settings; its metrics go to `val/<name>/…`.
+
+    Unset sampling fields take the Evaluation's value (`n` = num_samples, `pass_k`, `maj_k`) or the
+    data module's (`temperature`, `top_p`, `max_tokens` = data.max_response_length).
+    """
+
+    name: str
+    source: str = "embedded"  # `embedded` (its test split), a .jsonl/.json/.parquet file or an HF dataset name
+    split: str = "test"
+    problem_field: str | None = None
+    answer_field: str | None = None
+    id_field: str | None = None
+    limit: int | None = None  # the first N problems
+    n: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    pass_k: list[int] | None = None
+    maj_k: list[int] | None = None
+
+
+@dataclass
+class _Task:
+    """A benchmark resolved against the data module: its problems and its complete sampling settings."""
+
+    prefix: str
+    source: str
+    records: list[ProblemRecord]
+    sampling: SamplingConfig
+    pass_k: list[int]
+    maj_k: list[int]
+
+    def params(self) -> dict[str, object]:
+        s = self.sampling
+        return {f"{self.prefix}/{k}": v for k, v in dict(
+            source=self.source, problems=len(self.records), n=s.n, temperature=s.temperature, top_p=s.top_p,
+            top_k=s.top_k, max_tokens=s.max_tokens, seed=s.seed,
+        ).items()}  # fmt: skip
 
 
 class Evaluation(Callback):
@@ -39,6 +88,7 @@ class Evaluation(Callback):
         log_samples: int = 16,
         max_sample_chars: int = 2000,
         prefix: str = "val",
+        benchmarks: list[Benchmark] | None = None,
     ) -> None:
         """
         Args:
@@ -51,13 +101,21 @@ class Evaluation(Callback):
             maj_k: the k of `val/maj_at_<k>` (each ≤ num_samples); null = none.
             log_samples: problems whose first sampled completion goes into the samples table (0 = off).
             max_sample_chars: prompts and completions longer than this are cut in the table.
-            prefix: metric namespace (`val` in training; `eval/<benchmark>` offline).
+            prefix: metric namespace (`val` in training; `eval` offline).
+            benchmarks: named benchmarks evaluated besides `data.val_data` (set that to null for only
+                these), each with its own sampling settings, logged as `<prefix>/<name>/…`; the settings
+                are recorded as MLflow params `<prefix>/<name>/n`, `…/temperature`, ….
         """
         self.pass_k = list(pass_k) if pass_k is not None else [num_samples]
         self.maj_k = list(maj_k) if maj_k is not None else []
-        for name, ks in (("pass_k", self.pass_k), ("maj_k", self.maj_k)):
-            if any(k < 1 or k > num_samples for k in ks):
-                raise ConfigError(f"Evaluation.{name}={ks}: each k must lie in [1, num_samples={num_samples}]")
+        _check_ks("Evaluation", num_samples, self.pass_k, self.maj_k)
+        self.benchmarks = list(benchmarks or [])
+        names = [b.name for b in self.benchmarks]
+        if len(set(names)) < len(names) or any(not n or "/" in n for n in names):
+            raise ConfigError(f"Evaluation.benchmarks: names must be unique, non-empty and without '/': {names}")
+        for b in self.benchmarks:
+            n = b.n or num_samples
+            _check_ks(f"Evaluation.benchmarks[{b.name}]", n, b.pass_k or [], b.maj_k or [])
         self.log_samples, self.max_sample_chars, self.prefix = log_samples, max_sample_chars, prefix
         self.every_n_steps = every_n_steps
         self.num_samples = num_samples
@@ -65,6 +123,46 @@ class Evaluation(Callback):
         self.greedy = greedy
         self.batch_size = batch_size
         self._last_step = -1
+        self._tasks: list[_Task] | None = None
+        self._params_logged = False
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.tasks(trainer.datamodule)  # a missing file or a benchmark that fits no prompt fails before training
+
+    def tasks(self, dm) -> list[_Task]:
+        """The evaluation sets: `data.val_data` as `<prefix>/…`, then each benchmark as `<prefix>/<name>/…`."""
+        if self._tasks is not None:
+            return self._tasks
+        h = dm.hparams
+        temperature = self.temperature if self.temperature is not None else h.temperature
+        tasks = []
+        if dm.val_records:
+            sampling = dm.sampling(n=self.num_samples, temperature=temperature, seed=0)
+            tasks.append(_Task(self.prefix, str(h.val_data), dm.val_records, sampling, self.pass_k, self.maj_k))
+        for b in self.benchmarks:
+            n = b.n or self.num_samples
+            sampling = dm.sampling(
+                n=n, temperature=b.temperature if b.temperature is not None else temperature,
+                top_p=b.top_p if b.top_p is not None else h.top_p, max_tokens=b.max_tokens or h.max_response_length, seed=0,
+            )  # fmt: skip
+            room = dm.max_model_len() - sampling.max_tokens  # the engine holds prompt + response
+            if room < 1:
+                raise ConfigError(
+                    f"Evaluation.benchmarks[{b.name}]: max_tokens={sampling.max_tokens} leaves no room for a prompt in "
+                    f"the engine's {dm.max_model_len()} tokens (data.max_prompt_length + data.max_response_length)"
+                )
+            fields = {k: v for k, v in asdict(b).items() if k in ("split", "problem_field", "answer_field", "id_field", "limit")}
+            records = dm.load_records(b.source, max_prompt_tokens=room, **fields)
+            if not records:
+                raise ConfigError(
+                    f"Evaluation.benchmarks[{b.name}]: no problem of {b.source} fits {room} prompt tokens "
+                    f"(engine length {dm.max_model_len()} − max_tokens {sampling.max_tokens}); raise data.max_prompt_length"
+                )
+            pass_k = list(b.pass_k) if b.pass_k is not None else [k for k in self.pass_k if k <= n] or [n]
+            maj_k = list(b.maj_k) if b.maj_k is not None else [k for k in self.maj_k if k <= n]
+            tasks.append(_Task(f"{self.prefix}/{b.name}", b.source, records, sampling, pass_k, maj_k))
+        self._tasks = tasks
+        return tasks
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.evaluate(trainer, pl_module)
@@ -83,28 +181,32 @@ class Evaluation(Callback):
         step = pl_module.rollout_batches
         if step == self._last_step:
             return pl_module.latest_val
-        dm = trainer.datamodule
-        batches = dm.val_batches(self.batch_size)
-        if not batches:
+        tasks = self.tasks(trainer.datamodule)
+        if not tasks:
             return {}
         verifier = next(c for c in trainer.callbacks if isinstance(c, RewardVerifier))
-        t0 = time.perf_counter()
-        temperature = self.temperature if self.temperature is not None else dm.hparams.temperature
-        sampled = dm.sampling(n=self.num_samples, temperature=temperature, seed=0)
-        metrics, samples = self._score(pl_module, verifier, batches, sampled, self.pass_k, self.maj_k)
-        if self.greedy:
-            greedy, _ = self._score(pl_module, verifier, batches, dm.sampling(n=1, temperature=0.0, seed=0), [], [])
-            metrics["accuracy_greedy"] = greedy["accuracy"]
-        metrics["seconds"] = time.perf_counter() - t0
-        out = {f"{self.prefix}/{k}": v for k, v in metrics.items()}
+        if trainer.logger is not None and not self._params_logged:  # the settings next to the scores
+            trainer.logger.log_hyperparams({k: v for t in tasks for k, v in t.params().items()})
+            self._params_logged = True
+        out: dict[str, float] = {}
+        for task in tasks:
+            t0 = time.perf_counter()
+            batches = trainer.datamodule.val_batches(self.batch_size, task.records)
+            metrics, samples = self._score(pl_module, verifier, batches, task.sampling, task.pass_k, task.maj_k)
+            if self.greedy:
+                greedy, _ = self._score(pl_module, verifier, batches, replace(task.sampling, n=1, temperature=0.0), [], [])
+                metrics["accuracy_greedy"] = greedy["accuracy"]
+            metrics["seconds"] = time.perf_counter() - t0
+            out |= {f"{task.prefix}/{k}": v for k, v in metrics.items()}
+            if trainer.logger is not None:
+                self._log_samples(trainer, samples, step, task.prefix)
         pl_module.latest_val = out
         self._last_step = step
         if trainer.logger is not None:
             trainer.logger.log_metrics(out, step=step)
-            self._log_samples(trainer, samples, step)
         return out
 
-    def _log_samples(self, trainer: L.Trainer, samples: dict[str, list], step: int) -> None:
+    def _log_samples(self, trainer: L.Trainer, samples: dict[str, list], step: int, prefix: str) -> None:
         experiment = getattr(trainer.logger, "experiment", None)
         if not self.log_samples or not samples["prompt"] or not hasattr(experiment, "log_table"):
             return
@@ -112,7 +214,7 @@ class Evaluation(Callback):
         for key in ("prompt", "completion"):
             table[key] = [t if len(t) <= self.max_sample_chars else t[: self.max_sample_chars] + " …" for t in table[key]]
         experiment.log_table(trainer.logger.run_id, data=table | {"step": [step] * len(table["prompt"])},
-                             artifact_file=f"samples/{self.prefix.replace('/', '_')}_step_{step:06d}.json")  # fmt: skip
+                             artifact_file=f"samples/{prefix.replace('/', '_')}_step_{step:06d}.json")  # fmt: skip
 
     @staticmethod
     def _score(
@@ -155,3 +257,9 @@ class Evaluation(Callback):
             "no_answer_frac": no_answer / len(c),
             "num_problems": float(n_problems),
         }, samples
+
+
+def _check_ks(where: str, n: int, pass_k: list[int], maj_k: list[int]) -> None:
+    for name, ks in (("pass_k", pass_k), ("maj_k", maj_k)):
+        if any(k < 1 or k > n for k in ks):
+            raise ConfigError(f"{where}.{name}={ks}: each k must lie in [1, n={n}] (the samples per problem)")

@@ -118,19 +118,40 @@ class RolloutDataModule(L.LightningDataModule):
             )
 
     def _load(self, source: str, split: str, train: bool) -> list[ProblemRecord]:
+        h = self.hparams
+        return self.load_records(
+            source, split, problem_field=h.problem_field, answer_field=h.answer_field, id_field=h.id_field,
+            max_prompt_tokens=h.max_prompt_length, embedded_part="train" if train else "test",
+        )  # fmt: skip
+
+    def load_records(
+        self,
+        source: str,
+        split: str = "test",
+        problem_field: str | None = None,
+        answer_field: str | None = None,
+        id_field: str | None = None,
+        limit: int | None = None,
+        max_prompt_tokens: int | None = None,
+        embedded_part: str | None = None,
+    ) -> list[ProblemRecord]:
+        """Problems from `embedded` (its train or test part: `embedded_part`, else `split`), a file or an
+        HF dataset, without those whose templated prompt is longer than `max_prompt_tokens` (counted)."""
         if source == EMBEDDED:
             train_set, test_set = train_test_split(seed=0)
-            records = [p.record() for p in (train_set if train else test_set)]
+            records = [p.record() for p in (train_set if (embedded_part or split) == "train" else test_set)][:limit]
         else:
-            h = self.hparams
             records = load_problems(
-                source, split=split, problem_field=h.problem_field, answer_field=h.answer_field, id_field=h.id_field
-            )
-        kept = [r for r in records if len(self.prompt_ids(r.problem)) <= self.hparams.max_prompt_length]
+                source, split=split, problem_field=problem_field, answer_field=answer_field, id_field=id_field,
+                limit=limit,
+            )  # fmt: skip
+        if max_prompt_tokens is None:
+            return records
+        kept = [r for r in records if len(self.prompt_ids(r.problem)) <= max_prompt_tokens]
         if len(kept) < len(records):
             log.warning(
-                "%s: dropped %d of %d problems longer than data.max_prompt_length=%d tokens",
-                source, len(records) - len(kept), len(records), self.hparams.max_prompt_length,
+                "%s: dropped %d of %d problems whose prompt is longer than %d tokens",
+                source, len(records) - len(kept), len(records), max_prompt_tokens,
             )  # fmt: skip
         return kept
 
@@ -189,10 +210,15 @@ class RolloutDataModule(L.LightningDataModule):
         self._extra_epoch = state.get("extra_epoch", 0)
         self._extra_pos = state.get("extra_pos", 0)
 
-    def val_batches(self, batch_size: int = 64) -> list[PromptBatch]:
-        """Held-out problems in fixed order (not a Lightning val loop: evaluation is a callback)."""
-        recs = self.val_records
+    def val_batches(self, batch_size: int = 64, records: list[ProblemRecord] | None = None) -> list[PromptBatch]:
+        """Held-out problems (`val_data`, or `records`) in fixed order, as prompt batches (not a Lightning
+        val loop: evaluation is a callback)."""
+        recs = self.val_records if records is None else records
         return [self.collate(recs[i : i + batch_size]) for i in range(0, len(recs), batch_size)]
+
+    def max_model_len(self) -> int:
+        """Prompt + response tokens the engine is built for."""
+        return self.hparams.max_prompt_length + self.hparams.max_response_length
 
     # ---- sampling and the engine -------------------------------------------------------------
     def sampling(self, **overrides) -> SamplingConfig:
@@ -220,7 +246,7 @@ class RolloutDataModule(L.LightningDataModule):
         rank = self.trainer.global_rank if self.trainer is not None else 0
         return VLLMEngine(
             self.policy_path,
-            max_model_len=h.max_prompt_length + h.max_response_length,
+            max_model_len=self.max_model_len(),
             dtype=h.dtype,
             seed=h.seed + rank,
             kv_cache_gib=h.kv_cache_gib,

@@ -1,0 +1,63 @@
+"""Turn a Lightning training checkpoint (`.ckpt`) into an HF model directory that transformers and vLLM
+load, so `make eval CKPT=path/to/last.ckpt` evaluates exactly the weights that were saved.
+
+A Lightning checkpoint holds the module's `state_dict` (the policy under `policy.`, plus the optimizer
+and training state) and the data module's hyper-parameters, which name the base model: its config and
+tokenizer are taken from there and the trained weights loaded over it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rlvr_lightning.errors import ConfigError
+
+POLICY_PREFIX = "policy."
+
+
+def is_lightning_checkpoint(path: str) -> bool:
+    return path.endswith(".ckpt")
+
+
+def policy_from_checkpoint(ckpt: str | Path, out_dir: str | Path | None = None) -> Path:
+    """Write the policy of `ckpt` as an HF directory (default: `<ckpt without .ckpt>-hf` beside it).
+
+    Reuses that directory when it is newer than the checkpoint.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from rlvr_lightning.data.datamodule import load_tokenizer
+    from rlvr_lightning.models.embedded import save_policy
+    from rlvr_lightning.models.warm_start import resolve_policy_path
+
+    ckpt = Path(ckpt)
+    if not ckpt.is_file():
+        kind = "a directory (a sharded checkpoint?)" if ckpt.is_dir() else "not found"
+        raise ConfigError(f"checkpoint {ckpt}: {kind}; expected a Lightning .ckpt file")
+    out = Path(out_dir) if out_dir is not None else ckpt.with_name(ckpt.stem + "-hf")
+    if (out / "config.json").exists() and out.stat().st_mtime >= ckpt.stat().st_mtime:
+        return out
+    try:
+        # weights_only=False: Lightning checkpoints store hyper-parameters as plain Python objects.
+        # Only load checkpoints you trust, as with any pickle.
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    except Exception as err:  # truncated file, not a torch file at all
+        raise ConfigError(f"checkpoint {ckpt}: cannot be read ({type(err).__name__}: {err})") from None
+    base = (state.get("datamodule_hyper_parameters") or {}).get("model_name_or_path")
+    weights = {k[len(POLICY_PREFIX) :]: v for k, v in state.get("state_dict", {}).items() if k.startswith(POLICY_PREFIX)}
+    if base is None or not weights:
+        raise ConfigError(f"checkpoint {ckpt}: not an rlvr_lightning checkpoint (no data module model or policy weights)")
+    base_path = resolve_policy_path(base)
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])  # e.g. lm_head.weight, restored by tying
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise ConfigError(
+            f"checkpoint {ckpt}: its policy does not match the base model {base!r} "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
+    model.config.use_cache = True  # training turns the KV cache off; inference wants it
+    return save_policy(model, load_tokenizer(base_path), out)

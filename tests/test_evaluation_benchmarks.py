@@ -1,0 +1,115 @@
+"""In-training evaluation on a list of named benchmarks (issue 7): each shared benchmark file loads by
+path, prompts that do not fit the engine next to that benchmark's max_tokens are dropped, each benchmark
+gets its own sampling settings, recorded as params next to its `val/<name>/…` scores."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlvr_lightning.callbacks.evaluation import Benchmark, Evaluation
+from rlvr_lightning.callbacks.reward import RewardVerifier
+from rlvr_lightning.data.datamodule import RolloutDataModule
+from rlvr_lightning.errors import ConfigError
+from tests.conftest import BENCHMARKS
+
+
+def datamodule(model_dir, **overrides) -> RolloutDataModule:
+    # The tiny policy has a byte-level tokenizer and 256 positions: only the short benchmark problems fit.
+    kwargs = dict(model_name_or_path=str(model_dir), batch_size=4, max_prompt_length=200, max_response_length=40,
+                  val_size=12)  # fmt: skip
+    dm = RolloutDataModule(**(kwargs | overrides))
+    dm.setup("fit")
+    return dm
+
+
+def test_each_shared_benchmark_becomes_a_task_with_its_own_sampling(tiny_policy_dir):
+    dm = datamodule(tiny_policy_dir)
+    benchmarks = [
+        Benchmark(name="math500", source=str(BENCHMARKS / "math500.jsonl"), n=4, temperature=0.6, top_p=0.95),
+        Benchmark(name="gsm8k", source=str(BENCHMARKS / "gsm8k.jsonl"), limit=300, max_tokens=16),
+        Benchmark(name="aime24", source=str(BENCHMARKS / "aime24.jsonl"), max_tokens=8),
+        Benchmark(name="amc23", source=str(BENCHMARKS / "amc23.jsonl"), max_tokens=8),
+        Benchmark(name="arith", source="embedded", limit=5, pass_k=[1, 2], maj_k=[2]),
+    ]
+    tasks = Evaluation(num_samples=8, pass_k=[1, 8], maj_k=[8], benchmarks=benchmarks).tasks(dm)
+    assert [t.prefix for t in tasks] == ["val", "val/math500", "val/gsm8k", "val/aime24", "val/amc23", "val/arith"]
+    by = {t.prefix: t for t in tasks}
+    assert len(by["val"].records) == 12 and by["val"].sampling.n == 8 and by["val"].pass_k == [1, 8]
+    math = by["val/math500"]
+    assert (math.sampling.n, math.sampling.temperature, math.sampling.top_p, math.sampling.max_tokens) == (4, 0.6, 0.95, 40)
+    assert math.pass_k == [1] and math.maj_k == []  # the Evaluation's k above this benchmark's n are left out
+    for t in tasks[1:4]:  # prompt + max_tokens must fit the engine's 240 tokens
+        room = 240 - t.sampling.max_tokens
+        assert 0 < len(t.records) and all(len(dm.prompt_ids(r.problem)) <= room for r in t.records)
+    assert len(by["val/gsm8k"].records) < 300  # long problems dropped
+    assert len(by["val/aime24"].records) < 30
+    assert by["val/arith"].pass_k == [1, 2] and by["val/arith"].maj_k == [2] and len(by["val/arith"].records) == 5
+    params = by["val/math500"].params()
+    assert params["val/math500/temperature"] == 0.6 and params["val/math500/n"] == 4
+    assert params["val/math500/problems"] == len(math.records)
+
+
+def test_benchmark_without_any_fitting_prompt_is_a_config_error(tiny_policy_dir):
+    dm = datamodule(tiny_policy_dir, max_prompt_length=30)
+    evaluation = Evaluation(benchmarks=[Benchmark(name="aime", source=str(BENCHMARKS / "aime24.jsonl"))])
+    with pytest.raises(ConfigError, match=r"benchmarks\[aime\]: no problem .* fits 30 prompt tokens"):
+        evaluation.tasks(dm)
+    too_long = Evaluation(benchmarks=[Benchmark(name="x", max_tokens=500)])
+    with pytest.raises(ConfigError, match="max_tokens=500 leaves no room"):
+        too_long.tasks(dm)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(benchmarks=[Benchmark(name="a"), Benchmark(name="a")]), "must be unique"),
+        (dict(benchmarks=[Benchmark(name="a/b")]), "without '/'"),
+        (dict(benchmarks=[Benchmark(name="a", n=2, pass_k=[4])]), r"benchmarks\[a\].pass_k=\[4\]"),
+        (dict(num_samples=4, maj_k=[8]), r"maj_k=\[8\]"),
+    ],
+)
+def test_bad_benchmark_settings_are_refused(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        Evaluation(**kwargs)
+
+
+def test_missing_benchmark_file_is_reported_at_setup(tiny_policy_dir, tmp_path):
+    from rlvr_lightning.data.sources import DataSourceError
+
+    dm = datamodule(tiny_policy_dir)
+    evaluation = Evaluation(benchmarks=[Benchmark(name="mine", source=str(tmp_path / "nope.jsonl"))])
+    with pytest.raises(DataSourceError, match="data file not found"):
+        evaluation.tasks(dm)
+
+
+@pytest.mark.e2e
+def test_benchmarks_are_scored_and_logged_under_their_names(tiny_policy_dir, tmp_path):
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    from rlvr_lightning.algos.base import RLVRModule
+    from rlvr_lightning.standalone import standalone
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    logger = MLFlowLogger(experiment_name="t", tracking_uri=uri, run_name="bench")
+    dm = datamodule(tiny_policy_dir, val_size=6)
+    evaluation = Evaluation(num_samples=2, pass_k=[1, 2], benchmarks=[
+        Benchmark(name="gsm8k", source=str(BENCHMARKS / "gsm8k.jsonl"), limit=40, n=3, temperature=0.7, max_tokens=12),
+    ])  # fmt: skip
+    module = standalone(RLVRModule(), dm, callbacks=[RewardVerifier(num_workers=1), evaluation], logger=logger)
+    try:
+        out = evaluation.evaluate(module.trainer, module)
+    finally:
+        dm.teardown("validate")
+        for cb in module.trainer.callbacks:
+            cb.teardown(module.trainer, module, "validate")
+    logger.finalize("success")
+    expected = {"val/accuracy", "val/pass_at_2", "val/accuracy_greedy", "val/gsm8k/mean_at_3", "val/gsm8k/pass_at_1",
+                "val/gsm8k/pass_at_2", "val/gsm8k/accuracy_greedy", "val/gsm8k/no_answer_frac"}  # fmt: skip
+    assert expected <= set(out) and 0 < out["val/gsm8k/num_problems"] <= 40
+    assert all(0 <= out[k] <= 1 for k in expected)
+    import mlflow
+
+    run = mlflow.tracking.MlflowClient(tracking_uri=uri).get_run(logger.run_id)
+    assert expected <= set(run.data.metrics)
+    assert run.data.params["val/gsm8k/temperature"] == "0.7" and run.data.params["val/gsm8k/max_tokens"] == "12"
+    assert run.data.params["val/gsm8k/n"] == "3" and run.data.params["val/n"] == "2"
