@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", type=Path, default=Path("configs"))
     p.add_argument("--algos", nargs="*", help="presets (default: every configs/algo/*.yaml)")
-    p.add_argument("--rollout-batches", type=int, default=40)
+    p.add_argument("--rollout-batches", type=int, default=60)
     p.add_argument("--val-size", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--experiment", default="results")

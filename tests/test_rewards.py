@@ -261,7 +261,7 @@ def test_dedup_order_and_no_answer(verifier, monkeypatch):
     assert res.rewards == [1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]
     assert res.predictions == ["4", "5", "4", None, "0.5", "4", "4"]
     assert res.num_no_answer == 1 and res.num_timeouts == 0
-    expected = [("4", "4"), ("4", "5"), ("\\frac{1}{2}", "0.5"), ("9", "4")]
+    expected = [("4", "4", ()), ("4", "5", ()), ("\\frac{1}{2}", "0.5", ()), ("9", "4", ())]
     assert sorted(scheduled) == sorted(expected)
 
 

@@ -127,18 +127,26 @@ class Evaluation(Callback):
         self._params_logged = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.tasks(trainer.datamodule)  # a missing file or a benchmark that fits no prompt fails before training
+        # A missing file or a benchmark that fits no prompt fails before training.
+        self.tasks(trainer.datamodule, _verifier(trainer))
 
-    def tasks(self, dm) -> list[_Task]:
-        """The evaluation sets: `data.val_data` as `<prefix>/…`, then each benchmark as `<prefix>/<name>/…`."""
+    def tasks(self, dm, verifier: RewardVerifier | None = None) -> list[_Task]:
+        """The evaluation sets: `data.val_data` as `<prefix>/…`, then each benchmark as `<prefix>/<name>/…`.
+
+        With a `verifier`, problems whose gold answer it cannot parse are left out (and reported)."""
         if self._tasks is not None:
             return self._tasks
+
+        def usable(records: list[ProblemRecord], where: str) -> list[ProblemRecord]:
+            return verifier.drop_unparseable_golds(records, where) if verifier is not None else records
+
         h = dm.hparams
         temperature = self.temperature if self.temperature is not None else h.temperature
         tasks = []
         if dm.val_records:
             sampling = dm.sampling(n=self.num_samples, temperature=temperature, seed=0)
-            tasks.append(_Task(self.prefix, str(h.val_data), dm.val_records, sampling, self.pass_k, self.maj_k))
+            records = usable(dm.val_records, "data.val_data")
+            tasks.append(_Task(self.prefix, str(h.val_data), records, sampling, self.pass_k, self.maj_k))
         for b in self.benchmarks:
             n = b.n or self.num_samples
             sampling = dm.sampling(
@@ -152,7 +160,7 @@ class Evaluation(Callback):
                     f"the engine's {dm.max_model_len()} tokens (data.max_prompt_length + data.max_response_length)"
                 )
             fields = {k: v for k, v in asdict(b).items() if k in ("split", "problem_field", "answer_field", "id_field", "limit")}
-            records = dm.load_records(b.source, max_prompt_tokens=room, **fields)
+            records = usable(dm.load_records(b.source, max_prompt_tokens=room, **fields), f"benchmark {b.name}")
             if not records:
                 raise ConfigError(
                     f"Evaluation.benchmarks[{b.name}]: no problem of {b.source} fits {room} prompt tokens "
@@ -181,10 +189,10 @@ class Evaluation(Callback):
         step = pl_module.rollout_batches
         if step == self._last_step:
             return pl_module.latest_val
-        tasks = self.tasks(trainer.datamodule)
+        verifier = _verifier(trainer)
+        tasks = self.tasks(trainer.datamodule, verifier)
         if not tasks:
             return {}
-        verifier = next(c for c in trainer.callbacks if isinstance(c, RewardVerifier))
         if trainer.logger is not None and not self._params_logged:  # the settings next to the scores
             trainer.logger.log_hyperparams({k: v for t in tasks for k, v in t.params().items()})
             self._params_logged = True
@@ -257,6 +265,13 @@ class Evaluation(Callback):
             "no_answer_frac": no_answer / len(c),
             "num_problems": float(n_problems),
         }, samples
+
+
+def _verifier(trainer: L.Trainer) -> RewardVerifier:
+    found = next((c for c in trainer.callbacks if isinstance(c, RewardVerifier)), None)
+    if found is None:
+        raise ConfigError("Evaluation needs a RewardVerifier callback to score completions")
+    return found
 
 
 def _check_ks(where: str, n: int, pass_k: list[int], maj_k: list[int]) -> None:

@@ -1,13 +1,24 @@
-"""RewardVerifier: binary correctness reward from math-verify, in a persistent pool of worker processes."""
+"""RewardVerifier: binary correctness reward from math-verify, in a persistent pool of worker processes.
+
+At setup it also drops the training and held-out problems whose gold answer math-verify cannot parse,
+reported once with their ids: such a problem can never be answered correctly, so scoring it would only
+add zero-reward groups to training and wrong zeros to accuracy.
+"""
 
 from __future__ import annotations
+
+import logging
 
 import lightning as L
 import torch
 
 from rlvr_lightning.algos.base import RLVRModule, RolloutCallback
+from rlvr_lightning.data.sources import ProblemRecord
+from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rewards.math import MathVerifier
 from rlvr_lightning.rollout.types import Rollout
+
+log = logging.getLogger(__name__)
 
 
 class RewardVerifier(RolloutCallback):
@@ -16,6 +27,7 @@ class RewardVerifier(RolloutCallback):
         num_workers: int = 2,
         timeout_s: float = 5.0,
         truncated_is_incorrect: bool = True,
+        multiple_boxed: str = "wrong",
     ) -> None:
         """
         Args:
@@ -23,7 +35,12 @@ class RewardVerifier(RolloutCallback):
             timeout_s: a completion whose verification takes longer gets reward 0; its worker is replaced.
             truncated_is_incorrect: a completion cut at max_response_length (no EOS) scores 0, as in
                 the Dr. GRPO authors' code and ALGORITHMS.md §0.2.
+            multiple_boxed: `wrong` requires every boxed answer of a completion to equal the gold (boxing
+                several candidates is a cheap way to game a last-box reward); `last` grades the last box only.
         """
+        if multiple_boxed not in ("wrong", "last"):
+            raise ConfigError(f"RewardVerifier.multiple_boxed={multiple_boxed!r}; valid: wrong, last")
+        self.multiple_boxed = multiple_boxed
         self.num_workers = num_workers
         self.timeout_s = timeout_s
         self.truncated_is_incorrect = truncated_is_incorrect
@@ -31,8 +48,36 @@ class RewardVerifier(RolloutCallback):
         self.total_timeouts = 0
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._ensure_verifier()
+        dm = trainer.datamodule
+        if dm is not None and hasattr(dm, "train_records"):
+            dm.train_records = self.drop_unparseable_golds(dm.train_records, "data.train_data")
+            dm.val_records = self.drop_unparseable_golds(dm.val_records, "data.val_data")
+            if len(dm.train_records) < dm.hparams.batch_size:
+                raise ConfigError(
+                    f"data.train_data has {len(dm.train_records)} problems with a gold answer the verifier can "
+                    f"parse, fewer than data.batch_size={dm.hparams.batch_size}"
+                )
+
+    def _ensure_verifier(self) -> MathVerifier:
         if self.verifier is None:
-            self.verifier = MathVerifier(num_workers=self.num_workers, timeout_s=self.timeout_s)
+            self.verifier = MathVerifier(
+                num_workers=self.num_workers, timeout_s=self.timeout_s, multiple_boxed=self.multiple_boxed
+            )
+        return self.verifier
+
+    def drop_unparseable_golds(self, records: list[ProblemRecord], where: str) -> list[ProblemRecord]:
+        """`records` without those whose gold answer cannot be parsed, reported once (count and ids)."""
+        if not records:
+            return records
+        ok = self._ensure_verifier().parseable_golds([r.answer for r in records])
+        bad = [r for r, good in zip(records, ok) if not good]
+        if bad:
+            log.warning(
+                "%s: skipped %d of %d problems whose gold answer the verifier cannot parse, e.g. %s",
+                where, len(bad), len(records), ", ".join(f"{r.id}: {r.answer[:40]!r}" for r in bad[:5]),
+            )  # fmt: skip
+        return [r for r, good in zip(records, ok) if good]
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.verifier is not None:
@@ -41,9 +86,7 @@ class RewardVerifier(RolloutCallback):
 
     def score(self, golds: list[str], texts: list[str], truncated: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """Correctness c ∈ {0,1} per completion, and verifier metrics."""
-        if self.verifier is None:
-            self.verifier = MathVerifier(num_workers=self.num_workers, timeout_s=self.timeout_s)
-        result = self.verifier.verify(golds, texts)
+        result = self._ensure_verifier().verify(golds, texts)
         correct = torch.tensor(result.rewards, dtype=torch.float32)
         if self.truncated_is_incorrect:
             correct = correct * (~truncated).float()
@@ -53,6 +96,7 @@ class RewardVerifier(RolloutCallback):
             "verifier_timeouts": float(result.num_timeouts),
             "verifier_timeouts_total": float(self.total_timeouts),
             "no_answer_frac": result.num_no_answer / n,
+            "multiple_boxed_frac": result.num_multiple_boxed / n,
             "verifier_completions_per_s": len(texts) / max(result.seconds, 1e-9),
         }
         return correct, metrics

@@ -3,17 +3,21 @@
 from rlvr_lightning.rewards.math import (
     MathVerifier,
     VerifyResult,
+    boxed_answers,
     extract_boxed,
     extract_prediction,
     normalize_gold,
+    other_boxed_answers,
     verify_answer,
 )
 
 __all__ = [
     "MathVerifier",
     "VerifyResult",
+    "boxed_answers",
     "extract_boxed",
     "extract_prediction",
     "normalize_gold",
+    "other_boxed_answers",
     "verify_answer",
 ]

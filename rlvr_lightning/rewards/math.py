@@ -49,6 +49,41 @@ _THOUSANDS_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 
 
 # --------------------------------------------------------------------------- extraction
+def boxed_answers(text: str) -> tuple[list[tuple[int, str]], bool]:
+    """Every top-level ``\\boxed{...}`` / ``\\fbox{...}`` of `text` as (offset, stripped content), in order,
+    and whether the last box opened is closed.
+
+    One linear pass with a stack (not one scan per box): a policy can emit thousands of nested or
+    unclosed boxes, and a per-box scan would be quadratic in the completion length. Escaped braces
+    (``\\{``, ``\\}``, e.g. ``\\left\\{``) are not grouping braces. Boxes inside a box are part of its
+    content, not answers of their own.
+    """
+    opens = {m.end(): m.start() for m in _BOX_RE.finditer(text)}  # content start -> offset of the box
+    if not opens:
+        return [], False
+    last_open = max(opens)
+    found, stack, open_boxes, last_closed = [], [], 0, False
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if ch == "{":
+            box = (i + 1) in opens
+            stack.append(i + 1 if box else -1)
+            open_boxes += box
+        elif ch == "}" and stack:
+            start = stack.pop()
+            if start >= 0:
+                open_boxes -= 1
+                last_closed |= start == last_open
+                if open_boxes == 0:  # top level
+                    found.append((opens[start], text[start:i].strip()))
+        i += 1
+    return found, last_closed
+
+
 def find_last_boxed(text: str) -> tuple[int, str] | None:
     """(offset of the last ``\\boxed{`` / ``\\fbox{``, its content), braces balanced.
 
@@ -57,27 +92,26 @@ def find_last_boxed(text: str) -> tuple[int, str] | None:
     """
     if not text:
         return None
-    last = None
-    for last in _BOX_RE.finditer(text):
-        pass
-    if last is None:
+    found, last_closed = boxed_answers(text)
+    if not last_closed or not found:
         return None
-    start = last.end()  # just after the opening brace
-    depth, i = 1, start
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\":
-            i += 2  # escaped char: '\{' / '\}' (e.g. '\left\{') are not grouping braces
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                content = text[start:i].strip()
-                return (last.start(), content) if content else None
-        i += 1
-    return None
+    offset, content = found[-1]
+    return (offset, content) if content else None
+
+
+def other_boxed_answers(text: str) -> list[str]:
+    """The distinct boxed answers of `text` other than its last one (whitespace ignored), in order.
+
+    Under `MathVerifier(multiple_boxed="wrong")` each of them must also equal the gold answer, so a
+    completion cannot game a last-box reward by boxing several candidates, while a solution that
+    boxes one value in two forms (MATH writes both ``15\\frac{39}{40}`` and ``\\frac{639}{40}``) still counts.
+    """
+    found, _ = boxed_answers(text) if text else ([], False)
+    if len(found) < 2:
+        return []
+    last = "".join(found[-1][1].split())
+    others = dict.fromkeys("".join(c.split()) for _, c in found[:-1])
+    return [o for o in others if o and o != last]
 
 
 def extract_boxed(text: str) -> str | None:
@@ -171,10 +205,21 @@ def verify_answer(gold: str, prediction: str | None, *, timeout_s: int | None = 
         return False
 
 
-def _verify_task(gold: str, prediction: str, timeout_s: int | None) -> bool:
-    """Pool task. Catches everything so that only a hard kill or a crash is an error."""
+def _verify_task(gold: str, prediction: str, others: tuple[str, ...], timeout_s: int | None) -> bool:
+    """Pool task: the prediction, and every other boxed answer of the completion, equal the gold.
+    Catches everything so that only a hard kill or a crash is an error."""
     try:
-        return verify_answer(gold, prediction, timeout_s=timeout_s)
+        return verify_answer(gold, prediction, timeout_s=timeout_s) and all(
+            verify_answer(gold, other, timeout_s=timeout_s) for other in others
+        )
+    except BaseException:
+        return False
+
+
+def _gold_task(gold: str, timeout_s: int | None) -> bool:
+    """Pool task: can math-verify parse this gold answer at all?"""
+    try:
+        return bool(_parse(gold, timeout_s))
     except BaseException:
         return False
 
@@ -195,6 +240,7 @@ class VerifyResult:
     num_timeouts: int  # completions whose verification was killed at the wall-clock limit
     num_no_answer: int  # completions with no extractable answer
     seconds: float
+    num_multiple_boxed: int = 0  # completions that boxed two or more different strings
 
 
 class MathVerifier:
@@ -203,6 +249,9 @@ class MathVerifier:
     The pool starts on first use and is reused; use as a context manager or call close().
     `inner_timeout_s` is math-verify's own timeout (None: derived from `timeout_s`;
     0: disabled, which leaves only the hard kill, as tests of that path need).
+    `multiple_boxed`: "wrong" requires every boxed answer of a completion to equal the gold (see
+    `other_boxed_answers`; more than `max_other_boxes` different ones score 0 at once); "last" grades
+    the last box only.
     """
 
     def __init__(
@@ -213,9 +262,15 @@ class MathVerifier:
         *,
         inner_timeout_s: int | None = None,
         mp_context: str = "spawn",
+        multiple_boxed: str = "wrong",
+        max_other_boxes: int = 3,
     ):
         if mp_context == "fork":
             raise ValueError("fork is unsafe next to torch/vLLM threads; use spawn or forkserver")
+        if multiple_boxed not in ("wrong", "last"):
+            raise ValueError(f"multiple_boxed={multiple_boxed!r}; valid: wrong, last")
+        self.multiple_boxed, self.max_other_boxes = multiple_boxed, max_other_boxes
+        self._gold_ok: dict[str, bool] = {}  # gold -> parseable, checked once per distinct gold
         self.num_workers = num_workers
         self.timeout_s = timeout_s
         self.max_completion_chars = max_completion_chars
@@ -273,11 +328,15 @@ class MathVerifier:
             raise ValueError(f"{len(golds)} golds but {len(completions)} completions")
         t0 = time.perf_counter()
         # Keep the end of an over-long completion: that is where the answer is.
-        predictions = [
-            extract_prediction(c[-self.max_completion_chars :] if c else "") for c in completions
+        tails = [c[-self.max_completion_chars :] if c else "" for c in completions]
+        predictions = [extract_prediction(t) for t in tails]
+        others = [
+            tuple(other_boxed_answers(t)) if self.multiple_boxed == "wrong" and p is not None else ()
+            for t, p in zip(tails, predictions)
         ]
         keys = [
-            (normalize_gold(g), p) if p is not None else None for g, p in zip(golds, predictions)
+            (normalize_gold(g), p, o) if p is not None and len(o) <= self.max_other_boxes else None
+            for g, p, o in zip(golds, predictions, others)
         ]
 
         # One task per distinct (gold, prediction): RL groups repeat answers a lot.
@@ -299,16 +358,25 @@ class MathVerifier:
             num_timeouts=num_timeouts,
             num_no_answer=sum(p is None for p in predictions),
             seconds=time.perf_counter() - t0,
+            num_multiple_boxed=sum(bool(o) for o in others),
         )
 
-    def _run(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], bool | str]:
-        """Verifies pairs in the pool: {pair: True | False | "timeout" | "broken"}."""
+    def parseable_golds(self, golds: list[str]) -> list[bool]:
+        """Whether math-verify can parse each gold answer (normalised first), checked once per distinct
+        gold in the pool, so a pathological gold cannot stall the caller either."""
+        normalized = [normalize_gold(g) for g in golds]
+        todo = [(g,) for g in dict.fromkeys(normalized) if g not in self._gold_ok]
+        if todo:
+            outcome = self._run(todo, _gold_task)
+            self._gold_ok.update({g: result is True for (g,), result in outcome.items()})
+        return [self._gold_ok[g] for g in normalized]
+
+    def _run(self, pairs: list[tuple[str, ...]], task=_verify_task) -> dict[tuple[str, ...], bool | str]:
+        """Runs `task(*pair, inner_timeout_s)` in the pool: {pair: True | False | "timeout" | "broken"}."""
         try:
             pool = self._get_pool()
             futures = {
-                p: pool.schedule(
-                    _verify_task, args=(*p, self.inner_timeout_s), timeout=self.timeout_s
-                )
+                p: pool.schedule(task, args=(*p, self.inner_timeout_s), timeout=self.timeout_s)
                 for p in pairs
             }
         except RuntimeError:  # the pool broke between the check in _get_pool and scheduling
