@@ -33,7 +33,7 @@ def adversarial_completions(tmp_path) -> dict[str, str]:
         "eval": f"\\boxed{{eval(\"__import__('os').system('touch {marker}')\")}}",
         "exec": f"\\boxed{{exec(\"open('{marker}', 'w')\")}}",
         "read file": f"\\boxed{{open('{secret}').read()}}",  # the file holds the gold: reading it would score
-        "sympify payload": f"\\boxed{{Symbol('x').__class__.__base__.__subclasses__()}}",
+        "sympify payload": "\\boxed{Symbol('x').__class__.__base__.__subclasses__()}",
         "lambda": "\\boxed{(lambda x: x*x)(6)}",  # 36 if it were executed
         "tower exponent": "\\boxed{9^{9^{9^{9}}}}",
         "factorial tower": "\\boxed{(10^{10^{10}})!}",
