@@ -1,0 +1,45 @@
+"""Non-finite guard (issue 8): an update whose loss or gradient is NaN/inf is skipped with the weights and
+the optimizer state untouched, logged, and a run that keeps producing them stops with a clear message."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlvr_lightning.algos import GRPO
+from rlvr_lightning.callbacks.reward import RewardVerifier
+from rlvr_lightning.data.datamodule import RolloutDataModule
+from rlvr_lightning.standalone import standalone
+
+
+def poison_loss(module: GRPO) -> None:
+    """Test hook: every micro-batch loss becomes NaN (what bad batch arithmetic or an overflow produces)."""
+    clean = module.micro_batch_loss
+
+    def nan_loss(mb, logp, norms):
+        loss, stats = clean(mb, logp, norms)
+        return loss * float("nan"), stats
+
+    module.micro_batch_loss = nan_loss
+
+
+def test_nan_update_is_skipped_with_weights_unchanged_then_stops(tiny_policy_dir):
+    dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=4, group_size=4, val_data=None,
+                           max_response_length=8, engine="hf")  # fmt: skip
+    module = standalone(GRPO(lr=1e-2, max_nonfinite_steps=2), dm, callbacks=[RewardVerifier(num_workers=1)])
+    try:
+        batch = next(iter(dm.train_dataloader()))
+        before = {k: v.clone() for k, v in module.policy.state_dict().items()}
+        poison_loss(module)
+        _, _, metrics, _ = module.train_on_batch(batch)
+        assert metrics["skipped_updates"] == 1.0
+        for name, value in module.policy.state_dict().items():
+            assert torch.equal(value, before[name]), name
+        assert all(p.grad is None for p in module.policy.parameters())  # no NaN gradient left behind
+        assert not module.optimizers().optimizer.state  # AdamW never stepped: its moments are not poisoned
+        with pytest.raises(RuntimeError, match="2 consecutive updates had a non-finite loss or gradient"):
+            module.train_on_batch(batch)
+    finally:
+        for cb in module.trainer.callbacks:
+            cb.teardown(module.trainer, module, "fit")
+        dm.teardown("fit")
