@@ -11,6 +11,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 RUNS ?=
+RESUME ?=
 CKPT ?= embedded
 BENCH ?= embedded
 .PHONY: help setup train test ui compare eval results clean-cache
@@ -18,6 +19,7 @@ BENCH ?= embedded
 help:
 	@echo "make setup                 create $(VENV) and install everything (CPU or GPU stack, auto-detected)"
 	@echo "make train [ALGO=grpo] [ARGS='--model.init_args.lr 1e-5']   train; ALGO is one of: $(ALGOS)"
+	@echo "make train ALGO=grpo RESUME=checkpoints/<run id>/last.ckpt   resume a run (same MLflow run)"
 	@echo "make test                  run the test suite"
 	@echo "make ui                    open the MLflow UI on ./mlruns"
 	@echo "make eval [CKPT=exports/<run>/final] [BENCH='embedded path/to/bench.jsonl'] [ARGS='--n 16']   offline evaluation"
@@ -34,7 +36,7 @@ train: setup
 	@if [ ! -f configs/algo/$(ALGO).yaml ]; then \
 	  echo "error: unknown ALGO '$(ALGO)'; valid: $(ALGOS)" >&2; exit 2; fi
 	$(PY) -m rlvr_lightning fit --config configs/base.yaml --config configs/algo/$(ALGO).yaml \
-	  --trainer.logger.init_args.run_name $(ALGO) $(ARGS)
+	  --trainer.logger.init_args.run_name $(ALGO) $(if $(RESUME),--ckpt_path $(RESUME)) $(ARGS)
 
 test: setup
 	$(PY) -m pytest -q $(ARGS)

@@ -10,8 +10,11 @@ User errors (bad config values, data files, model paths) print one clear message
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+import time
+from pathlib import Path
 
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
@@ -29,6 +32,11 @@ class MLflowSaveConfig(SaveConfigCallback):
         for logger in trainer.loggers:
             if isinstance(logger, MLFlowLogger):
                 text = self.parser.dump(self.config, skip_none=False)
+                if self.config.get("ckpt_path"):
+                    # Resumed into its own run: the params are there already, and MLflow refuses to change
+                    # one (e.g. a longer trainer.max_steps); the resumed config is kept beside the first.
+                    logger.experiment.log_text(logger.run_id, text, f"config_resumed_{int(time.time())}.yaml")
+                    continue
                 logger.experiment.log_text(logger.run_id, text, "config.yaml")
                 logger.log_hyperparams(flatten_config(self.config.as_dict()))
 
@@ -42,7 +50,7 @@ def flatten_config(cfg: dict, prefix: str = "") -> dict[str, object]:
     flat: dict[str, object] = {}
     for key, value in cfg.items():
         name = f"{prefix}{key}"
-        if name in ("trainer.logger", "_instantiator", "__path__"):
+        if name in ("trainer.logger", "_instantiator", "__path__", "ckpt_path"):
             continue
         if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
             value = {str(i): v for i, v in enumerate(value)}
@@ -66,6 +74,8 @@ class RLVRCLI(LightningCLI):
             return
         algorithm = cfg.model.class_path.rsplit(".", 1)[-1]
         args = logger.init_args
+        if cfg.get("ckpt_path") and not args.run_id:
+            args.run_id = checkpoint_run_id(cfg.ckpt_path)  # resume into the same MLflow run
         args.run_name = args.run_name or algorithm.lower()
         args.tags = {
             **(args.tags or {}),
@@ -74,6 +84,22 @@ class RLVRCLI(LightningCLI):
             "model": cfg.data.model_name_or_path,
             "dataset": cfg.data.train_data,
         }
+
+
+def checkpoint_run_id(path: str) -> str | None:
+    """The MLflow run a checkpoint was written by (None: start a new run)."""
+    import torch
+
+    if not Path(path).exists():
+        raise ConfigError(f"ckpt_path: no checkpoint at {path}")
+    if Path(path).is_dir():  # a sharded checkpoint: its `last.json` sidecar names the run
+        sidecar = Path(path).parent / "last.json"
+        return json.loads(sidecar.read_text()).get("mlflow_run_id") if sidecar.exists() else None
+    try:  # mmap: only the small metadata is read, not the weights
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception as err:
+        raise ConfigError(f"ckpt_path: cannot read checkpoint {path} ({type(err).__name__}: {err})") from None
+    return (state.get("rlvr") or {}).get("mlflow_run_id")
 
 
 def main(argv: list[str] | None = None) -> None:

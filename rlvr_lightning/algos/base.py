@@ -23,6 +23,7 @@ import logging
 import math
 import time
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -31,6 +32,7 @@ from typing import Literal
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from torch.distributed.tensor import DTensor
 
 from rlvr_lightning.advantages import group_advantage, group_reward_stats, mixed_groups
 from rlvr_lightning.errors import ConfigError
@@ -226,6 +228,8 @@ class RLVRModule(L.LightningModule):
     def on_fit_start(self) -> None:
         self.validate_config()
         self.engine  # build now, so its start-up cost is not charged to the first step
+        if self.policy_version > 0:  # resumed: the engine was built from the base weights
+            self.engine.load_weights(self.engine_weights())
 
     def validate_config(self) -> None:
         """Checks that need the data settings too; run before anything expensive starts."""
@@ -321,7 +325,9 @@ class RLVRModule(L.LightningModule):
         return rollout, inputs, {**update_metrics, **is_stats}, times
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["rlvr"] = {"policy_version": self.policy_version, "rollout_batches": self.rollout_batches}
+        run_id = getattr(self.logger, "run_id", None)  # the CLI reopens this MLflow run on resume
+        checkpoint["rlvr"] = {"policy_version": self.policy_version, "rollout_batches": self.rollout_batches,
+                              "mlflow_run_id": run_id}  # fmt: skip
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint.get("rlvr", {})
@@ -513,8 +519,15 @@ class RLVRModule(L.LightningModule):
 
     # ---- weight sync -------------------------------------------------------------------------
     @torch.no_grad()
+    def engine_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, full tensor) pairs for the engine, one at a time: under FSDP each parameter is
+        all-gathered from its shards as it is handed over, so no rank ever holds two full copies."""
+        for name, tensor in self.policy.state_dict().items():
+            yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+    @torch.no_grad()
     def sync_engine(self, rollout: Rollout) -> None:
-        self.engine.load_weights(self.policy.state_dict().items())
+        self.engine.load_weights(self.engine_weights())
         self.policy_version += 1
         self._sync_probe.check(self.engine, partial(completion_logprobs, self.policy), rollout)
 

@@ -173,11 +173,19 @@ class Evaluation(Callback):
         return tasks
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.evaluate(trainer, pl_module)
+        if pl_module.rollout_batches == 0:  # "before training"; a resumed run was evaluated on its schedule
+            self.evaluate(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if self.every_n_steps and (batch_idx + 1) % self.every_n_steps == 0:
+        # Rollout batches, not Lightning's batch_idx: that restarts at 0 every epoch of the prompt set.
+        if self.every_n_steps and pl_module.rollout_batches % self.every_n_steps == 0:
             self.evaluate(trainer, pl_module)
+
+    def state_dict(self) -> dict:
+        return {"last_step": self._last_step}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._last_step = state_dict.get("last_step", -1)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.evaluate(trainer, pl_module)

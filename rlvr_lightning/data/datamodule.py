@@ -16,6 +16,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from rlvr_lightning.data.batches import ResumableBatches
 from rlvr_lightning.data.embedded_task import train_test_split
 from rlvr_lightning.data.sources import ProblemRecord, load_problems
 from rlvr_lightning.errors import ConfigError
@@ -175,15 +176,19 @@ class RolloutDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.hparams.seed)
-        return DataLoader(
-            self.train_records,
-            batch_size=self.hparams.batch_size,
-            shuffle=True,
-            drop_last=True,
-            generator=generator,
-            collate_fn=self.collate,
-        )
+        """Seeded, shuffled prompt batches, one per rollout batch; a resumed run continues where the
+        checkpoint was taken (`ResumableBatches`), and each rank gets its own slice of every batch."""
+        trainer = self.trainer
+        module = trainer.lightning_module if trainer is not None else None
+        start = getattr(module, "rollout_batches", 0)
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        try:
+            batches = ResumableBatches(
+                self.train_records, self.hparams.batch_size, self.hparams.seed, self.collate, start, rank, world
+            )
+        except ValueError as err:
+            raise ConfigError(f"data.train_data / data.batch_size: {err}") from None
+        return DataLoader(batches, batch_size=None)  # the dataset yields whole batches
 
     def extra_prompts(self, n: int) -> PromptBatch:
         """`n` more training prompts, for algorithms that sample beyond the dataloader's batch.

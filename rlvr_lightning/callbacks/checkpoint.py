@@ -1,0 +1,115 @@
+"""Checkpoints that a killed run resumes from exactly, into the same MLflow run.
+
+    make train ALGO=grpo                                    # writes checkpoints/<mlflow run id>/last.ckpt
+    make train ALGO=grpo RESUME=checkpoints/<run id>/last.ckpt
+
+What a resumed run needs and where it comes from:
+- model, optimizer, LR schedule, global step, loop progress: Lightning's checkpoint;
+- policy version and completed rollout batches (the data position, see `ResumableBatches`): the module;
+- DAPO's extra-prompt stream: the data module's state;
+- the last evaluated step (no duplicate evaluation on resume): the `Evaluation` callback's state;
+- RNG: this callback, for every rank. The in-process vLLM engine on CPU and the HF engine sample
+  from the process-wide torch generator, so restoring it after the engine is rebuilt makes the
+  resumed rollouts the ones the uninterrupted run would have drawn;
+- the MLflow run id: stored in the checkpoint; the CLI reopens that run (`cli.py`).
+
+`last.ckpt` is replaced atomically (written beside it, then renamed), so a kill during a save leaves
+the previous checkpoint intact. `last.json` beside it says which step it holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Checkpoint
+
+
+def rng_state() -> dict:
+    """The process's generators, as tensors and plain tuples only: checkpoints stay loadable with
+    `torch.load(weights_only=True)` (LightningCLI reads them that way)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class ResumableCheckpoint(Checkpoint):
+    def __init__(self, dirpath: str = "checkpoints", every_n_steps: int = 20, save_on_train_end: bool = True) -> None:
+        """
+        Args:
+            dirpath: parent directory; each run writes `<dirpath>/<MLflow run id>/last.ckpt`.
+            every_n_steps: save after every N rollout batches (0 = only at the end).
+            save_on_train_end: also save when training ends (to extend a finished run later).
+        """
+        self.dirpath, self.every_n_steps, self.save_on_train_end = Path(dirpath), every_n_steps, save_on_train_end
+        self._restored_rng: list[dict] | None = None
+
+    def run_dir(self, trainer: L.Trainer) -> Path:
+        return self.dirpath / str(getattr(trainer.logger, "run_id", None) or "run")
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if self.every_n_steps and pl_module.rollout_batches % self.every_n_steps == 0:
+            self.save(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module) -> None:
+        if self.save_on_train_end and not trainer.interrupted:
+            self.save(trainer, pl_module)
+
+    def save(self, trainer: L.Trainer, pl_module) -> Path:
+        out = self.run_dir(trainer)
+        last, tmp = out / "last.ckpt", out / "last.ckpt.tmp"
+        trainer.save_checkpoint(tmp)  # every rank takes part (sharded strategies write one file per rank)
+        if trainer.is_global_zero:
+            if last.is_dir():  # a sharded checkpoint is a directory: it cannot be renamed over
+                old = out / "last.ckpt.old"
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(last, old)
+                os.replace(tmp, last)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, last)
+            info = {"rollout_batches": pl_module.rollout_batches, "global_step": trainer.global_step,
+                    "policy_version": pl_module.policy_version, "mlflow_run_id": getattr(trainer.logger, "run_id", None),
+                    "checkpoint": str(last)}  # fmt: skip
+            (out / "last.json").write_text(json.dumps(info, indent=2))
+        trainer.strategy.barrier("checkpoint saved")
+        return last
+
+    # ---- RNG of every rank, inside the checkpoint ------------------------------------------
+    def state_dict(self) -> dict:
+        states = [rng_state()]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            states = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(states, rng_state())
+        return {"rng": states}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._restored_rng = state_dict.get("rng")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
+        # After the engine was rebuilt (its start-up reseeds the generator): continue the saved stream.
+        if self._restored_rng:
+            rank = trainer.global_rank if trainer.global_rank < len(self._restored_rng) else 0
+            set_rng_state(self._restored_rng[rank])
+            self._restored_rng = None
