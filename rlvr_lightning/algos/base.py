@@ -123,6 +123,8 @@ class RLVRModule(L.LightningModule):
         allow_filtered_rollout_logprobs: bool = False,
         sync_check_tol: float = 1e-3,
         max_nonfinite_steps: int = 10,
+        fsdp_param_dtype: str = "float32",
+        activation_checkpointing: bool = False,
     ) -> None:
         """
         Args:
@@ -149,6 +151,10 @@ class RLVRModule(L.LightningModule):
                 are then those of the truncated distribution, not of the policy being trained.
             sync_check_tol: max |engine − trainer| log-prob on the probe sequence after a weight sync.
             max_nonfinite_steps: stop after this many consecutive updates with a non-finite loss or gradient.
+            fsdp_param_dtype: under FSDP (`configs/strategy/fsdp.yaml`), `bfloat16` computes in bf16 with
+                fp32 master weights and gradient reduction; raise sync_check_tol with it (the engine's
+                log-probs then differ from the bf16 trainer's by more than fp32 rounding).
+            activation_checkpointing: recompute each decoder layer's activations in the backward pass.
         """
         super().__init__()
         self.save_hyperparameters()
@@ -192,6 +198,17 @@ class RLVRModule(L.LightningModule):
         if self.hparams.kl_coef > 0:
             self.ref_policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
             self.ref_policy.requires_grad_(False)
+        mesh = self.device_mesh  # set by ModelParallelStrategy (FSDP2); None otherwise
+        if mesh is not None:
+            from rlvr_lightning.parallel import shard_policy
+
+            h = self.hparams
+            dp_mesh = mesh["data_parallel"] if mesh.mesh_dim_names else mesh
+            shard_policy(self.policy, dp_mesh, h.fsdp_param_dtype, h.activation_checkpointing)
+            if self.ref_policy is not None:
+                shard_policy(self.ref_policy, dp_mesh, h.fsdp_param_dtype)
+        elif self.hparams.activation_checkpointing:
+            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
     @property
     def datamodule(self):
@@ -462,6 +479,8 @@ class RLVRModule(L.LightningModule):
                 opt.zero_grad(set_to_none=True)
                 acc.add("loss", self.accumulate_gradients(inputs, seq_index, rollout.sampling.temperature, acc))
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), h.max_grad_norm)
+                if isinstance(grad_norm, DTensor):  # FSDP: the norm over all shards
+                    grad_norm = grad_norm.full_tensor()
                 if not torch.isfinite(grad_norm):
                     self._skip_nonfinite_update(opt, grad_norm)
                     acc.add("skipped_updates", torch.tensor(1.0))

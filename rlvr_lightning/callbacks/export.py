@@ -12,7 +12,6 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_only
 
 from rlvr_lightning.models.embedded import save_policy
 
@@ -35,13 +34,20 @@ class HFExport(Callback):
         if self.final:
             self.export(trainer, pl_module, "final")
 
-    @rank_zero_only
     def export(self, trainer: L.Trainer, pl_module, name: str) -> Path:
-        run = getattr(trainer.logger, "run_id", None) or "run"
+        # Every rank takes part in gathering sharded (FSDP) weights; rank 0 writes them.
+        weights = dict(pl_module.engine_weights())
+        out = self.dirpath / (getattr(trainer.logger, "run_id", None) or "run") / name
+        if trainer.is_global_zero:
+            self._write(trainer, pl_module, name, weights, out)
+        trainer.strategy.barrier("hf export")
+        return out
+
+    def _write(self, trainer: L.Trainer, pl_module, name: str, weights: dict, out: Path) -> None:
         config = pl_module.policy.config
         use_cache, config.use_cache = config.use_cache, True  # training turns the KV cache off; inference wants it
         try:
-            out = save_policy(pl_module.policy, trainer.datamodule.tokenizer, self.dirpath / run / name)
+            save_policy(pl_module.policy, trainer.datamodule.tokenizer, out, state_dict=weights)
         finally:
             config.use_cache = use_cache
         meta = {"rollout_batches": pl_module.rollout_batches, "policy_version": pl_module.policy_version,
@@ -49,4 +55,3 @@ class HFExport(Callback):
         (out / "rlvr_export.json").write_text(json.dumps(meta, indent=2))
         if trainer.logger is not None and hasattr(trainer.logger, "experiment"):
             trainer.logger.experiment.set_tag(trainer.logger.run_id, f"export/{name}", str(out.resolve()))
-        return out

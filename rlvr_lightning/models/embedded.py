@@ -69,10 +69,13 @@ def build_tiny_qwen2(tokenizer: PreTrainedTokenizerFast, spec: TinyQwen2Spec, se
     return Qwen2ForCausalLM(config)
 
 
-def save_policy(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, out_dir: str | Path) -> Path:
-    """Write an HF-format directory that transformers and vLLM load directly."""
+def save_policy(
+    model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, out_dir: str | Path, state_dict: dict | None = None
+) -> Path:
+    """Write an HF-format directory that transformers and vLLM load directly (`state_dict`: full
+    tensors to write instead of the model's own, e.g. gathered from FSDP shards)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
+    model.save_pretrained(out, safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(out)
     return out

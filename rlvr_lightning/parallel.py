@@ -1,0 +1,69 @@
+"""FSDP2 (`fully_shard`, DTensor) for the policy through Lightning's `ModelParallelStrategy`.
+
+    make train ALGO=grpo ARGS="--config configs/strategy/fsdp.yaml --trainer.devices 2"
+
+The same code runs on CPU (gloo) and GPU (NCCL): the strategy picks the backend from the device.
+Each decoder layer is one FSDP unit (its parameters are all-gathered just before its forward and freed
+after), the embeddings, final norm and LM head form the root unit. Every rank keeps its own colocated
+rollout engine; a weight sync all-gathers one parameter at a time (`RLVRModule.engine_weights`).
+"""
+
+from __future__ import annotations
+
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+
+from rlvr_lightning.errors import ConfigError
+
+# Where Hugging Face causal LMs keep their stack of decoder blocks.
+_LAYER_PATHS = ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers")
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """`ModelParallelStrategy` with a 1-D data-parallel mesh over all ranks: pure FSDP2, no tensor parallel.
+
+    (Its "auto" default shards across nodes and runs tensor parallelism inside a node, which a
+    policy that is not written for tensor parallelism cannot use.)
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(data_parallel_size="auto", tensor_parallel_size=1, **kwargs)
+
+    def setup_environment(self) -> None:
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        super().setup_environment()
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    for path in _LAYER_PATHS:
+        module = model
+        for name in path.split("."):
+            module = getattr(module, name, None)
+            if module is None:
+                break
+        if isinstance(module, torch.nn.ModuleList):
+            return list(module)
+    raise ConfigError(
+        f"FSDP: cannot find the decoder layers of {type(model).__name__} (looked for {', '.join(_LAYER_PATHS)})"
+    )
+
+
+def shard_policy(
+    model: torch.nn.Module, mesh, param_dtype: str = "float32", activation_checkpointing: bool = False
+) -> torch.nn.Module:
+    """Apply `fully_shard` per decoder layer, then to the whole model, on the data-parallel `mesh`.
+
+    `param_dtype="bfloat16"`: parameters are all-gathered and computed in bf16, gradients reduced in
+    fp32 and the sharded master weights stay fp32 (FSDP2's MixedPrecisionPolicy).
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if param_dtype not in ("float32", "bfloat16"):
+        raise ConfigError(f"model.fsdp_param_dtype={param_dtype!r}; valid: float32, bfloat16")
+    policy = MixedPrecisionPolicy(param_dtype=getattr(torch, param_dtype), reduce_dtype=torch.float32)
+    if activation_checkpointing:  # transformers' own, non-reentrant: composes with fully_shard
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model

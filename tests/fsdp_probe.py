@@ -1,0 +1,44 @@
+"""A callback the 2-rank FSDP test (test_fsdp.py) loads into the CLI run: it records, per rank, how much
+of the policy the rank holds, every scored rollout (to replay them in one process), the engine's
+agreement with the trainer after the last sync, and the gathered final weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from rlvr_lightning.algos.base import RolloutCallback
+from rlvr_lightning.rollout.hf_engine import completion_logprobs
+
+
+class ShardProbe(RolloutCallback):
+    def __init__(self, out: str) -> None:
+        self.out = Path(out)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        params = list(pl_module.policy.parameters())
+        local = sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in params)
+        info = {"local": local, "total": sum(p.numel() for p in params), "world": trainer.world_size,
+                "sharded": all(isinstance(p, DTensor) for p in params)}  # fmt: skip
+        (self.out / f"rank{trainer.global_rank}_shard.json").write_text(json.dumps(info))
+
+    def on_rollout_generated(self, trainer, module, rollout) -> None:  # after the verifier scored it
+        record = {k: getattr(rollout, k) for k in ("batch", "group_size", "prompt_ids", "completions", "sampling",
+                                                  "texts", "correct", "rewards")}  # fmt: skip
+        torch.save(record, self.out / f"rank{trainer.global_rank}_step{module.rollout_batches}.pt")
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        weights = dict(pl_module.engine_weights())  # collective: every rank gathers
+        rollout = torch.load(self.out / f"rank{trainer.global_rank}_step0.pt", weights_only=False)
+        n = next(i for i, c in enumerate(rollout["completions"]) if c.token_ids)
+        prompt, completion = rollout["prompt_ids"][n // rollout["group_size"]], rollout["completions"][n].token_ids
+        engine = pl_module.engine.score(prompt, completion)
+        trainer_lp = completion_logprobs(pl_module.policy, prompt, completion)
+        diff = max(abs(a - b) for a, b in zip(engine, trainer_lp))
+        (self.out / f"rank{trainer.global_rank}_engine.json").write_text(json.dumps({"max_abs_diff": diff}))
+        if trainer.is_global_zero:
+            torch.save(weights, self.out / "final_weights.pt")
