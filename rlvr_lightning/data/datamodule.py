@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from pathlib import Path
 from typing import Literal
 
@@ -188,6 +189,8 @@ class RolloutDataModule(L.LightningDataModule):
             )
         except ValueError as err:
             raise ConfigError(f"data.train_data / data.batch_size: {err}") from None
+        # Lightning warns that __len__ may be wrong with several loader workers; there are none here.
+        warnings.filterwarnings("ignore", message=r".*`IterableDataset` has `__len__` defined")
         return DataLoader(batches, batch_size=None)  # the dataset yields whole batches
 
     def extra_prompts(self, n: int) -> PromptBatch:
