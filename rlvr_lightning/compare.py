@@ -103,14 +103,17 @@ def plot(runs: list[RunHistory], key: str, title: str, smooth: int, path: Path) 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8.5, 4.2), dpi=120)
-    for r in runs:
+    colors = plt.get_cmap("tab20").colors if len(runs) > 10 else plt.get_cmap("tab10").colors
+    for i, r in enumerate(runs):
         points = r.history.get(key, [])
         if not points:
             continue
         steps, values = zip(*points)
         if smooth > 1:  # trailing moving average: per-step rewards are noisy
-            values = [statistics.mean(values[max(0, i - smooth + 1) : i + 1]) for i in range(len(values))]
-        ax.plot(steps, values, label=r.name, marker="o" if len(points) < 20 else None)
+            values = [statistics.mean(values[max(0, j - smooth + 1) : j + 1]) for j in range(len(values))]
+        # Distinct colour and dash per run, so a dozen runs (and runs that coincide) stay readable.
+        ax.plot(steps, values, label=r.name, marker="o" if len(points) < 20 else None, color=colors[i % len(colors)],
+                linestyle=("-", "--", ":", "-.")[i % 4])  # fmt: skip
     ax.set_xlabel("rollout batch")
     ax.set_ylabel(key + (f" (moving average of {smooth})" if smooth > 1 else ""))
     ax.set_title(title)

@@ -27,6 +27,14 @@ def preset_args(tmp_path: Path, algo: str, model_dir: Path, max_response_length:
     ]  # fmt: skip
 
 
+def callback_param(run, class_name: str, arg: str) -> str:
+    """The logged init arg of the configured callback of that class (params are flattened by list index)."""
+    params = run.data.params
+    (index,) = [k.split(".")[2] for k, v in params.items()
+                if k.startswith("trainer.callbacks.") and k.endswith(".class_path") and v.endswith(class_name)]  # fmt: skip
+    return params[f"trainer.callbacks.{index}.init_args.{arg}"]
+
+
 def finished_run(tmp_path: Path, algo: str):
     import mlflow
 
@@ -128,7 +136,7 @@ def test_thr_presets_two_step_fit(tmp_path, quick_warm_start, algo, max_steps, e
     proc = run_cli([*args, *extra], tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     run, history = finished_run(tmp_path, algo)
-    assert float(run.data.params["trainer.callbacks.3.init_args.p"]) == p  # after verifier, evaluation, export
+    assert float(callback_param(run, "THRAttribution", "p")) == p
     for key in ("train/thr/dominant_frac", "train/thr/positive_frac", "train/thr/abs_p90",
                 "train/thr/abs_entropy_spearman", "time/attribution"):  # fmt: skip
         assert key in history, key
@@ -143,7 +151,7 @@ def test_oar_presets_two_step_fit(tmp_path, quick_warm_start, algo):
     proc = run_cli(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     run, history = finished_run(tmp_path, algo)
-    assert run.data.params["trainer.callbacks.3.init_args.method"] == ("gradient" if algo == "oar-g" else "perturbation")
+    assert callback_param(run, "OARAttribution", "method") == ("gradient" if algo == "oar-g" else "perturbation")
     for key in ("train/oar/weight_p50", "train/oar/suppressed_frac", "train/oar/boosted_frac",
                 "train/oar/no_answer_span_frac", "time/attribution"):  # fmt: skip
         assert [m.step for m in history[key]] == [0, 1], key
