@@ -14,7 +14,7 @@ RUNS ?=
 RESUME ?=
 CKPT ?= embedded
 BENCH ?= embedded
-.PHONY: help setup train test ui compare eval results clean-cache
+.PHONY: help setup train test ui compare eval results bench clean-cache
 
 help:
 	@echo "make setup                 create $(VENV) and install everything (CPU or GPU stack, auto-detected)"
@@ -25,6 +25,7 @@ help:
 	@echo "make eval [CKPT=exports/<run>/final] [BENCH='embedded path/to/bench.jsonl'] [ARGS='--n 16']   offline evaluation"
 	@echo "make compare [RUNS='grpo thr']   Markdown table + PNG plots of runs (default: latest of each name)"
 	@echo "make results [ARGS='--algos grpo thr']   train every preset on one budget and rewrite docs/RESULTS.md"
+	@echo "make bench                 benchmarks (bench/results/*.json, MLflow experiment 'bench'); installs the bench extra (TRL)"
 
 setup: $(VENV)/.installed
 
@@ -52,6 +53,18 @@ compare: setup
 
 results: setup
 	$(PY) -m rlvr_lightning.results $(ARGS)
+
+bench: setup $(VENV)/.bench-installed
+	$(PY) bench/rollout_throughput.py
+	$(PY) bench/step_breakdown.py
+	$(PY) bench/attribution_overhead.py --rounds 5
+	$(PY) bench/verifier_throughput.py
+	$(PY) bench/scaling.py
+	$(PY) bench/trl_compare.py
+
+$(VENV)/.bench-installed: pyproject.toml
+	$(PY) -m pip install -q -e ".[bench]"
+	@touch $@
 
 clean-cache:
 	rm -rf $${RLVR_CACHE_DIR:-$$HOME/.cache/rlvr_lightning}

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
+import re
 import statistics
 import time
 from pathlib import Path
@@ -11,16 +13,36 @@ from pathlib import Path
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-def embedded_module(module, callbacks=(), engine: str = "vllm", batch_size: int = 16, group_size: int = 8, seed: int = 0):
+def _instantiate(spec: dict):
+    import importlib
+
+    module_name, cls = spec["class_path"].rsplit(".", 1)
+    return getattr(importlib.import_module(module_name), cls)(**(spec.get("init_args") or {}))
+
+
+def preset(name: str):
+    """(module, extra callbacks) exactly as `configs/algo/<name>.yaml` builds them for `make train`."""
+    import yaml
+
+    cfg = yaml.safe_load((CONFIGS / "algo" / f"{name}.yaml").read_text())
+    callbacks = [_instantiate(c) for c in (cfg.get("trainer") or {}).get("callbacks+", [])]
+    return _instantiate(cfg["model"]), callbacks
+
+
+def embedded_module(
+    module, callbacks=(), engine: str = "vllm", batch_size: int = 16, group_size: int = 8, seed: int = 0,
+    max_response_length: int = 40,
+):
     """`module` wired to the embedded default data/model (configs/base.yaml's sizes) outside `fit`."""
     from rlvr_lightning.callbacks.reward import RewardVerifier
     from rlvr_lightning.data.datamodule import RolloutDataModule
     from rlvr_lightning.standalone import standalone
 
     dm = RolloutDataModule(
-        batch_size=batch_size, group_size=group_size, max_prompt_length=32, max_response_length=40,
+        batch_size=batch_size, group_size=group_size, max_prompt_length=32, max_response_length=max_response_length,
         engine=engine, seed=seed, val_data=None,
     )  # fmt: skip
     torch.manual_seed(seed)
@@ -36,6 +58,13 @@ def close(module) -> None:
 def prompt_batches(module):
     while True:
         yield from module.datamodule.train_dataloader()
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process (vLLM runs in-process, so engine included), MiB."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def median(values) -> float:
@@ -54,4 +83,30 @@ def write(name: str, payload: dict) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2))
     print(json.dumps(payload, indent=2))
+    log_to_mlflow(name, payload, path)
     return path
+
+
+def _numeric_leaves(tree, prefix: str = ""):
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _numeric_leaves(value, f"{prefix}{key}/")
+    elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
+        yield prefix.rstrip("/"), float(tree)
+
+
+def log_to_mlflow(name: str, payload: dict, path: Path) -> None:
+    """The result as an MLflow run of the `bench` experiment: every number a metric, the JSON an artifact.
+    Set RLVR_BENCH_MLFLOW=0 to skip (the JSON file is the record either way)."""
+    if os.environ.get("RLVR_BENCH_MLFLOW", "1") == "0":
+        return
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=os.environ.get("RLVR_BENCH_TRACKING_URI", "sqlite:///mlruns/mlflow.db"))
+    exp = client.get_experiment_by_name("bench")
+    exp_id = exp.experiment_id if exp else client.create_experiment("bench", artifact_location="mlruns/artifacts")
+    run = client.create_run(exp_id, run_name=name)
+    for key, value in _numeric_leaves({k: v for k, v in payload.items() if k != "machine"}):
+        client.log_metric(run.info.run_id, re.sub(r"[^\w\-. /]", "_", key)[:250], value)
+    client.log_artifact(run.info.run_id, str(path))
+    client.set_terminated(run.info.run_id)

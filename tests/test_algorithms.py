@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -75,6 +77,8 @@ def test_gradient_accumulation_does_not_change_the_update(tiny_policy_dir, prese
     module = attach(cls, tiny_policy_dir, **kwargs)
     rollout = sample_rollout(module)
     inputs = prepared(module, rollout)
+    if inputs.old_logp is None:  # one update per batch: θ_old's log-probs would come from the update itself
+        inputs.old_logp = module.reference_logprobs(inputs.tensors, 1.0)[0]
     # Make the step off-policy so that clipping and the ratio matter, not only the on-policy case.
     inputs.old_logp = inputs.old_logp + 0.01 * torch.randn_like(inputs.old_logp) * inputs.tensors.response_mask
     loss_whole, g_whole = gradient(module, inputs, 8)
@@ -96,6 +100,26 @@ def test_first_mini_batch_after_a_rollout_is_exactly_on_policy(tiny_policy_dir, 
     assert abs(stats["ratio_mean"] - 1) < 1e-6 and abs(stats["ratio_max"] - 1) < 1e-6
     assert stats["clip_frac_low"] == 0 and stats["clip_frac_high"] == 0
     assert stats["entropy"] > 0
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_old_logprobs_from_the_update_forward_equal_a_separate_pass(tiny_policy_dir, preset):
+    """With one update per rollout batch the separate θ_old pass is skipped (old_logprobs_from_update):
+    same loss and gradient as with θ_old's log-probs from their own no-grad forward, and the log-probs
+    the update filled in are exactly those."""
+    cls, kwargs = PRESETS[preset]
+    module = attach(cls, tiny_policy_dir, micro_batch_size=3, **kwargs)
+    if not module.old_logprobs_from_update():
+        pytest.skip("this preset takes several updates per rollout batch")
+    inputs = prepared(module, sample_rollout(module))
+    assert inputs.old_logp is None  # the separate pass did not run
+    explicit = copy.copy(inputs)
+    explicit.old_logp = module.reference_logprobs(inputs.tensors, 1.0)[0]
+    loss_a, g_a = gradient(module, inputs, 3)
+    loss_b, g_b = gradient(module, explicit, 3)
+    assert loss_a.item() == pytest.approx(loss_b.item(), rel=1e-6, abs=1e-8)
+    torch.testing.assert_close(g_a, g_b, rtol=1e-5, atol=1e-8)
+    torch.testing.assert_close(module._old_logp_from_update, explicit.old_logp, rtol=0, atol=1e-6)
 
 
 def test_dapo_reward_is_signed_correctness_plus_overlong_penalty(tiny_policy_dir):

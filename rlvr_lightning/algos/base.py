@@ -83,7 +83,9 @@ class LossInputs:
 
     tensors: RolloutTensors
     advantages: torch.Tensor  # [n, T] token advantages (reshaped by attribution if any)
-    old_logp: torch.Tensor  # [n, T] behaviour log-probs θ_old (0 on padding)
+    # [n, T] behaviour log-probs θ_old (0 on padding); None until the update's own forward fills it in
+    # when that forward runs at θ_old (`RLVRModule.old_logprobs_from_update`).
+    old_logp: torch.Tensor | None
     ref_logp: torch.Tensor | None  # [n, T] reference log-probs when a KL term is used
     loss_mask: torch.Tensor  # [n, T] response tokens that enter the loss (truncated ones may be masked)
     is_weight: torch.Tensor | None  # [n, T] truncated importance-sampling weights, if enabled
@@ -96,7 +98,7 @@ class LossInputs:
             return None if x is None else x[idx]
 
         return LossInputs(
-            self.tensors.select(idx), self.advantages[idx], self.old_logp[idx], pick(self.ref_logp),
+            self.tensors.select(idx), self.advantages[idx], pick(self.old_logp), pick(self.ref_logp),
             self.loss_mask[idx], pick(self.is_weight), self.correct[idx], self.seq_index[idx], self.group_size,
         )  # fmt: skip
 
@@ -182,6 +184,7 @@ class RLVRModule(L.LightningModule):
         self.latest_val: dict[str, float] = {}
         self._sync_probe = WeightSyncProbe(tol=sync_check_tol)
         self._nonfinite_streak = 0
+        self._old_logp_from_update: torch.Tensor | None = None
 
     # ---- model, engine, optimiser ------------------------------------------------------------
     def configure_model(self) -> None:
@@ -256,6 +259,15 @@ class RLVRModule(L.LightningModule):
         reason = self.token_advantages_unsupported()
         if shapers and reason:
             raise ConfigError(f"{', '.join(shapers)} reshape(s) token advantages, but {reason}")
+
+    def old_logprobs_from_update(self) -> bool:
+        """True when θ_old's log-probs can come from the update's own forward instead of a separate
+        no-grad pass: with one optimizer step per rollout batch the update runs exactly at θ_old, so
+        log π_θ detached *is* log π_old (the ratio is exactly 1 and its gradient that of log π_θ).
+        Saves one forward over the rollout batch per step. Not with truncated IS (its weights are
+        needed before the update) nor rollout log-probs as the behaviour policy."""
+        h = self.hparams
+        return h.mini_batches * h.ppo_epochs == 1 and h.behaviour_logprobs == "trainer" and h.tis_level == "off"
 
     def token_advantages_unsupported(self) -> str | None:
         """Why this algorithm's loss cannot honour per-token advantages (THR/OAR), or None if it can."""
@@ -377,9 +389,10 @@ class RLVRModule(L.LightningModule):
         h = self.hparams
         times = {} if times is None else times
         t = rollout.tensors(self.datamodule.tokenizer.pad_token_id).to(self.device)
+        from_update = self.old_logprobs_from_update()
         with _timed(times, "old_logprob"):
             old_logp, ref_logp, rollout.hidden_states = self.reference_logprobs(
-                t, rollout.sampling.temperature, with_old=h.behaviour_logprobs == "trainer",
+                t, rollout.sampling.temperature, with_old=h.behaviour_logprobs == "trainer" and not from_update,
                 hidden_rows=self._hidden_rows_needed(rollout),
             )  # fmt: skip
         with _timed(times, "attribution"):
@@ -391,8 +404,10 @@ class RLVRModule(L.LightningModule):
         loss_mask = t.response_mask
         if h.mask_truncated:
             loss_mask = loss_mask * (~rollout.truncated).to(self.device, loss_mask.dtype)[:, None]
-        if old_logp is None:
+        if old_logp is None and not from_update:
             old_logp = t.rollout_logp
+        # Filled row by row by the update's forward (accumulate_gradients), then handed to logging.
+        self._old_logp_from_update = torch.zeros_like(t.rollout_logp) if old_logp is None else None
         is_weight, is_stats = truncated_is_weights(old_logp, t.rollout_logp, loss_mask, h.tis_level, h.tis_cap)
         seq_index = torch.arange(t.input_ids.shape[0], device=self.device)
         correct = rollout.correct.to(self.device, torch.float32)
@@ -507,11 +522,16 @@ class RLVRModule(L.LightningModule):
         for idx in self._micro_batches(seq_index):
             mb = inputs.select(idx)
             logp, entropy = self.token_logprobs(self.policy, mb.tensors, temperature, with_entropy=acc is not None)
+            if mb.old_logp is None:  # this forward runs at θ_old (old_logprobs_from_update)
+                mb.old_logp = logp.detach()
+                self._old_logp_from_update[idx] = mb.old_logp
             loss, stats = self.micro_batch_loss(mb, logp, norms)
             self.manual_backward(loss)
             if acc is not None:
                 acc.add_tokens(stats, entropy, mb.loss_mask)
             step_loss += loss.detach()  # already globally normalised: the step's loss is their sum
+        if inputs.old_logp is None:  # θ_old for the rest of the step (logging), from this update's forward
+            inputs.old_logp = self._old_logp_from_update
         return step_loss
 
     def step_norms(self, inputs: LossInputs, seq_index: torch.Tensor) -> StepNorms:

@@ -64,6 +64,10 @@ class REAL(RLVRModule):
                 "or model.two_pass=true"
             )
 
+    def old_logprobs_from_update(self) -> bool:
+        # The two-pass loss scores every sequence (against θ_old) before the first forward with grad.
+        return super().old_logprobs_from_update() and not self.hparams.two_pass
+
     def token_advantages_unsupported(self) -> str | None:
         return "REAL has no advantages to reshape (its loss uses the correctness labels); remove them"
 

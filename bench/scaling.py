@@ -1,0 +1,61 @@
+"""How GRPO's step cost grows with the group size G and the response length (issue 9 item 6).
+
+One process; for each setting a fresh module and engine on the embedded default (B = 16 prompts),
+one warm-up step, then `--steps` timed steps. Reports median step, rollout and update seconds and
+response tokens per second. The response-length sweep raises `max_response_length`; the embedded
+policy usually stops on its own well before 80 tokens, so its table also shows the mean length.
+
+    .venv/bin/python bench/scaling.py [--steps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+from common import close, embedded_module, median, prompt_batches, write  # noqa: E402
+
+
+def measure(group_size: int, max_response_length: int, steps: int) -> dict:
+    from rlvr_lightning.algos import GRPO
+
+    module = embedded_module(GRPO(lr=3e-5, kl_coef=0.001, micro_batch_size=128), group_size=group_size,
+                             max_response_length=max_response_length)  # fmt: skip
+    batches = prompt_batches(module)
+    rows = []
+    for i in range(steps + 1):
+        result = module.train_on_batch(next(batches))
+        module.rollout_batches += 1
+        if result is not None and i > 0:
+            rollout, _, _, t = result
+            lengths = rollout.response_lengths.float()
+            rows.append({"step": t["step"], "rollout": t["rollout"], "update": t["update"],
+                         "tokens": lengths.sum().item(), "mean_length": lengths.mean().item()})  # fmt: skip
+    close(module)
+    out = {k: median([r[k] for r in rows]) for k in ("step", "rollout", "update", "mean_length")}
+    out["response_tokens_per_s"] = median([r["tokens"] / r["step"] for r in rows])
+    return {"group_size": group_size, "max_response_length": max_response_length, **out}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--group-sizes", default="4,8,16")
+    parser.add_argument("--lengths", default="20,40,80")
+    args = parser.parse_args()
+    by_g = [measure(int(g), 40, args.steps) for g in args.group_sizes.split(",")]
+    by_len = [measure(8, int(n), args.steps) for n in args.lengths.split(",")]
+    write("scaling", {
+        "workload": {"model": "embedded", "batch_size": 16, "engine": "vllm", "steps": args.steps},
+        "by_group_size": by_g,
+        "by_response_length": by_len,
+    })  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""The same RL workload through TRL's `GRPOTrainer` and through ours (issue 9 item 3).
+
+Workload, identical on both sides: the embedded warm-started policy, 16 embedded-task prompts × G = 8
+completions per step, at most 40 new tokens, temperature 1, one update per step (on-policy), lr 3e-5,
+k3 KL β = 0.001 to the initial policy, clip 0.2, std-scaled group advantages, seq-mean-token-mean loss
+(TRL `loss_type="grpo"`, our `grpo` preset), reward = our math-verify pool on both sides. Rollouts by
+vLLM (TRL `vllm_mode="colocate"`, ours in-process) and by HF `generate`. Each side runs in its own
+process, one after the other, twice in alternating order (A B B A), so drift hits both; the median
+seconds per step after one warm-up step is compared. Needs the `bench` extra (`pip install -e .[bench]`).
+
+    .venv/bin/python bench/trl_compare.py [--steps 5] [--engines vllm,hf]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+from common import close, embedded_module, median, peak_rss_mib, prompt_batches, write  # noqa: E402
+
+B, G, MAX_TOKENS, LR, BETA = 16, 8, 40, 3e-5, 0.001
+
+
+def ours(engine: str, steps: int) -> dict:
+    from rlvr_lightning.algos import GRPO
+
+    module = embedded_module(GRPO(lr=LR, kl_coef=BETA, clip_eps_low=0.2, clip_eps_high=0.2, micro_batch_size=128),
+                             engine=engine, batch_size=B, group_size=G, max_response_length=MAX_TOKENS)  # fmt: skip
+    batches = prompt_batches(module)
+    seconds = []
+    for i in range(steps + 1):
+        result = module.train_on_batch(next(batches))
+        module.rollout_batches += 1
+        if result is not None and i > 0:
+            seconds.append(result[3]["step"])
+    close(module)
+    return {"step_seconds": seconds}
+
+
+def trl(engine: str, steps: int) -> dict:
+    import datasets
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlvr_lightning.data.embedded_task import train_test_split
+    from rlvr_lightning.models.warm_start import embedded_policy_path
+    from rlvr_lightning.rewards.math import MathVerifier
+
+    path = str(embedded_policy_path())
+    records = [p.record() for p in train_test_split(seed=0)[0][: B * (steps + 1)]]
+    data = datasets.Dataset.from_dict({"prompt": [r.problem for r in records], "answer": [r.answer for r in records]})
+    verifier = MathVerifier(num_workers=2, timeout_s=5.0)
+
+    def correctness(completions, answer, **_):
+        return verifier.verify(list(answer), list(completions)).rewards
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.seconds, self._t0 = [], 0.0
+
+        def on_step_begin(self, *_, **__):
+            self._t0 = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            self.seconds.append(time.perf_counter() - self._t0)
+
+    with tempfile.TemporaryDirectory() as out:
+        config = GRPOConfig(
+            output_dir=out, per_device_train_batch_size=B * G, gradient_accumulation_steps=1, num_generations=G,
+            max_completion_length=MAX_TOKENS, temperature=1.0, learning_rate=LR, lr_scheduler_type="constant",
+            beta=BETA, epsilon=0.2, num_iterations=1, loss_type="grpo", scale_rewards="group", max_grad_norm=1.0,
+            max_steps=steps + 1, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, seed=0,
+            shuffle_dataset=False, use_vllm=engine == "vllm", vllm_mode="colocate",
+            vllm_max_model_length=32 + MAX_TOKENS, vllm_enable_sleep_mode=False, dataloader_num_workers=0,
+        )  # fmt: skip
+        tok = AutoTokenizer.from_pretrained(path)
+        tok.padding_side = "left"
+        model = AutoModelForCausalLM.from_pretrained(path)
+        timer = StepTimer()
+        trainer = GRPOTrainer(model=model, reward_funcs=correctness, args=config, train_dataset=data,
+                              processing_class=tok, callbacks=[timer])  # fmt: skip
+        trainer.train()
+    verifier.close()
+    return {"step_seconds": timer.seconds[1:]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--engines", default="vllm,hf")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # child process: "<side>:<engine>"
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        side, engine = args.one.split(":")
+        result = (ours if side == "ours" else trl)(engine, args.steps)
+        result["peak_rss_mib"] = peak_rss_mib()
+        with open(args.out, "w") as fh:
+            json.dump(result, fh)
+        return
+
+    runs: dict[str, list[float]] = {}
+    errors, memory = {}, {}
+    for engine in args.engines.split(","):
+        for side in ("ours", "trl", "trl", "ours"):  # A B B A
+            key = f"{side}:{engine}"
+            with tempfile.NamedTemporaryFile(suffix=".json") as out:
+                cmd = [sys.executable, __file__, "--one", key, "--steps", str(args.steps), "--out", out.name]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    errors[key] = proc.stderr[-3000:]
+                    print(f"{key} failed:\n{proc.stderr[-3000:]}", flush=True)
+                    continue
+                result = json.loads(open(out.name).read())
+            runs.setdefault(key, []).extend(result["step_seconds"])
+            memory[key] = max(memory.get(key, 0.0), result["peak_rss_mib"])
+            print(key, [round(s, 3) for s in result["step_seconds"]], flush=True)
+    summary = {k: {"median_step_seconds": median(v), "steps": len(v), "peak_rss_mib": memory[k]} for k, v in runs.items()}
+    ratios = {
+        engine: summary[f"trl:{engine}"]["median_step_seconds"] / summary[f"ours:{engine}"]["median_step_seconds"]
+        for engine in args.engines.split(",")
+        if f"trl:{engine}" in summary and f"ours:{engine}" in summary
+    }
+    import trl as trl_pkg
+
+    write("trl_compare", {
+        "workload": {"model": "embedded warm start", "prompts": B, "group_size": G, "max_tokens": MAX_TOKENS,
+                     "lr": LR, "kl_beta": BETA, "updates_per_step": 1, "trl": trl_pkg.__version__},
+        "median": summary,
+        "trl_step_over_ours": ratios,
+        "target": ">= 1.5 (ours at least 1.5x faster)",
+        "errors": errors,
+    })  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
