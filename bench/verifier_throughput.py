@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,6 @@ BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
 def workloads() -> dict[str, tuple[list[str], list[str]]]:
     from rlvr_lightning.data.embedded_task import train_test_split
 
-    rng = random.Random(0)
     problems = train_test_split(seed=0)[0][:16]
     golds, texts = [], []
     for p in problems:  # 16 prompts × G = 8, a third right, a third off by one, a third unanswered
@@ -37,7 +35,6 @@ def workloads() -> dict[str, tuple[list[str], list[str]]]:
         for j in range(8):
             golds.append(gold)
             texts.append(f"\\boxed{{{gold}}}" if j % 3 == 0 else f"\\boxed{{{int(gold) + 1}}}" if j % 3 == 1 else "Answer:")
-    rng.shuffle(texts)
     out = {"embedded 16x8": (golds, texts)}
     for name, answer_key, text_key in (("math500", "answer", "solution"), ("gsm8k", "answer", "answer")):
         path = BENCH / f"{name}.jsonl"

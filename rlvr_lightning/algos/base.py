@@ -124,6 +124,7 @@ class RLVRModule(L.LightningModule):
         tis_cap: float = 2.0,
         allow_filtered_rollout_logprobs: bool = False,
         sync_check_tol: float = 1e-3,
+        sync_check_every: int = 10,
         max_nonfinite_steps: int = 10,
         fsdp_param_dtype: str = "float32",
         activation_checkpointing: bool = False,
@@ -152,6 +153,8 @@ class RLVRModule(L.LightningModule):
                 behaviour_logprobs=rollout) while sampling with top-p/top-k; the engine's log-probs
                 are then those of the truncated distribution, not of the policy being trained.
             sync_check_tol: max |engine − trainer| log-prob on the probe sequence after a weight sync.
+            sync_check_every: probe the first sync and every N-th after it (1 = every sync; the probe is
+                one engine call and one trainer forward of a short sequence, ~1% of a step on the default).
             max_nonfinite_steps: stop after this many consecutive updates with a non-finite loss or gradient.
             fsdp_param_dtype: under FSDP (`configs/strategy/fsdp.yaml`), `bfloat16` computes in bf16 with
                 fp32 master weights and gradient reduction; raise sync_check_tol with it (the engine's
@@ -176,6 +179,8 @@ class RLVRModule(L.LightningModule):
             )
         if tis_cap <= 0:
             raise ConfigError(f"model.tis_cap must be > 0, got {tis_cap}")
+        if sync_check_every < 1:
+            raise ConfigError(f"model.sync_check_every must be ≥ 1, got {sync_check_every}")
         self.policy: torch.nn.Module | None = None
         self.ref_policy: torch.nn.Module | None = None
         self.policy_version = 0
@@ -568,7 +573,8 @@ class RLVRModule(L.LightningModule):
     def sync_engine(self, rollout: Rollout) -> None:
         self.engine.load_weights(self.engine_weights())
         self.policy_version += 1
-        self._sync_probe.check(self.engine, partial(completion_logprobs, self.policy), rollout)
+        if (self.policy_version - 1) % self.hparams.sync_check_every == 0:
+            self._sync_probe.check(self.engine, partial(completion_logprobs, self.policy), rollout)
 
     # ---- logging -----------------------------------------------------------------------------
     def _log_step(self, rollout: Rollout, inputs: LossInputs, update_metrics, times) -> None:
