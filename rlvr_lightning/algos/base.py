@@ -577,6 +577,15 @@ class RLVRModule(L.LightningModule):
             self._sync_probe.check(self.engine, partial(completion_logprobs, self.policy), rollout)
 
     # ---- logging -----------------------------------------------------------------------------
+    def log_train_metrics(self, metrics: dict[str, float], batch_size: int) -> None:
+        """Write one step's metrics to the loggers now, at this rollout batch, and keep them as callback
+        metrics (for monitors such as EarlyStopping). Not through Lightning's deferred logging: it hands
+        a step's metrics to the loggers only after every on_train_batch_end hook, so a checkpoint saved
+        there and a kill right after it would resume past metrics that never reached MLflow."""
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=self.rollout_batches)
+        self.log_dict(metrics, logger=False, on_step=True, on_epoch=False, batch_size=batch_size)
+
     def _log_step(self, rollout: Rollout, inputs: LossInputs, update_metrics, times) -> None:
         t = inputs.tensors
         mask = t.response_mask
@@ -606,7 +615,7 @@ class RLVRModule(L.LightningModule):
             }
         )
         metrics.update({f"time/{k}": v for k, v in times.items()})
-        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(rollout.batch))
+        self.log_train_metrics(metrics, batch_size=len(rollout.batch))
         bar = {"reward": metrics["train/reward_mean"]}
         if "val/accuracy" in self.latest_val:
             bar["val_acc"] = self.latest_val["val/accuracy"]

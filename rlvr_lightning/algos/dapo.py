@@ -105,7 +105,7 @@ class DAPO(GRPO):
         metrics = {f"train/{k}": v for k, v in stats.metrics().items()}
         if rollout is None:
             self._empty_streak += 1
-            self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(batch))
+            self.log_train_metrics(metrics, batch_size=len(batch))
             if self._empty_streak >= h.max_empty_batches:
                 log.warning(
                     "%d consecutive rollout batches had no group with mixed correctness; stopping the run",
