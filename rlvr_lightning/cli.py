@@ -75,7 +75,14 @@ class RLVRCLI(LightningCLI):
         algorithm = cfg.model.class_path.rsplit(".", 1)[-1]
         args = logger.init_args
         if cfg.get("ckpt_path") and not args.run_id:
-            args.run_id = checkpoint_run_id(cfg.ckpt_path)  # resume into the same MLflow run
+            run_id = checkpoint_run_id(cfg.ckpt_path)  # resume into the same MLflow run, if this store has it
+            if run_id and mlflow_run_exists(args.tracking_uri, run_id):
+                args.run_id = run_id
+            elif run_id:
+                logging.getLogger(__name__).warning(
+                    "checkpoint %s was written by MLflow run %s, which %s does not hold; logging to a new run",
+                    cfg.ckpt_path, run_id, args.tracking_uri,
+                )  # fmt: skip
         args.run_name = args.run_name or algorithm.lower()
         args.tags = {
             **(args.tags or {}),
@@ -100,6 +107,17 @@ def checkpoint_run_id(path: str) -> str | None:
     except Exception as err:
         raise ConfigError(f"ckpt_path: cannot read checkpoint {path} ({type(err).__name__}: {err})") from None
     return (state.get("rlvr") or {}).get("mlflow_run_id")
+
+
+def mlflow_run_exists(tracking_uri: str | None, run_id: str) -> bool:
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        MlflowClient(tracking_uri=tracking_uri).get_run(run_id)
+        return True
+    except MlflowException:
+        return False
 
 
 def main(argv: list[str] | None = None) -> None:

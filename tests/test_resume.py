@@ -108,3 +108,15 @@ def test_killed_run_resumes_exactly_into_the_same_mlflow_run(tmp_path, quick_war
         for step in [s for s in before[key] if s <= k]:  # what was logged before the kill stays
             assert before[key][step] == pytest.approx(reference[key][step], abs=1e-5), (key, step)
     assert sorted(resumed["val/accuracy"]) == [0, 2, 4, STEPS]  # no extra evaluation on resume
+
+
+def test_a_checkpoint_from_another_store_resumes_into_a_new_run(tmp_path):
+    import mlflow
+
+    from rlvr_lightning.cli import mlflow_run_exists
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    run = client.create_run(client.create_experiment("x"))
+    assert mlflow_run_exists(uri, run.info.run_id)
+    assert not mlflow_run_exists(uri, "0" * 32)  # written elsewhere: the CLI warns and opens a new run
