@@ -60,6 +60,20 @@ def prompt_batches(module):
         yield from module.datamodule.train_dataloader()
 
 
+def timed_steps(module, steps: int, warmup: int = 1) -> list[tuple]:
+    """`warmup` + `steps` real training steps; the (rollout, inputs, metrics, times) of the timed ones.
+    Closes the module's engine and verifier."""
+    batches = prompt_batches(module)
+    results = []
+    for i in range(warmup + steps):
+        result = module.train_on_batch(next(batches))
+        module.rollout_batches += 1
+        if result is not None and i >= warmup:
+            results.append(result)
+    close(module)
+    return results
+
+
 def peak_rss_mib() -> float:
     """Peak resident memory of this process (vLLM runs in-process, so engine included), MiB."""
     import resource

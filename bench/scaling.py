@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from common import close, embedded_module, median, prompt_batches, write  # noqa: E402
+from common import embedded_module, median, timed_steps, write  # noqa: E402
 
 
 def measure(group_size: int, max_response_length: int, steps: int) -> dict:
@@ -26,17 +26,11 @@ def measure(group_size: int, max_response_length: int, steps: int) -> dict:
 
     module = embedded_module(GRPO(lr=3e-5, kl_coef=0.001, micro_batch_size=128), group_size=group_size,
                              max_response_length=max_response_length)  # fmt: skip
-    batches = prompt_batches(module)
     rows = []
-    for i in range(steps + 1):
-        result = module.train_on_batch(next(batches))
-        module.rollout_batches += 1
-        if result is not None and i > 0:
-            rollout, _, _, t = result
-            lengths = rollout.response_lengths.float()
-            rows.append({"step": t["step"], "rollout": t["rollout"], "update": t["update"],
-                         "tokens": lengths.sum().item(), "mean_length": lengths.mean().item()})  # fmt: skip
-    close(module)
+    for rollout, _, _, t in timed_steps(module, steps):
+        lengths = rollout.response_lengths.float()
+        rows.append({"step": t["step"], "rollout": t["rollout"], "update": t["update"],
+                     "tokens": lengths.sum().item(), "mean_length": lengths.mean().item()})  # fmt: skip
     out = {k: median([r[k] for r in rows]) for k in ("step", "rollout", "update", "mean_length")}
     out["response_tokens_per_s"] = median([r["tokens"] / r["step"] for r in rows])
     return {"group_size": group_size, "max_response_length": max_response_length, **out}

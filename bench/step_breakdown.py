@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from common import close, embedded_module, median, peak_rss_mib, preset, prompt_batches, write  # noqa: E402
+from common import embedded_module, median, peak_rss_mib, preset, timed_steps, write  # noqa: E402
 
 PARTS = ["step", "rollout", "reward", "old_logprob", "attribution", "update", "weight_sync"]
 PRESETS = "grpo,dr-grpo,dapo,gspo,real,thr,oar-g,oar-p"
@@ -32,16 +32,9 @@ PRESETS = "grpo,dr-grpo,dapo,gspo,real,thr,oar-g,oar-p"
 def run_one(name: str, steps: int) -> dict:
     module, callbacks = preset(name)
     module = embedded_module(module, callbacks)
-    batches = prompt_batches(module)
-    times, tokens = [], []
-    for i in range(steps + 1):
-        result = module.train_on_batch(next(batches))
-        module.rollout_batches += 1
-        if result is not None and i > 0:
-            rollout, _, _, step_times = result
-            times.append(step_times)
-            tokens.append(int(rollout.response_lengths.sum()))
-    close(module)
+    timed = timed_steps(module, steps)
+    times = [t for _, _, _, t in timed]
+    tokens = [int(rollout.response_lengths.sum()) for rollout, _, _, _ in timed]
     parts = {k: median([t.get(k, 0.0) for t in times]) for k in PARTS}
     parts["other"] = parts["step"] - sum(parts[k] for k in PARTS[1:])  # advantages, layout, logging
     return {

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from common import close, embedded_module, median, peak_rss_mib, prompt_batches, write  # noqa: E402
+from common import embedded_module, median, peak_rss_mib, timed_steps, write  # noqa: E402
 
 B, G, MAX_TOKENS, LR, BETA = 16, 8, 40, 3e-5, 0.001
 
@@ -35,14 +35,7 @@ def ours(engine: str, steps: int) -> dict:
 
     module = embedded_module(GRPO(lr=LR, kl_coef=BETA, clip_eps_low=0.2, clip_eps_high=0.2, micro_batch_size=128),
                              engine=engine, batch_size=B, group_size=G, max_response_length=MAX_TOKENS)  # fmt: skip
-    batches = prompt_batches(module)
-    seconds = []
-    for i in range(steps + 1):
-        result = module.train_on_batch(next(batches))
-        module.rollout_batches += 1
-        if result is not None and i > 0:
-            seconds.append(result[3]["step"])
-    close(module)
+    seconds = [times["step"] for _, _, _, times in timed_steps(module, steps)]
     return {"step_seconds": seconds}
 
 
