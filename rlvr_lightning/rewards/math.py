@@ -49,20 +49,21 @@ _THOUSANDS_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 
 
 # --------------------------------------------------------------------------- extraction
-def boxed_answers(text: str) -> tuple[list[tuple[int, str]], bool]:
+def boxed_answers(text: str) -> tuple[list[tuple[int, str]], tuple[int, str] | None]:
     """Every top-level ``\\boxed{...}`` / ``\\fbox{...}`` of `text` as (offset, stripped content), in order,
-    and whether the last box opened is closed.
+    and the last box opened as (offset, stripped content), or None when it is never closed.
 
     One linear pass with a stack (not one scan per box): a policy can emit thousands of nested or
     unclosed boxes, and a per-box scan would be quadratic in the completion length. Escaped braces
     (``\\{``, ``\\}``, e.g. ``\\left\\{``) are not grouping braces. Boxes inside a box are part of its
-    content, not answers of their own.
+    content, not answers of their own; the last box opened may be such an inner one
+    (``\\boxed{\\boxed{3}}`` answers 3).
     """
     opens = {m.end(): m.start() for m in _BOX_RE.finditer(text)}  # content start -> offset of the box
     if not opens:
-        return [], False
+        return [], None
     last_open = max(opens)
-    found, stack, open_boxes, last_closed = [], [], 0, False
+    found, stack, open_boxes, last = [], [], 0, None
     i, n = 0, len(text)
     while i < n:
         ch = text[i]
@@ -77,11 +78,13 @@ def boxed_answers(text: str) -> tuple[list[tuple[int, str]], bool]:
             start = stack.pop()
             if start >= 0:
                 open_boxes -= 1
-                last_closed |= start == last_open
+                content = text[start:i].strip()
+                if start == last_open:
+                    last = (opens[start], content)
                 if open_boxes == 0:  # top level
-                    found.append((opens[start], text[start:i].strip()))
+                    found.append((opens[start], content))
         i += 1
-    return found, last_closed
+    return found, last
 
 
 def find_last_boxed(text: str) -> tuple[int, str] | None:
@@ -92,11 +95,8 @@ def find_last_boxed(text: str) -> tuple[int, str] | None:
     """
     if not text:
         return None
-    found, last_closed = boxed_answers(text)
-    if not last_closed or not found:
-        return None
-    offset, content = found[-1]
-    return (offset, content) if content else None
+    _, last = boxed_answers(text)
+    return last if last is not None and last[1] else None
 
 
 def other_boxed_answers(text: str) -> list[str]:
@@ -106,7 +106,7 @@ def other_boxed_answers(text: str) -> list[str]:
     completion cannot game a last-box reward by boxing several candidates, while a solution that
     boxes one value in two forms (MATH writes both ``15\\frac{39}{40}`` and ``\\frac{639}{40}``) still counts.
     """
-    found, _ = boxed_answers(text) if text else ([], False)
+    found, _ = boxed_answers(text) if text else ([], None)
     if len(found) < 2:
         return []
     last = "".join(found[-1][1].split())
