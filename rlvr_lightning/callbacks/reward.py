@@ -46,6 +46,7 @@ class RewardVerifier(RolloutCallback):
         self.truncated_is_incorrect = truncated_is_incorrect
         self.verifier: MathVerifier | None = None
         self.total_timeouts = 0
+        self._reported: set[str] = set()  # sources whose unparseable golds were already reported
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._ensure_verifier()
@@ -72,7 +73,10 @@ class RewardVerifier(RolloutCallback):
             return records
         ok = self._ensure_verifier().parseable_golds([r.answer for r in records])
         bad = [r for r, good in zip(records, ok) if not good]
-        if bad:
+        # Once per source: the held-out set passes here from this callback and from Evaluation, in
+        # whichever order the callbacks were configured.
+        if bad and where not in self._reported:
+            self._reported.add(where)
             log.warning(
                 "%s: skipped %d of %d problems whose gold answer the verifier cannot parse, e.g. %s",
                 where, len(bad), len(records), ", ".join(f"{r.id}: {r.answer[:40]!r}" for r in bad[:5]),
