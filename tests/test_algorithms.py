@@ -119,7 +119,7 @@ def test_old_logprobs_from_the_update_forward_equal_a_separate_pass(tiny_policy_
     loss_b, g_b = gradient(module, explicit, 3)
     assert loss_a.item() == pytest.approx(loss_b.item(), rel=1e-6, abs=1e-8)
     torch.testing.assert_close(g_a, g_b, rtol=1e-5, atol=1e-8)
-    torch.testing.assert_close(module._old_logp_from_update, explicit.old_logp, rtol=0, atol=1e-6)
+    torch.testing.assert_close(inputs.old_logp, explicit.old_logp, rtol=0, atol=1e-6)
 
 
 def test_dapo_reward_is_signed_correctness_plus_overlong_penalty(tiny_policy_dir):

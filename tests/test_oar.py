@@ -259,7 +259,8 @@ def test_thr_and_oar_compose_multiplicatively(tiny_policy_dir):
         module.trainer.callbacks.extend(callbacks)
         rollout = boxed_rollout(module)
         rollout.advantages = module.compute_advantages(rollout)
-        module.loss_inputs(rollout)
+        inputs, _ = module.loss_inputs(rollout)
+        module.accumulate_gradients(inputs, inputs.seq_index, 1.0)  # THR scores in the update's forward
         return rollout.token_weights
 
     thr, oar = THRAttribution(p=0.3, threshold="all"), OARAttribution(method="perturbation")

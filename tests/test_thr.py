@@ -152,13 +152,32 @@ def test_module_captures_the_hidden_states_that_produce_old_logprobs(tiny_policy
         torch.testing.assert_close(logp.gather(-1, targets[:, None]).squeeze(1), old[n, :L_n], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("p", [0.3, -0.3])
-def test_callback_reweights_mixed_groups_only(tiny_policy_dir, p):
-    module = with_thr(GRPO, tiny_policy_dir, THRAttribution(p=p, threshold="all"))
+def thr_update(tiny_policy_dir, p, micro_batch_size, rollout_edit=None):
+    """THR on GRPO through loss_inputs and one update's gradient; micro_batch_size 4 (= G) reads θ_old's
+    LM-head inputs in the update's forward, 3 (splits groups) in a separate θ_old pass."""
+    module = with_thr(GRPO, tiny_policy_dir, THRAttribution(p=p, threshold="all"), micro_batch_size=micro_batch_size)
+    passes = []
+    separate = module.reference_logprobs
+    module.reference_logprobs = lambda *a, **kw: passes.append(kw.get("hidden_rows")) or separate(*a, **kw)
     rollout = sample_rollout(module)
+    if rollout_edit:
+        rollout_edit(rollout)
+    inputs = prepared(module, rollout)
+    loss, grad = gradient(module, inputs, micro_batch_size)
+    read_in_update = all(rows is None for rows in passes)
+    return module, rollout, inputs, loss, grad, read_in_update
+
+
+def no_correct_in_group_1(rollout):
     rollout.correct[4:] = 0.0  # group 1 now has no correct rollout: Â ≡ 0 and no THR
     rollout.rewards = rollout.correct.clone()
-    inputs = prepared(module, rollout)
+
+
+@pytest.mark.parametrize("micro_batch_size", [4, 3])
+@pytest.mark.parametrize("p", [0.3, -0.3])
+def test_callback_reweights_mixed_groups_only(tiny_policy_dir, p, micro_batch_size):
+    _, rollout, inputs, _, _, read_in_update = thr_update(tiny_policy_dir, p, micro_batch_size, no_correct_in_group_1)
+    assert read_in_update == (micro_batch_size == 4)
     w = rollout.token_weights
     mask = inputs.tensors.response_mask.bool()
     assert (w[4:] == 1).all()
@@ -169,7 +188,21 @@ def test_callback_reweights_mixed_groups_only(tiny_policy_dir, p):
     assert (torch.sign(inputs.advantages) == torch.sign(base)).all()
     assert rollout.metrics["thr/dominant_frac"] == 1.0
     assert rollout.metrics["thr/positive_frac"] + rollout.metrics["thr/negative_frac"] == pytest.approx(1.0)
-    assert rollout.hidden_states is None  # freed before the update
+
+
+def test_thr_read_in_the_update_equals_a_separate_theta_old_pass(tiny_policy_dir):
+    """One update per rollout batch: THR scored from the update's own forward (no θ_old pass) gives the
+    weights, metrics, loss and gradient of THR scored from a separate no-grad θ_old forward."""
+    _, r_in, in_in, loss_in, grad_in, read_in = thr_update(tiny_policy_dir, 0.3, 4)
+    _, r_sep, in_sep, loss_sep, grad_sep, read_sep = thr_update(tiny_policy_dir, 0.3, 3)
+    assert read_in and not read_sep
+    assert torch.equal(r_in.token_weights, r_sep.token_weights)
+    assert (r_in.token_weights != 1).any()
+    torch.testing.assert_close(in_in.advantages, in_sep.advantages)
+    for key in ("thr/tokens", "thr/positive_frac", "thr/abs_p50", "thr/abs_max"):
+        assert r_in.metrics[key] == pytest.approx(r_sep.metrics[key], rel=1e-5)
+    assert loss_in.item() == pytest.approx(loss_sep.item(), rel=1e-5)
+    torch.testing.assert_close(grad_in, grad_sep, rtol=1e-4, atol=1e-7)
 
 
 def test_thr_composes_with_gspo_token_and_is_refused_where_it_cannot(tiny_policy_dir):

@@ -6,7 +6,8 @@ One `training_step` = one rollout batch (DESIGN.md, "Data flow"):
   3. the algorithm shapes rewards and turns them into advantages (`compute_rewards`, `compute_advantages`)
   4. θ_old (and reference) log-probs under the trainer's model, no grad; loss mask; truncated-IS weights
   5. attribution callbacks may reshape advantages per token      (`rollout.token_weights`; THR reads
-     the θ_old hidden states captured in step 4, so it costs no extra transformer forward)
+     θ_old's LM-head inputs: captured in step 4, or, with one update per rollout batch, in step 6's own
+     forward, which then runs at θ_old — either way no extra transformer forward)
   6. K mini-batches × micro-batches: the algorithm's loss → manual backward → clip → step
   7. the new weights go to the engine, whose change is probed
   8. metrics are logged
@@ -55,14 +56,29 @@ class RolloutCallback(Callback):
         """After advantages and the θ_old pass: fill `rollout.token_weights` (THR / OAR attribution)."""
 
     def hidden_states_needed(self, rollout: Rollout) -> torch.Tensor | None:
-        """Bool [N]: sequences whose θ_old LM-head inputs this callback reads from `rollout.hidden_states`."""
+        """Bool [N], whole groups: sequences whose θ_old LM-head inputs `token_weights_from_hidden` reads."""
         return None
+
+    def token_weights_from_hidden(
+        self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout, hidden: dict[int, torch.Tensor]
+    ) -> dict[int, torch.Tensor]:
+        """Token weights [L_n] per sequence n from its θ_old LM-head inputs `hidden[n]` [L_n, d] (THR).
+
+        `hidden` holds whole groups of the sequences `hidden_states_needed` asked for: all of them at
+        once after the θ_old pass, or a micro-batch's worth at a time inside the update's forward when
+        that runs at θ_old (then called before the micro-batch's loss). Runs after
+        `on_advantages_computed`; a weight multiplies the token's advantage."""
+        return {}
 
 
 def reshapes_advantages(callback: Callback) -> bool:
-    """Whether a callback writes token weights (overrides `on_advantages_computed`)."""
-    hook = getattr(type(callback), "on_advantages_computed", None)
-    return isinstance(callback, RolloutCallback) and hook is not RolloutCallback.on_advantages_computed
+    """Whether a callback writes token weights (overrides `on_advantages_computed` or `token_weights_from_hidden`)."""
+    if not isinstance(callback, RolloutCallback):
+        return False
+    return any(
+        getattr(type(callback), hook) is not getattr(RolloutCallback, hook)
+        for hook in ("on_advantages_computed", "token_weights_from_hidden")
+    )
 
 
 @dataclass
@@ -92,6 +108,7 @@ class LossInputs:
     correct: torch.Tensor  # [n] verifier correctness c (REAL's class labels)
     seq_index: torch.Tensor  # positions of these sequences in the rollout
     group_size: int  # G; sequences are stored group-contiguously
+    at_old: FromUpdateForward | None = None  # shared by every micro-batch's `select`
 
     def select(self, idx: torch.Tensor) -> LossInputs:
         def pick(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -100,7 +117,55 @@ class LossInputs:
         return LossInputs(
             self.tensors.select(idx), self.advantages[idx], pick(self.old_logp), pick(self.ref_logp),
             self.loss_mask[idx], pick(self.is_weight), self.correct[idx], self.seq_index[idx], self.group_size,
+            self.at_old,
         )  # fmt: skip
+
+
+@dataclass
+class FromUpdateForward:
+    """What the update's own forward supplies when it runs exactly at θ_old (one optimizer step per
+    rollout batch, `RLVRModule.old_logprobs_from_update`), so that no separate no-grad forward is needed:
+    θ_old's log-probs, and the LM-head inputs of the token shapers that read them (THR), whose weights
+    then reshape each micro-batch's advantages just before its loss (micro-batches hold whole groups)."""
+
+    old_logp: torch.Tensor  # [N, T], filled micro-batch by micro-batch (for logging after the update)
+    rollout: Rollout
+    shapers: list[RolloutCallback]  # empty unless hidden states are read in the update
+    hidden_rows: torch.Tensor | None  # bool [N] (host): sequences whose LM-head inputs the shapers read
+    token_weights: torch.Tensor | None  # [N, T] the shapers' weights, filled like old_logp
+
+    def reshape(self, module: RLVRModule, mb: LossInputs, lm_head_in: torch.Tensor) -> torch.Tensor:
+        """The micro-batch's token advantages times the shapers' weights from its forward's LM-head inputs."""
+        if not self.shapers:
+            return mb.advantages
+        rows = mb.seq_index.cpu()
+        hidden = response_hidden(lm_head_in, rows, self.hidden_rows[rows], mb.tensors.response_mask)
+        weights = hidden_token_weights(module, self.rollout, self.shapers, hidden, rows, mb.advantages.shape[1])
+        self.token_weights[rows] = weights
+        return mb.advantages * weights.to(mb.advantages)
+
+
+def response_hidden(
+    lm_head_in: torch.Tensor, rows: torch.Tensor, need: torch.Tensor, response_mask: torch.Tensor
+) -> dict[int, torch.Tensor]:
+    """{sequence n: [L_n, d]} of the rows in `need` from the LM-head inputs [n, T+1, d] of a forward with
+    `logits_to_keep=T+1`: its first T positions predict the response tokens."""
+    lengths = response_mask.sum(1).long().tolist()
+    return {int(rows[i]): lm_head_in[i, : lengths[i]] for i in need.nonzero().squeeze(1).tolist()}
+
+
+def hidden_token_weights(
+    module: RLVRModule, rollout: Rollout, shapers: list[RolloutCallback], hidden: dict[int, torch.Tensor],
+    rows: torch.Tensor, width: int,
+) -> torch.Tensor:  # fmt: skip
+    """Token weights [len(rows), width] of the sequences `rows`: the product of every shaper's weights
+    from θ_old's LM-head inputs `hidden`; 1 where none reweights."""
+    weights = torch.ones(len(rows), width)
+    position = {int(n): i for i, n in enumerate(rows.tolist())}
+    for cb in shapers:
+        for n, w in cb.token_weights_from_hidden(module.trainer, module, rollout, hidden).items():
+            weights[position[n], : len(w)] *= w.cpu()
+    return weights
 
 
 class RLVRModule(L.LightningModule):
@@ -189,7 +254,6 @@ class RLVRModule(L.LightningModule):
         self.latest_val: dict[str, float] = {}
         self._sync_probe = WeightSyncProbe(tol=sync_check_tol)
         self._nonfinite_streak = 0
-        self._old_logp_from_update: torch.Tensor | None = None
 
     # ---- model, engine, optimiser ------------------------------------------------------------
     def configure_model(self) -> None:
@@ -395,14 +459,23 @@ class RLVRModule(L.LightningModule):
         times = {} if times is None else times
         t = rollout.tensors(self.datamodule.tokenizer.pad_token_id).to(self.device)
         from_update = self.old_logprobs_from_update()
+        hidden_rows = self._hidden_rows_needed(rollout)
+        shapers = self._hidden_readers(rollout) if hidden_rows is not None else []
+        # The shapers read θ_old's LM-head inputs in the update's forward when that runs at θ_old and
+        # every micro-batch holds whole groups (THR scores a group from all its responses).
+        in_update = from_update and h.micro_batch_size % rollout.group_size == 0
         with _timed(times, "old_logprob"):
-            old_logp, ref_logp, rollout.hidden_states = self.reference_logprobs(
+            old_logp, ref_logp, hidden = self.reference_logprobs(
                 t, rollout.sampling.temperature, with_old=h.behaviour_logprobs == "trainer" and not from_update,
-                hidden_rows=self._hidden_rows_needed(rollout),
+                hidden_rows=None if in_update else hidden_rows,
             )  # fmt: skip
         with _timed(times, "attribution"):
             self._run_rollout_hooks("on_advantages_computed", rollout)
-        rollout.hidden_states = None  # B·G·L·d floats: free them before the update
+            if hidden:
+                N, T = t.response_mask.shape
+                rows = torch.arange(N)
+                rollout.multiply_token_weights(hidden_token_weights(self, rollout, shapers, hidden, rows, T))
+        del hidden  # B·G·L·d floats: free them before the update
         adv_tok = rollout.advantages.to(self.device)[:, None] * t.response_mask
         if rollout.token_weights is not None:
             adv_tok = adv_tok * rollout.token_weights.to(self.device)
@@ -411,12 +484,18 @@ class RLVRModule(L.LightningModule):
             loss_mask = loss_mask * (~rollout.truncated).to(self.device, loss_mask.dtype)[:, None]
         if old_logp is None and not from_update:
             old_logp = t.rollout_logp
-        # Filled row by row by the update's forward (accumulate_gradients), then handed to logging.
-        self._old_logp_from_update = torch.zeros_like(t.rollout_logp) if old_logp is None else None
+        at_old = None
+        if from_update:
+            at_old = FromUpdateForward(
+                old_logp=torch.zeros_like(t.rollout_logp), rollout=rollout, shapers=shapers if in_update else [],
+                hidden_rows=hidden_rows, token_weights=torch.ones_like(t.response_mask, device="cpu") if in_update else None,
+            )  # fmt: skip
         is_weight, is_stats = truncated_is_weights(old_logp, t.rollout_logp, loss_mask, h.tis_level, h.tis_cap)
         seq_index = torch.arange(t.input_ids.shape[0], device=self.device)
         correct = rollout.correct.to(self.device, torch.float32)
-        inputs = LossInputs(t, adv_tok, old_logp, ref_logp, loss_mask, is_weight, correct, seq_index, rollout.group_size)
+        inputs = LossInputs(
+            t, adv_tok, old_logp, ref_logp, loss_mask, is_weight, correct, seq_index, rollout.group_size, at_old
+        )
         return inputs, is_stats
 
     def generate(self, batch: PromptBatch, sampling: SamplingConfig | None = None) -> Rollout:
@@ -447,6 +526,12 @@ class RLVRModule(L.LightningModule):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return token_logprobs(model, t, temperature, with_entropy)
 
+    def _hidden_readers(self, rollout: Rollout) -> list[RolloutCallback]:
+        return [
+            cb for cb in self.trainer.callbacks
+            if isinstance(cb, RolloutCallback) and cb.hidden_states_needed(rollout) is not None
+        ]  # fmt: skip
+
     def _hidden_rows_needed(self, rollout: Rollout) -> torch.Tensor | None:
         rows = None
         for cb in self.trainer.callbacks:
@@ -470,11 +555,10 @@ class RLVRModule(L.LightningModule):
                     logp = self.token_logprobs(self.policy, mb, temperature)[0]
                 if with_old:
                     old.append(logp)
-                lengths = mb.response_mask.sum(1).long().tolist()
-                for row in capture.nonzero().squeeze(1).tolist():
-                    # lm_head saw positions P−1 … P+T−1; the first T predict the response tokens.
+                if capture.any():
                     # Kept in host memory: B·G·L·d values would crowd the accelerator during the update.
-                    hidden[int(idx[row])] = grabbed[0][row, : lengths[row]].to("cpu", copy=True)
+                    found = response_hidden(grabbed[0], idx.cpu(), capture, mb.response_mask)
+                    hidden.update({n: h.to("cpu", copy=True) for n, h in found.items()})
             if self.ref_policy is not None:
                 ref.append(self.token_logprobs(self.ref_policy, mb, temperature)[0])
         old_logp, ref_logp = (torch.cat(old) if old else None), (torch.cat(ref) if ref else None)
@@ -523,20 +607,28 @@ class RLVRModule(L.LightningModule):
         accumulated gradient does not depend on the micro-batch size or the number of ranks.
         """
         norms = self.step_norms(inputs, seq_index)
+        at_old = inputs.at_old if inputs.old_logp is None else None  # this update runs at θ_old
+        if at_old is not None and at_old.shapers and self.hparams.micro_batch_size % inputs.group_size:
+            raise RuntimeError("token shapers read the update's LM-head inputs, but micro-batches split groups")
         step_loss = torch.zeros((), device=self.device)
         for idx in self._micro_batches(seq_index):
             mb = inputs.select(idx)
-            logp, entropy = self.token_logprobs(self.policy, mb.tensors, temperature, with_entropy=acc is not None)
-            if mb.old_logp is None:  # this forward runs at θ_old (old_logprobs_from_update)
+            with lm_head_inputs(self.policy, enabled=at_old is not None and bool(at_old.shapers)) as grabbed:
+                logp, entropy = self.token_logprobs(self.policy, mb.tensors, temperature, with_entropy=acc is not None)
+            if at_old is not None:
                 mb.old_logp = logp.detach()
-                self._old_logp_from_update[idx] = mb.old_logp
+                at_old.old_logp[idx] = mb.old_logp
+                mb.advantages = at_old.reshape(self, mb, grabbed[0] if grabbed else None)
             loss, stats = self.micro_batch_loss(mb, logp, norms)
             self.manual_backward(loss)
             if acc is not None:
                 acc.add_tokens(stats, entropy, mb.loss_mask)
             step_loss += loss.detach()  # already globally normalised: the step's loss is their sum
-        if inputs.old_logp is None:  # θ_old for the rest of the step (logging), from this update's forward
-            inputs.old_logp = self._old_logp_from_update
+        if at_old is not None:  # θ_old and the reshaped advantages from now on (logging, a repeated call)
+            inputs.old_logp = at_old.old_logp
+            if at_old.token_weights is not None:
+                at_old.rollout.multiply_token_weights(at_old.token_weights)
+                inputs.advantages = inputs.advantages * at_old.token_weights.to(inputs.advantages)
         return step_loss
 
     def step_norms(self, inputs: LossInputs, seq_index: torch.Tensor) -> StepNorms:

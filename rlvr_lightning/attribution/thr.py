@@ -134,10 +134,13 @@ def rollout_thr(
     lm_head: Callable[[torch.Tensor], torch.Tensor],
     chunk_size: int = 1024,
 ) -> Iterator[GroupScores]:
-    """THR of every mixed group of a scored rollout with advantages, from its θ_old LM-head inputs."""
+    """THR of every mixed group of a scored rollout with advantages whose θ_old LM-head inputs are in
+    `hidden_states` (all of a group's sequences, or none)."""
     G = rollout.group_size
     for group in mixed_groups(rollout.correct.float(), G).nonzero().squeeze(1).tolist():
         seqs = range(group * G, (group + 1) * G)
+        if group * G not in hidden_states:
+            continue
         hidden = torch.cat([hidden_states[n] for n in seqs])
         if isinstance(lm_head, torch.nn.Module):  # captured hidden states wait in host memory
             hidden = hidden.to(next(lm_head.parameters()).device)

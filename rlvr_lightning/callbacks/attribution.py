@@ -3,11 +3,11 @@
 `OARAttribution` (arXiv 2601.07408, ALGORITHMS.md §2.7): reasoning tokens of every rollout with a
 non-zero advantage and a parsable `\\boxed{}` answer get Bi-Level weights from OAR-P or OAR-G scores.
 
-`THRAttribution` (arXiv 2510.03669, ALGORITHMS.md §2.6): once per rollout batch, under θ_old and
-without grad, score every response token of each mixed group by its Token Hidden Reward and
-write `rollout.token_weights` so that Â' = Â·(1 + p·sign(THR)) on dominant tokens. p > 0 favours
-exploitation (greedy accuracy), p < 0 exploration (pass@k). The hidden states come from the θ_old
-forward the module runs anyway (no extra transformer pass).
+`THRAttribution` (arXiv 2510.03669, ALGORITHMS.md §2.6): under θ_old and without grad, score every
+response token of each mixed group by its Token Hidden Reward and weight its advantage so that
+Â' = Â·(1 + p·sign(THR)) on dominant tokens. p > 0 favours exploitation (greedy accuracy), p < 0
+exploration (pass@k). The LM-head inputs come from a forward the module runs anyway: the θ_old pass,
+or, with one update per rollout batch, the update's own forward (no extra transformer pass).
 """
 
 from __future__ import annotations
@@ -76,27 +76,34 @@ class THRAttribution(RolloutCallback):
             return None
         return mixed_groups(rollout.correct.float(), rollout.group_size).repeat_interleave(rollout.group_size)
 
-    @torch.no_grad()
     def on_advantages_computed(self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout) -> None:
-        if self.is_identity:
-            return
-        G, N = rollout.group_size, rollout.num_sequences
-        T = max(1, int(rollout.response_lengths.max()))
-        weights = torch.ones(N, T)
-        parts: dict[str, list[torch.Tensor]] = {"thr": [], "dominant": [], "entropy": []}
+        """A new rollout batch: its THR statistics start empty (same keys when no group is mixed)."""
+        self._parts: dict[str, list[torch.Tensor]] = {"thr": [], "dominant": [], "entropy": []}
+        if not self.is_identity:
+            rollout.metrics.update(self._metrics())
+
+    @torch.no_grad()
+    def token_weights_from_hidden(
+        self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout, hidden: dict[int, torch.Tensor]
+    ) -> dict[int, torch.Tensor]:
+        """Weights of the mixed groups in `hidden` (all of the batch's, or one micro-batch's)."""
+        G = rollout.group_size
+        weights: dict[int, torch.Tensor] = {}
         lm_head = module.policy.get_output_embeddings()
-        for gs in rollout_thr(rollout, rollout.hidden_states, lm_head, self.chunk_size):
+        for gs in rollout_thr(rollout, hidden, lm_head, self.chunk_size):
             dominant = dominant_tokens(
                 gs.scores, gs.thr, gs.seq, gs.correct, self.threshold, self.beta_anchor, self.quantile, self.thr_abs
             )
             w = thr_token_weights(gs.thr, dominant, self.p, self.mode).cpu()
-            for j, w_j in enumerate(gs.per_rollout(w)):
-                weights[gs.group * G + j, : gs.lengths[j]] = w_j
-            parts["thr"].append(gs.thr.cpu())
-            parts["dominant"].append(dominant.cpu())
-            parts["entropy"].append(gs.entropy.cpu())
-        rollout.multiply_token_weights(weights)
-        rollout.metrics.update(thr_metrics(**{k: torch.cat(v) if v else torch.empty(0) for k, v in parts.items()}))
+            weights.update({gs.group * G + j: w_j for j, w_j in enumerate(gs.per_rollout(w))})
+            self._parts["thr"].append(gs.thr.cpu())
+            self._parts["dominant"].append(dominant.cpu())
+            self._parts["entropy"].append(gs.entropy.cpu())
+        rollout.metrics.update(self._metrics())  # over every group scored so far in this batch
+        return weights
+
+    def _metrics(self) -> dict[str, float]:
+        return thr_metrics(**{k: torch.cat(v) if v else torch.empty(0) for k, v in self._parts.items()})
 
 
 def thr_metrics(thr: torch.Tensor, dominant: torch.Tensor, entropy: torch.Tensor) -> dict[str, float]:

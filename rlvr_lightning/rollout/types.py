@@ -67,9 +67,6 @@ class Rollout:
     correct: torch.Tensor | None = None  # [N] verifier correctness c ∈ {0,1}
     advantages: torch.Tensor | None = None  # [N] sequence advantages
     token_weights: torch.Tensor | None = None  # [N,T] multiplicative reshaping of advantages
-    # θ_old LM-head inputs [L_n, d] per sequence n, captured for the attribution callbacks that ask
-    # (THR) during the old-log-prob forward and dropped once they have run.
-    hidden_states: dict[int, torch.Tensor] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
 
     def multiply_token_weights(self, weights: torch.Tensor) -> None:
