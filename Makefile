@@ -57,7 +57,7 @@ results: setup
 bench: setup $(VENV)/.bench-installed
 	$(PY) bench/rollout_throughput.py
 	$(PY) bench/step_breakdown.py
-	$(PY) bench/attribution_overhead.py --rounds 5
+	$(PY) bench/attribution_overhead.py --rounds 16
 	$(PY) bench/verifier_throughput.py
 	$(PY) bench/scaling.py
 	$(PY) bench/trl_compare.py

@@ -7,7 +7,7 @@ so every completion runs to the token limit). The engines alternate round by rou
 first, not counted) so machine drift hits both; median tokens/s and the ratio are reported, for 16
 prompts (one training batch, 128 sequences) and 64 prompts (512 sequences).
 
-    .venv/bin/python bench/rollout_throughput.py [--rounds 5]
+    .venv/bin/python bench/rollout_throughput.py [--rounds 5] [--compiled --name rollout_compiled]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def models(tmp: str) -> dict[str, str]:
     return {"embedded 1.1M (warm start)": str(embedded_policy_path()), "scaled 6.4M (random)": str(scaled)}
 
 
-def measure(path: str, prompts: int, rounds: int) -> dict:
+def measure(path: str, prompts: int, rounds: int, compiled: bool = False) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -54,6 +54,10 @@ def measure(path: str, prompts: int, rounds: int) -> dict:
         "vllm": VLLMEngine(path, max_model_len=32 + MAX_TOKENS, dtype="float32", seed=0),
         "hf": HFGenerateEngine(model, tok.pad_token_id, tok.eos_token_id),
     }
+    if compiled:  # vLLM's compiled model (data.enforce_eager=false): start-up cost printed, not in tokens/s
+        t0 = time.perf_counter()
+        engines["vllm_compiled"] = VLLMEngine(path, max_model_len=32 + MAX_TOKENS, dtype="float32", seed=0, enforce_eager=False)
+        print(f"vllm_compiled start-up {time.perf_counter() - t0:.1f} s", flush=True)
     rates: dict[str, list[float]] = {name: [] for name in engines}
     lengths: dict[str, list[float]] = {name: [] for name in engines}
     for r in range(rounds + 1):
@@ -65,9 +69,13 @@ def measure(path: str, prompts: int, rounds: int) -> dict:
             if r > 0:  # round 0 warms both up
                 rates[name].append(sum(tokens) / seconds)
                 lengths[name].append(sum(tokens) / len(tokens))
-    engines["vllm"].close()
+    for name in engines:
+        if name.startswith("vllm"):
+            engines[name].close()
     out = {name: {"tokens_per_s": median(v), "mean_tokens_per_completion": median(lengths[name])} for name, v in rates.items()}
     out["vllm_over_hf"] = out["vllm"]["tokens_per_s"] / out["hf"]["tokens_per_s"]
+    if compiled:
+        out["vllm_compiled_over_hf"] = out["vllm_compiled"]["tokens_per_s"] / out["hf"]["tokens_per_s"]
     return out
 
 
@@ -75,15 +83,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--prompts", default="16,64")
+    parser.add_argument("--compiled", action="store_true", help="also vLLM with enforce_eager=False (compiled model)")
+    parser.add_argument("--name", default="rollout_throughput", help="results/<name>.json")
     args = parser.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for label, path in models(tmp).items():
             for prompts in map(int, args.prompts.split(",")):
                 key = f"{label}, {prompts} prompts x {G}"
-                results[key] = measure(path, prompts, args.rounds)
+                results[key] = measure(path, prompts, args.rounds, args.compiled)
                 print(key, results[key], flush=True)
-    write("rollout_throughput", {
+    write(args.name, {
         "workload": {"group_size": G, "max_tokens": MAX_TOKENS, "temperature": 1.0, "rounds": args.rounds,
                      "hf_engine": "one batched generate call with KV cache", "vllm": "in-process, enforce_eager"},
         "results": results,
