@@ -147,6 +147,41 @@ def test_oar_g_batching_is_exact(policy, tok):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-9)
 
 
+def varied_scoring_inputs(tok):
+    """Rollouts of different prompt, reasoning and answer lengths, so batches mix offsets and splits."""
+    pairs = [("What is 3+4-2?\n", "3+4=7,7-2=5.\\boxed{5}"), ("What is 10+1+5?\n", "10+1=11,11+5=16.\\boxed{16}"),
+             ("Compute 7*8.\n", "7*8=56.\\boxed{56}"), ("What is 100-1?\n", "100-1=99, so.\\boxed{99}"),
+             ("1+1?\n", "2.\\boxed{2}")]  # fmt: skip
+    return [segment_boxed(ids(tok, p), ids(tok, r), tok) for p, r in pairs]
+
+
+@pytest.mark.parametrize("chunk_size", [2, 32])
+@pytest.mark.parametrize("mode", ["last", "answer_mean", "answer_joint"])
+def test_prefix_reuse_gives_the_scores_of_full_forwards(policy, tok, mode, chunk_size, monkeypatch):
+    """OAR-P's perturbed copies and OAR-G's noisy pass start at their first changed column, on the clean
+    forward's KV cache; the scores equal those of full forwards."""
+    import rlvr_lightning.attribution.oar as oar
+
+    prefixes = []
+    cut = oar._prefix_of
+    monkeypatch.setattr(oar, "_prefix_of", lambda *a: prefixes.append(cut(*a)) or prefixes[-1])
+    inputs = varied_scoring_inputs(tok)
+    pad = tok.pad_token_id
+    cached = oar_p_scores(policy, inputs, pad, mode=mode, chunk_size=chunk_size)
+    full = oar_p_scores(policy, inputs, pad, mode=mode, chunk_size=chunk_size, reuse_prefix=False)
+    for a, b in zip(cached, full):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+    assert prefixes and all(p is not None and p.get_seq_length() > 0 for p in prefixes)  # the cache was used
+    used_by_p = len(prefixes)
+    gens = lambda: [torch.Generator().manual_seed(i) for i in range(len(inputs))]  # noqa: E731
+    cached = oar_g_saliency(policy, inputs, pad, mode=mode, generators=gens(), chunk_size=chunk_size)
+    full = oar_g_saliency(policy, inputs, pad, mode=mode, generators=gens(), chunk_size=chunk_size, reuse_prefix=False)
+    for a, b in zip(cached, full):
+        assert (a > 0).any()
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-9)
+    assert len(prefixes) > used_by_p and all(p is not None for p in prefixes)
+
+
 class PositionWeightedLM(torch.nn.Module):
     """A constructed causal LM: the state at t is Σ_{s ≤ t} c_{pos(s)}·e(x_s), logits = W·state.
     A token at a position with large c moves every later answer distribution more."""
