@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from rlvr_lightning.algos.grpo import GRPO
+from rlvr_lightning.callbacks.attribution import THRAttribution
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.rollout.types import PromptBatch, Rollout
 from rlvr_lightning.standalone import standalone
@@ -23,13 +24,13 @@ STEPS, PROMPTS_PER_RANK, G, RESPONSE = 3, 2, 8, 40
 HPARAMS = dict(lr=1e-4, kl_coef=0.001, micro_batch_size=8)  # micro-batches: accumulation is exercised too
 
 
-def fsdp_args(tmp_path: Path, model_dir: Path) -> list[str]:
+def fsdp_args(tmp_path: Path, model_dir: Path, algo: str = "grpo") -> list[str]:
     (tmp_path / "probe.yaml").write_text(
         "trainer:\n  callbacks+:\n    - class_path: tests.fsdp_probe.ShardProbe\n"
         f"      init_args: {{out: {tmp_path / 'probe'}}}\n"
     )
     return [
-        "fit", "--config", str(REPO / "configs/base.yaml"), "--config", str(REPO / "configs/algo/grpo.yaml"),
+        "fit", "--config", str(REPO / "configs/base.yaml"), "--config", str(REPO / f"configs/algo/{algo}.yaml"),
         "--config", str(REPO / "configs/strategy/fsdp.yaml"), "--config", str(tmp_path / "probe.yaml"),
         "--trainer.devices", "2", "--trainer.accelerator", "cpu", "--trainer.max_steps", str(STEPS),
         "--trainer.logger.init_args.tracking_uri", f"sqlite:///{tmp_path}/mlflow.db",
@@ -40,11 +41,11 @@ def fsdp_args(tmp_path: Path, model_dir: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def replay(model_dir: Path, probe: Path) -> dict[str, torch.Tensor]:
+def replay(model_dir: Path, probe: Path, callbacks=()) -> dict[str, torch.Tensor]:
     """The same steps in one process: both ranks' rollouts of a step form one rollout batch."""
     dm = RolloutDataModule(model_name_or_path=str(model_dir), batch_size=2 * PROMPTS_PER_RANK, group_size=G,
                            max_response_length=RESPONSE, val_data=None, engine="hf")  # fmt: skip
-    module = standalone(GRPO(**HPARAMS), dm)
+    module = standalone(GRPO(**HPARAMS), dm, callbacks=callbacks)
     try:
         for step in range(STEPS):
             parts = [torch.load(probe / f"rank{r}_step{step}.pt", weights_only=False) for r in (0, 1)]
@@ -64,11 +65,14 @@ def replay(model_dir: Path, probe: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.e2e
-def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_path, quick_warm_start):
+@pytest.mark.parametrize("algo", ["grpo", "thr"])
+def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_path, quick_warm_start, algo):
+    """`thr`: THR (p = 0.2) scores each rank's groups inside the sharded update's forward (micro-batches
+    of G = 8); the update must still equal the single-process replay with THR."""
     _, model_dir = quick_warm_start
     env = {**os.environ, "RLVR_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "rlvr_lightning", *fsdp_args(tmp_path, model_dir)], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "rlvr_lightning", *fsdp_args(tmp_path, model_dir, algo)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     probe = tmp_path / "probe"
 
@@ -81,7 +85,7 @@ def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_p
         assert json.loads((probe / f"rank{r}_engine.json").read_text())["max_abs_diff"] < 1e-3
     gathered = torch.load(probe / "final_weights.pt", weights_only=True)
     initial = standalone(GRPO(), RolloutDataModule(model_name_or_path=str(model_dir), val_data=None, engine="hf"))
-    reference = replay(model_dir, probe)
+    reference = replay(model_dir, probe, [THRAttribution(p=0.2)] if algo == "thr" else [])
     moved = max((reference[k] - p).abs().max().item() for k, p in initial.policy.state_dict().items())
     assert moved > 1e-5  # the steps changed the weights, so equality below means something
     for name, tensor in reference.items():

@@ -146,7 +146,7 @@ class OARAttribution(RolloutCallback):
     ) -> None:
         """
         Args:
-            method: `perturbation` (OAR-P: one forward per reasoning token, the quality ceiling) or
+            method: `perturbation` (OAR-P: one forward per reasoning token, from that token on, the quality ceiling) or
                 `gradient` (OAR-G: one clean forward and one noisy forward/backward to the embeddings).
             readout: `last`, `answer_mean` or `answer_joint`; null = `last` for P, `answer_mean` for G.
             q: quantile threshold between suppression and boost.
