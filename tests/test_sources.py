@@ -116,6 +116,10 @@ def test_last_boxed() -> None:
     assert last_boxed("x \\boxed{a{b}c} y") == "a{b}c"
     assert last_boxed("no box") is None
     assert last_boxed("\\boxed{ok} then \\boxed{broken") == "ok"  # falls back to the last balanced one
+    # The verifier's scanner: escaped braces are not grouping braces, \fbox counts, the last box opened wins.
+    assert last_boxed("\\boxed{\\left\\{ 1, 2 \\right.}") == "\\left\\{ 1, 2 \\right."
+    assert last_boxed("\\fbox{7}") == "7"
+    assert last_boxed("\\boxed{\\boxed{3}}") == "3"
 
 
 # --------------------------------------------------------------------------- local formats

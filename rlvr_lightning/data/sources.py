@@ -21,6 +21,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from rlvr_lightning.rewards.math import boxed_answers
+
 SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".parquet")
 PROBLEM_FIELDS = ("problem", "question", "prompt", "query", "input")
 ANSWER_FIELDS = ("answer", "final_answer", "solution", "target", "output")
@@ -31,7 +33,7 @@ ID_FIELDS = ("id", "unique_id", "idx", "problem_id")
 _FILE_SUFFIXES = SUPPORTED_EXTENSIONS + (".csv", ".tsv", ".txt", ".arrow", ".gz", ".zst", ".bz2", ".xz")
 # Hub ids are "name" or "owner/name". On POSIX os.sep is "/", so one "/" alone cannot mean "path".
 _HF_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
-_BOXED = re.compile(r"\\boxed\s*\{")
+_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # A comma between digit groups of three ("1,450,000"), but not in tuples like "(1,2)".
 _THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _INTEGER = re.compile(r"[+-]?\d+")
@@ -80,7 +82,7 @@ def gold_from_field(value: Any, where: str = "gold answer") -> str:
     text = value.strip()
     if "####" in text:
         text = _THOUSANDS_COMMA.sub("", text.rsplit("####", 1)[1]).strip()
-    elif _BOXED.search(text):
+    elif _BOX_OPEN.search(text):
         boxed = last_boxed(text)
         if boxed is None:
             raise DataSourceError(f"{where}: gold answer has a \\boxed{{ with unbalanced braces")
@@ -93,17 +95,14 @@ def gold_from_field(value: Any, where: str = "gold answer") -> str:
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last balanced \\boxed{...} in `text`, or None when there is none."""
-    for match in reversed(list(_BOXED.finditer(text))):
-        depth = 1
-        for i in range(match.end(), len(text)):
-            if text[i] == "{":
-                depth += 1
-            elif text[i] == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[match.end() : i]
-    return None
+    """The answer box of a gold solution: the last box opened, as the verifier reads completions (one
+    shared linear scanner, `rewards.math.boxed_answers`: same escapes, `\\fbox` too); when that box is
+    cut off, the last balanced top-level box before it (a stored solution still has its answer). None
+    when no box closes."""
+    found, last = boxed_answers(text)
+    if last is not None:
+        return last[1]
+    return found[-1][1] if found else None
 
 
 # --------------------------------------------------------------------------- public entry point
