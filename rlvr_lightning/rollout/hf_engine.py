@@ -13,6 +13,17 @@ import torch
 from rlvr_lightning.rollout.types import Completion, SamplingConfig
 
 
+def sharded_across_ranks(model: torch.nn.Module) -> bool:
+    """Whether `model` is FSDP2-sharded over several ranks. Its every forward then all-gathers weights
+    with the other ranks, so they must take the same number of decoding steps even when one rank's
+    sequences all stop early (`generate(synced_gpus=True)`); otherwise the collectives fall out of step
+    (a gloo error or a hang). transformers detects this only for models sharded by its own FSDP code."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule) and dist.is_initialized() and dist.get_world_size() > 1
+
+
 class HFGenerateEngine:
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int) -> None:
         self.model = model
@@ -47,6 +58,7 @@ class HFGenerateEngine:
                 eos_token_id=self.eos_id,
                 output_scores=True,  # the processed (temperature-scaled, filtered) logits
                 return_dict_in_generate=True,
+                synced_gpus=sharded_across_ranks(self.model),
                 **gen_kwargs,
             )
         finally:
