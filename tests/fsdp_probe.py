@@ -1,6 +1,7 @@
 """A callback the 2-rank FSDP test (test_fsdp.py) loads into the CLI run: it records, per rank, how much
-of the policy the rank holds, every scored rollout (to replay them in one process), the engine's
-agreement with the trainer after the last sync, and the gathered final weights."""
+of the policy the rank holds, every scored rollout (to replay them in one process; with a stand-in
+reward, see below), the engine's agreement with the trainer after the last sync, and the gathered final
+weights."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ class ShardProbe(RolloutCallback):
         (self.out / f"rank{trainer.global_rank}_shard.json").write_text(json.dumps(info))
 
     def on_rollout_generated(self, trainer, module, rollout) -> None:  # after the verifier scored it
+        # The test's 60-step warm start answers almost nothing correctly, so a step can carry no learning
+        # signal at all (then nothing moves and the replay comparison proves nothing). A deterministic
+        # stand-in reward, "the response has an even length", gives every step mixed groups; the replay
+        # reads the same recorded rewards.
+        rollout.correct = (rollout.response_lengths % 2 == 0).float()
+        rollout.rewards = rollout.correct.clone()
         record = {k: getattr(rollout, k) for k in ("batch", "group_size", "prompt_ids", "completions", "sampling",
                                                   "texts", "correct", "rewards")}  # fmt: skip
         torch.save(record, self.out / f"rank{trainer.global_rank}_step{module.rollout_batches}.pt")

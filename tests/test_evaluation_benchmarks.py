@@ -113,3 +113,25 @@ def test_benchmarks_are_scored_and_logged_under_their_names(tiny_policy_dir, tmp
     assert expected <= set(run.data.metrics)
     assert run.data.params["val/gsm8k/temperature"] == "0.7" and run.data.params["val/gsm8k/max_tokens"] == "12"
     assert run.data.params["val/gsm8k/n"] == "3" and run.data.params["val/n"] == "2"
+
+
+@pytest.mark.parametrize("n, world, batch_size", [(200, 2, 64), (129, 2, 64), (128, 2, 64), (7, 3, 2), (5, 4, 8), (64, 1, 64)])
+def test_ranks_score_disjoint_shares_in_equally_many_batches(n, world, batch_size):
+    """Under several ranks each scores its share of the held-out set; every rank calls the engine equally
+    often (an FSDP-sharded HF engine's generate is a collective); a set too small to share is scored whole."""
+    from rlvr_lightning.callbacks.evaluation import rank_batches
+
+    records = list(range(n))
+    per_rank = [rank_batches(records, r, world, batch_size) for r in range(world)]
+    sharded = {s for _, s in per_rank}
+    assert len(sharded) == 1
+    counts = {len(batches) for batches, _ in per_rank}
+    assert len(counts) == 1  # the same number of generate calls on every rank
+    assert all(0 < len(b) <= batch_size for batches, _ in per_rank for b in batches)
+    scored = sorted(x for batches, _ in per_rank for b in batches for x in b)
+    if sharded.pop():
+        assert scored == records  # disjoint and complete
+    else:
+        assert scored == sorted(records * world)  # every rank scores the whole set
+    if world > 1 and n >= world * batch_size:
+        assert per_rank[0][1]  # large sets are always shared

@@ -81,6 +81,12 @@ def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_p
     assert sum(s["local"] for s in shards) == shards[0]["total"]
     assert all(0.4 < s["local"] / s["total"] < 0.6 for s in shards), shards  # each rank holds about half
 
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
+    assert run.data.metrics["val/num_problems"] == 8  # each rank scored 4 of the 8 held-out problems
+
     for r in (0, 1):  # each rank's engine runs the trained weights
         assert json.loads((probe / f"rank{r}_engine.json").read_text())["max_abs_diff"] < 1e-3
     gathered = torch.load(probe / "final_weights.pt", weights_only=True)

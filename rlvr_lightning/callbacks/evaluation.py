@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 
 import lightning as L
 import torch
@@ -207,10 +208,12 @@ class Evaluation(Callback):
         out: dict[str, float] = {}
         for task in tasks:
             t0 = time.perf_counter()
-            batches = trainer.datamodule.val_batches(self.batch_size, task.records)
-            metrics, samples = self._score(pl_module, verifier, batches, task.sampling, task.pass_k, task.maj_k)
+            parts, sharded = rank_batches(task.records, trainer.global_rank, trainer.world_size, self.batch_size)
+            batches = [trainer.datamodule.collate(part) for part in parts]
+            score = partial(self._score, pl_module, verifier, batches, sharded=sharded)
+            metrics, samples = score(task.sampling, task.pass_k, task.maj_k)
             if self.greedy:
-                greedy, _ = self._score(pl_module, verifier, batches, replace(task.sampling, n=1, temperature=0.0), [], [])
+                greedy, _ = score(replace(task.sampling, n=1, temperature=0.0), [], [])
                 metrics["accuracy_greedy"] = greedy["accuracy"]
             metrics["seconds"] = time.perf_counter() - t0
             out |= {f"{task.prefix}/{k}": v for k, v in metrics.items()}
@@ -234,9 +237,11 @@ class Evaluation(Callback):
 
     @staticmethod
     def _score(
-        pl_module, verifier: RewardVerifier, batches, sampling, pass_k: list[int], maj_k: list[int]
+        pl_module, verifier: RewardVerifier, batches, sampling, pass_k: list[int], maj_k: list[int], sharded: bool = False
     ) -> tuple[dict[str, float], dict[str, list]]:
         correct, lengths, no_answer, n_problems = [], [], 0.0, 0
+        # Under several ranks each scores its share (`rank_batches`): the torchmetrics states below
+        # synchronise in compute(), the plain sums through the strategy.
         pass_metrics = {k: PassAtK(k) for k in pass_k}
         maj_metrics = {k: MajAtK(k) for k in maj_k}
         samples: dict[str, list] = {"prompt": [], "completion": [], "parsed_answer": [], "gold": [], "reward": []}
@@ -259,6 +264,10 @@ class Evaluation(Callback):
             no_answer += m["no_answer_frac"] * len(c)
             n_problems += len(batch)
         c = torch.cat(correct)
+        sums = torch.tensor([c.sum().item(), len(c), sum(lengths), no_answer, n_problems], dtype=torch.float64)
+        if sharded:
+            sums = pl_module.trainer.strategy.reduce(sums.to(pl_module.device), reduce_op="sum").cpu()
+        correct_sum, count, length_sum, no_answer, n_problems = sums.tolist()
         out = {}
         for k, metric in pass_metrics.items():
             out[f"pass_at_{k}"] = metric.compute().item()
@@ -267,12 +276,26 @@ class Evaluation(Callback):
             out[f"maj_at_{k}"] = metric.compute().item()
             out[f"maj_at_{k}_se"] = metric.standard_error().item()
         return out | {
-            "accuracy": c.mean().item(),
-            f"mean_at_{sampling.n}": c.mean().item(),  # the papers' name for the same average
-            "response_length_mean": sum(lengths) / len(lengths),
-            "no_answer_frac": no_answer / len(c),
-            "num_problems": float(n_problems),
+            "accuracy": correct_sum / count,
+            f"mean_at_{sampling.n}": correct_sum / count,  # the papers' name for the same average
+            "response_length_mean": length_sum / count,
+            "no_answer_frac": no_answer / count,
+            "num_problems": n_problems,
         }, samples
+
+
+def rank_batches(records: list, rank: int, world: int, batch_size: int) -> tuple[list[list], bool]:
+    """This rank's evaluation batches, and whether they are its share only. Every rank scores a disjoint
+    share of `records` (interleaved), in the same number of batches (an FSDP-sharded HF engine makes
+    each generate call a collective). When the set is too small for every rank to fill that many
+    batches, every rank scores all of it (duplicated work, the same metrics)."""
+    if world > 1:
+        share = records[rank::world]
+        n_batches = -(-len(records[0::world]) // batch_size)  # rank 0 holds the largest share
+        if len(records) // world >= n_batches:  # the smallest share still fills every batch
+            bounds = torch.linspace(0, len(share), n_batches + 1).round().long().tolist()
+            return [share[a:b] for a, b in zip(bounds, bounds[1:])], True
+    return [records[i : i + batch_size] for i in range(0, len(records), batch_size)], False
 
 
 def _verifier(trainer: L.Trainer) -> RewardVerifier:

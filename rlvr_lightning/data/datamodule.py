@@ -218,12 +218,6 @@ class RolloutDataModule(L.LightningDataModule):
         self._extra_epoch = state.get("extra_epoch", 0)
         self._extra_pos = state.get("extra_pos", 0)
 
-    def val_batches(self, batch_size: int = 64, records: list[ProblemRecord] | None = None) -> list[PromptBatch]:
-        """Held-out problems (`val_data`, or `records`) in fixed order, as prompt batches (not a Lightning
-        val loop: evaluation is a callback)."""
-        recs = self.val_records if records is None else records
-        return [self.collate(recs[i : i + batch_size]) for i in range(0, len(recs), batch_size)]
-
     def max_model_len(self) -> int:
         """Prompt + response tokens the engine is built for."""
         return self.hparams.max_prompt_length + self.hparams.max_response_length
