@@ -14,6 +14,7 @@ sample completions (prompt, completion, parsed answer, gold, reward) as the MLfl
 sampling settings: `val/<name>/mean_at_<n>`, `val/<name>/pass_at_<k>`, `val/<name>/maj_at_<k>`,
 `val/<name>/accuracy_greedy`, with the settings recorded as MLflow params `val/<name>/temperature`, ….
 Not a Lightning validation loop: evaluation needs the engine and the verifier, not `validation_step`.
+Under several ranks (FSDP) each rank scores its share of every set and the metrics are reduced over ranks.
 """
 
 from __future__ import annotations
