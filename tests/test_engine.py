@@ -104,3 +104,15 @@ def test_sync_probe_detects_noop_and_divergence(setup):
 
 def probe_completion(rollout: Rollout) -> list[int]:
     return next(c.token_ids for c in rollout.completions if c.token_ids)
+
+
+def test_host_heap_tuning_takes_effect_on_glibc():
+    """The in-process vLLM engine keeps glibc from returning the trainer's freed memory to the OS
+    (page-fault churn made the update 1.5× slower; bench/colocated_update.py)."""
+    import platform
+
+    from rlvr_lightning.rollout.vllm_engine import keep_host_heap
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc only")
+    assert keep_host_heap()

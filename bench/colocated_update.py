@@ -1,0 +1,104 @@
+"""Does the in-process vLLM engine slow the trainer down? The same GRPO update (one rollout batch of the
+embedded default, repeated 8 times on the same tensors) in a process whose rollout engine is vLLM and in
+one whose engine is HF `generate`; processes alternate A B B A. Reports the median update seconds, the
+CPU time of the process's threads during the updates, and minor page faults per update.
+
+    .venv/bin/python bench/colocated_update.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+from common import close, embedded_module, median, prompt_batches, write  # noqa: E402
+
+REPEATS = 8
+
+
+def _thread_cpu_seconds() -> float:
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            fields = open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+        except OSError:
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def one(engine: str) -> dict:
+    import torch
+
+    from rlvr_lightning.algos import GRPO
+
+    module = embedded_module(GRPO(lr=3e-5, kl_coef=0.001, micro_batch_size=128), engine=engine)
+    batches = prompt_batches(module)
+    for _ in range(2):  # warm-up steps: engine, allocator and optimizer state as in training
+        module.train_on_batch(next(batches))
+        module.rollout_batches += 1
+    torch.manual_seed(0)
+    rollout = module.generate(next(batches))
+    module._run_rollout_hooks("on_rollout_generated", rollout)
+    rollout.advantages = module.compute_advantages(rollout)
+    inputs, _ = module.loss_inputs(rollout)
+    seconds = []
+    cpu0, faults0 = _thread_cpu_seconds(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(REPEATS):
+        again = copy.copy(inputs)  # the update fills θ_old into its inputs; start from the same state
+        again.old_logp, again.at_old = None, copy.copy(inputs.at_old)
+        t0 = time.perf_counter()
+        module.update(rollout, again)
+        seconds.append(time.perf_counter() - t0)
+    cpu, faults = _thread_cpu_seconds() - cpu0, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
+    close(module)
+    return {"update_seconds": seconds, "cpu_seconds_per_update": cpu / REPEATS, "minor_faults_per_update": faults / REPEATS,
+            "shape": list(inputs.tensors.input_ids.shape)}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        with open(args.out, "w") as fh:
+            json.dump(one(args.one), fh)
+        return
+    runs: dict[str, list[dict]] = {"hf": [], "vllm": []}
+    for engine in ("hf", "vllm", "vllm", "hf"):
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            subprocess.run([sys.executable, __file__, "--one", engine, "--out", out.name], check=True,
+                           capture_output=True)  # fmt: skip
+            runs[engine].append(json.loads(open(out.name).read()))
+        print(engine, runs[engine][-1], flush=True)
+    summary = {
+        engine: {
+            "median_update_seconds": median([s for r in rs for s in r["update_seconds"]]),
+            "cpu_seconds_per_update": median([r["cpu_seconds_per_update"] for r in rs]),
+            "minor_faults_per_update": median([r["minor_faults_per_update"] for r in rs]),
+            "shapes": [r["shape"] for r in rs],
+        }
+        for engine, rs in runs.items()
+    }
+    write("colocated_update", {
+        "workload": {"model": "embedded", "prompts": 16, "group_size": 8, "repeats": REPEATS, "order": "A B B A"},
+        "engines": summary,
+        "vllm_over_hf_update": summary["vllm"]["median_update_seconds"] / summary["hf"]["median_update_seconds"],
+        "runs": runs,
+    })  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
