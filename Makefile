@@ -61,6 +61,7 @@ bench: setup $(VENV)/.bench-installed
 	$(PY) bench/verifier_throughput.py
 	$(PY) bench/scaling.py
 	$(PY) bench/trl_compare.py
+	$(PY) bench/colocated_update.py
 
 $(VENV)/.bench-installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[bench]"
