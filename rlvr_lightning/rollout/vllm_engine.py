@@ -29,10 +29,10 @@ def keep_host_heap() -> bool:
     """Have glibc keep freed host memory in the heap: large blocks (up to 32 MiB) from the heap instead of
     fresh `mmap`s, and no trimming back to the OS. Returns whether it took effect (glibc only).
 
-    Why: with the in-process vLLM engine on CPU, glibc's dynamic mmap threshold stops adapting, so the
-    trainer's activations and gradients come from fresh zero-filled pages on every update: 10× the page
-    faults and a 1.5× slower update on the embedded default (`bench/colocated_update.py`). Setting both
-    thresholds brings it back to the HF-engine process's speed. The cost is that RSS stays at its peak,
+    Why: with the in-process vLLM engine on CPU, the trainer's activations and gradients came from fresh
+    zero-filled pages on every update: 10× the page faults of an HF-engine process and a 1.5× slower update
+    on the embedded default (`bench/colocated_update.py`). Fixed thresholds remove the faults and bring it
+    back to the HF-engine process's speed (which component changes glibc's adaptive behaviour is unknown). The cost is that RSS stays at its peak,
     as with PyTorch's own caching allocators."""
     import ctypes
 
