@@ -459,8 +459,7 @@ class RLVRModule(L.LightningModule):
         times = {} if times is None else times
         t = rollout.tensors(self.datamodule.tokenizer.pad_token_id).to(self.device)
         from_update = self.old_logprobs_from_update()
-        hidden_rows = self._hidden_rows_needed(rollout)
-        shapers = self._hidden_readers(rollout) if hidden_rows is not None else []
+        shapers, hidden_rows = self._hidden_readers(rollout)
         # The shapers read θ_old's LM-head inputs in the update's forward when that runs at θ_old and
         # every micro-batch holds whole groups (THR scores a group from all its responses).
         in_update = from_update and h.micro_batch_size % rollout.group_size == 0
@@ -526,18 +525,15 @@ class RLVRModule(L.LightningModule):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return token_logprobs(model, t, temperature, with_entropy)
 
-    def _hidden_readers(self, rollout: Rollout) -> list[RolloutCallback]:
-        return [
-            cb for cb in self.trainer.callbacks
-            if isinstance(cb, RolloutCallback) and cb.hidden_states_needed(rollout) is not None
-        ]  # fmt: skip
-
-    def _hidden_rows_needed(self, rollout: Rollout) -> torch.Tensor | None:
-        rows = None
+    def _hidden_readers(self, rollout: Rollout) -> tuple[list[RolloutCallback], torch.Tensor | None]:
+        """The callbacks that read θ_old's LM-head inputs, and the union (bool [N], host) of the
+        sequences they read; ([], None) when none does."""
+        readers, rows = [], None
         for cb in self.trainer.callbacks:
             if isinstance(cb, RolloutCallback) and (need := cb.hidden_states_needed(rollout)) is not None:
+                readers.append(cb)
                 rows = need.bool().cpu() if rows is None else rows | need.bool().cpu()
-        return rows
+        return readers, rows
 
     @torch.no_grad()
     def reference_logprobs(
