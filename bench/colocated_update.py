@@ -13,16 +13,14 @@ import copy
 import json
 import os
 import resource
-import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from common import close, embedded_module, median, prompt_batches, write  # noqa: E402
+from common import close, embedded_module, median, prompt_batches, run_child, write  # noqa: E402
 
 REPEATS = 8
 
@@ -78,10 +76,10 @@ def main() -> None:
         return
     runs: dict[str, list[dict]] = {"hf": [], "vllm": []}
     for engine in ("hf", "vllm", "vllm", "hf"):
-        with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            subprocess.run([sys.executable, __file__, "--one", engine, "--out", out.name], check=True,
-                           capture_output=True)  # fmt: skip
-            runs[engine].append(json.loads(open(out.name).read()))
+        result, error = run_child(__file__, "--one", engine)
+        if result is None:
+            raise RuntimeError(f"the {engine} process failed:\n{error}")
+        runs[engine].append(result)
         print(engine, runs[engine][-1], flush=True)
     summary = {
         engine: {

@@ -7,6 +7,9 @@ import os
 import platform
 import re
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -79,6 +82,16 @@ def peak_rss_mib() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_child(script: str, *args: str, tail: int = 3000) -> tuple[dict | None, str]:
+    """Run `script --one … --out <file>` in a fresh Python process (a fresh allocator, engine and
+    thread pool per measurement): the JSON it wrote, or None and the tail of its stderr if it failed."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        proc = subprocess.run([sys.executable, script, *args, "--out", out.name], capture_output=True, text=True)
+        if proc.returncode != 0:
+            return None, proc.stderr[-tail:]
+        return json.loads(Path(out.name).read_text()), ""
 
 
 def median(values) -> float:

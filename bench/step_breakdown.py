@@ -15,15 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from common import embedded_module, median, peak_rss_mib, preset, timed_steps, write  # noqa: E402
+from common import embedded_module, median, peak_rss_mib, preset, run_child, timed_steps, write  # noqa: E402
 
 PARTS = ["step", "rollout", "reward", "old_logprob", "attribution", "update", "weight_sync"]
 PRESETS = "grpo,dr-grpo,dapo,gspo,real,thr,oar-g,oar-p"
@@ -61,13 +59,11 @@ def main() -> None:
 
     results = {}
     for name in args.presets.split(","):
-        with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            cmd = [sys.executable, __file__, "--one", name, "--steps", str(args.steps), "--out", out.name]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                results[name] = {"error": proc.stderr[-2000:]}
-                continue
-            results[name] = json.loads(open(out.name).read())
+        result, error = run_child(__file__, "--one", name, "--steps", str(args.steps), tail=2000)
+        if result is None:
+            results[name] = {"error": error}
+            continue
+        results[name] = result
         print(name, json.dumps(results[name]["median_seconds"]), flush=True)
     grpo = results.get("grpo", {}).get("median_seconds", {}).get("step")
     for r in results.values():

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from common import embedded_module, median, peak_rss_mib, timed_steps, write  # noqa: E402
+from common import embedded_module, median, peak_rss_mib, run_child, timed_steps, write  # noqa: E402
 
 B, G, MAX_TOKENS, LR, BETA = 16, 8, 40, 3e-5, 0.001
 
@@ -106,14 +105,11 @@ def main() -> None:
     for engine in args.engines.split(","):
         for side in ("ours", "trl", "trl", "ours"):  # A B B A
             key = f"{side}:{engine}"
-            with tempfile.NamedTemporaryFile(suffix=".json") as out:
-                cmd = [sys.executable, __file__, "--one", key, "--steps", str(args.steps), "--out", out.name]
-                proc = subprocess.run(cmd, capture_output=True, text=True)
-                if proc.returncode != 0:
-                    errors[key] = proc.stderr[-3000:]
-                    print(f"{key} failed:\n{proc.stderr[-3000:]}", flush=True)
-                    continue
-                result = json.loads(open(out.name).read())
+            result, error = run_child(__file__, "--one", key, "--steps", str(args.steps))
+            if result is None:
+                errors[key] = error
+                print(f"{key} failed:\n{error}", flush=True)
+                continue
             runs.setdefault(key, []).extend(result["step_seconds"])
             memory[key] = max(memory.get(key, 0.0), result["peak_rss_mib"])
             print(key, [round(s, 3) for s in result["step_seconds"]], flush=True)
