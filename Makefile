@@ -14,13 +14,14 @@ RUNS ?=
 RESUME ?=
 CKPT ?= embedded
 BENCH ?= embedded
-.PHONY: help setup train test ui compare eval results bench clean-cache
+.PHONY: help setup train test lint ui compare eval results bench clean-cache
 
 help:
 	@echo "make setup                 create $(VENV) and install everything (CPU or GPU stack, auto-detected)"
 	@echo "make train [ALGO=grpo] [ARGS='--model.init_args.lr 1e-5']   train; ALGO is one of: $(ALGOS)"
 	@echo "make train ALGO=grpo RESUME=checkpoints/<run id>/last.ckpt   resume a run (same MLflow run)"
 	@echo "make test                  run the test suite"
+	@echo "make lint                  ruff and the import-layer contract (pyproject.toml)"
 	@echo "make ui                    open the MLflow UI on ./mlruns"
 	@echo "make eval [CKPT=exports/<run>/final] [BENCH='embedded path/to/bench.jsonl'] [ARGS='--n 16']   offline evaluation"
 	@echo "make compare [RUNS='grpo thr']   Markdown table + PNG plots of runs (default: latest of each name)"
@@ -41,6 +42,10 @@ train: setup
 
 test: setup
 	$(PY) -m pytest -q $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check rlvr_lightning tests bench
+	$(VENV)/bin/lint-imports
 
 ui: setup
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --default-artifact-root mlruns/artifacts

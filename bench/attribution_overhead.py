@@ -1,4 +1,4 @@
-"""Attribution overhead on the GRPO step: THR, OAR-G and OAR-P (issues 5 and 6; issue 9 item 4).
+"""Attribution overhead on the GRPO step: THR, OAR-G and OAR-P.
 
 One GRPO module on the embedded default (B = 16 prompts × G = 8, max 40 tokens, vLLM engine). Each
 training step runs with one of: no attribution (GRPO), THRAttribution(p = 0.2), OARAttribution

@@ -9,7 +9,6 @@ CPU time of the process's threads during the updates, and minor page faults per 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import resource
@@ -40,6 +39,10 @@ def one(engine: str) -> dict:
     import torch
 
     from rlvr_lightning.algos import GRPO
+    from rlvr_lightning.training.behaviour import FromUpdateForward
+    from rlvr_lightning.training.generation import generate_and_score
+    from rlvr_lightning.training.prepare import prepare_update
+    from rlvr_lightning.training.step_metrics import StageTimer
 
     module = embedded_module(GRPO(lr=3e-5, kl_coef=0.001, micro_batch_size=128), engine=engine)
     batches = prompt_batches(module)
@@ -47,17 +50,16 @@ def one(engine: str) -> dict:
         module.train_on_batch(next(batches))
         module.rollout_batches += 1
     torch.manual_seed(0)
-    rollout = module.generate(next(batches))
-    module._run_rollout_hooks("on_rollout_generated", rollout)
+    rollout = generate_and_score(module, next(batches), StageTimer())
     rollout.advantages = module.compute_advantages(rollout)
-    inputs, _ = module.loss_inputs(rollout)
+    inputs, _ = prepare_update(module, rollout)
     seconds = []
     cpu0, faults0 = _thread_cpu_seconds(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(REPEATS):
-        again = copy.copy(inputs)  # the update fills θ_old into its inputs; start from the same state
-        again.old_logp, again.at_old = None, copy.copy(inputs.at_old)
+        # A fresh θ_old recorder each time: every repeat reads θ_old from its own forward, as in training.
+        again = inputs.with_behaviour(FromUpdateForward(inputs.tensors.response_mask.shape, module.device))
         t0 = time.perf_counter()
-        module.update(rollout, again)
+        module.policy_update.run(again, len(rollout.batch))
         seconds.append(time.perf_counter() - t0)
     cpu, faults = _thread_cpu_seconds() - cpu0, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
     close(module)

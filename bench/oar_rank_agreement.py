@@ -1,4 +1,4 @@
-"""How well do OAR-G's saliencies rank reasoning tokens like OAR-P's scores? (issue 6, acceptance 1)
+"""How well do OAR-G's saliencies rank reasoning tokens like OAR-P's scores?
 
 On the embedded warm-started policy (and its untrained initialisation), for worked solutions of the
 embedded task: the Spearman correlation per rollout between OAR-P and OAR-G, for each read-out and
@@ -28,8 +28,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from rlvr_lightning.attribution.oar import oar_g_saliency, oar_p_scores, segment_boxed
-    from rlvr_lightning.data.datamodule import load_tokenizer
     from rlvr_lightning.models.embedded import TinyQwen2Spec, build_char_tokenizer, build_tiny_qwen2
+    from rlvr_lightning.models.policy import load_tokenizer
     from rlvr_lightning.models.warm_start import embedded_policy_path
 
     warm = str(embedded_policy_path())

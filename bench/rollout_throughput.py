@@ -1,4 +1,4 @@
-"""Rollout throughput: the vLLM engine against the HF `generate` engine (issue 9 item 1).
+"""Rollout throughput: the vLLM engine against the HF `generate` engine.
 
 Same prompts (embedded-task problems), same sampling (n = 8, temperature 1, 40 new tokens), same
 weights, on two models: the embedded default (1.1M parameters, warm-started, stops at EOS after ~26
@@ -42,13 +42,13 @@ def measure(path: str, prompts: int, rounds: int, compiled: bool = False) -> dic
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlvr_lightning.data.embedded_task import train_test_split
+    from rlvr_lightning.data.sources import embedded_records
     from rlvr_lightning.rollout.hf_engine import HFGenerateEngine
     from rlvr_lightning.rollout.types import SamplingConfig
     from rlvr_lightning.rollout.vllm_engine import VLLMEngine
 
     tok = AutoTokenizer.from_pretrained(path)
-    ids = [tok(p.record().problem, add_special_tokens=False).input_ids for p in train_test_split(seed=0)[0][:prompts]]
+    ids = [tok(r.problem, add_special_tokens=False).input_ids for r in embedded_records("train")[:prompts]]
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     engines = {
         "vllm": VLLMEngine(path, max_model_len=32 + MAX_TOKENS, dtype="float32", seed=0),

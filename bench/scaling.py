@@ -1,4 +1,4 @@
-"""How GRPO's step cost grows with the group size G and the response length (issue 9 item 6).
+"""How GRPO's step cost grows with the group size G and the response length.
 
 One process; for each setting a fresh module and engine on the embedded default (B = 16 prompts),
 one warm-up step, then `--steps` timed steps. Reports median step, rollout and update seconds and

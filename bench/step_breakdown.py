@@ -1,4 +1,4 @@
-"""Where step time goes, per algorithm preset (issue 9 items 2, 5 and 7).
+"""Where step time goes, per algorithm preset.
 
 Each preset (`configs/algo/<name>.yaml`: its module and its attribution callbacks) runs in its own
 process on the embedded default workload (B = 16 prompts × G = 8, max 40 tokens, vLLM engine):

@@ -1,4 +1,4 @@
-"""Does THR's sign mean what it says on the embedded policy's own rollouts? (issue 5, acceptance 2)
+"""Does THR's sign mean what it says on the embedded policy's own rollouts?
 
 Samples rollout batches of the warm-started embedded policy (vLLM, B = 16 × G = 8), scores them with
 the verifier, and for every mixed group takes one small gradient step on the THR > 0 tokens and one on
@@ -42,6 +42,8 @@ def main() -> None:
     from rlvr_lightning.advantages import mixed_groups
     from rlvr_lightning.algos import GRPO
     from rlvr_lightning.attribution.thr_check import thr_sign_check
+    from rlvr_lightning.training.generation import generate_and_score
+    from rlvr_lightning.training.step_metrics import StageTimer
 
     module = embedded_module(GRPO())
     pad = module.datamodule.tokenizer.pad_token_id
@@ -54,7 +56,7 @@ def main() -> None:
     groups = 0
     for b in range(args.batches):
         module.rollout_batches = b
-        rollout = module.generate_and_score(next(batches), {})
+        rollout = generate_and_score(module, next(batches), StageTimer())
         for group in mixed_groups(rollout.correct.float(), rollout.group_size).nonzero().squeeze(1).tolist():
             one = rollout.select_groups([group])
             one.advantages = module.compute_advantages(one)

@@ -1,4 +1,4 @@
-"""The same RL workload through TRL's `GRPOTrainer` and through ours (issue 9 item 3).
+"""The same RL workload through TRL's `GRPOTrainer` and through ours.
 
 Workload, identical on both sides: the embedded warm-started policy, 16 embedded-task prompts × G = 8
 completions per step, at most 40 new tokens, temperature 1, one update per step (on-policy), lr 3e-5,
@@ -43,12 +43,12 @@ def trl(engine: str, steps: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlvr_lightning.data.embedded_task import train_test_split
+    from rlvr_lightning.data.sources import embedded_records
     from rlvr_lightning.models.warm_start import embedded_policy_path
     from rlvr_lightning.rewards.math import MathVerifier
 
     path = str(embedded_policy_path())
-    records = [p.record() for p in train_test_split(seed=0)[0][: B * (steps + 1)]]
+    records = embedded_records("train")[: B * (steps + 1)]
     data = datasets.Dataset.from_dict({"prompt": [r.problem for r in records], "answer": [r.answer for r in records]})
     verifier = MathVerifier(num_workers=2, timeout_s=5.0)
 

@@ -1,4 +1,4 @@
-"""Verifier throughput, completions per second (issue 9 item 5).
+"""Verifier throughput, completions per second.
 
 The persistent math-verify pool (`MathVerifier`, 2 workers) on three kinds of completions: short
 embedded-task answers (as in RL on the default, many repeats within a group), MATH-500 reference
@@ -26,12 +26,12 @@ BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
 
 
 def workloads() -> dict[str, tuple[list[str], list[str]]]:
-    from rlvr_lightning.data.embedded_task import train_test_split
+    from rlvr_lightning.models.embedded_task import train_test_split
 
     problems = train_test_split(seed=0)[0][:16]
     golds, texts = [], []
     for p in problems:  # 16 prompts × G = 8, a third right, a third off by one, a third unanswered
-        gold = p.record().answer
+        gold = str(p.value)
         for j in range(8):
             golds.append(gold)
             texts.append(f"\\boxed{{{gold}}}" if j % 3 == 0 else f"\\boxed{{{int(gold) + 1}}}" if j % 3 == 1 else "Answer:")

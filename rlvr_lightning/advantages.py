@@ -1,4 +1,4 @@
-"""Group statistics of rewards (ALGORITHMS.md §1.1). Pure tensor functions."""
+"""Group statistics of rewards (docs/algorithms.md#group-relative-advantages). Pure tensor functions."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def mixed_groups(correct: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer_length: int) -> torch.Tensor:
-    """DAPO's soft overlong punishment R_length(L) ∈ [−1, 0] (ALGORITHMS.md §2.3).
+    """DAPO's soft overlong punishment R_length(L) ∈ [−1, 0] (docs/algorithms.md#overlong-reward-shaping-and-filtering).
 
     0 up to L_max − L_cache, then linear down to −1 at L_max, and −1 beyond.
     """

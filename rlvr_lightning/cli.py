@@ -124,6 +124,21 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         RLVRCLI(args=argv)
-    except (ConfigError, DataSourceError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except Exception as err:
+        user_error = user_error_behind(err)
+        if user_error is None:
+            raise
+        print(f"error: {user_error}", file=sys.stderr)
         sys.exit(2)
+
+
+def user_error_behind(err: BaseException) -> BaseException | None:
+    """The ConfigError or DataSourceError that caused `err`, if any: jsonargparse re-raises a class's
+    constructor error as its own ValueError while instantiating the config."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, (ConfigError, DataSourceError)):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None

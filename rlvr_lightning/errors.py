@@ -3,3 +3,14 @@
 
 class ConfigError(ValueError):
     """An invalid configuration value: the message names the option and what would be valid."""
+
+
+def check_choice(flag: str, value, choices) -> None:
+    """Raise a ConfigError naming `flag` and the valid values unless `value` is one of `choices` (a
+    sequence or a `typing.Literal`). The CLI already refuses such values while parsing; this covers
+    modules built from Python."""
+    from typing import get_args
+
+    valid = get_args(choices) or tuple(choices)
+    if value not in valid:
+        raise ConfigError(f"{flag}={value!r}; valid: {', '.join(map(str, valid))}")

@@ -1,4 +1,4 @@
-"""Policy-loss building blocks (ALGORITHMS.md §1.2–1.4). Pure tensor functions.
+"""Policy-loss building blocks (docs/algorithms.md#shared-pieces). Pure tensor functions.
 
 Shapes: per-token tensors are [N, T] over response positions; `mask` is 1 on response tokens.
 Padded positions of every log-prob tensor hold 0, so `x * mask` never produces NaN.
@@ -49,7 +49,7 @@ def ppo_clip(
     eps_low: float = 0.2,
     eps_high: float = 0.2,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO's per-token clipped surrogate with ρ = π_θ/π_old per token (§1.4; asymmetric ε = clip-higher)."""
+    """PPO's per-token clipped surrogate with ρ = π_θ/π_old per token (docs/algorithms.md#ppo-clipped-surrogate; asymmetric ε = clip-higher)."""
     ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
     return _clipped_objective(ratio, adv, eps_low, eps_high)
 
@@ -67,7 +67,7 @@ def gspo_token(
     eps_low: float = 3e-4,
     eps_high: float = 4e-4,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """GSPO-token (§2.4): s_{n,t} = sg[s_n]·π_θ(y_t)/sg[π_θ(y_t)], value s_n, gradient through token t only.
+    """GSPO-token (docs/algorithms.md#gspo-and-gspo-token): s_{n,t} = sg[s_n]·π_θ(y_t)/sg[π_θ(y_t)], value s_n, gradient through token t only.
 
     With per-sequence advantages its gradient equals sequence-level GSPO's; unlike GSPO it accepts
     token advantages reshaped by THR/OAR.
@@ -85,7 +85,7 @@ def gspo(
     eps_low: float = 3e-4,
     eps_high: float = 4e-4,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Sequence-level GSPO (§2.4): one clipped term per sequence with s_n = exp(s̄_n).
+    """Sequence-level GSPO (docs/algorithms.md#gspo-and-gspo-token): one clipped term per sequence with s_n = exp(s̄_n).
 
     The sequence term is written on every response token so that `seq-mean-token-mean` reduces it
     to (1/N)Σ_n term_n, the paper's objective. Token advantages are averaged over the sequence
@@ -173,13 +173,17 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Token entropy of softmax(logits) along the last axis, in fp32."""
-    logp = logits.float().log_softmax(-1)
+def log_softmax_at(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log_softmax(logits / T) in fp32: the log-probs of the distribution the engine sampled from."""
+    return (logits.float() / temperature).log_softmax(-1)
+
+
+def entropy_from_logprobs(logp: torch.Tensor) -> torch.Tensor:
+    """Entropy −Σ p·log p along the last axis, from the full log-probs of `log_softmax_at`."""
     return -(logp.exp() * logp).sum(-1)
 
 
-# ---- REAL: rewards as class labels (arXiv 2602.05630; ALGORITHMS.md §2.5) ----------------------------
+# ---- REAL: rewards as class labels (arXiv 2602.05630; docs/algorithms.md#real) ----------
 # Sequence-level losses on the logits s̄_n/τ (s̄ = sequence_log_ratio). They couple the rollouts of a
 # group, so they take the whole group's s̄ and correctness, and divide by a global count given by
 # the caller: B = prompts of the optimizer step (anchor, pairwise) or M = rollouts in mixed groups (BCE).
@@ -241,7 +245,7 @@ def real_grad_weights(
     tau: float = 0.5,
     variant: RealVariant = "anchor",
 ) -> torch.Tensor:
-    """Closed-form ∂L_step/∂s̄_k [N] (§2.5.2/§2.5.3), for the two-pass method and for logging.
+    """Closed-form ∂L_step/∂s̄_k [N] (docs/algorithms.md#real-gradient-weights), for the two-pass method and for logging.
 
     anchor: W_k = −softmax([−S_{O+}, 0])_k/τ for positives, +softmax([S_{O−}, 0])_k/τ for negatives;
     bce: (σ(s̄_k/τ) − c_k)/τ; pairwise: ±softmax over the pair logits. Then / normaliser; 0 outside mixed groups.

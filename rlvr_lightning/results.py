@@ -96,7 +96,7 @@ def write_page(args: argparse.Namespace, outcomes: dict[str, tuple[int, float]])
         "Reading the table: `steps` are rollout batches (GSPO and REAL take 4 optimizer steps per batch); `s / step` "
         "is the mean wall time of one rollout batch (rollout, reward, old log-probs, attribution, update, weight sync); "
         "`training min` excludes start-up and evaluation. `gspo-token` with sequence-level advantages has GSPO's "
-        "gradient by construction (ALGORITHMS.md), so its accuracy columns match `gspo`; only its cost differs. "
+        "gradient by construction (docs/algorithms.md#gspo-and-gspo-token), so its accuracy columns match `gspo`; only its cost differs. "
         "One seed and a small budget: this page shows that every preset trains and what it costs, not which "
         "algorithm is best at scale.",
         "",

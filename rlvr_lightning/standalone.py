@@ -1,8 +1,8 @@
 """Use an algorithm module outside `Trainer.fit`: in a notebook, a benchmark or a test.
 
 Lightning gives a module its trainer, datamodule and model only inside `fit`. `standalone()`
-wires the same objects with a bare CPU/GPU Trainer so that `module.generate`, `module.loss_inputs`,
-`module.accumulate_gradients`, and the attribution callbacks run exactly as in training.
+wires the same objects with a bare CPU/GPU Trainer so that `module.train_on_batch`, each stage of
+`rlvr_lightning.training` and the attribution callbacks run exactly as in training.
 """
 
 from __future__ import annotations

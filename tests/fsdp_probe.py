@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor
 
-from rlvr_lightning.algos.base import RolloutCallback
+from rlvr_lightning.callbacks.rollout import RolloutCallback
 from rlvr_lightning.rollout.hf_engine import completion_logprobs
+from rlvr_lightning.rollout.sync import full_weights
 
 
 class ShardProbe(RolloutCallback):
@@ -39,7 +40,7 @@ class ShardProbe(RolloutCallback):
         torch.save(record, self.out / f"rank{trainer.global_rank}_step{module.rollout_batches}.pt")
 
     def on_train_end(self, trainer, pl_module) -> None:
-        weights = dict(pl_module.engine_weights())  # collective: every rank gathers
+        weights = dict(full_weights(pl_module.policy))  # collective: every rank gathers
         rollout = torch.load(self.out / f"rank{trainer.global_rank}_step0.pt", weights_only=False)
         n = next(i for i, c in enumerate(rollout["completions"]) if c.token_ids)
         prompt, completion = rollout["prompt_ids"][n // rollout["group_size"]], rollout["completions"][n].token_ids

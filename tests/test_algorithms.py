@@ -3,17 +3,17 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 from rlvr_lightning.algos import DAPO, GRPO, GSPO, DrGRPO
-from rlvr_lightning.algos.base import MetricAccumulator
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.errors import ConfigError
-from rlvr_lightning.standalone import standalone
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
+from rlvr_lightning.standalone import standalone
+from rlvr_lightning.training.behaviour import FromUpdateForward, Precomputed, separate_pass
+from rlvr_lightning.training.prepare import prepare_update
+from rlvr_lightning.training.step_metrics import MetricAccumulator
 
 G, MAX_LEN = 4, 8
 PRESETS = {
@@ -60,15 +60,27 @@ def set_engine_logprobs(rollout: Rollout, per_token: torch.Tensor) -> None:
 def prepared(module, rollout):
     rollout.rewards = module.compute_rewards(rollout)
     rollout.advantages = module.compute_advantages(rollout)
-    inputs, _ = module.loss_inputs(rollout)
+    inputs, _ = prepare_update(module, rollout)
     return inputs
 
 
 def gradient(module, inputs, micro_batch_size, acc=None):
+    """One optimizer step's loss and accumulated gradient over every sequence of `inputs`."""
     module.hparams.micro_batch_size = micro_batch_size
     module.policy.zero_grad(set_to_none=True)
-    loss = module.accumulate_gradients(inputs, inputs.seq_index, 1.0, acc)
+    rows = torch.arange(inputs.correct.shape[0])
+    loss = module.policy_update.accumulate_gradients(inputs, rows, acc)
     return loss, torch.cat([p.grad.flatten() for p in module.policy.parameters() if p.grad is not None])
+
+
+def trainer_old_logp(module, inputs):
+    """θ_old's log-probs from the trainer's separate no-grad pass."""
+    return separate_pass(module.policy, None, inputs.tensors, inputs.temperature, 8, with_old=True)[0]
+
+
+def with_old_logp(inputs, old_logp):
+    """`inputs` with θ_old's log-probs given before the update (e.g. off-policy ones)."""
+    return inputs.with_behaviour(Precomputed(old_logp, "trainer"))
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
@@ -77,10 +89,9 @@ def test_gradient_accumulation_does_not_change_the_update(tiny_policy_dir, prese
     module = attach(cls, tiny_policy_dir, **kwargs)
     rollout = sample_rollout(module)
     inputs = prepared(module, rollout)
-    if inputs.old_logp is None:  # one update per batch: θ_old's log-probs would come from the update itself
-        inputs.old_logp = module.reference_logprobs(inputs.tensors, 1.0)[0]
     # Make the step off-policy so that clipping and the ratio matter, not only the on-policy case.
-    inputs.old_logp = inputs.old_logp + 0.01 * torch.randn_like(inputs.old_logp) * inputs.tensors.response_mask
+    old_logp = trainer_old_logp(module, inputs)
+    inputs = with_old_logp(inputs, old_logp + 0.01 * torch.randn_like(old_logp) * inputs.tensors.response_mask)
     loss_whole, g_whole = gradient(module, inputs, 8)
     for size in (3, 1):
         loss_split, g_split = gradient(module, inputs, size)
@@ -104,22 +115,23 @@ def test_first_mini_batch_after_a_rollout_is_exactly_on_policy(tiny_policy_dir, 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_old_logprobs_from_the_update_forward_equal_a_separate_pass(tiny_policy_dir, preset):
-    """With one update per rollout batch the separate θ_old pass is skipped (old_logprobs_from_update):
+    """With one update per rollout batch the separate θ_old pass is skipped (behaviour source `update`):
     same loss and gradient as with θ_old's log-probs from their own no-grad forward, and the log-probs
-    the update filled in are exactly those."""
+    the update recorded are exactly those."""
     cls, kwargs = PRESETS[preset]
     module = attach(cls, tiny_policy_dir, micro_batch_size=3, **kwargs)
-    if not module.old_logprobs_from_update():
+    if module.behaviour_source() != "update":
         pytest.skip("this preset takes several updates per rollout batch")
     inputs = prepared(module, sample_rollout(module))
-    assert inputs.old_logp is None  # the separate pass did not run
-    explicit = copy.copy(inputs)
-    explicit.old_logp = module.reference_logprobs(inputs.tensors, 1.0)[0]
+    assert isinstance(inputs.behaviour, FromUpdateForward)  # the separate pass did not run
+    explicit = with_old_logp(inputs, trainer_old_logp(module, inputs))
     loss_a, g_a = gradient(module, inputs, 3)
     loss_b, g_b = gradient(module, explicit, 3)
     assert loss_a.item() == pytest.approx(loss_b.item(), rel=1e-6, abs=1e-8)
     torch.testing.assert_close(g_a, g_b, rtol=1e-5, atol=1e-8)
-    torch.testing.assert_close(inputs.old_logp, explicit.old_logp, rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        inputs.behaviour.old_logp_all(), explicit.behaviour.old_logp_all(), rtol=0, atol=1e-6
+    )
 
 
 def test_dapo_reward_is_signed_correctness_plus_overlong_penalty(tiny_policy_dir):
@@ -148,7 +160,7 @@ def test_truncated_is_scales_the_policy_gradient_by_the_capped_ratio(tiny_policy
     inputs = prepared(plain, rollout)
     _, g_plain = gradient(plain, inputs, 8)
     # The engine assigned every token 1/1.5 of the trainer's probability: w = 1.5 (under the cap of 2).
-    set_engine_logprobs(rollout, inputs.old_logp - torch.log(torch.tensor(1.5)))
+    set_engine_logprobs(rollout, inputs.behaviour.old_logp_all() - torch.log(torch.tensor(1.5)))
     tis = attach(GRPO, tiny_policy_dir, tis_level="token", tis_cap=2.0)
     tis.policy.load_state_dict(plain.policy.state_dict())
     rollout.advantages = None
@@ -164,7 +176,7 @@ def test_behaviour_logprobs_from_the_rollout_engine(tiny_policy_dir):
     engine_logp = -torch.rand(8, MAX_LEN)
     set_engine_logprobs(rollout, engine_logp)
     inputs = prepared(module, rollout)
-    torch.testing.assert_close(inputs.old_logp, engine_logp * inputs.tensors.response_mask)
+    torch.testing.assert_close(inputs.behaviour.old_logp_all(), engine_logp * inputs.tensors.response_mask)
 
 
 @pytest.mark.parametrize(

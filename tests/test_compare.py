@@ -1,4 +1,4 @@
-"""`make compare` (issue 7): the table and plots from an MLflow store, logged back as a `compare` run."""
+"""`make compare`: the table and plots from an MLflow store, logged back as a `compare` run."""
 
 from __future__ import annotations
 

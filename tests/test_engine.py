@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlvr_lightning.algos.base import RLVRModule
+from rlvr_lightning.models.forward import policy_forward
 from rlvr_lightning.rollout.engine import WeightSyncError
 from rlvr_lightning.rollout.hf_engine import HFGenerateEngine
 from rlvr_lightning.rollout.sync import WeightSyncProbe
@@ -27,7 +27,7 @@ def setup(tiny_policy_dir):
 
 def _trainer_logprobs(model, rollout: Rollout, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     t = rollout.tensors(pad_id)
-    logp, _ = RLVRModule.token_logprobs(None, model, t, rollout.sampling.temperature)
+    logp = policy_forward(model, t, rollout.sampling.temperature).logp
     return logp, t.rollout_logp, t.response_mask
 
 

@@ -1,4 +1,4 @@
-"""`make eval` (issue 7): offline evaluation of a model directory on a benchmark, recorded in MLflow."""
+"""`make eval`: offline evaluation of a model directory on a benchmark, recorded in MLflow."""
 
 from __future__ import annotations
 

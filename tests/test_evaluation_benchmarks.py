@@ -1,4 +1,4 @@
-"""In-training evaluation on a list of named benchmarks (issue 7): each shared benchmark file loads by
+"""In-training evaluation on a list of named benchmarks: each shared benchmark file loads by
 path, prompts that do not fit the engine next to that benchmark's max_tokens are dropped, each benchmark
 gets its own sampling settings, recorded as params next to its `val/<name>/…` scores."""
 

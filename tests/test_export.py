@@ -1,4 +1,4 @@
-"""HF export (issue 7): a trained policy exported by `HFExport` loads in plain transformers and in
+"""HF export: a trained policy exported by `HFExport` loads in plain transformers and in
 vLLM and reproduces the greedy outputs of the policy that was exported."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""FSDP2 on 2 CPU ranks (gloo) through the CLI (issue 8): the policy is sharded (each rank holds about
+"""FSDP2 on 2 CPU ranks (gloo) through the CLI: the policy is sharded (each rank holds about
 half), the weights gathered after training equal a single-process replay of the same rollouts, and each
 rank's rollout engine runs them."""
 

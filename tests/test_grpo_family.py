@@ -1,4 +1,4 @@
-"""The pieces that make Dr. GRPO, DAPO and GSPO out of GRPO (ALGORITHMS.md §2.2–2.4, §3.2 items 2, 5, 8, 10),
+"""The pieces that make Dr. GRPO, DAPO and GSPO out of GRPO (docs/algorithms.md: Dr. GRPO, DAPO, GSPO),
 and the train–inference mismatch correction."""
 
 from __future__ import annotations

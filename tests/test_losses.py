@@ -1,4 +1,4 @@
-"""GRPO math on the hand-checkable toy batch of ALGORITHMS.md §3.2.
+"""GRPO math on the hand-checkable toy batch of docs/algorithms.md#worked-example.
 
 One group, G = 4, c = (1,0,0,0), L = (2,4,4,6), on policy (logp = old_logp), β = 0.
 """
@@ -53,7 +53,7 @@ def test_group_advantage_rejects_singleton_groups():
 
 
 GRPO_ROW = (-0.1875, 0.03125, 0.03125, 0.0208333)
-TOY_TABLE = {  # ALGORITHMS.md §3.2 item 4: per-token ∂loss/∂logp of rollouts 1..4, and the loss value
+TOY_TABLE = {  # docs/algorithms.md#worked-example: per-token ∂loss/∂logp of rollouts 1..4, and the loss value
     "grpo": dict(mode="seq-mean-token-mean", use_std=True, C=None, surrogate="ppo-clip", grad=GRPO_ROW, loss=0.0),
     "dapo": dict(mode="token-mean", use_std=True, C=None, surrogate="ppo-clip",
                  grad=(-0.09375, 0.03125, 0.03125, 0.03125), loss=0.25, eps=(0.2, 0.28)),
@@ -84,7 +84,7 @@ def test_per_token_gradients_on_toy_batch(preset, reward_scale):
     for n, L in enumerate(LENGTHS):
         torch.testing.assert_close(logp.grad[n, :L], torch.full((L,), row["grad"][n]), atol=1e-6, rtol=1e-5)
         assert torch.all(logp.grad[n, L:] == 0)
-    # The surrogate's value on policy is −Σ mask·Â / normaliser (ALGORITHMS.md §3.2 table).
+    # The surrogate's value on policy is −Σ mask·Â / normaliser (docs/algorithms.md#worked-example).
     assert loss.item() == pytest.approx(row["loss"], abs=1e-6)
 
 

@@ -1,4 +1,4 @@
-"""pass@k against brute-force enumeration of k-subsets (issue 7 acceptance 1, the pass@k part)."""
+"""pass@k against brute-force enumeration of k-subsets."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""OAR (ALGORITHMS.md §2.7, §3.2 item 12): segmentation, Bi-Level weights on hand-made scores, OAR-P
+"""OAR (docs/algorithms.md#oar): segmentation, Bi-Level weights on hand-made scores, OAR-P
 against a one-token-at-a-time loop, OAR-G's hands off parameter gradients, and the callback."""
 
 from __future__ import annotations
@@ -8,9 +8,17 @@ import torch
 from transformers.modeling_outputs import CausalLMOutput
 
 from rlvr_lightning.attribution.oar import (
-    ScoringInput, bilevel_weights, divergence, oar_g_saliency, oar_p_scores, readout, segment_boxed,
+    ScoringInput,
+    bilevel_weights,
+    divergence,
+    oar_g_saliency,
+    oar_p_scores,
+    readout,
+    segment_boxed,
 )  # fmt: skip
-from rlvr_lightning.data.datamodule import load_tokenizer
+from rlvr_lightning.models.policy import load_tokenizer
+from rlvr_lightning.training.prepare import prepare_update
+from rlvr_lightning.training.shaping import compose_token_weights
 
 # ---- Bi-Level -------------------------------------------------------------------------------
 
@@ -103,7 +111,7 @@ def test_oar_p_equals_a_one_token_at_a_time_loop(policy, tok, mode):
     for x, scores in zip(inputs, batched):
         answer = torch.tensor(x.ids[x.a0 :])
 
-        def read(seq):
+        def read(seq, x=x, answer=answer):
             with torch.no_grad():
                 z = policy(torch.tensor([seq])).logits[0].float()
             return readout(z[x.a0 - 1 : x.a0 - 1 + len(answer)], mode, answer)
@@ -220,7 +228,7 @@ def test_the_more_a_token_moves_the_answer_the_higher_its_scores():
 
 
 def test_oar_g_and_oar_p_rankings_agree_on_constructed_models():
-    """Issue 6, acceptance 1, on models where a token's influence is known (its position weight).
+    """OAR-G ranks tokens like OAR-P on models where a token's influence is known (its position weight).
     Measured on the HF tiny models by bench/oar_rank_agreement.py (weaker there: see bench/README.md)."""
     from torchmetrics.functional import spearman_corrcoef
 
@@ -267,7 +275,7 @@ def test_callback_weights_reasoning_tokens_only_with_mean_one(tiny_policy_dir, m
     rollout = boxed_rollout(module)
     rollout.rewards = module.compute_rewards(rollout)
     rollout.advantages = module.compute_advantages(rollout)
-    inputs, _ = module.loss_inputs(rollout)
+    inputs, _ = prepare_update(module, rollout)
     w = rollout.token_weights
     tok = module.datamodule.tokenizer
     for n, text in enumerate(rollout.texts):
@@ -294,9 +302,9 @@ def test_thr_and_oar_compose_multiplicatively(tiny_policy_dir):
         module.trainer.callbacks.extend(callbacks)
         rollout = boxed_rollout(module)
         rollout.advantages = module.compute_advantages(rollout)
-        inputs, _ = module.loss_inputs(rollout)
-        module.accumulate_gradients(inputs, inputs.seq_index, 1.0)  # THR scores in the update's forward
-        return rollout.token_weights
+        inputs, _ = prepare_update(module, rollout)
+        module.policy_update.accumulate_gradients(inputs, torch.arange(8))  # THR scores in the update's forward
+        return compose_token_weights(rollout.token_weights, inputs.behaviour.token_weights())
 
     thr, oar = THRAttribution(p=0.3, threshold="all"), OARAttribution(method="perturbation")
     torch.testing.assert_close(weights(thr, oar), weights(thr) * weights(oar))

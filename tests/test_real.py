@@ -1,4 +1,4 @@
-"""REAL and REAL-BCE (ALGORITHMS.md §2.5; §3.2 items 5–7): loss values, closed-form gradient weights,
+"""REAL and REAL-BCE (docs/algorithms.md#real): loss values, closed-form gradient weights,
 their bounds and monotonicity, zero signal from non-mixed groups, and group integrity in the module."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import torch
 from rlvr_lightning.algos import REAL
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.losses import real_grad_weights, real_loss, sequence_log_ratio
-from tests.test_algorithms import attach, gradient, prepared, sample_rollout
+from tests.test_algorithms import attach, gradient, prepared, sample_rollout, with_old_logp
 
 TAU = 0.5
 C_TOY = torch.tensor([1.0, 0, 0, 0])
 
 
 def test_anchor_loss_and_gradients_on_the_toy_group():
-    """§3.2 item 6: one group, c = (1,0,0,0), L = (2,4,4,6), on policy, τ = 0.5, B = 1."""
+    """docs/algorithms.md#worked-example: one group, c = (1,0,0,0), L = (2,4,4,6), on policy, τ = 0.5, B = 1."""
     lengths = (2, 4, 4, 6)
     mask = (torch.arange(6)[None] < torch.tensor(lengths)[:, None]).float()
     logp = (-torch.rand(4, 6) * mask).requires_grad_(True)
@@ -37,7 +37,7 @@ def test_bce_variant_on_the_toy_group_and_against_torch():
     s_bar = torch.zeros(4, requires_grad=True)
     loss = real_loss(s_bar, C_TOY, 4, normaliser=4, tau=TAU, variant="bce")
     loss.backward()
-    assert loss.item() == pytest.approx(math.log(2), abs=1e-6)  # §3.2 item 7
+    assert loss.item() == pytest.approx(math.log(2), abs=1e-6)  # docs/algorithms.md#worked-example
     torch.testing.assert_close(s_bar.grad, torch.tensor([-0.25, 0.25, 0.25, 0.25]))
     # Arbitrary logits, one mixed and one all-correct group: the mean BCE over the mixed rollouts.
     s = torch.randn(8, generator=torch.Generator().manual_seed(0)) * 3
@@ -108,8 +108,9 @@ def test_non_mixed_groups_count_in_the_prompt_normaliser():
 def test_micro_batches_of_whole_groups_and_two_pass_give_the_one_pass_gradient(tiny_policy_dir, variant):
     module = attach(REAL, tiny_policy_dir, variant=variant)
     inputs = prepared(module, sample_rollout(module))
-    inputs.old_logp = inputs.old_logp + 0.05 * torch.randn_like(inputs.old_logp) * inputs.tensors.response_mask
-    module.updates_since_rollout = 1  # off policy: the two-pass method must run its first pass
+    old_logp = inputs.behaviour.old_logp_all()
+    inputs = with_old_logp(inputs, old_logp + 0.05 * torch.randn_like(old_logp) * inputs.tensors.response_mask)
+    module.policy_update.updates_since_rollout = 1  # off policy: the two-pass method must run its first pass
     loss_one, g_one = gradient(module, inputs, 8)
     loss_groups, g_groups = gradient(module, inputs, 4)  # whole groups of G = 4
     torch.testing.assert_close(g_groups, g_one, rtol=1e-4, atol=1e-7)
@@ -127,8 +128,8 @@ def test_two_pass_skips_its_first_pass_on_policy(tiny_policy_dir):
     _, g_one = gradient(module, inputs, 8)
     module.hparams.two_pass = True
     calls = []
-    original = module._sequence_log_ratio
-    module._sequence_log_ratio = lambda *a, **k: calls.append(1) or original(*a, **k)
+    original = module.policy_update.sequence_log_ratio
+    module.policy_update.sequence_log_ratio = lambda *a, **k: calls.append(1) or original(*a, **k)
     _, g_two = gradient(module, inputs, 3)
     torch.testing.assert_close(g_two, g_one, rtol=1e-4, atol=1e-7)
     assert len(calls) == 3  # only the second pass: one forward per micro-batch (3 + 3 + 2 sequences)

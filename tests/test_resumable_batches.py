@@ -1,4 +1,4 @@
-"""ResumableBatches (issue 8): the prompt stream is a pure function of (seed, step, rank, world size), so a
+"""ResumableBatches: the prompt stream is a pure function of (seed, step, rank, world size), so a
 resumed run continues with exactly the batches it had not trained on, and ranks never share a prompt."""
 
 from __future__ import annotations

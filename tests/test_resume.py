@@ -1,4 +1,4 @@
-"""Kill-and-resume (issue 8): a run killed (SIGKILL) after step k and resumed from its last checkpoint logs
+"""Kill-and-resume: a run killed (SIGKILL) after step k and resumed from its last checkpoint logs
 the same metrics for steps k+1..n as an uninterrupted run with the same seed, into the same MLflow run."""
 
 from __future__ import annotations

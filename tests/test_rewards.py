@@ -83,7 +83,51 @@ def test_normalize_gold():
     assert normalize_gold("  \\frac{3}{2} ") == "\\frac{3}{2}"
     # Outside the GSM8K case commas are kept: in MATH answers they separate items.
     assert normalize_gold("1,-2") == "1,-2"
-    assert normalize_gold("025") == "025"
+    assert normalize_gold("025") == "25"  # AIME zero padding; the verifier accepted "025" as well
+
+
+def test_normalize_gold_answer_box():
+    """The answer box of a stored solution: the completions' scanner, but a cut-off last box falls back to
+    the last balanced one before it (a completion cut off there has no answer)."""
+    assert normalize_gold("x \\boxed{a{b}c} y") == "a{b}c"
+    assert normalize_gold("\\boxed{ok} then \\boxed{broken") == "ok"
+    assert extract_boxed("\\boxed{ok} then \\boxed{broken") is None
+    # Escaped braces are not grouping braces, \fbox counts, the last box opened wins.
+    assert normalize_gold("\\boxed{\\left\\{ 1, 2 \\right.}") == "\\left\\{ 1, 2 \\right."
+    assert normalize_gold("\\fbox{7}") == "7"
+    assert normalize_gold("\\boxed{\\boxed{3}}") == "3"
+
+
+# Where the verifier's former copy of the gold normaliser disagreed with the data loader's:
+# the loader's behaviour was kept, since it made the gold strings training runs use.
+@pytest.mark.parametrize(
+    ("raw", "gold"),
+    [
+        ("#### 18\nextra", "18\nextra"),  # the whole tail after "####", not its first line
+        ("#### 1,234 apples", "1234 apples"),  # digit-group commas anywhere in the tail ...
+        ("#### 1,000,2", "1000,2"),
+        ("#### +1,234", "1234"),  # ... and then plain integers written canonically
+        ("\\boxed{ok} then \\boxed{broken", "ok"),  # was the whole text
+    ],
+)
+def test_normalize_gold_where_the_copies_disagreed(raw, gold):
+    assert normalize_gold(raw) == gold
+
+
+@pytest.mark.parametrize(
+    "raw", [None, True, float("nan"), float("inf"), [1], "", "####", "\\boxed{}", "\\boxed{3", "1 \\boxed{"]
+)
+def test_normalize_gold_rejects_a_gold_without_answer(raw):
+    # The verifier's copy returned str() of these ("None", "nan", "\\boxed{3", ...), some of which verify.
+    with pytest.raises(ValueError, match="^gold answer"):
+        normalize_gold(raw)
+
+
+def test_gold_without_answer_scores_zero(verifier):
+    golds = [None, "\\boxed{3", float("nan"), "3"]
+    completions = ["\\boxed{None}", "\\boxed{3}", "\\boxed{nan}", "\\boxed{3}"]
+    assert verifier.verify(golds, completions).rewards == [0.0, 0.0, 0.0, 1.0]  # was [1.0, 1.0, 1.0, 1.0]
+    assert verifier.parseable_golds(golds) == [False, False, False, True]
 
 
 # ---------------------------------------------------------------------- verify_answer
@@ -146,7 +190,8 @@ def test_gsm8k_reference_solutions_verify(verifier):
 def test_aime_amc_golds_verify(verifier):
     rows = _load("aime24.jsonl") + _load("amc23.jsonl")
     golds = [normalize_gold(r["answer"]) for r in rows]
-    assert "27" in golds and "025" in golds  # AMC23 floats, AIME zero padding
+    assert "27" in golds and "025" in [r["answer"] for r in rows]  # AMC23 floats, AIME zero padding
+    assert "025" not in golds and "25" in golds
     completions = [f"... so the answer is $\\boxed{{{int(g)}}}$." for g in golds]
     wrong = [f"\\boxed{{{int(g) + 1}}}" for g in golds]
     res = verifier.verify(golds + golds, completions + wrong)

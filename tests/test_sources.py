@@ -12,7 +12,6 @@ from rlvr_lightning.data.sources import (
     DataSourceError,
     ProblemRecord,
     gold_from_field,
-    last_boxed,
     load_problems,
 )
 
@@ -112,14 +111,11 @@ def test_gold_from_field_rejects(value: object) -> None:
         gold_from_field(value, where="here")
 
 
-def test_last_boxed() -> None:
-    assert last_boxed("x \\boxed{a{b}c} y") == "a{b}c"
-    assert last_boxed("no box") is None
-    assert last_boxed("\\boxed{ok} then \\boxed{broken") == "ok"  # falls back to the last balanced one
-    # The verifier's scanner: escaped braces are not grouping braces, \fbox counts, the last box opened wins.
-    assert last_boxed("\\boxed{\\left\\{ 1, 2 \\right.}") == "\\left\\{ 1, 2 \\right."
-    assert last_boxed("\\fbox{7}") == "7"
-    assert last_boxed("\\boxed{\\boxed{3}}") == "3"
+def test_gold_from_field_errors_name_where() -> None:
+    with pytest.raises(DataSourceError, match=r"^here: gold answer has a \\boxed\{ with unbalanced braces$"):
+        gold_from_field("\\boxed{3", where="here")
+    with pytest.raises(DataSourceError, match=r"^here: gold answer is a boolean \(True\), expected text or a number$"):
+        gold_from_field(True, where="here")
 
 
 # --------------------------------------------------------------------------- local formats

@@ -1,4 +1,4 @@
-"""THR (ALGORITHMS.md §2.6, §3.2 item 11): scores against the definition, dominance and weights on
+"""THR (docs/algorithms.md#thr): scores against the definition, dominance and weights on
 hand-made values, and the callback inside the real module (p = 0 is the base algorithm, bit for bit)."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from rlvr_lightning.algos import GRPO, GSPO, REAL
 from rlvr_lightning.attribution.thr import dominant_tokens, group_thr_scores, thr_token_weights
 from rlvr_lightning.callbacks.attribution import THRAttribution
 from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.models.forward import policy_forward
+from rlvr_lightning.training.shaping import HiddenScorer, compose_token_weights
 from tests.test_algorithms import attach, gradient, prepared, sample_rollout
 
 
@@ -64,7 +66,7 @@ def test_chunked_equals_unchunked():
 
 
 def test_matches_the_reference_listing_of_the_spec():
-    """ALGORITHMS.md §2.6.3's `thr_token_advantages`, transcribed, on random groups and all thresholds."""
+    """The reweighting rule of docs/algorithms.md#thr-dominant-tokens-and-reweighting, transcribed, on random groups and all thresholds."""
     head, hidden, tokens, seq = random_group(seed=5)
     correct = torch.tensor([True, False, False, True])
     A = torch.tensor([1.0, -1.0, -1.0, 1.0])
@@ -136,13 +138,19 @@ def test_p_zero_is_the_base_algorithm_bit_for_bit(tiny_policy_dir):
 
 
 def test_module_captures_the_hidden_states_that_produce_old_logprobs(tiny_policy_dir):
-    """The hook grabs the LM-head inputs at the positions predicting each response token."""
+    """The forward grabs the LM-head inputs at the positions predicting each response token, and the
+    scorer keeps those of the rows it needs, across micro-batch boundaries."""
     module = with_thr(GRPO, tiny_policy_dir, None)
     rollout = sample_rollout(module)
     t = rollout.tensors(module.datamodule.tokenizer.pad_token_id)
     rows = torch.tensor([True, False, True, True, False, False, False, True])
-    module.hparams.micro_batch_size = 3  # captures across micro-batch boundaries too
-    old, _, hidden = module.reference_logprobs(t, 0.8, hidden_rows=rows)
+    scorer = HiddenScorer(module.trainer, module, rollout, [], rows)
+    hidden, old = {}, []
+    for mb_rows in torch.arange(8).split(3):
+        forward = policy_forward(module.policy, t.select(mb_rows), 0.8, capture_lm_head=True)
+        old.append(forward.logp.detach())
+        hidden.update(scorer.hidden_of(forward.lm_head_in, mb_rows, t.select(mb_rows).response_mask))
+    old = torch.cat(old)
     assert sorted(hidden) == [0, 2, 3, 7]
     head = module.policy.get_output_embeddings()
     for n, h in hidden.items():
@@ -153,19 +161,20 @@ def test_module_captures_the_hidden_states_that_produce_old_logprobs(tiny_policy
 
 
 def thr_update(tiny_policy_dir, p, micro_batch_size, rollout_edit=None):
-    """THR on GRPO through loss_inputs and one update's gradient; micro_batch_size 4 (= G) reads θ_old's
-    LM-head inputs in the update's forward, 3 (splits groups) in a separate θ_old pass."""
+    """THR on GRPO through prepare_update and one update's gradient; micro_batch_size 4 (= G) reads
+    θ_old's LM-head inputs in the update's forward, 3 (splits groups) in the separate no-grad pass."""
     module = with_thr(GRPO, tiny_policy_dir, THRAttribution(p=p, threshold="all"), micro_batch_size=micro_batch_size)
-    passes = []
-    separate = module.reference_logprobs
-    module.reference_logprobs = lambda *a, **kw: passes.append(kw.get("hidden_rows")) or separate(*a, **kw)
     rollout = sample_rollout(module)
     if rollout_edit:
         rollout_edit(rollout)
     inputs = prepared(module, rollout)
+    read_in_update = inputs.behaviour.reads_lm_head
+    seen = []  # the token advantages each micro-batch loss received
+    loss_of = module.micro_batch_loss
+    module.micro_batch_loss = lambda mb, logp, norms: seen.append(mb.advantages) or loss_of(mb, logp, norms)
     loss, grad = gradient(module, inputs, micro_batch_size)
-    read_in_update = all(rows is None for rows in passes)
-    return module, rollout, inputs, loss, grad, read_in_update
+    rollout.token_weights = compose_token_weights(rollout.token_weights, inputs.behaviour.token_weights())
+    return module, rollout, torch.cat(seen), loss, grad, read_in_update
 
 
 def no_correct_in_group_1(rollout):
@@ -176,16 +185,17 @@ def no_correct_in_group_1(rollout):
 @pytest.mark.parametrize("micro_batch_size", [4, 3])
 @pytest.mark.parametrize("p", [0.3, -0.3])
 def test_callback_reweights_mixed_groups_only(tiny_policy_dir, p, micro_batch_size):
-    _, rollout, inputs, _, _, read_in_update = thr_update(tiny_policy_dir, p, micro_batch_size, no_correct_in_group_1)
+    _, rollout, used, _, _, read_in_update = thr_update(tiny_policy_dir, p, micro_batch_size, no_correct_in_group_1)
     assert read_in_update == (micro_batch_size == 4)
     w = rollout.token_weights
-    mask = inputs.tensors.response_mask.bool()
+    mask = rollout.tensors(0).response_mask
     assert (w[4:] == 1).all()
-    values = w[:4][mask[:4]]
+    values = w[:4][mask[:4].bool()]
     near = [torch.isclose(values, torch.tensor(v)) for v in (1 + p, 1 - p, 1.0)]
     assert (near[0] | near[1] | near[2]).all() and (near[0] | near[1]).any()
-    base = inputs.advantages / w.clamp(min=1e-9)  # Â' = Â·w token by token
-    assert (torch.sign(inputs.advantages) == torch.sign(base)).all()
+    unweighted = rollout.advantages[:, None] * mask
+    torch.testing.assert_close(used, unweighted * w)  # the loss received Â' = Â·w token by token
+    assert (torch.sign(used) == torch.sign(unweighted)).all()  # and no weight flipped a sign
     assert rollout.metrics["thr/dominant_frac"] == 1.0
     assert rollout.metrics["thr/positive_frac"] + rollout.metrics["thr/negative_frac"] == pytest.approx(1.0)
 
@@ -198,7 +208,7 @@ def test_thr_read_in_the_update_equals_a_separate_theta_old_pass(tiny_policy_dir
     assert read_in and not read_sep
     assert torch.equal(r_in.token_weights, r_sep.token_weights)
     assert (r_in.token_weights != 1).any()
-    torch.testing.assert_close(in_in.advantages, in_sep.advantages)
+    torch.testing.assert_close(in_in, in_sep)  # the token advantages the losses received
     for key in ("thr/tokens", "thr/positive_frac", "thr/abs_p50", "thr/abs_max"):
         assert r_in.metrics[key] == pytest.approx(r_sep.metrics[key], rel=1e-5)
     assert loss_in.item() == pytest.approx(loss_sep.item(), rel=1e-5)
@@ -225,7 +235,7 @@ def untied_copy(policy):
 
 
 def test_thr_sign_predicts_the_change_of_the_correct_likelihood(tiny_policy_dir):
-    """Issue 5, acceptance 2: a small step on the THR > 0 tokens raises Σ log π(correct tokens), one on
+    """a small step on the THR > 0 tokens raises Σ log π(correct tokens), one on
     the THR < 0 tokens lowers it — exactly to first order for the LM head, approximately for all weights."""
     from rlvr_lightning.attribution.thr_check import thr_sign_check
 

@@ -1,4 +1,4 @@
-"""Verifier hardening (issue 8): adversarial and fuzzed completions never hang the verifier past its
+"""Verifier hardening: adversarial and fuzzed completions never hang the verifier past its
 limit, never execute code or read files, never crash it; conflicting boxed answers score 0 (unless
 configured otherwise); gold answers the verifier cannot parse are reported once and skipped."""
 

@@ -1,6 +1,6 @@
 """DAPO — Decoupled Clip and Dynamic sAmpling Policy Optimization (arXiv 2503.14476).
 
-GRPO plus four changes (ALGORITHMS.md §2.3; reference framework verl `recipe/dapo`):
+GRPO plus four changes (docs/algorithms.md#dapo; reference framework verl `recipe/dapo`):
   1. clip-higher: ε_low = 0.2, ε_high = 0.28, so low-probability tokens can rise (against entropy collapse)
   2. dynamic sampling: generate rounds of prompts until B groups have mixed correctness (0 < n+ < G)
   3. token-level loss: token-mean over the global token count of the optimizer step
@@ -11,18 +11,16 @@ No KL. Overlong *filtering* (`mask_truncated`) is available and off, as in the b
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from rlvr_lightning.advantages import overlong_penalty
 from rlvr_lightning.algos.grpo import GRPO
-from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.losses import LossAgg
-from rlvr_lightning.rollout.dynamic_sampling import OnExhausted, dynamic_sample
+from rlvr_lightning.rollout.dynamic_sampling import OnExhausted
 from rlvr_lightning.rollout.types import PromptBatch, Rollout
-
-log = logging.getLogger(__name__)
+from rlvr_lightning.training.generation import DynamicSampler
+from rlvr_lightning.training.step_metrics import StageTimer
 
 
 class DAPO(GRPO):
@@ -58,15 +56,14 @@ class DAPO(GRPO):
                 0 turns the shaping off.
             overlong_penalty_factor: scale of the overlong penalty.
         """
-        if on_exhausted not in ("error", "train_partial"):
-            raise ConfigError(f"model.on_exhausted={on_exhausted!r}; valid: error, train_partial")
+        check_choice("model.on_exhausted", on_exhausted, OnExhausted)
         if max_num_gen_batches < 0 or (gen_batch_size is not None and gen_batch_size < 1):
             raise ConfigError("model.max_num_gen_batches must be ≥ 0 and model.gen_batch_size ≥ 1")
         super().__init__(
             clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, loss_agg=loss_agg, kl_coef=kl_coef, **kwargs
         )
         self.save_hyperparameters()
-        self._empty_streak = 0
+        self.dynamic_sampler = DynamicSampler(gen_batch_size, max_num_gen_batches, on_exhausted, max_empty_batches)
 
     def validate_config(self) -> None:
         super().validate_config()
@@ -87,35 +84,10 @@ class DAPO(GRPO):
         return h.overlong_buffer_len if h.overlong_buffer_len is not None else L_max // 5
 
     # ---- 2. dynamic sampling -----------------------------------------------------------------
-    def collect_rollout(self, batch: PromptBatch, times: dict[str, float]) -> Rollout | None:
-        h = self.hparams
-        if not h.dynamic_sampling:
-            return super().collect_rollout(batch, times)
-        gen_batch_size = h.gen_batch_size or 3 * len(batch)
-
-        def draw_round(k: int) -> Rollout:
-            # Round 0 starts from the dataloader's batch, so every prompt of an epoch is still seen.
-            prompts = batch if k == 0 else PromptBatch([], [], [])
-            missing = gen_batch_size - len(prompts)
-            if missing > 0:
-                prompts = PromptBatch.concat([prompts, self.datamodule.extra_prompts(missing)])
-            return self.generate_and_score(prompts, times, round_index=k)
-
-        rollout, stats = dynamic_sample(draw_round, len(batch), h.max_num_gen_batches, h.on_exhausted)
-        metrics = {f"train/{k}": v for k, v in stats.metrics().items()}
-        if rollout is None:
-            self._empty_streak += 1
-            self.log_train_metrics(metrics, batch_size=len(batch))
-            if self._empty_streak >= h.max_empty_batches:
-                log.warning(
-                    "%d consecutive rollout batches had no group with mixed correctness; stopping the run",
-                    self._empty_streak,
-                )
-                self.trainer.should_stop = True
-            return None
-        self._empty_streak = 0
-        rollout.metrics.update(stats.metrics())
-        return rollout
+    def collect_rollout(self, batch: PromptBatch, timer: StageTimer) -> Rollout | None:
+        if not self.hparams.dynamic_sampling:
+            return super().collect_rollout(batch, timer)
+        return self.dynamic_sampler.collect(self, batch, timer)
 
     # ---- 4. reward: ±1 correctness plus the overlong penalty ---------------------------------
     def compute_rewards(self, rollout: Rollout) -> torch.Tensor:

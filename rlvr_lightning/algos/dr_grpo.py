@@ -1,6 +1,6 @@
 """Dr. GRPO — "Understanding R1-Zero-Like Training: A Critical Perspective" (arXiv 2503.20783).
 
-GRPO with exactly two changes that remove its optimisation biases (ALGORITHMS.md §2.2):
+GRPO with exactly two changes that remove its optimisation biases (docs/algorithms.md#dr-grpo):
   1. no division by the group std (difficulty bias):   Â_i = r_i − mean(r)
   2. no 1/|o_i| (length bias, which favours long wrong answers): per-token losses are summed and
      divided by N_S · C with a *constant* C = max_response_length (`seq-mean-token-sum-norm`)

@@ -3,7 +3,7 @@
     J = E_q E_{o_1..G ~ π_old} [ (1/G) Σ_i (1/|o_i|) Σ_t { min(ρ_{i,t} Â_i, clip(ρ_{i,t}, 1−ε_low, 1+ε_high) Â_i)
                                                          − β k3_{i,t} } ]
 
-with Â_i the group-normalised reward (ALGORITHMS.md §1.1, unbiased std) broadcast to every token,
+with Â_i the group-normalised reward (docs/algorithms.md#group-relative-advantages, unbiased std) broadcast to every token,
 ρ = π_θ / π_old per token, aggregation seq-mean-token-mean, and an optional k3 KL to the frozen
 initial policy. Everything else (rollout, rewards, updates, weight sync) is the shared step.
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from rlvr_lightning.algos.base import RLVRModule
-from rlvr_lightning.errors import ConfigError
-from rlvr_lightning.losses import SURROGATES, LossAgg, Surrogate
+from rlvr_lightning.errors import ConfigError, check_choice
+from rlvr_lightning.losses import SURROGATES, KLEstimator, LossAgg, Surrogate
 
 
 class GRPO(RLVRModule):
@@ -28,7 +28,7 @@ class GRPO(RLVRModule):
         clip_eps_high: float = 0.2,
         surrogate: Surrogate = "ppo-clip",
         kl_coef: float = 0.0,
-        kl_estimator: str = "k3",
+        kl_estimator: KLEstimator = "k3",
         loss_agg: LossAgg = "seq-mean-token-mean",
         use_adv_std: bool = True,
         **kwargs,
@@ -40,8 +40,7 @@ class GRPO(RLVRModule):
             surrogate: `ppo-clip` (per-token ratio), `gspo` (sequence ratio) or `gspo-token`.
             kl_coef: β of the KL penalty to the initial policy (0 = off, no reference model).
         """
-        if surrogate not in SURROGATES:
-            raise ConfigError(f"model.surrogate={surrogate!r}; valid: {', '.join(SURROGATES)}")
+        check_choice("model.surrogate", surrogate, SURROGATES)
         if not (0 <= clip_eps_low < 1 and clip_eps_high >= 0):
             raise ConfigError(f"model.clip_eps_low must be in [0, 1) and clip_eps_high ≥ 0, got {clip_eps_low}, {clip_eps_high}")
         super().__init__(

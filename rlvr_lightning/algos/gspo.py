@@ -1,7 +1,7 @@
 """GSPO — Group Sequence Policy Optimization (arXiv 2507.18071), and GSPO-token.
 
 The importance ratio is the length-normalised *sequence* likelihood ratio, and clipping acts on
-whole sequences (ALGORITHMS.md §2.4):
+whole sequences (docs/algorithms.md#gspo-and-gspo-token):
 
     s_i = (π_θ(y_i|x) / π_old(y_i|x))^(1/|y_i|)
     GSPO:       J = E[ (1/G) Σ_i min(s_i Â_i, clip(s_i, 1−ε_low, 1+ε_high) Â_i) ]

@@ -1,4 +1,4 @@
-"""REAL — Rewards as Labels: RLVR as classification (arXiv 2602.05630; ALGORITHMS.md §2.5).
+"""REAL — Rewards as Labels: RLVR as classification (arXiv 2602.05630; docs/algorithms.md#real).
 
 Each rollout's logit is its length-normalised log-ratio to the rollout policy, s̄_k/τ. Correct
 rollouts (O+) are the positive class, incorrect ones (O−) the negative class, and a fixed anchor
@@ -21,10 +21,11 @@ from __future__ import annotations
 import torch
 
 from rlvr_lightning.advantages import mixed_groups
-from rlvr_lightning.algos.base import LossInputs, MetricAccumulator, RLVRModule, StepNorms
-from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.algos.base import RLVRModule
+from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.losses import RealVariant, real_grad_weights, real_loss, sequence_log_ratio
 from rlvr_lightning.rollout.types import Rollout
+from rlvr_lightning.training.batch import LossBatch, StepNorms
 
 
 class REAL(RLVRModule):
@@ -47,8 +48,7 @@ class REAL(RLVRModule):
         """
         if tau <= 0:
             raise ConfigError(f"model.tau must be > 0, got {tau}")
-        if variant not in ("anchor", "bce", "pairwise"):
-            raise ConfigError(f"model.variant={variant!r}; valid: anchor, bce, pairwise")
+        check_choice("model.variant", variant, RealVariant)
         if kwargs.get("tis_level", "off") != "off":
             raise ConfigError("model.tis_level re-weights token-level surrogates; REAL's loss is sequence-level")
         super().__init__(mini_batches=mini_batches, kl_coef=kl_coef, **kwargs)
@@ -64,9 +64,9 @@ class REAL(RLVRModule):
                 "or model.two_pass=true"
             )
 
-    def old_logprobs_from_update(self) -> bool:
-        # The two-pass loss scores every sequence (against θ_old) before the first forward with grad.
-        return super().old_logprobs_from_update() and not self.hparams.two_pass
+    @property
+    def two_pass(self) -> bool:
+        return self.hparams.two_pass
 
     def token_advantages_unsupported(self) -> str | None:
         return "REAL has no advantages to reshape (its loss uses the correctness labels); remove them"
@@ -79,12 +79,21 @@ class REAL(RLVRModule):
         # B (all prompts of the step) for anchor/pairwise; M (rollouts in mixed groups) for BCE.
         return max(1.0, norms.num_mixed_seqs if self.hparams.variant == "bce" else norms.num_groups)
 
-    def micro_batch_loss(self, mb: LossInputs, logp: torch.Tensor, norms: StepNorms) -> tuple[torch.Tensor, dict]:
+    def micro_batch_loss(self, mb: LossBatch, logp: torch.Tensor, norms: StepNorms) -> tuple[torch.Tensor, dict]:
         h = self.hparams
         s_bar = sequence_log_ratio(logp, mb.old_logp, mb.loss_mask)
         loss = real_loss(s_bar, mb.correct, mb.group_size, self._normaliser(norms), h.tau, h.variant, norms.world_size)
         stats = self.sequence_stats(s_bar.detach(), mb.correct, mb.group_size)
         return loss + self.kl_loss(mb, logp, norms, stats), stats
+
+    def sequence_loss_and_weights(
+        self, s_bar: torch.Tensor, correct: torch.Tensor, G: int, norms: StepNorms
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's loss from every s̄ of the step, and its closed-form ∂L/∂s̄ (the two-pass method)."""
+        h = self.hparams
+        normaliser = self._normaliser(norms)
+        weights = real_grad_weights(s_bar, correct, G, normaliser, h.tau, h.variant)
+        return real_loss(s_bar, correct, G, normaliser, h.tau, h.variant, norms.world_size), weights
 
     def sequence_stats(self, s_bar: torch.Tensor, correct: torch.Tensor, G: int) -> dict[str, torch.Tensor]:
         """The loss value is constant on policy, so log what moves: the logits of each class, the share
@@ -102,45 +111,3 @@ class REAL(RLVRModule):
             "grad_weight_abs_min": weights,
             "grad_weight_abs_max": weights,
         }
-
-    # ---- the two-pass method (§2.5.5), for micro-batches that split groups ---------------------
-    def accumulate_gradients(
-        self, inputs: LossInputs, seq_index: torch.Tensor, temperature: float, acc: MetricAccumulator | None = None
-    ) -> torch.Tensor:
-        if not self.hparams.two_pass:
-            return super().accumulate_gradients(inputs, seq_index, temperature, acc)
-        h = self.hparams
-        norms = self.step_norms(inputs, seq_index)
-        chunks = self._micro_batches(seq_index)
-        step = inputs.select(seq_index)
-        # Pass 1: every s̄ of the step under the current θ. Groups never span ranks (each rank
-        # generates its own prompts), so the local s̄ suffice; only the normaliser is global.
-        if self.updates_since_rollout == 0 and h.behaviour_logprobs == "trainer":
-            s_bar = torch.zeros(len(seq_index), device=self.device)  # θ = θ_old: s̄ ≡ 0 exactly
-        else:
-            with torch.no_grad():
-                s_bar = torch.cat([self._sequence_log_ratio(inputs.select(idx), temperature)[0] for idx in chunks])
-        normaliser = self._normaliser(norms)
-        weights = real_grad_weights(s_bar, step.correct, step.group_size, normaliser, h.tau, h.variant)
-        step_loss = real_loss(s_bar, step.correct, step.group_size, normaliser, h.tau, h.variant, norms.world_size)
-        # Pass 2: backpropagate sg[∂L/∂s̄_k]·s̄_k(θ) per micro-batch (× R against gradient averaging).
-        offset = 0
-        for idx in chunks:
-            mb = inputs.select(idx)
-            s_mb, logp, entropy = self._sequence_log_ratio(mb, temperature, with_entropy=acc is not None)
-            stats: dict[str, torch.Tensor] = {}
-            kl = self.kl_loss(mb, logp, norms, stats)
-            surrogate = (weights[offset : offset + len(idx)] * s_mb).sum() * norms.world_size
-            self.manual_backward(surrogate + kl)
-            step_loss = step_loss + kl.detach()
-            offset += len(idx)
-            if acc is not None:
-                acc.add_tokens(stats, entropy, mb.loss_mask)
-        if acc is not None:
-            acc.add_tokens(self.sequence_stats(s_bar, step.correct, step.group_size), None, step.loss_mask)
-        return step_loss
-
-    def _sequence_log_ratio(self, mb: LossInputs, temperature: float, with_entropy: bool = False):
-        logp, entropy = self.token_logprobs(self.policy, mb.tensors, temperature, with_entropy)
-        return sequence_log_ratio(logp, mb.old_logp, mb.loss_mask), logp, entropy
-

@@ -1,4 +1,4 @@
-"""OAR — Outcome-grounded Advantage Reshaping (arXiv 2601.07408), ALGORITHMS.md §2.7.
+"""OAR — Outcome-grounded Advantage Reshaping (arXiv 2601.07408; docs/algorithms.md#oar).
 
 Each rollout's reasoning tokens are scored by how much they move the model's *own* final-answer
 distribution, then the scores become mass-preserving token weights (Bi-Level reshaping):
@@ -9,7 +9,7 @@ distribution, then the scores become mass-preserving token weights (Bi-Level res
               up to 1+β, renormalised to mean 1 over the reasoning tokens
 
 The scoring input re-attaches the answer to the truncated reasoning with a fixed conclusion:
-x = prompt + reasoning + conclude_template + answer, read out at the answer (§2.7.1).
+x = prompt + reasoning + conclude_template + answer, read out at the answer (docs/algorithms.md#oar-scoring-input-and-read-outs).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 
 from rlvr_lightning.rewards.math import find_last_boxed
+from rlvr_lightning.rollout.types import left_padded, position_ids
 
 Readout = Literal["last", "answer_mean", "answer_joint"]
 SaliencyBaseline = Literal["zero", "pad"]
@@ -43,7 +44,7 @@ class ScoringInput:
 def segment_boxed(
     prompt_ids: list[int], response_ids: list[int], tokenizer, conclude_template: str = DEFAULT_CONCLUDE
 ) -> ScoringInput | None:
-    """The scoring input of one rollout (§2.7.1), or None when it has no parsable `\\boxed{}` answer
+    """The scoring input of one rollout (docs/algorithms.md#oar-scoring-input-and-read-outs), or None when it has no parsable `\\boxed{}` answer
     (none, unbalanced or empty; `\\fbox{}` counts too, as for the verifier)."""
     # The box the verifier scores (same extraction), so OAR reshapes the reasoning behind that answer.
     found = find_last_boxed(tokenizer.decode(response_ids, skip_special_tokens=True))
@@ -95,14 +96,9 @@ class _Layout:
 
     @staticmethod
     def of(batch: list[list[int]], pad_id: int, device: torch.device) -> _Layout:
-        width = max(len(s) for s in batch)
-        ids = torch.full((len(batch), width), pad_id, dtype=torch.long, device=device)
-        attention = torch.zeros_like(ids)
-        for i, seq in enumerate(batch):
-            ids[i, width - len(seq) :] = torch.tensor(seq, device=device)
-            attention[i, width - len(seq) :] = 1
-        positions = (attention.cumsum(1) - 1).clamp(min=0)
-        return _Layout(ids, attention, positions, [width - len(seq) for seq in batch])
+        ids, attention = left_padded(batch, pad_id, device)
+        width = ids.shape[1]
+        return _Layout(ids, attention, position_ids(attention), [width - len(seq) for seq in batch])
 
 
 def _answer_logits(
@@ -154,7 +150,7 @@ def oar_p_scores(
     model, inputs: list[ScoringInput], pad_id: int, mode: Readout = "last", chunk_size: int = 32,
     reuse_prefix: bool | None = None,
 ) -> list[torch.Tensor]:  # fmt: skip
-    """OAR-P (§2.7.2): per rollout, the read-out change when each reasoning token alone is replaced by
+    """OAR-P (docs/algorithms.md#oar-p): per rollout, the read-out change when each reasoning token alone is replaced by
     `pad_id` (substitution, attention kept). Rollouts are taken `chunk_size` at a time: one clean
     forward, then all their perturbed copies in batches of `chunk_size` sequences, so memory is bounded
     by the chunk, not by R.
@@ -199,7 +195,7 @@ def oar_g_saliency(
     baseline: SaliencyBaseline = "zero",
     reuse_prefix: bool | None = None,
 ) -> list[torch.Tensor]:
-    """OAR-G (§2.7.3): |∇_E J · (E − E_base)| on the reasoning tokens, J = KL(P_clean ‖ P_noisy) (or φ0 − φ),
+    """OAR-G (docs/algorithms.md#oar-g): |∇_E J · (E − E_base)| on the reasoning tokens, J = KL(P_clean ‖ P_noisy) (or φ0 − φ),
     noise N(0, σ²) on the reasoning embeddings only. Gradients are taken with `torch.autograd.grad`
     with respect to the input embeddings alone; parameters are frozen meanwhile, so no parameter
     `.grad` is created, changed or erased. Rollouts in a batch are independent (J is a sum), so
@@ -260,7 +256,7 @@ def oar_g_saliency(
 def bilevel_weights(
     scores: torch.Tensor, q: float = 0.25, beta: float = 1.0, floor: float = 0.1, sum_to_len: bool = True, eps: float = 1e-8
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Bi-Level reshaping (§2.7.4) of one rollout's reasoning scores: (weights [R] > 0, level [R]
+    """Bi-Level reshaping (docs/algorithms.md#bi-level-reshaping) of one rollout's reasoning scores: (weights [R] > 0, level [R]
     with −1 suppressed, +1 boosted, 0 at the threshold)."""
     u = torch.log1p(scores.double().clamp(min=0))
     spread = u.max() - u.min()

@@ -1,4 +1,5 @@
-"""THR — Token Hidden Reward (arXiv 2510.03669), ALGORITHMS.md §2.6, as pure tensor functions.
+"""THR — Token Hidden Reward (arXiv 2510.03669; docs/algorithms.md#thr), as tensor functions over
+θ_old's LM-head inputs and the LM head.
 
 For a group with correct rollouts O+, the score of response token (j,k) is
 
@@ -10,18 +11,20 @@ One LM-head gradient step on token (j,k) with advantage Â_j changes Σ_{correct
 η·Â_j·s_{j,k} to first order, so THR_{j,k} = Â_j·s_{j,k} says whether the token's update helps
 (> 0, exploitation) or hurts (< 0, exploration) the group's correct answers.
 
-Chunked (§2.6.4): logits are rebuilt from the stored h in token chunks, so no [tokens × |V|]
+Chunked (docs/algorithms.md#thr-in-the-training-step): logits are rebuilt from the stored h in token chunks, so no [tokens × |V|]
 matrix exists for more than `chunk_size` tokens at a time; M+ is |V*| × d.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator, Literal
+from typing import Literal
 
 import torch
 
 from rlvr_lightning.advantages import mixed_groups
+from rlvr_lightning.losses import entropy_from_logprobs, log_softmax_at
 from rlvr_lightning.rollout.types import Rollout
 
 ThresholdMode = Literal["anchor", "quantile", "absolute", "all"]
@@ -54,11 +57,10 @@ def group_thr_scores(
     positive = correct.bool()[seq]
 
     def errors(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logp = (lm_head(hidden[rows]).float() / temperature).log_softmax(-1)
+        logp = log_softmax_at(lm_head(hidden[rows]), temperature)
         g = -logp[:, vocab].exp()
         g[torch.arange(len(rows), device=g.device), cols[rows]] += 1.0
-        entropy = -(logp.exp() * logp).sum(-1)
-        return g, entropy
+        return g, entropy_from_logprobs(logp)
 
     m_pos = h32.new_zeros(len(vocab), h32.shape[1])
     for rows in positive.nonzero().squeeze(1).split(chunk_size):
@@ -83,7 +85,7 @@ def dominant_tokens(
     quantile: float = 0.8,
     thr_abs: float | None = None,
 ) -> torch.Tensor:
-    """Which of one group's tokens are dominant (§2.6.3); bool [n]."""
+    """Which of one group's tokens are dominant (docs/algorithms.md#thr-dominant-tokens-and-reweighting); bool [n]."""
     if threshold == "anchor":
         # NTHR's anchor: the smallest mean score of a correct rollout. τ ≤ 0 makes every token dominant.
         G = len(correct)

@@ -1,4 +1,4 @@
-"""Does THR's sign mean what it says? A first-order check on a real policy (issue 5, acceptance 2).
+"""Does THR's sign mean what it says? A first-order check on a real policy.
 
 For one scored rollout with advantages: split the response tokens of its mixed groups by the sign
 of THR, take one small gradient step of the policy-gradient objective Σ Â·log π restricted to each
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from rlvr_lightning.algos.base import lm_head_inputs, token_logprobs
 from rlvr_lightning.attribution.thr import rollout_thr
+from rlvr_lightning.models.forward import policy_forward
 from rlvr_lightning.rollout.types import Rollout
 
 
@@ -31,10 +31,11 @@ def thr_sign_check(
     """
     t = rollout.tensors(pad_id)
     T_roll = rollout.sampling.temperature
-    with torch.no_grad(), lm_head_inputs(policy) as grabbed:
-        logp0, _ = token_logprobs(policy, t, T_roll)
+    with torch.no_grad():
+        clean = policy_forward(policy, t, T_roll, capture_lm_head=True)
+    logp0 = clean.logp
     lengths = t.response_mask.sum(1).long().tolist()
-    hidden = {n: grabbed[0][n, : lengths[n]] for n in range(len(lengths))}
+    hidden = {n: clean.lm_head_in[n, : lengths[n]] for n in range(len(lengths))}
     thr_tok = torch.zeros_like(t.response_mask)
     G = rollout.group_size
     for gs in rollout_thr(rollout, hidden, policy.get_output_embeddings()):
@@ -46,7 +47,7 @@ def thr_sign_check(
     weights = [policy.get_output_embeddings().weight] if params == "head" else list(policy.parameters())
     out = {}
     for name, subset in (("positive", thr_tok > 0), ("negative", thr_tok < 0)):
-        logp, _ = token_logprobs(policy, t, T_roll)
+        logp = policy_forward(policy, t, T_roll).logp
         objective = (adv_tok * subset * logp).sum()
         grads = torch.autograd.grad(objective, weights, allow_unused=True)
         saved = [w.detach().clone() for w in weights]
@@ -54,7 +55,7 @@ def thr_sign_check(
             for w, g in zip(weights, grads):
                 if g is not None:
                     w += lr * g  # ascent on Σ Â·log π over the subset
-            logp1, _ = token_logprobs(policy, t, T_roll)
+            logp1 = policy_forward(policy, t, T_roll).logp
             out[name] = ((logp1 * correct_tok).sum() - j0).item()
             for w, s in zip(weights, saved):
                 w.copy_(s)

@@ -1,9 +1,9 @@
 """Attribution callbacks: per-token reshaping of the advantages before the policy update.
 
-`OARAttribution` (arXiv 2601.07408, ALGORITHMS.md §2.7): reasoning tokens of every rollout with a
+`OARAttribution` (arXiv 2601.07408, docs/algorithms.md#oar): reasoning tokens of every rollout with a
 non-zero advantage and a parsable `\\boxed{}` answer get Bi-Level weights from OAR-P or OAR-G scores.
 
-`THRAttribution` (arXiv 2510.03669, ALGORITHMS.md §2.6): under θ_old and without grad, score every
+`THRAttribution` (arXiv 2510.03669, docs/algorithms.md#thr): under θ_old and without grad, score every
 response token of each mixed group by its Token Hidden Reward and weight its advantage so that
 Â' = Â·(1 + p·sign(THR)) on dominant tokens. p > 0 favours exploitation (greedy accuracy), p < 0
 exploration (pass@k). The LM-head inputs come from a forward the module runs anyway: the θ_old pass,
@@ -12,23 +12,33 @@ or, with one update per rollout batch, the update's own forward (no extra transf
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import lightning as L
 import torch
 from torchmetrics.functional import spearman_corrcoef
 
 from rlvr_lightning.advantages import mixed_groups
-from rlvr_lightning.algos.base import RLVRModule, RolloutCallback
 from rlvr_lightning.attribution.oar import (
-    DEFAULT_CONCLUDE, Readout, SaliencyBaseline, bilevel_weights, oar_g_saliency, oar_p_scores, segment_boxed,
+    DEFAULT_CONCLUDE,
+    Readout,
+    SaliencyBaseline,
+    bilevel_weights,
+    oar_g_saliency,
+    oar_p_scores,
+    segment_boxed,
 )  # fmt: skip
 from rlvr_lightning.attribution.thr import ReweightMode, ThresholdMode, dominant_tokens, rollout_thr, thr_token_weights
-from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.callbacks.rollout import AdvantageShaper
+from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.rollout.types import Rollout
+from rlvr_lightning.seeding import OAR_NOISE_STREAM, derived_seed
+
+if TYPE_CHECKING:
+    from rlvr_lightning.algos.base import RLVRModule
 
 
-class THRAttribution(RolloutCallback):
+class THRAttribution(AdvantageShaper):
     def __init__(
         self,
         p: float = 0.0,
@@ -54,14 +64,12 @@ class THRAttribution(RolloutCallback):
         """
         if not -1.0 <= p <= 1.0:
             raise ConfigError(f"THRAttribution.p={p} must lie in [-1, 1], or advantage signs would flip")
-        if threshold not in ("anchor", "quantile", "absolute", "all"):
-            raise ConfigError(f"THRAttribution.threshold={threshold!r}; valid: anchor, quantile, absolute, all")
+        check_choice("THRAttribution.threshold", threshold, ThresholdMode)
         if threshold == "absolute" and thr_abs is None:
             raise ConfigError("THRAttribution.threshold=absolute needs THRAttribution.thr_abs")
         if not 0.0 < quantile < 1.0:
             raise ConfigError(f"THRAttribution.quantile={quantile} must lie in (0, 1)")
-        if mode not in ("reweight", "only"):
-            raise ConfigError(f"THRAttribution.mode={mode!r}; valid: reweight, only")
+        check_choice("THRAttribution.mode", mode, ReweightMode)
         if chunk_size < 1:
             raise ConfigError("THRAttribution.chunk_size must be ≥ 1")
         self.p, self.threshold, self.beta_anchor = p, threshold, beta_anchor
@@ -71,22 +79,24 @@ class THRAttribution(RolloutCallback):
     def is_identity(self) -> bool:
         return self.p == 0.0 and self.mode == "reweight"
 
-    def hidden_states_needed(self, rollout: Rollout) -> torch.Tensor | None:
+    def hidden_rows(self, rollout: Rollout) -> torch.Tensor | None:
         if self.is_identity:  # the base algorithm, bit for bit: no scores, no extra work
             return None
         return mixed_groups(rollout.correct.float(), rollout.group_size).repeat_interleave(rollout.group_size)
 
-    def on_advantages_computed(self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout) -> None:
-        """A new rollout batch: its THR statistics start empty (same keys when no group is mixed)."""
+    def token_weights(self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout) -> None:
+        """A new rollout batch: its THR statistics start empty (same keys when no group is mixed). THR's
+        weights come from θ_old's LM-head inputs (`weights_from_hidden`)."""
         self._parts: dict[str, list[torch.Tensor]] = {"thr": [], "dominant": [], "entropy": []}
         if not self.is_identity:
             rollout.metrics.update(self._metrics())
+        return None
 
     @torch.no_grad()
-    def token_weights_from_hidden(
+    def weights_from_hidden(
         self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout, hidden: dict[int, torch.Tensor]
     ) -> dict[int, torch.Tensor]:
-        """Weights of the mixed groups in `hidden` (all of the batch's, or one micro-batch's)."""
+        """Weights of the mixed groups in `hidden` (a few whole groups per call)."""
         G = rollout.group_size
         weights: dict[int, torch.Tensor] = {}
         lm_head = module.policy.get_output_embeddings()
@@ -107,7 +117,7 @@ class THRAttribution(RolloutCallback):
 
 
 def thr_metrics(thr: torch.Tensor, dominant: torch.Tensor, entropy: torch.Tensor) -> dict[str, float]:
-    """Logged per rollout batch over the tokens of mixed groups (§2.6, issue 5)."""
+    """Logged per rollout batch over the tokens of mixed groups (docs/algorithms.md#thr-in-the-training-step)."""
     if thr.numel() == 0:  # no mixed group in this batch: same keys, so dashboards keep one series
         keys = ("dominant_frac", "positive_frac", "negative_frac", "abs_p50", "abs_p90", "abs_p99", "abs_max")
         return {"thr/tokens": 0.0, **{f"thr/{k}": 0.0 for k in keys}, "thr/abs_entropy_spearman": 0.0}
@@ -126,8 +136,8 @@ def thr_metrics(thr: torch.Tensor, dominant: torch.Tensor, entropy: torch.Tensor
     }
 
 
-class OARAttribution(RolloutCallback):
-    """OAR (arXiv 2601.07408, ALGORITHMS.md §2.7): reasoning tokens' advantages reshaped by how much
+class OARAttribution(AdvantageShaper):
+    """OAR (arXiv 2601.07408, docs/algorithms.md#oar): reasoning tokens' advantages reshaped by how much
     each token moves the model's own final-answer distribution; OAR-P perturbs tokens one at a time,
     OAR-G uses an input-gradient proxy. Scored once per rollout batch under θ_old."""
 
@@ -159,20 +169,17 @@ class OARAttribution(RolloutCallback):
             saliency_baseline: OAR-G's gradient × (input − baseline): `zero` (authors) or `pad` (the
                 pad token's embedding: a first-order estimate of OAR-P's substitution).
         """
-        if saliency_baseline not in ("zero", "pad"):
-            raise ConfigError(f"OARAttribution.saliency_baseline={saliency_baseline!r}; valid: zero, pad")
+        check_choice("OARAttribution.saliency_baseline", saliency_baseline, SaliencyBaseline)
         self.saliency_baseline = saliency_baseline
-        if method not in ("perturbation", "gradient"):
-            raise ConfigError(f"OARAttribution.method={method!r}; valid: perturbation, gradient")
+        check_choice("OARAttribution.method", method, ("perturbation", "gradient"))
         readout = readout or ("last" if method == "perturbation" else "answer_mean")
-        if readout not in ("last", "answer_mean", "answer_joint"):
-            raise ConfigError(f"OARAttribution.readout={readout!r}; valid: last, answer_mean, answer_joint")
+        check_choice("OARAttribution.readout", readout, Readout)
         if not 0.0 < q < 1.0 or beta < 0 or not 0.0 <= floor <= 1.0 or sigma <= 0 or chunk_size < 1:
             raise ConfigError("OARAttribution needs 0 < q < 1, beta ≥ 0, 0 ≤ floor ≤ 1, sigma > 0, chunk_size ≥ 1")
         self.method, self.readout, self.q, self.beta, self.floor = method, readout, q, beta, floor
         self.sum_to_len, self.sigma, self.chunk_size, self.conclude_template = sum_to_len, sigma, chunk_size, conclude_template
 
-    def on_advantages_computed(self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout) -> None:
+    def token_weights(self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout) -> torch.Tensor:
         tok = module.datamodule.tokenizer
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         G, N = rollout.group_size, rollout.num_sequences
@@ -192,16 +199,18 @@ class OARAttribution(RolloutCallback):
             weights[n, : seg.r1 - seg.r0] = w
             all_w.append(w)
             all_level.append(level)
-        rollout.multiply_token_weights(weights)
         rollout.metrics.update(oar_metrics(all_w, all_level, scored=len(rows), candidates=len(candidates)))
+        return weights
 
     def _scores(self, module: RLVRModule, inputs, pad_id: int, rollout: Rollout) -> list[torch.Tensor]:
         policy = module.policy
         if self.method == "perturbation":
             return oar_p_scores(policy, inputs, pad_id, self.readout, self.chunk_size)
-        # One noise draw per rollout, seeded by (step, rollout): reproducible across runs and resumes.
-        seed = module.datamodule.hparams.seed * 1_000_003 + module.rollout_batches * 10_007
-        gens = [torch.Generator().manual_seed(seed + i) for i in range(len(inputs))]
+        # One noise draw per rollout, from seeds drawn once per (step, rank): reproducible across runs
+        # and resumes, and different on every rank.
+        seed = derived_seed(module.datamodule.hparams.seed, module.rollout_batches, OAR_NOISE_STREAM, module.global_rank)
+        seeds = torch.randint(2**62, (len(inputs),), generator=torch.Generator().manual_seed(seed)).tolist()
+        gens = [torch.Generator().manual_seed(s) for s in seeds]
         return oar_g_saliency(policy, inputs, pad_id, self.readout, self.sigma, gens, self.chunk_size, self.saliency_baseline)
 
 

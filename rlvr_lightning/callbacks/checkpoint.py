@@ -30,6 +30,8 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Checkpoint
 
+from rlvr_lightning.callbacks.periodic import is_due
+
 
 def rng_state() -> dict:
     """The process's generators, as tensors and plain tuples only: checkpoints stay loadable with
@@ -69,7 +71,7 @@ class ResumableCheckpoint(Checkpoint):
         return self.dirpath / str(getattr(trainer.logger, "run_id", None) or "run")
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if self.every_n_steps and pl_module.rollout_batches % self.every_n_steps == 0:
+        if is_due(pl_module.rollout_batches, self.every_n_steps):
             self.save(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module) -> None:

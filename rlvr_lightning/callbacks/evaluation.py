@@ -27,6 +27,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from rlvr_lightning.callbacks.periodic import is_due
 from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.data.sources import ProblemRecord
 from rlvr_lightning.errors import ConfigError
@@ -180,7 +181,7 @@ class Evaluation(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         # Rollout batches, not Lightning's batch_idx: that restarts at 0 every epoch of the prompt set.
-        if self.every_n_steps and pl_module.rollout_batches % self.every_n_steps == 0:
+        if is_due(pl_module.rollout_batches, self.every_n_steps):
             self.evaluate(trainer, pl_module)
 
     def state_dict(self) -> dict:

@@ -13,7 +13,9 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
+from rlvr_lightning.callbacks.periodic import is_due
 from rlvr_lightning.models.embedded import save_policy
+from rlvr_lightning.rollout.sync import full_weights
 
 
 class HFExport(Callback):
@@ -27,7 +29,7 @@ class HFExport(Callback):
         self.dirpath, self.every_n_steps, self.final = Path(dirpath), every_n_steps, final
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if self.every_n_steps and pl_module.rollout_batches % self.every_n_steps == 0:
+        if is_due(pl_module.rollout_batches, self.every_n_steps):
             self.export(trainer, pl_module, f"step-{pl_module.rollout_batches}")
 
     def on_train_end(self, trainer: L.Trainer, pl_module) -> None:
@@ -36,7 +38,7 @@ class HFExport(Callback):
 
     def export(self, trainer: L.Trainer, pl_module, name: str) -> Path:
         # Every rank takes part in gathering sharded (FSDP) weights; rank 0 writes them.
-        weights = dict(pl_module.engine_weights())
+        weights = dict(full_weights(pl_module.policy))
         out = self.dirpath / (getattr(trainer.logger, "run_id", None) or "run") / name
         if trainer.is_global_zero:
             self._write(trainer, pl_module, name, weights, out)

@@ -8,15 +8,19 @@ add zero-reward groups to training and wrong zeros to accuracy.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Literal
 
 import lightning as L
 import torch
 
-from rlvr_lightning.algos.base import RLVRModule, RolloutCallback
+from rlvr_lightning.callbacks.rollout import RolloutCallback
 from rlvr_lightning.data.sources import ProblemRecord
-from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.rewards.math import MathVerifier
 from rlvr_lightning.rollout.types import Rollout
+
+if TYPE_CHECKING:
+    from rlvr_lightning.algos.base import RLVRModule
 
 log = logging.getLogger(__name__)
 
@@ -27,19 +31,18 @@ class RewardVerifier(RolloutCallback):
         num_workers: int = 2,
         timeout_s: float = 5.0,
         truncated_is_incorrect: bool = True,
-        multiple_boxed: str = "wrong",
+        multiple_boxed: Literal["wrong", "last"] = "wrong",
     ) -> None:
         """
         Args:
             num_workers: verifier processes (each completion has a hard wall-clock limit).
             timeout_s: a completion whose verification takes longer gets reward 0; its worker is replaced.
             truncated_is_incorrect: a completion cut at max_response_length (no EOS) scores 0, as in
-                the Dr. GRPO authors' code and ALGORITHMS.md §0.2.
+                the Dr. GRPO authors' code (docs/algorithms.md#rollout-and-rewards).
             multiple_boxed: `wrong` requires every boxed answer of a completion to equal the gold (boxing
                 several candidates is a cheap way to game a last-box reward); `last` grades the last box only.
         """
-        if multiple_boxed not in ("wrong", "last"):
-            raise ConfigError(f"RewardVerifier.multiple_boxed={multiple_boxed!r}; valid: wrong, last")
+        check_choice("RewardVerifier.multiple_boxed", multiple_boxed, ("wrong", "last"))
         self.multiple_boxed = multiple_boxed
         self.num_workers = num_workers
         self.timeout_s = timeout_s
@@ -108,5 +111,5 @@ class RewardVerifier(RolloutCallback):
     def on_rollout_generated(self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout) -> None:
         correct, metrics = self.score(rollout.answers_per_sequence, rollout.texts, rollout.truncated)
         rollout.correct = correct
-        rollout.rewards = correct.clone()  # r = c; algorithms that shape rewards do so in compute_advantages
+        rollout.rewards = correct.clone()  # r = c; algorithms that shape rewards do so in `compute_rewards`
         rollout.metrics.update(metrics)

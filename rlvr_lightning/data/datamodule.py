@@ -8,9 +8,7 @@ dataset iterator would sample from stale weights.
 from __future__ import annotations
 
 import logging
-import os
 import warnings
-from pathlib import Path
 from typing import Literal
 
 import lightning as L
@@ -18,9 +16,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from rlvr_lightning.data.batches import ResumableBatches
-from rlvr_lightning.data.embedded_task import train_test_split
-from rlvr_lightning.data.sources import ProblemRecord, load_problems
+from rlvr_lightning.data.sources import ProblemRecord, embedded_records, load_problems
 from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.models.policy import load_tokenizer
 from rlvr_lightning.models.warm_start import EMBEDDED, resolve_policy_path
 from rlvr_lightning.rollout.engine import RolloutEngine
 from rlvr_lightning.rollout.types import PromptBatch, SamplingConfig
@@ -140,8 +138,7 @@ class RolloutDataModule(L.LightningDataModule):
         """Problems from `embedded` (its train or test part: `embedded_part`, else `split`), a file or an
         HF dataset, without those whose templated prompt is longer than `max_prompt_tokens` (counted)."""
         if source == EMBEDDED:
-            train_set, test_set = train_test_split(seed=0)
-            records = [p.record() for p in (train_set if (embedded_part or split) == "train" else test_set)][:limit]
+            records = embedded_records(embedded_part or split)[:limit]
         else:
             records = load_problems(
                 source, split=split, problem_field=problem_field, answer_field=answer_field, id_field=id_field,
@@ -260,21 +257,3 @@ class RolloutDataModule(L.LightningDataModule):
         if self._engine is not None:
             self._engine.close()
             self._engine = None
-
-
-def load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    if os.sep in path and not Path(path).exists():
-        raise ConfigError(f"data.model_name_or_path: model directory does not exist: {path}")
-    try:
-        tok = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as err:
-        raise ConfigError(
-            f"could not load a tokenizer from data.model_name_or_path={path!r}: {str(err).splitlines()[0]} "
-            "(use `embedded`, a local HF model directory, or an HF model id reachable from this machine)"
-        ) from None
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
-

@@ -11,7 +11,6 @@ JSON lists, parquet and HF datasets by 0-based row index (the same index used in
 from __future__ import annotations
 
 import json
-import math
 import numbers
 import os
 import re
@@ -21,7 +20,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from rlvr_lightning.rewards.math import boxed_answers
+from rlvr_lightning.rewards.math import normalize_gold
 
 SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".parquet")
 PROBLEM_FIELDS = ("problem", "question", "prompt", "query", "input")
@@ -33,10 +32,6 @@ ID_FIELDS = ("id", "unique_id", "idx", "problem_id")
 _FILE_SUFFIXES = SUPPORTED_EXTENSIONS + (".csv", ".tsv", ".txt", ".arrow", ".gz", ".zst", ".bz2", ".xz")
 # Hub ids are "name" or "owner/name". On POSIX os.sep is "/", so one "/" alone cannot mean "path".
 _HF_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
-_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
-# A comma between digit groups of three ("1,450,000"), but not in tuples like "(1,2)".
-_THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
-_INTEGER = re.compile(r"[+-]?\d+")
 
 
 @dataclass(frozen=True)
@@ -44,6 +39,14 @@ class ProblemRecord:
     id: str  # stable id: the id field if present (str()), else f"{source_name}:{row_index}"
     problem: str  # question text, exactly as stored
     answer: str  # gold final answer, normalised by `gold_from_field`
+
+
+def embedded_records(part: str) -> list[ProblemRecord]:
+    """The embedded arithmetic task's `train` or `test` problems (any other part: test)."""
+    from rlvr_lightning.models.embedded_task import train_test_split
+
+    train, test = train_test_split(seed=0)
+    return [ProblemRecord(p.id, p.prompt(), str(p.value)) for p in (train if part == "train" else test)]
 
 
 class DataSourceError(ValueError):
@@ -54,55 +57,13 @@ class DataSourceError(ValueError):
 
 
 def gold_from_field(value: Any, where: str = "gold answer") -> str:
-    """Turn a stored gold answer into the final-answer string the verifier compares against.
-
-    - numbers: integral values lose the ".0" (AMC23 stores 27.0 -> "27"), other floats use str();
-    - GSM8K style "... #### 1,234": the text after the last "####", thousands commas removed;
-    - a full solution containing \\boxed{...} (MATH `solution`): content of the LAST \\boxed{},
-      matched with balanced braces so nested \\frac{}{} survive;
-    - otherwise the stripped string.
-    Plain integers are written canonically ("025" -> "25"): AIME stores 3-digit zero-padded answers
-    and a string comparison would otherwise reject a correct "25".
-    `where` (file, line, field) prefixes error messages.
-    """
-    if value is None:
-        raise DataSourceError(f"{where}: gold answer is empty (null)")
-    if isinstance(value, bool):  # bool is an int subclass; True as a gold answer is a data bug
-        raise DataSourceError(f"{where}: gold answer is a boolean ({value}), expected text or a number")
-    if isinstance(value, numbers.Integral):  # also numpy ints
-        return str(int(value))
-    if isinstance(value, numbers.Real):  # floats, numpy floats
-        value = float(value)
-        if not math.isfinite(value):  # NaN is how parquet/pandas store a missing number
-            raise DataSourceError(f"{where}: gold answer is not a finite number ({value})")
-        return str(int(value)) if value.is_integer() else str(value)
-    if not isinstance(value, str):
-        raise DataSourceError(f"{where}: gold answer has type {type(value).__name__}, expected text or a number")
-
-    text = value.strip()
-    if "####" in text:
-        text = _THOUSANDS_COMMA.sub("", text.rsplit("####", 1)[1]).strip()
-    elif _BOX_OPEN.search(text):
-        boxed = last_boxed(text)
-        if boxed is None:
-            raise DataSourceError(f"{where}: gold answer has a \\boxed{{ with unbalanced braces")
-        text = boxed.strip()
-    if _INTEGER.fullmatch(text):
-        text = str(int(text))
-    if not text:
-        raise DataSourceError(f"{where}: gold answer is empty")
-    return text
-
-
-def last_boxed(text: str) -> str | None:
-    """The answer box of a gold solution: the last box opened, as the verifier reads completions (one
-    shared linear scanner, `rewards.math.boxed_answers`: same escapes, `\\fbox` too); when that box is
-    cut off, the last balanced top-level box before it (a stored solution still has its answer). None
-    when no box closes."""
-    found, last = boxed_answers(text)
-    if last is not None:
-        return last[1]
-    return found[-1][1] if found else None
+    """The gold answer stored in a dataset field, normalised by `rewards.math.normalize_gold` (the one
+    normaliser, shared with the verifier); its errors become `DataSourceError`s prefixed with `where`
+    (file, line, field)."""
+    try:
+        return normalize_gold(value)
+    except ValueError as err:
+        raise DataSourceError(f"{where}: {err}") from None
 
 
 # --------------------------------------------------------------------------- public entry point

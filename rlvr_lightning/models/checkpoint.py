@@ -28,8 +28,8 @@ def policy_from_checkpoint(ckpt: str | Path, out_dir: str | Path | None = None) 
     """
     from transformers import AutoModelForCausalLM
 
-    from rlvr_lightning.data.datamodule import load_tokenizer
     from rlvr_lightning.models.embedded import save_policy
+    from rlvr_lightning.models.policy import load_tokenizer
     from rlvr_lightning.models.warm_start import resolve_policy_path
 
     ckpt = Path(ckpt)

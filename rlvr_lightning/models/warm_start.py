@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
-from rlvr_lightning.data.embedded_task import flawed_demonstration, train_test_split
 from rlvr_lightning.models.embedded import TinyQwen2Spec, build_char_tokenizer, build_tiny_qwen2, save_policy
+from rlvr_lightning.models.embedded_task import flawed_demonstration, train_test_split
 
 log = logging.getLogger(__name__)
 EMBEDDED = "embedded"

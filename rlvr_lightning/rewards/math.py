@@ -45,7 +45,9 @@ import pebble
 logger = logging.getLogger(__name__)
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_THOUSANDS_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+# A comma between digit groups of three ("1,450,000"), but not in tuples like "(1,2)".
+_THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+_INTEGER = re.compile(r"[+-]?\d+")
 
 
 # --------------------------------------------------------------------------- extraction
@@ -138,26 +140,57 @@ def extract_prediction(completion: str) -> str | None:
 
 
 def normalize_gold(answer) -> str:
-    """Gold answer of a dataset row as a string math-verify can parse.
+    """Turn a stored gold answer into the final-answer string the verifier compares against.
 
-    27.0 (AMC23 stores floats) -> "27"; GSM8K "...#### 1,234" -> "1234"; a full
-    solution with a box -> the box content; anything else -> stripped str.
+    - numbers: integral values lose the ".0" (AMC23 stores 27.0 -> "27"), other floats use str();
+    - GSM8K style "... #### 1,234": the text after the last "####", thousands commas removed (only
+      there: in MATH answers a comma separates list items, "1,-2");
+    - a full solution containing \\boxed{...} (MATH `solution`): the content of its answer box, found
+      by the scanner that reads completions (`boxed_answers`: balanced and escaped braces, \\fbox too):
+      the last box opened or, when that one is cut off, the last balanced box before it (a stored
+      solution still has its answer, unlike a truncated completion);
+    - otherwise the stripped string.
+    Plain integers are written canonically ("025" -> "25"): AIME stores 3-digit zero-padded answers
+    and a string comparison would otherwise reject a correct "25".
+    Raises ValueError, with a message starting "gold answer", when there is no answer to compare
+    against: None, a boolean, NaN or infinity, another type, nothing left after normalisation, or
+    boxes none of which close.
     """
-    if isinstance(answer, numbers.Integral) and not isinstance(answer, bool):
+    if answer is None:
+        raise ValueError("gold answer is empty (null)")
+    if isinstance(answer, bool):  # bool is an int subclass; True as a gold answer is a data bug
+        raise ValueError(f"gold answer is a boolean ({answer}), expected text or a number")
+    if isinstance(answer, numbers.Integral):  # also numpy ints
         return str(int(answer))
-    if isinstance(answer, numbers.Real) and not isinstance(answer, bool):
+    if isinstance(answer, numbers.Real):  # floats, numpy floats
         value = float(answer)
-        return str(int(value)) if value.is_integer() else repr(value)
-    text = str(answer).strip()
-    hashed = _after_hashes(text)
-    if hashed is not None:
-        # Thousands commas only here: in MATH answers a comma separates list items ("1,-2").
-        return hashed.replace(",", "") if _THOUSANDS_RE.fullmatch(hashed) else hashed
-    if _BOX_RE.search(text):
-        boxed = extract_boxed(text)
-        if boxed is not None:
-            return boxed
+        if not math.isfinite(value):  # NaN is how parquet/pandas store a missing number
+            raise ValueError(f"gold answer is not a finite number ({value})")
+        return str(int(value)) if value.is_integer() else str(value)
+    if not isinstance(answer, str):
+        raise ValueError(f"gold answer has type {type(answer).__name__}, expected text or a number")
+
+    text = answer.strip()
+    if "####" in text:
+        text = _THOUSANDS_COMMA.sub("", text.rsplit("####", 1)[1]).strip()
+    elif _BOX_RE.search(text):
+        found, last = boxed_answers(text)
+        if last is None and not found:
+            raise ValueError("gold answer has a \\boxed{ with unbalanced braces")
+        _, text = last if last is not None else found[-1]
+    if _INTEGER.fullmatch(text):
+        text = str(int(text))
+    if not text:
+        raise ValueError("gold answer is empty")
     return text
+
+
+def _gold_or_none(answer) -> str | None:
+    """`normalize_gold`, or None for a gold answer that has no answer (every completion scores 0)."""
+    try:
+        return normalize_gold(answer)
+    except ValueError:
+        return None
 
 
 # -------------------------------------------------------------------------- verification
@@ -322,8 +355,9 @@ class MathVerifier:
     # -- verification
     def verify(self, golds: list[str], completions: list[str]) -> VerifyResult:
         """Rewards of `completions` against `golds` (paired by position). Golds go
-        through normalize_gold, so raw dataset answers are fine. Never stalls: each
-        distinct (gold, prediction) pair is killed after `timeout_s` seconds."""
+        through normalize_gold, so raw dataset answers are fine; against one that has no
+        answer (None, "", a box that never closes) every completion scores 0. Never stalls:
+        each distinct (gold, prediction) pair is killed after `timeout_s` seconds."""
         if len(golds) != len(completions):
             raise ValueError(f"{len(golds)} golds but {len(completions)} completions")
         t0 = time.perf_counter()
@@ -335,8 +369,8 @@ class MathVerifier:
             for t, p in zip(tails, predictions)
         ]
         keys = [
-            (normalize_gold(g), p, o) if p is not None and len(o) <= self.max_other_boxes else None
-            for g, p, o in zip(golds, predictions, others)
+            (g, p, o) if g is not None and p is not None and len(o) <= self.max_other_boxes else None
+            for g, p, o in zip(map(_gold_or_none, golds), predictions, others)
         ]
 
         # One task per distinct (gold, prediction): RL groups repeat answers a lot.
@@ -362,14 +396,14 @@ class MathVerifier:
         )
 
     def parseable_golds(self, golds: list[str]) -> list[bool]:
-        """Whether math-verify can parse each gold answer (normalised first), checked once per distinct
-        gold in the pool, so a pathological gold cannot stall the caller either."""
-        normalized = [normalize_gold(g) for g in golds]
-        todo = [(g,) for g in dict.fromkeys(normalized) if g not in self._gold_ok]
+        """Whether math-verify can parse each gold answer (normalised first; False when it has no answer),
+        checked once per distinct gold in the pool, so a pathological gold cannot stall the caller either."""
+        normalized = [_gold_or_none(g) for g in golds]
+        todo = [(g,) for g in dict.fromkeys(normalized) if g is not None and g not in self._gold_ok]
         if todo:
             outcome = self._run(todo, _gold_task)
             self._gold_ok.update({g: result is True for (g,), result in outcome.items()})
-        return [self._gold_ok[g] for g in normalized]
+        return [g is not None and self._gold_ok[g] for g in normalized]
 
     def _run(self, pairs: list[tuple[str, ...]], task=_verify_task) -> dict[tuple[str, ...], bool | str]:
         """Runs `task(*pair, inner_timeout_s)` in the pool: {pair: True | False | "timeout" | "broken"}."""

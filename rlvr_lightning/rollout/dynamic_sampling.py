@@ -1,4 +1,4 @@
-"""DAPO's dynamic sampling (arXiv 2503.14476; ALGORITHMS.md §2.3): keep only groups that carry signal.
+"""DAPO's dynamic sampling (arXiv 2503.14476; docs/algorithms.md#dynamic-sampling): keep only groups that carry signal.
 
 A group whose rollouts are all correct or all wrong has zero advantage everywhere, so it adds
 nothing to the gradient but still dilutes the batch. Dynamic sampling generates rounds of

@@ -10,7 +10,8 @@ from collections.abc import Iterable
 
 import torch
 
-from rlvr_lightning.rollout.types import Completion, SamplingConfig
+from rlvr_lightning.losses import log_softmax_at
+from rlvr_lightning.rollout.types import Completion, SamplingConfig, left_padded
 
 
 def sharded_across_ranks(model: torch.nn.Module) -> bool:
@@ -33,12 +34,8 @@ class HFGenerateEngine:
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[list[Completion]]:
         device = next(self.model.parameters()).device
-        width = max(len(p) for p in prompt_ids)
-        ids = torch.full((len(prompt_ids), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros_like(ids)
-        for i, p in enumerate(prompt_ids):
-            ids[i, width - len(p) :] = torch.tensor(p)
-            attn[i, width - len(p) :] = 1
+        ids, attn = left_padded(prompt_ids, self.pad_id)
+        width = ids.shape[1]
         greedy = sampling.temperature == 0
         gen_kwargs = dict(do_sample=False) if greedy else dict(
             do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
@@ -91,5 +88,5 @@ def completion_logprobs(model: torch.nn.Module, prompt_ids: list[int], completio
     """log π(completion token | prefix) at temperature 1, one unpadded sequence."""
     device = next(model.parameters()).device
     ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=device)
-    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt_ids) - 1 : -1].float()
-    return logits.log_softmax(-1).gather(-1, ids[0, len(prompt_ids) :, None]).squeeze(-1).tolist()
+    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt_ids) - 1 : -1]
+    return log_softmax_at(logits).gather(-1, ids[0, len(prompt_ids) :, None]).squeeze(-1).tolist()

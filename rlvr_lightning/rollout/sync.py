@@ -1,4 +1,4 @@
-"""Probe that a weight sync really reached the rollout engine.
+"""Weight sync from the trainer to the rollout engine, and the probe that it really reached it.
 
 A sync that silently does nothing is the most common failure in RL frameworks: training goes on,
 rollouts keep coming from the initial policy, and only the curves look odd. After every sync we
@@ -11,9 +11,14 @@ Cost: one forward of one short sequence on each side per sync.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from functools import partial
+
+import torch
+from torch.distributed.tensor import DTensor
 
 from rlvr_lightning.rollout.engine import RolloutEngine, WeightSyncError
+from rlvr_lightning.rollout.hf_engine import completion_logprobs
 from rlvr_lightning.rollout.types import Rollout
 
 ScoreFn = Callable[[list[int], list[int]], list[float]]
@@ -55,3 +60,27 @@ def _pick_probe(rollout: Rollout) -> tuple[list[int], list[int]] | None:
         if comp.token_ids:
             return list(rollout.prompt_ids[rollout.group_of(n)]), list(comp.token_ids)
     return None
+
+
+@torch.no_grad()
+def full_weights(policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) pairs of the policy, one at a time: under FSDP each parameter is all-gathered
+    from its shards as it is handed over, so no rank ever holds two full copies."""
+    for name, tensor in policy.state_dict().items():
+        yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+class EngineSync:
+    """Hands the trainer's weights to the engine after every update, probing the first sync and every
+    `check_every`-th after it (one engine call and one trainer forward of a short sequence)."""
+
+    def __init__(self, tol: float = 1e-3, check_every: int = 10) -> None:
+        self.probe = WeightSyncProbe(tol=tol)
+        self.check_every = check_every
+
+    @torch.no_grad()
+    def sync(self, engine: RolloutEngine, policy: torch.nn.Module, policy_version: int, rollout: Rollout) -> None:
+        """Load the weights of `policy`, which become version `policy_version` (counted from 1)."""
+        engine.load_weights(full_weights(policy))
+        if (policy_version - 1) % self.check_every == 0:
+            self.probe.check(engine, partial(completion_logprobs, policy), rollout)

@@ -62,21 +62,12 @@ class Rollout:
     sampling: SamplingConfig
     policy_version: int
     texts: list[str] = field(default_factory=list)  # decoded completions (B·G)
-    # Filled by the reward callback, the algorithm and the attribution callbacks, in that order.
+    # Filled in the training step: by the reward callback, the algorithm, and the shaping stage.
     rewards: torch.Tensor | None = None  # [N] scalar reward r fed to the advantage estimator
     correct: torch.Tensor | None = None  # [N] verifier correctness c ∈ {0,1}
     advantages: torch.Tensor | None = None  # [N] sequence advantages
-    token_weights: torch.Tensor | None = None  # [N,T] multiplicative reshaping of advantages
+    token_weights: torch.Tensor | None = None  # [N,T] the advantage shapers' weights, composed
     metrics: dict[str, float] = field(default_factory=dict)
-
-    def multiply_token_weights(self, weights: torch.Tensor) -> None:
-        """Compose a shaper's [N, T] weights with those of shapers that ran before it."""
-        if self.token_weights is None:
-            self.token_weights = weights
-        else:
-            T = max(self.token_weights.shape[1], weights.shape[1])
-            pad = lambda w: torch.nn.functional.pad(w, (0, T - w.shape[1]), value=1.0)  # noqa: E731
-            self.token_weights = pad(self.token_weights) * pad(weights)
 
     @property
     def num_sequences(self) -> int:
@@ -145,24 +136,46 @@ class Rollout:
 
     def tensors(self, pad_id: int) -> RolloutTensors:
         G = self.group_size
-        P = max(len(p) for p in self.prompt_ids)
         T = max(1, max(len(c.token_ids) for c in self.completions))
-        N = self.num_sequences
-        input_ids = torch.full((N, P + T), pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((N, P + T), dtype=torch.long)
+        prompts = [self.prompt_ids[n // G] for n in range(self.num_sequences)]
+        prompt_ids, prompt_attention = left_padded(prompts, pad_id)
+        N, P = prompt_ids.shape
+        response_ids = torch.full((N, T), pad_id, dtype=torch.long)
         response_mask = torch.zeros((N, T), dtype=torch.float32)
         rollout_logp = torch.zeros((N, T), dtype=torch.float32)
         for n, comp in enumerate(self.completions):
-            prompt = self.prompt_ids[n // G]
             L = len(comp.token_ids)
-            input_ids[n, P - len(prompt) : P] = torch.tensor(prompt)
-            attention_mask[n, P - len(prompt) : P + L] = 1
             if L:
-                input_ids[n, P : P + L] = torch.tensor(comp.token_ids)
+                response_ids[n, :L] = torch.tensor(comp.token_ids)
                 response_mask[n, :L] = 1.0
                 rollout_logp[n, :L] = torch.tensor(comp.logprobs, dtype=torch.float32)
-        position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
-        return RolloutTensors(input_ids, attention_mask, position_ids, response_mask, rollout_logp, P)
+        input_ids = torch.cat([prompt_ids, response_ids], 1)
+        attention_mask = torch.cat([prompt_attention, response_mask.long()], 1)
+        return RolloutTensors(
+            input_ids, attention_mask, position_ids(attention_mask), response_mask, rollout_logp, P
+        )
+
+
+def left_padded(
+    sequences: list[list[int]], pad_id: int, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [n, W] with every sequence right-aligned to the longest (W), and the attention mask.
+
+    Decoder-only models generate and score at the right end, so prompts (and OAR's scoring inputs)
+    are padded on the left; `position_ids` then restarts the positions at each first real token."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    for i, seq in enumerate(sequences):
+        if seq:
+            ids[i, width - len(seq) :] = torch.tensor(seq)
+            attention[i, width - len(seq) :] = 1
+    return ids.to(device), attention.to(device)
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """The positions the engine used: 0 at each sequence's first real token, padding clamped to 0."""
+    return (attention_mask.cumsum(1) - 1).clamp(min=0)
 
 
 @dataclass

@@ -15,8 +15,6 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from rlvr_lightning.data.sources import ProblemRecord
-
 MAX_AB, MAX_C = 20, 9
 PROMPT_TEMPLATE = "What is {a}+{b}{op}{c}?\n"
 
@@ -48,9 +46,6 @@ class ArithmeticProblem:
         v = self.value if value is None else value
         steps = f"{self.a}+{self.b}={self.partial},{self.partial}{self.op}{self.c}={v}."
         return steps + (f"\\boxed{{{v}}}" if boxed else f"Answer:{v}")
-
-    def record(self) -> ProblemRecord:
-        return ProblemRecord(id=self.id, problem=self.prompt(), answer=str(self.value))
 
 
 def all_problems() -> list[ArithmeticProblem]:

@@ -1,0 +1,61 @@
+"""The trainer's policy and its frozen reference (loaded in fp32 and, under FSDP2, sharded), and the
+tokenizer that goes with them."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import torch
+
+from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.parallel import shard_policy
+
+
+def load_policies(
+    path: str,
+    with_reference: bool,
+    mesh=None,
+    param_dtype: str = "float32",
+    activation_checkpointing: bool = False,
+) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    """(policy, reference or None) from an HF model directory or id; `mesh` (the strategy's device mesh,
+    None without FSDP2) shards both per decoder layer."""
+    from transformers import AutoModelForCausalLM
+
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    policy.config.use_cache = False
+    # The policy stays in eval mode on purpose: no dropout, so trainer log-probs equal the
+    # engine's and repeated forwards (old log-probs, REAL two-pass) are deterministic.
+    warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training")
+    reference = None
+    if with_reference:
+        reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        reference.requires_grad_(False)
+    if mesh is not None:
+        dp_mesh = mesh["data_parallel"] if mesh.mesh_dim_names else mesh
+        shard_policy(policy, dp_mesh, param_dtype, activation_checkpointing)
+        if reference is not None:
+            shard_policy(reference, dp_mesh, param_dtype)
+    elif activation_checkpointing:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return policy, reference
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    if os.sep in path and not Path(path).exists():
+        raise ConfigError(f"data.model_name_or_path: model directory does not exist: {path}")
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"could not load a tokenizer from data.model_name_or_path={path!r}: {str(err).splitlines()[0]} "
+            "(use `embedded`, a local HF model directory, or an HF model id reachable from this machine)"
+        ) from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+

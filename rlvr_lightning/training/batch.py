@@ -1,0 +1,111 @@
+"""What the update reads: a rollout batch laid out for the loss (`UpdateInputs`), one micro-batch of
+it with θ_old's log-probs always present (`LossBatch`), and the optimizer step's global counts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from rlvr_lightning.advantages import mixed_groups
+from rlvr_lightning.models.forward import PolicyForward
+from rlvr_lightning.rollout.types import RolloutTensors
+
+
+@dataclass(frozen=True)
+class LossBatch:
+    """Everything the loss of some sequences reads (a micro-batch, or a whole step)."""
+
+    tensors: RolloutTensors
+    advantages: torch.Tensor  # [n, T] token advantages, reshaped by the advantage shapers if any
+    old_logp: torch.Tensor  # [n, T] behaviour-policy (θ_old) log-probs, 0 on padding
+    ref_logp: torch.Tensor | None  # [n, T] reference log-probs when a KL term is used
+    loss_mask: torch.Tensor  # [n, T] response tokens that enter the loss (truncated ones may be masked)
+    is_weight: torch.Tensor | None  # [n, T] truncated importance-sampling weights, if enabled
+    correct: torch.Tensor  # [n] verifier correctness c (REAL's class labels)
+    group_size: int  # G; sequences are stored group-contiguously
+
+
+class BehaviourLogprobs(Protocol):
+    """Where a micro-batch's θ_old log-probs come from (see `training.behaviour`)."""
+
+    source: str  # "trainer", "engine" or "update"
+    reads_lm_head: bool  # the update's forwards must capture the LM-head inputs (shapers read them there)
+
+    def loss_batch(self, inputs: UpdateInputs, rows: torch.Tensor, forward: PolicyForward) -> LossBatch: ...
+
+    def old_logp_all(self) -> torch.Tensor:
+        """[N, T] θ_old log-probs of the whole rollout batch (for logging, after the update)."""
+        ...
+
+    def token_weights(self) -> torch.Tensor | None:
+        """[N, T] weights the shapers gave inside the update's forwards, or None."""
+        ...
+
+
+@dataclass(frozen=True)
+class UpdateInputs:
+    """A rollout batch ready for the update. θ_old's log-probs come from `behaviour`, per micro-batch."""
+
+    tensors: RolloutTensors
+    advantages: torch.Tensor  # [N, T] token advantages, with the shapers' weights known before the update
+    ref_logp: torch.Tensor | None
+    loss_mask: torch.Tensor
+    is_weight: torch.Tensor | None
+    correct: torch.Tensor
+    group_size: int
+    temperature: float  # the rollout's sampling temperature: log-probs are those of π/T
+    behaviour: BehaviourLogprobs
+
+    def loss_batch(self, rows: torch.Tensor, forward: PolicyForward) -> LossBatch:
+        """The micro-batch `rows` as the loss reads it, given its forward under the current policy."""
+        return self.behaviour.loss_batch(self, rows, forward)
+
+    def with_behaviour(self, behaviour: BehaviourLogprobs) -> UpdateInputs:
+        return UpdateInputs(
+            self.tensors, self.advantages, self.ref_logp, self.loss_mask, self.is_weight, self.correct,
+            self.group_size, self.temperature, behaviour,
+        )  # fmt: skip
+
+
+def select_loss_batch(inputs: UpdateInputs, rows: torch.Tensor, old_logp: torch.Tensor, advantages=None) -> LossBatch:
+    """The rows of `inputs` with the given θ_old log-probs (and advantages, when reshaped in the update)."""
+
+    def pick(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else x[rows]
+
+    return LossBatch(
+        inputs.tensors.select(rows), inputs.advantages[rows] if advantages is None else advantages, old_logp,
+        pick(inputs.ref_logp), inputs.loss_mask[rows], pick(inputs.is_weight), inputs.correct[rows], inputs.group_size,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StepNorms:
+    """Global normalisers of one optimizer step, summed over its micro-batches and all ranks."""
+
+    num_seqs: float  # N_S
+    num_tokens: float  # T_S (loss-masked response tokens)
+    num_groups: float  # B: prompts (REAL's normaliser)
+    num_mixed_seqs: float  # M: rollouts in groups with mixed correctness (REAL-BCE's normaliser)
+    world_size: int
+    norm_const: float  # C of seq-mean-token-sum-norm: max_response_length, never an observed length
+
+
+def step_norms(
+    inputs: UpdateInputs,
+    rows: torch.Tensor,
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor],
+    world_size: int,
+    norm_const: float,
+) -> StepNorms:
+    """The counts of the optimizer step over `rows`, summed across ranks with one all-reduce."""
+    G = inputs.group_size
+    mask = inputs.loss_mask[rows]
+    mixed = mixed_groups(inputs.correct[rows], G)
+    counts = torch.tensor(
+        [float(mask.shape[0]), mask.sum().item(), mask.shape[0] / G, G * mixed.sum().item()], device=mask.device
+    )
+    return StepNorms(*reduce_sum(counts).tolist(), world_size=world_size, norm_const=norm_const)

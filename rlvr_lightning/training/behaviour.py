@@ -1,0 +1,131 @@
+"""The behaviour policy θ_old: where the log-probs of the policy that sampled the rollout come from.
+
+- `trainer`: a separate no-grad forward of the trainer before the update (`separate_pass`), the default
+  when a rollout batch gets several optimizer steps (θ_old must stay fixed while θ moves).
+- `engine`: the rollout engine's own log-probs (`model.behaviour_logprobs=rollout`), no extra forward.
+- `update`: with exactly one optimizer step per rollout batch the update runs at θ_old, so each
+  micro-batch's forward gives θ_old's log-probs (detached) for free (`FromUpdateForward`); the ratio is
+  exactly 1 and its gradient that of log π_θ. THR's LM-head inputs are then read there too.
+The same no-grad pass also gives the reference log-probs of the KL term.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from rlvr_lightning.models.forward import PolicyForward, policy_forward
+from rlvr_lightning.rollout.types import RolloutTensors
+from rlvr_lightning.training.batch import LossBatch, UpdateInputs, select_loss_batch
+from rlvr_lightning.training.shaping import HiddenScorer
+
+BehaviourSource = Literal["trainer", "engine", "update"]
+
+
+def behaviour_source(
+    behaviour_logprobs: str, optimizer_steps_per_batch: int, tis_level: str, two_pass: bool
+) -> BehaviourSource:
+    """`update` wherever it is exact: one optimizer step per rollout batch, no truncated IS (its weights
+    are needed before the update) and no two-pass loss (it scores every sequence before any forward
+    with grad)."""
+    if behaviour_logprobs == "rollout":
+        return "engine"
+    if optimizer_steps_per_batch == 1 and tis_level == "off" and not two_pass:
+        return "update"
+    return "trainer"
+
+
+class Precomputed:
+    """θ_old's log-probs known before the update (the trainer's separate pass, or the engine's)."""
+
+    reads_lm_head = False
+
+    def __init__(self, old_logp: torch.Tensor, source: BehaviourSource) -> None:
+        self.old_logp, self.source = old_logp, source
+
+    def loss_batch(self, inputs: UpdateInputs, rows: torch.Tensor, forward: PolicyForward) -> LossBatch:
+        return select_loss_batch(inputs, rows, self.old_logp[rows])
+
+    def old_logp_all(self) -> torch.Tensor:
+        return self.old_logp
+
+    def token_weights(self) -> torch.Tensor | None:
+        return None
+
+
+class FromUpdateForward:
+    """θ_old's log-probs from the update's own forward, which runs at θ_old; valid for that one optimizer
+    step. With a `scorer`, the shapers' weights come from the same forward's LM-head inputs and reshape
+    each micro-batch's advantages just before its loss (micro-batches must then hold whole groups)."""
+
+    source: BehaviourSource = "update"
+
+    def __init__(self, shape: torch.Size, device: torch.device, scorer: HiddenScorer | None = None) -> None:
+        self.scorer = scorer
+        self.reads_lm_head = scorer is not None
+        self._old_logp = torch.zeros(shape, device=device)  # filled micro-batch by micro-batch, for logging
+        self._weights = torch.ones(shape) if scorer is not None else None
+
+    def loss_batch(self, inputs: UpdateInputs, rows: torch.Tensor, forward: PolicyForward) -> LossBatch:
+        old_logp = forward.logp.detach()
+        self._old_logp[rows] = old_logp
+        advantages = None
+        if self.scorer is not None:
+            response_mask = inputs.tensors.response_mask[rows]
+            hidden = self.scorer.hidden_of(forward.lm_head_in, rows, response_mask)
+            weights = self.scorer.weights(hidden, rows.tolist(), response_mask.shape[1])
+            self._weights[rows.cpu()] = weights
+            advantages = inputs.advantages[rows] * weights.to(inputs.advantages)
+        return select_loss_batch(inputs, rows, old_logp, advantages)
+
+    def old_logp_all(self) -> torch.Tensor:
+        return self._old_logp
+
+    def token_weights(self) -> torch.Tensor | None:
+        return self._weights
+
+
+@torch.no_grad()
+def separate_pass(
+    policy: torch.nn.Module,
+    ref_policy: torch.nn.Module | None,
+    t: RolloutTensors,
+    temperature: float,
+    micro_batch_size: int,
+    with_old: bool,
+    scorer: HiddenScorer | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """One no-grad pass over the rollout batch, micro-batch by micro-batch: θ_old's log-probs (if
+    `with_old`), the reference's (if there is a reference policy), and the `scorer`'s token weights
+    [N, T] from θ_old's LM-head inputs. Each group is scored as soon as all its rows have been read,
+    so LM-head inputs of at most one micro-batch and one partial group wait (in host memory)."""
+    N, T = t.response_mask.shape
+    old, ref = [], []
+    weights = torch.ones(N, T) if scorer is not None else None
+    waiting: dict[int, torch.Tensor] = {}
+    for rows in torch.arange(N, device=t.input_ids.device).split(micro_batch_size):
+        mb = t.select(rows)
+        capture = scorer is not None and scorer.needs_any(rows)
+        if with_old or capture:
+            forward = policy_forward(policy, mb, temperature, capture_lm_head=capture)
+            if with_old:
+                old.append(forward.logp)
+            if capture:
+                found = scorer.hidden_of(forward.lm_head_in, rows, mb.response_mask)
+                waiting.update({n: h.to("cpu", copy=True) for n, h in found.items()})
+                _score_whole_groups(scorer, waiting, weights)
+        if ref_policy is not None:
+            ref.append(policy_forward(ref_policy, mb, temperature).logp)
+    return (torch.cat(old) if old else None), (torch.cat(ref) if ref else None), weights
+
+
+def _score_whole_groups(scorer: HiddenScorer, waiting: dict[int, torch.Tensor], weights: torch.Tensor) -> None:
+    """Score the groups whose every row is in `waiting`, write their weights, and forget them."""
+    G = scorer.rollout.group_size
+    groups = sorted({n // G for n in waiting})
+    ready = [n for g in groups if all(g * G + j in waiting for j in range(G)) for n in range(g * G, (g + 1) * G)]
+    if not ready:
+        return
+    hidden = {n: waiting.pop(n) for n in ready}
+    weights[ready] = scorer.weights(hidden, ready, weights.shape[1])

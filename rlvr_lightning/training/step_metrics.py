@@ -1,0 +1,114 @@
+"""What one training step logs, the accumulator of per-token statistics over micro-batches, and the
+timer of the step's stages."""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+
+import torch
+
+from rlvr_lightning.advantages import group_reward_stats
+from rlvr_lightning.losses import masked_mean
+from rlvr_lightning.rollout.types import Rollout, RolloutTensors
+
+
+class StageTimer:
+    """Seconds per stage of one step (`time/<stage>`); a stage entered twice adds up."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+        self._start = time.perf_counter()
+
+    @contextmanager
+    def __call__(self, stage: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[stage] = self.times.get(stage, 0.0) + time.perf_counter() - start
+
+    def finish(self) -> dict[str, float]:
+        """The stage times and `step`, the whole step since the timer was made."""
+        return {**self.times, "step": time.perf_counter() - self._start}
+
+
+class MetricAccumulator:
+    """Token-weighted means of per-token statistics and plain means of scalars over micro-batches."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.counts: dict[str, float] = {}
+        self.extremes: dict[str, float] = {}
+
+    def add(self, key: str, value: torch.Tensor, weight: float = 1.0) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + float(value) * weight
+        self.counts[key] = self.counts.get(key, 0.0) + weight
+
+    def add_tokens(self, stats: dict[str, torch.Tensor], entropy: torch.Tensor | None, mask: torch.Tensor) -> None:
+        n_tok = float(mask.sum())
+        per_token = dict(stats)
+        if entropy is not None:
+            per_token["entropy"] = entropy
+        for key, value in per_token.items():
+            if value.dim() == 1:  # a set of per-sequence samples: mean, or min/max by its name
+                self.add_samples(key, value)
+            else:
+                self.add(key, masked_mean(value.float(), mask), weight=n_tok)
+        if "ratio" in stats:
+            self.extremes["ratio_max"] = max(self.extremes.get("ratio_max", 0.0), float((stats["ratio"] * mask).max()))
+
+    def add_samples(self, key: str, values: torch.Tensor) -> None:
+        if values.numel() == 0:
+            return
+        if key.endswith("_max"):
+            self.extremes[key] = max(self.extremes.get(key, -math.inf), float(values.max()))
+        elif key.endswith("_min"):
+            self.extremes[key] = min(self.extremes.get(key, math.inf), float(values.min()))
+        else:
+            self.add(key, values.float().mean(), weight=float(values.numel()))
+
+    def result(self) -> dict[str, float]:
+        out = {k: self.sums[k] / self.counts[k] for k in self.sums if self.counts[k] > 0}
+        for old, new in (("clipped_low", "clip_frac_low"), ("clipped_high", "clip_frac_high"), ("ratio", "ratio_mean")):
+            if old in out:
+                out[new] = out.pop(old)
+        if "clip_frac_low" in out:
+            out["clip_frac"] = out["clip_frac_low"] + out["clip_frac_high"]
+        return {**out, **self.extremes}
+
+
+def step_metrics(
+    rollout: Rollout, t: RolloutTensors, old_logp: torch.Tensor, update_metrics: dict[str, float],
+    times: dict[str, float], policy_version: int, sync_probe_diff: float,
+) -> dict[str, float]:  # fmt: skip
+    """The `train/`, `time/` and `throughput/` metrics of one step (names as in verl/TRL where they exist)."""
+    mask = t.response_mask
+    lengths = rollout.response_lengths
+    log_ratio = (old_logp - t.rollout_logp) * mask  # log π_old/π_rollout per token
+    mismatch = log_ratio.abs()
+    valid = mask.bool()
+    seq_log_ratio = log_ratio.sum(1)
+    metrics = {f"train/{k}": v for k, v in group_reward_stats(rollout.rewards, rollout.group_size).items()}
+    metrics.update({f"train/{k}": v for k, v in update_metrics.items()})
+    metrics.update({f"train/{k}": v for k, v in rollout.metrics.items()})
+    metrics.update(
+        {
+            "train/accuracy": rollout.correct.float().mean().item(),
+            "train/response_length_mean": lengths.mean().item(),
+            "train/response_length_max": lengths.max().item(),
+            "train/response_clip_ratio": rollout.truncated.float().mean().item(),
+            "train/logprob_mismatch_mean": masked_mean(mismatch, mask).item(),
+            "train/logprob_mismatch_max": mismatch.max().item(),
+            "train/rollout_is_ratio_min": log_ratio[valid].min().exp().item() if valid.any() else 1.0,
+            "train/rollout_is_ratio_max": log_ratio[valid].max().exp().item() if valid.any() else 1.0,
+            "train/rollout_is_seq_ratio_min": seq_log_ratio.min().clamp(-20, 20).exp().item(),
+            "train/rollout_is_seq_ratio_max": seq_log_ratio.max().clamp(-20, 20).exp().item(),
+            "train/policy_version": float(policy_version),
+            "train/sync_probe_max_abs_diff": sync_probe_diff,
+            "throughput/rollout_tokens_per_s": lengths.sum().item() / max(times["rollout"], 1e-9),
+        }
+    )
+    metrics.update({f"time/{k}": v for k, v in times.items()})
+    return metrics

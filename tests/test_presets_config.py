@@ -1,0 +1,336 @@
+"""Every preset in `configs/algo/*.yaml`, on top of `configs/base.yaml` exactly as `make train ALGO=<name>`
+composes them, parses and instantiates its algorithm module, its callbacks, its DataModule, its trainer and
+its logger, without training: no tokenizer, model or warm start is loaded, no engine or verifier worker is
+started, and MLflow is never contacted (a config test in the manner of LitGPT's and torchtune's).
+
+Expected values are read from the YAML files themselves (PyYAML, independent of jsonargparse), so a new
+preset is covered by dropping it into `configs/algo/`. The CLI is `RLVRCLI(run=False)`: the same parser as
+`fit` without the subcommand level (and hence without `--ckpt_path`). After the imports each preset takes
+~0.2 s.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+BASE = REPO / "configs" / "base.yaml"
+PRESETS = sorted((REPO / "configs" / "algo").glob("*.yaml"))
+# The trainer settings that a Trainer exposes under the same name (the others are checked in the parsed config).
+TRAINER_ATTRS = (
+    "max_steps",
+    "max_epochs",
+    "log_every_n_steps",
+    "num_sanity_val_steps",
+    "limit_val_batches",
+    "precision",
+)
+# Presets whose name promises a token-attribution callback: the preset must configure it.
+ATTRIBUTION_BY_PREFIX = {
+    "thr": "rlvr_lightning.callbacks.attribution.THRAttribution",
+    "oar": "rlvr_lightning.callbacks.attribution.OARAttribution",
+}
+
+
+class _NoMLflow:
+    """Stands in for mlflow's `MlflowClient`. MLFlowLogger builds one in its constructor, and the real one opens
+    the tracking store (creating and migrating a sqlite database: seconds). Any use beyond that fails the test."""
+
+    def __init__(self, tracking_uri=None, *args, **kwargs) -> None:
+        self.tracking_uri = tracking_uri
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AssertionError(f"MLflow was used while instantiating a config: MlflowClient.{name}")
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch, tmp_path):
+    """No MLflow, and a scratch working directory: relative outputs (exports/, checkpoints/, mlruns/) would land
+    there, and the tests assert that nothing does."""
+    monkeypatch.setattr("mlflow.tracking.MlflowClient", _NoMLflow)
+    monkeypatch.setattr(sys, "argv", ["rlvr_lightning"])  # pytest's own flags are not the CLI's
+    monkeypatch.setenv("RLVR_CACHE_DIR", str(tmp_path / "cache"))
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    return workdir
+
+
+def load(path: Path) -> dict:
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def make_cli(name: str, *configs: Path, overrides: tuple[str, ...] = ()):
+    """`make train ALGO=<name> ARGS='<overrides>'`, less the `fit` subcommand, with MLflow pointed at the
+    scratch directory (the client is a stand-in anyway)."""
+    from rlvr_lightning.cli import RLVRCLI
+
+    args = [a for c in (BASE, *configs) for a in ("--config", str(c))]
+    args += [
+        "--trainer.logger.init_args.run_name", name,
+        "--trainer.logger.init_args.tracking_uri", f"sqlite:///{Path.cwd()}/mlflow.db",
+        "--trainer.logger.init_args.artifact_location", str(Path.cwd() / "artifacts"),
+        *overrides,
+    ]  # fmt: skip
+    return RLVRCLI(args=args, run=False)
+
+
+def import_class(class_path: str) -> type:
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def same(actual, expected) -> bool:
+    """Equality across YAML's spellings: PyYAML reads `1e-3` (no dot) as a string, jsonargparse as a float;
+    paths come back as `Path`, lists may come back as tuples; a bool is never equal to a number."""
+    if isinstance(actual, Path):
+        actual = str(actual)
+    if isinstance(actual, tuple):
+        actual = list(actual)
+    if isinstance(expected, str) and isinstance(actual, float):
+        try:
+            expected = float(expected)
+        except ValueError:
+            return False
+    if isinstance(actual, bool) or isinstance(expected, bool):
+        return type(actual) is type(expected) and actual == expected
+    return actual == expected
+
+
+def merged(preset: dict) -> dict:
+    """configs/base.yaml then the preset, as the CLI merges them: mappings key by key; `callbacks+` appends."""
+    base = load(BASE)
+    trainer = {k: v for k, v in base["trainer"].items() if k != "callbacks"}
+    callbacks = list(base["trainer"].get("callbacks") or [])
+    for key, value in (preset.get("trainer") or {}).items():
+        if key == "callbacks+":
+            callbacks += value if isinstance(value, list) else [value]
+        elif key == "callbacks":
+            callbacks = list(value or [])
+        else:
+            trainer[key] = value
+    return {
+        "seed_everything": preset.get("seed_everything", base.get("seed_everything")),
+        "trainer": trainer,
+        "callbacks": callbacks,
+        "data": {**(base.get("data") or {}), **(preset.get("data") or {})},
+        "model": preset["model"],
+    }
+
+
+def hparam_mismatches(module, init_args: dict) -> list[str]:
+    out = []
+    for key, want in (init_args or {}).items():
+        if key not in module.hparams:
+            out.append(f"model.init_args.{key}: not a hyper-parameter of {type(module).__name__}")
+        elif not same(module.hparams[key], want):
+            out.append(f"model.init_args.{key}: preset {want!r}, module {module.hparams[key]!r}")
+    return out
+
+
+def callback_mismatches(instances: list, specs: list[dict]) -> list[str]:
+    """Each configured callback instantiated once, of exactly its class, with the configured init args; and no
+    project callback that the config does not name."""
+    out, remaining = [], list(instances)
+    for spec in specs:
+        cls = import_class(spec["class_path"])
+        found = [c for c in remaining if type(c) is cls]
+        if not found:
+            out.append(f"{spec['class_path']}: not instantiated")
+            continue
+        remaining.remove(found[0])
+        for key, want in (spec.get("init_args") or {}).items():
+            if not hasattr(found[0], key):
+                out.append(f"{cls.__name__}.{key}: configured, but the callback has no such attribute")
+            elif not same(getattr(found[0], key), want):
+                out.append(f"{cls.__name__}.{key}: config {want!r}, callback {getattr(found[0], key)!r}")
+    extra = [type(c).__qualname__ for c in remaining if type(c).__module__.startswith("rlvr_lightning.callbacks")]
+    if extra:
+        out.append(f"callbacks not in the config: {extra}")
+    return out
+
+
+def parse_error(capsys, name: str, *configs: Path, overrides: tuple[str, ...] = ()) -> str:
+    """The CLI's parse error (jsonargparse prints usage, then `error: …`, and exits 2), the usage cut off."""
+    with pytest.raises(SystemExit) as exit_info:
+        make_cli(name, *configs, overrides=overrides)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err, err[-2000:]
+    return err[err.index("error:") :]
+
+
+def preset_like(tmp_path: Path, source: str, edit) -> Path:
+    """A copy of configs/algo/<source>.yaml with `edit` applied (never a file under configs/)."""
+    cfg = load(REPO / "configs" / "algo" / f"{source}.yaml")
+    edit(cfg)
+    path = tmp_path / f"{source}_edited.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+# ---- every preset ---------------------------------------------------------------------------------------
+
+
+def test_presets_are_found_and_make_train_composes_base_then_preset():
+    assert len(PRESETS) >= 12 and {"grpo", "thr", "oar-p"} <= {p.stem for p in PRESETS}
+    recipe = (REPO / "Makefile").read_text()
+    # make_cli mirrors this line; if the composition changes, so must make_cli.
+    assert re.search(
+        r"-m rlvr_lightning fit --config configs/base\.yaml --config configs/algo/\$\(ALGO\)\.yaml\s*\\\s*\n"
+        r"\s*--trainer\.logger\.init_args\.run_name \$\(ALGO\)",
+        recipe,
+    ), "the `make train` recipe changed; update make_cli"
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
+def test_preset_instantiates_without_training(preset, offline):
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    import rlvr_lightning.algos
+    from rlvr_lightning.algos.base import RLVRModule
+    from rlvr_lightning.cli import MLflowSaveConfig
+    from rlvr_lightning.data.datamodule import RolloutDataModule
+
+    want = merged(load(preset))
+    cli = make_cli(preset.stem, preset)
+
+    # The algorithm: the class the preset names, one of the public algorithms, with the preset's hparams.
+    cls = import_class(want["model"]["class_path"])
+    assert type(cli.model) is cls and isinstance(cli.model, RLVRModule)
+    assert cls.__name__ in rlvr_lightning.algos.__all__ and getattr(rlvr_lightning.algos, cls.__name__) is cls
+    problems = hparam_mismatches(cli.model, want["model"].get("init_args"))
+    assert not problems, "\n".join(problems)
+    assert cli.model.policy is None and cli.model.ref_policy is None  # no model was built or loaded
+
+    # The callbacks: base's, then the preset's `callbacks+`; attribution presets have their attribution.
+    problems = callback_mismatches(cli.trainer.callbacks, want["callbacks"])
+    assert not problems, "\n".join(problems)
+    for prefix, class_path in ATTRIBUTION_BY_PREFIX.items():
+        configured = [c["class_path"] for c in want["callbacks"]]
+        assert (class_path in configured) == preset.stem.startswith(prefix), (prefix, configured)
+    assert sum(isinstance(c, MLflowSaveConfig) for c in cli.trainer.callbacks) == 1
+
+    # The data: every data setting on the DataModule; nothing set up (no tokenizer, records or engine).
+    assert type(cli.datamodule) is RolloutDataModule
+    dm = cli.datamodule
+    for key, value in want["data"].items():
+        assert same(dm.hparams[key], value), (key, value, dm.hparams[key])
+    assert dm.tokenizer is None and dm.policy_path is None and dm.train_records == [] and dm.val_records == []
+
+    # The trainer: base's settings with the preset's overrides (e.g. max_steps 640 for K = 4).
+    trainer_cfg = cli.config.trainer
+    for key, value in want["trainer"].items():
+        if key == "logger":
+            continue
+        assert same(trainer_cfg[key], value), (key, value, trainer_cfg[key])
+        if key in TRAINER_ATTRS:
+            assert same(getattr(cli.trainer, key), value), (key, value, getattr(cli.trainer, key))
+    assert cli.config.seed_everything == want["seed_everything"]
+
+    # The logger: MLflow, named and tagged after the preset by the CLI, never contacted (see _NoMLflow).
+    logger = cli.trainer.logger
+    assert isinstance(logger, MLFlowLogger)
+    assert cli.config.trainer.logger.init_args.run_name == preset.stem
+    assert logger.tags == {"algorithm": cls.__name__, "preset": preset.stem, "model": dm.hparams.model_name_or_path,
+                           "dataset": dm.hparams.train_data}  # fmt: skip
+
+    assert list(offline.iterdir()) == []  # nothing written: no mlruns/, exports/, checkpoints/
+
+
+def test_hparam_check_catches_a_value_that_differs_from_the_preset():
+    """The comparison can fail: an override of one preset key is reported, by name, and nothing else is."""
+    preset = REPO / "configs" / "algo" / "grpo.yaml"
+    init_args = load(preset)["model"]["init_args"]
+    cli = make_cli("grpo", preset, overrides=("--model.init_args.clip_eps_high", "0.3"))
+    assert hparam_mismatches(cli.model, init_args) == ["model.init_args.clip_eps_high: preset 0.2, module 0.3"]
+
+
+def test_callback_check_catches_a_changed_missing_or_extra_callback():
+    thr, grpo = REPO / "configs" / "algo" / "thr.yaml", REPO / "configs" / "algo" / "grpo.yaml"
+    thr_specs, grpo_specs = merged(load(thr))["callbacks"], merged(load(grpo))["callbacks"]
+    changed = make_cli("thr", thr, overrides=("--trainer.callbacks.p", "0.5"))  # the last callback: THR's p
+    assert callback_mismatches(changed.trainer.callbacks, thr_specs) == ["THRAttribution.p: config 0.2, callback 0.5"]
+    plain, attributed = make_cli("grpo", grpo), make_cli("thr", thr)
+    assert callback_mismatches(plain.trainer.callbacks, thr_specs) == [
+        "rlvr_lightning.callbacks.attribution.THRAttribution: not instantiated"
+    ]
+    assert callback_mismatches(attributed.trainer.callbacks, grpo_specs) == [
+        "callbacks not in the config: ['THRAttribution']"
+    ]
+
+
+# ---- bad configs fail before anything is built ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["bad-loss-agg-flag", "bad-engine-flag", "unknown-flag", "misspelt-preset-key", "unknown-algorithm"],
+)
+def test_invalid_preset_fails_at_parse_time_naming_the_key(case, capsys, tmp_path):
+    grpo = REPO / "configs" / "algo" / "grpo.yaml"
+    if case == "bad-loss-agg-flag":
+        err = parse_error(capsys, "grpo", grpo, overrides=("--model.init_args.loss_agg", "bogus"))
+        assert '"loss_agg"' in err and "bogus" in err, err
+    elif case == "bad-engine-flag":
+        err = parse_error(capsys, "grpo", grpo, overrides=("--data.engine", "sglang"))
+        assert '"data.engine"' in err and "sglang" in err, err
+    elif case == "unknown-flag":
+        err = parse_error(capsys, "grpo", grpo, overrides=("--model.init_args.not_a_param", "1"))
+        assert "'not_a_param' is not accepted" in err, err
+    elif case == "misspelt-preset-key":
+        path = preset_like(tmp_path, "grpo", lambda c: c["model"]["init_args"].update(clip_eps_hgh=0.3))
+        err = parse_error(capsys, "typo", path)
+        assert "'clip_eps_hgh' is not accepted" in err, err
+    else:
+        path = preset_like(
+            tmp_path, "grpo", lambda c: c["model"].update(class_path="rlvr_lightning.algos.grpo.NoSuchAlgo")
+        )
+        err = parse_error(capsys, "unknown", path)
+        assert '"model"' in err and "NoSuchAlgo" in err, err
+
+
+# A value of the right type that a constructor refuses: (preset, edit of a copy of it, the error's text).
+CONSTRUCTOR_REJECTS = {
+    "module": ("grpo", lambda c: c["model"]["init_args"].update(mini_batches=0), "model.mini_batches"),
+    "datamodule": ("grpo", lambda c: c.setdefault("data", {}).update(group_size=1), "data.group_size must be ≥ 2"),
+    "callback": ("thr", lambda c: c["trainer"]["callbacks+"][0]["init_args"].update(p=2.0), "THRAttribution.p=2.0"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONSTRUCTOR_REJECTS))
+def test_value_a_constructor_rejects_fails_at_instantiation(case, tmp_path):
+    """The constructors' own checks run when the preset is instantiated, before any training. jsonargparse
+    re-raises the ConfigError of a class given by class_path (the algorithm, a callback) as a ValueError that
+    quotes it; the DataModule's arrives as is."""
+    from rlvr_lightning.errors import ConfigError
+
+    source, edit, message = CONSTRUCTOR_REJECTS[case]
+    with pytest.raises((ConfigError, ValueError), match=re.escape(message)):
+        make_cli(source, preset_like(tmp_path, source, edit))
+
+
+@pytest.mark.parametrize("case", list(CONSTRUCTOR_REJECTS))
+def test_value_a_constructor_rejects_is_a_one_line_error_from_the_cli(case, tmp_path, capsys):
+    from rlvr_lightning.cli import main
+
+    source, edit, message = CONSTRUCTOR_REJECTS[case]
+    args = [
+        "fit", "--config", str(BASE), "--config", str(preset_like(tmp_path, source, edit)),
+        "--trainer.logger.init_args.tracking_uri", f"sqlite:///{tmp_path}/mlflow.db",
+        "--data.model_name_or_path", str(tmp_path / "no_model"),  # should `fit` start after all: fail fast
+    ]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("error:") and message in err and "Traceback" not in err
