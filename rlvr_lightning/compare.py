@@ -61,7 +61,7 @@ def load_history(client, run, columns=TABLE_METRICS) -> RunHistory:
     for key in keys:
         points = client.get_metric_history(run.info.run_id, key)
         history[key] = sorted((m.step, m.value) for m in points)
-    # The module class, plus the token shapers (THR/OAR callbacks) from the logged config.
+    # The module class, plus the advantage shapers (THR/OAR callbacks) from the logged config.
     shapers = sorted(
         v.rsplit(".", 1)[-1].removesuffix("Attribution")
         for k, v in run.data.params.items()

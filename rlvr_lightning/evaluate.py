@@ -4,8 +4,8 @@
 params (`eval/<bench>/temperature`, …), and a samples table per benchmark. The scoring is the
 in-training `Evaluation` callback's own (each --bench is one of its `benchmarks`).
 
-    python -m rlvr_lightning.evaluate --model exports/<run>/final --bench ../shared/data/benchmarks/math500.jsonl
-    make eval CKPT=exports/<run>/final BENCH="embedded ../shared/data/benchmarks/gsm8k.jsonl"
+    python -m rlvr_lightning.evaluate --model exports/<run>/final --bench path/to/math500.jsonl
+    make eval CKPT=exports/<run>/final BENCH="embedded path/to/gsm8k.jsonl"
 
 A benchmark is `embedded` (the built-in task's test split), a .jsonl/.json/.parquet file, or an HF
 dataset name; fields are auto-detected or given with --problem-field / --answer-field.

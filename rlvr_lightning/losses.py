@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+from torch import Tensor
 
 LossAgg = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
 KLEstimator = Literal["k1", "k2", "k3"]
@@ -42,13 +43,8 @@ def _clipped_objective(
 
 
 def ppo_clip(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    adv: torch.Tensor,
-    mask: torch.Tensor,
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, eps_low: float = 0.2, eps_high: float = 0.2
+) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO's per-token clipped surrogate with ρ = π_θ/π_old per token (docs/algorithms.md#ppo-clipped-surrogate; asymmetric ε = clip-higher)."""
     ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
     return _clipped_objective(ratio, adv, eps_low, eps_high)
@@ -60,13 +56,8 @@ def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.T
 
 
 def gspo_token(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    adv: torch.Tensor,
-    mask: torch.Tensor,
-    eps_low: float = 3e-4,
-    eps_high: float = 4e-4,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, eps_low: float = 3e-4, eps_high: float = 4e-4
+) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO-token (docs/algorithms.md#gspo-and-gspo-token): s_{n,t} = sg[s_n]·π_θ(y_t)/sg[π_θ(y_t)], value s_n, gradient through token t only.
 
     With per-sequence advantages its gradient equals sequence-level GSPO's; unlike GSPO it accepts
@@ -78,13 +69,8 @@ def gspo_token(
 
 
 def gspo(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    adv: torch.Tensor,
-    mask: torch.Tensor,
-    eps_low: float = 3e-4,
-    eps_high: float = 4e-4,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, eps_low: float = 3e-4, eps_high: float = 4e-4
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Sequence-level GSPO (docs/algorithms.md#gspo-and-gspo-token): one clipped term per sequence with s_n = exp(s̄_n).
 
     The sequence term is written on every response token so that `seq-mean-token-mean` reduces it
@@ -204,14 +190,9 @@ def _with_anchor(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 
 def real_loss(
-    s_bar: torch.Tensor,
-    correct: torch.Tensor,
-    group_size: int,
-    normaliser: float,
-    tau: float = 0.5,
-    variant: RealVariant = "anchor",
-    world_size: int = 1,
-) -> torch.Tensor:
+    s_bar: Tensor, correct: Tensor, group_size: int, normaliser: float, tau: float = 0.5,
+    variant: RealVariant = "anchor", world_size: int = 1,
+) -> Tensor:  # fmt: skip
     """REAL's loss of whole groups, in fp32, divided by the step's global `normaliser` (× world_size).
 
     anchor:   L_g = log(1 + Σ_{O+} e^{−s̄/τ}) + log(1 + Σ_{O−} e^{s̄/τ})         (normaliser B)
@@ -238,13 +219,8 @@ def real_loss(
 
 @torch.no_grad()
 def real_grad_weights(
-    s_bar: torch.Tensor,
-    correct: torch.Tensor,
-    group_size: int,
-    normaliser: float,
-    tau: float = 0.5,
-    variant: RealVariant = "anchor",
-) -> torch.Tensor:
+    s_bar: Tensor, correct: Tensor, group_size: int, normaliser: float, tau: float = 0.5, variant: RealVariant = "anchor"
+) -> Tensor:
     """Closed-form ∂L_step/∂s̄_k [N] (docs/algorithms.md#real-gradient-weights), for the two-pass method and for logging.
 
     anchor: W_k = −softmax([−S_{O+}, 0])_k/τ for positives, +softmax([S_{O−}, 0])_k/τ for negatives;

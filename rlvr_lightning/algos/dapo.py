@@ -26,10 +26,6 @@ from rlvr_lightning.training.step_metrics import StageTimer
 class DAPO(GRPO):
     def __init__(
         self,
-        clip_eps_low: float = 0.2,
-        clip_eps_high: float = 0.28,
-        loss_agg: LossAgg = "token-mean",
-        kl_coef: float = 0.0,
         dynamic_sampling: bool = True,
         gen_batch_size: int | None = None,
         max_num_gen_batches: int = 10,
@@ -38,9 +34,14 @@ class DAPO(GRPO):
         signed_reward: bool = True,
         overlong_buffer_len: int | None = None,
         overlong_penalty_factor: float = 1.0,
+        clip_eps_low: float = 0.2,
+        clip_eps_high: float = 0.28,
+        loss_agg: LossAgg = "token-mean",
+        kl_coef: float = 0.0,
         **kwargs,
     ) -> None:
-        """
+        """DAPO's own knobs first; then GRPO's with DAPO's defaults (clip-higher, token-mean, no KL).
+
         Args:
             dynamic_sampling: keep only groups with mixed correctness, regenerating as needed.
             gen_batch_size: prompts per generation round; default 3 × data.batch_size (verl's recipe).

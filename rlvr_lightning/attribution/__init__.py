@@ -1,1 +1,3 @@
-"""Token attribution as pure tensor math: THR (thr.py) and OAR (oar.py) token weights."""
+"""Token attribution: the scores behind THR (thr.py, from θ_old's LM-head inputs and the LM head) and
+OAR (oar.py, from extra forwards of the policy), and the weights they become. The callbacks that apply
+them to the advantages are in `rlvr_lightning.callbacks.attribution`."""

