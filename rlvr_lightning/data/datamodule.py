@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from rlvr_lightning.data.batches import ResumableBatches
 from rlvr_lightning.data.sources import ProblemRecord, embedded_records, load_problems
-from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.models.policy import load_tokenizer
 from rlvr_lightning.models.warm_start import EMBEDDED, resolve_policy_path
 from rlvr_lightning.rollout.engine import RolloutEngine
@@ -48,7 +48,7 @@ class RolloutDataModule(L.LightningDataModule):
         top_k: int = -1,
         val_size: int | None = 200,
         engine: Literal["vllm", "hf"] = "vllm",
-        dtype: str = "float32",
+        dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32",
         kv_cache_gib: float = 1.0,
         gpu_memory_utilization: float = 0.3,
         enforce_eager: bool = True,
@@ -68,11 +68,14 @@ class RolloutDataModule(L.LightningDataModule):
             max_prompt_length: prompts longer than this (in tokens) are dropped, with a count.
             max_response_length: generation limit; completions that hit it count as truncated.
             engine: `vllm` (default) or `hf` (the transformers `generate` fallback).
+            dtype: the vLLM engine's weights and compute (`auto`: the checkpoint's).
             kv_cache_gib: vLLM KV cache on CPU, in GiB (`VLLM_CPU_KVCACHE_SPACE`).
             gpu_memory_utilization: vLLM's share of GPU memory when colocated with training.
         """
         super().__init__()
         self.save_hyperparameters()
+        check_choice("data.engine", engine, ("vllm", "hf"))
+        check_choice("data.dtype", dtype, ("float32", "bfloat16", "float16", "auto"))
         if group_size < 2:
             raise ConfigError(f"data.group_size must be ≥ 2 (group-relative advantages), got {group_size}")
         if temperature <= 0:
