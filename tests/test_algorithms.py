@@ -212,3 +212,18 @@ def test_contradictory_or_invalid_settings_are_clear_errors():
         DAPO(on_exhausted="skip")
     assert GSPO(token_level=True).surrogate == "gspo-token" and GSPO().surrogate == "gspo"
     assert GSPO(token_level=True, surrogate="gspo-token").surrogate == "gspo-token"  # checkpoint reload
+
+
+def test_several_updates_per_rollout_batch_keep_theta_old_fixed(tiny_policy_dir):
+    """K = 2 mini-batches: θ_old comes from a pass before the update and stays fixed, so the second
+    mini-batch, taken after the first optimizer step, sees ratios ≠ 1 (off policy), while θ_old's
+    log-probs are those of the policy that sampled. Reading θ_old from the update's forward here
+    would make every ratio exactly 1."""
+    module = attach(GRPO, tiny_policy_dir, mini_batches=2, lr=1e-2, micro_batch_size=8)
+    assert module.behaviour_source() == "trainer"
+    rollout = sample_rollout(module)
+    inputs = prepared(module, rollout)
+    before = trainer_old_logp(module, inputs)
+    metrics = module.policy_update.run(inputs, len(rollout.batch))
+    assert metrics["ratio_max"] > 1 + 1e-4
+    torch.testing.assert_close(inputs.behaviour.old_logp_all(), before, rtol=0, atol=1e-6)
