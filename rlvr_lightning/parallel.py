@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.errors import ConfigError, check_choice
 
 # Where Hugging Face causal LMs keep their stack of decoder blocks.
 _LAYER_PATHS = ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers")
@@ -58,8 +58,7 @@ def shard_policy(
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    if param_dtype not in ("float32", "bfloat16"):
-        raise ConfigError(f"model.fsdp_param_dtype={param_dtype!r}; valid: float32, bfloat16")
+    check_choice("model.fsdp_param_dtype", param_dtype, ("float32", "bfloat16"))
     policy = MixedPrecisionPolicy(param_dtype=getattr(torch, param_dtype), reduce_dtype=torch.float32)
     if activation_checkpointing:  # transformers' own, non-reentrant: composes with fully_shard
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

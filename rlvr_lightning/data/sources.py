@@ -20,6 +20,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from rlvr_lightning.models.embedded_task import train_test_split
 from rlvr_lightning.rewards.math import normalize_gold
 
 SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".parquet")
@@ -43,8 +44,6 @@ class ProblemRecord:
 
 def embedded_records(part: str) -> list[ProblemRecord]:
     """The embedded arithmetic task's `train` or `test` problems (any other part: test)."""
-    from rlvr_lightning.models.embedded_task import train_test_split
-
     train, test = train_test_split(seed=0)
     return [ProblemRecord(p.id, p.prompt(), str(p.value)) for p in (train if part == "train" else test)]
 

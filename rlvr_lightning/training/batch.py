@@ -4,7 +4,7 @@ it with θ_old's log-probs always present (`LossBatch`), and the optimizer step'
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -64,10 +64,7 @@ class UpdateInputs:
         return self.behaviour.loss_batch(self, rows, forward)
 
     def with_behaviour(self, behaviour: BehaviourLogprobs) -> UpdateInputs:
-        return UpdateInputs(
-            self.tensors, self.advantages, self.ref_logp, self.loss_mask, self.is_weight, self.correct,
-            self.group_size, self.temperature, behaviour,
-        )  # fmt: skip
+        return replace(self, behaviour=behaviour)
 
 
 def select_loss_batch(inputs: UpdateInputs, rows: torch.Tensor, old_logp: torch.Tensor, advantages=None) -> LossBatch:
