@@ -64,18 +64,24 @@ def prepared(module, rollout):
     return inputs
 
 
-def gradient(module, inputs, micro_batch_size, acc=None):
-    """One optimizer step's loss and accumulated gradient over every sequence of `inputs`."""
+def gradient(module, inputs, micro_batch_size, acc=None, max_tokens=None):
+    """One optimizer step's loss and accumulated gradient over every sequence of `inputs`, with
+    micro-batches of `micro_batch_size` rows, or by token budget `max_tokens`."""
     module.hparams.micro_batch_size = micro_batch_size
+    module.hparams.max_tokens_per_micro_batch = max_tokens
     module.policy.zero_grad(set_to_none=True)
     rows = torch.arange(inputs.correct.shape[0])
     loss = module.policy_update.accumulate_gradients(inputs, rows, acc)
     return loss, torch.cat([p.grad.flatten() for p in module.policy.parameters() if p.grad is not None])
 
 
-def trainer_old_logp(module, inputs):
+def trainer_old_logp(module, inputs, micro_batch_size=8):
     """θ_old's log-probs from the trainer's separate no-grad pass."""
-    return separate_pass(module.policy, None, inputs.tensors, inputs.temperature, 8, with_old=True)[0]
+    layout = lambda rows, _whole_groups: list(rows.split(micro_batch_size))  # noqa: E731
+    return separate_pass(
+        module.policy, None, inputs.tensors, inputs.temperature, layout, module.hparams.logprob_chunk_tokens,
+        with_old=True,
+    )[0]
 
 
 def with_old_logp(inputs, old_logp):
@@ -98,6 +104,35 @@ def test_gradient_accumulation_does_not_change_the_update(tiny_policy_dir, prese
         assert loss_split.item() == pytest.approx(loss_whole.item(), rel=1e-5, abs=1e-7)
         torch.testing.assert_close(g_split, g_whole, rtol=1e-4, atol=1e-7)
     assert g_whole.abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    "preset,loss_agg",
+    [(p, None) for p in PRESETS] + [("grpo", "token-mean"), ("grpo", "seq-mean-token-sum-norm")],
+)
+def test_token_budget_micro_batches_give_the_same_update_as_row_micro_batches(tiny_policy_dir, preset, loss_agg):
+    """Micro-batches by token budget sort rows by length and trim each micro-batch to its longest row:
+    same loss and gradient as today's layout (whole batch, full width), with KL and truncated IS on and
+    an off-policy θ_old, for every aggregator; and the padding share of the update really drops."""
+    cls, kwargs = PRESETS[preset]
+    kwargs = {**kwargs, "kl_coef": 0.05, "tis_level": "token"} | ({"loss_agg": loss_agg} if loss_agg else {})
+    module = attach(cls, tiny_policy_dir, **kwargs)
+    rollout = sample_rollout(module)
+    set_engine_logprobs(rollout, -1.0 - 0.1 * torch.rand(8, MAX_LEN, generator=torch.Generator().manual_seed(3)))
+    inputs = prepared(module, rollout)
+    assert inputs.ref_logp is not None and inputs.is_weight is not None
+    old_logp = trainer_old_logp(module, inputs)
+    inputs = with_old_logp(inputs, old_logp + 0.01 * torch.randn_like(old_logp) * inputs.tensors.response_mask)
+    rows_acc, budget_acc = MetricAccumulator(), MetricAccumulator()
+    loss_rows, g_rows = gradient(module, inputs, 8, rows_acc)
+    lengths = inputs.lengths
+    for budget in (int(lengths.max()), 2 * int(lengths.max()) + 3, 10_000):
+        acc = MetricAccumulator() if budget != 2 * int(lengths.max()) + 3 else budget_acc
+        loss_budget, g_budget = gradient(module, inputs, 8, acc, max_tokens=budget)
+        assert loss_budget.item() == pytest.approx(loss_rows.item(), rel=1e-5, abs=1e-7)
+        torch.testing.assert_close(g_budget, g_rows, rtol=1e-4, atol=1e-7)
+    assert g_rows.abs().sum() > 0
+    assert budget_acc.result()["padding_frac"] < rows_acc.result()["padding_frac"]
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
@@ -124,7 +159,7 @@ def test_old_logprobs_from_the_update_forward_equal_a_separate_pass(tiny_policy_
         pytest.skip("this preset takes several updates per rollout batch")
     inputs = prepared(module, sample_rollout(module))
     assert isinstance(inputs.behaviour, FromUpdateForward)  # the separate pass did not run
-    explicit = with_old_logp(inputs, trainer_old_logp(module, inputs))
+    explicit = with_old_logp(inputs, trainer_old_logp(module, inputs, 3))  # same micro-batches: same numerics
     loss_a, g_a = gradient(module, inputs, 3)
     loss_b, g_b = gradient(module, explicit, 3)
     assert loss_a.item() == pytest.approx(loss_b.item(), rel=1e-6, abs=1e-8)

@@ -119,6 +119,14 @@ def test_micro_batches_of_whole_groups_and_two_pass_give_the_one_pass_gradient(t
         loss_two, g_two = gradient(module, inputs, size)
         torch.testing.assert_close(g_two, g_one, rtol=1e-4, atol=1e-7)
         assert loss_two.item() == pytest.approx(loss_one.item(), rel=1e-5)
+    # Token budgets of ~2 rows: the two-pass method on rows sorted by length (groups split and
+    # reordered), then the one-pass loss, whose micro-batches must then hold whole groups.
+    budget = 2 * int(inputs.lengths.max())
+    for two_pass in (True, False):
+        module.hparams.two_pass = two_pass
+        loss_budget, g_budget = gradient(module, inputs, 8, max_tokens=budget)
+        torch.testing.assert_close(g_budget, g_one, rtol=1e-4, atol=1e-7)
+        assert loss_budget.item() == pytest.approx(loss_one.item(), rel=1e-5)
     assert g_one.abs().sum() > 0
 
 

@@ -59,6 +59,8 @@ class RLVRModule(L.LightningModule):
         mini_batches: int = 1,
         ppo_epochs: int = 1,
         micro_batch_size: int = 64,
+        max_tokens_per_micro_batch: int | None = None,
+        logprob_chunk_tokens: int = 1024,
         loss_agg: LossAgg = "seq-mean-token-mean",
         kl_coef: float = 0.0,
         kl_estimator: KLEstimator = "k3",
@@ -83,6 +85,12 @@ class RLVRModule(L.LightningModule):
             mini_batches: K optimizer steps per rollout batch; the prompts are split into K mini-batches.
             ppo_epochs: passes over the rollout batch.
             micro_batch_size: sequences per forward/backward (gradient accumulation inside a mini-batch).
+            max_tokens_per_micro_batch: micro-batches by token budget instead (micro_batch_size is then
+                unused): sequences sorted by length, packed while rows × longest row (prompt + response)
+                stays within it. Removes most padding when response lengths spread; the update is the same.
+            logprob_chunk_tokens: response tokens per LM-head chunk when computing log-probs and entropy,
+                so the [tokens × vocabulary] logits never exist whole (~0.6 GB per 1,024 tokens at a
+                151,936 vocabulary, fp32); 0 = materialise the full logits (the model's own forward).
             loss_agg: how per-token losses are reduced (docs/algorithms.md, loss aggregation).
             kl_coef: β of the KL penalty to the frozen initial policy; 0 = no reference model.
             kl_estimator: k1, k2 or k3.
@@ -116,6 +124,10 @@ class RLVRModule(L.LightningModule):
             check_choice(f"model.{flag}", value, choices)
         if mini_batches < 1 or ppo_epochs < 1 or micro_batch_size < 1:
             raise ConfigError("model.mini_batches, model.ppo_epochs and model.micro_batch_size must be ≥ 1")
+        if max_tokens_per_micro_batch is not None and max_tokens_per_micro_batch < 1:
+            raise ConfigError(f"model.max_tokens_per_micro_batch must be ≥ 1 (or null), got {max_tokens_per_micro_batch}")
+        if logprob_chunk_tokens < 0:
+            raise ConfigError(f"model.logprob_chunk_tokens must be ≥ 0 (0 = no chunking), got {logprob_chunk_tokens}")
         if tis_level != "off" and behaviour_logprobs == "rollout":
             raise ConfigError(
                 "model.tis_level corrects θ_old (trainer) against the rollout engine; with "
@@ -201,6 +213,11 @@ class RLVRModule(L.LightningModule):
         """Accumulate with the two-pass method (`training.update`); losses of per-sequence scalars only."""
         return False
 
+    @property
+    def needs_whole_groups(self) -> bool:
+        """Whether `micro_batch_loss` reads a group's rollouts together (micro-batches must not split groups)."""
+        return False
+
     def token_advantages_unsupported(self) -> str | None:
         """Why this algorithm's loss cannot honour per-token advantages (THR/OAR), or None if it can."""
         return None
@@ -278,6 +295,7 @@ class RLVRModule(L.LightningModule):
         with timer("update"):
             update_metrics = self.policy_update.run(inputs, len(rollout.batch))
         rollout.token_weights = compose_token_weights(rollout.token_weights, inputs.behaviour.token_weights())
+        self.engine.release_memory()  # MOVED
         with timer("weight_sync"):
             self.engine_sync.sync(self.engine, self.policy, self.policy_version + 1, rollout)
             self.policy_version += 1

@@ -57,7 +57,7 @@ class REAL(RLVRModule):
     def validate_config(self) -> None:
         super().validate_config()
         G = self.datamodule.hparams.group_size
-        if self.hparams.micro_batch_size % G and not self.hparams.two_pass:
+        if self.hparams.micro_batch_size % G and self.needs_whole_groups and self.hparams.max_tokens_per_micro_batch is None:
             raise ConfigError(
                 f"REAL couples the {G} rollouts of a group, but model.micro_batch_size="
                 f"{self.hparams.micro_batch_size} would split groups: use a multiple of data.group_size={G}, "
@@ -67,6 +67,10 @@ class REAL(RLVRModule):
     @property
     def two_pass(self) -> bool:
         return self.hparams.two_pass
+
+    @property
+    def needs_whole_groups(self) -> bool:  # the one-pass loss couples a group's rollouts
+        return not self.hparams.two_pass
 
     def token_advantages_unsupported(self) -> str | None:
         return "REAL has no advantages to reshape (its loss uses the correctness labels); remove them"

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from rlvr_lightning.losses import entropy_from_logprobs, log_softmax_at
+from rlvr_lightning.models.lm_head import chunked_token_logprobs, supports_chunked_head
 from rlvr_lightning.rollout.types import RolloutTensors
 
 
@@ -18,6 +19,7 @@ class PolicyForward:
     logp: torch.Tensor  # [n, T] log π(y_t | ·) of every response token at the sampling temperature, 0 on padding
     entropy: torch.Tensor | None  # [n, T] entropy of π(· | ·) at each response position (no grad)
     lm_head_in: torch.Tensor | None  # [n, T+1, d] detached inputs of the LM head; row t predicts token t
+    tensors: RolloutTensors  # the laid-out inputs it ran on (T is their response width)
 
 
 def policy_forward(
@@ -26,14 +28,19 @@ def policy_forward(
     temperature: float,
     with_entropy: bool = False,
     capture_lm_head: bool = False,
+    chunk_tokens: int = 0,
 ) -> PolicyForward:
-    """log_softmax(logits / T) in fp32 gathered at the sampled tokens (grad flows if enabled)."""
+    """log_softmax(logits / T) in fp32 gathered at the sampled tokens (grad flows if enabled).
+
+    With `chunk_tokens` > 0 (and a plain linear LM head, see `supports_chunked_head`) the logits are
+    never materialised: the model's LM head is swapped, for this forward only, for one that computes the
+    response tokens' log-probs `chunk_tokens` at a time (`models.lm_head`). The swap happens inside the
+    model's own forward, so wrappers that gather the head's weight around it (FSDP) still do."""
     T = t.response_mask.shape[1]
+    if chunk_tokens > 0 and supports_chunked_head(model) is None:
+        return _chunked_forward(model, t, temperature, with_entropy, capture_lm_head, chunk_tokens)
     with lm_head_inputs(model, enabled=capture_lm_head) as grabbed:
-        out = model(
-            input_ids=t.input_ids, attention_mask=t.attention_mask, position_ids=t.position_ids,
-            logits_to_keep=T + 1, use_cache=False,
-        )  # fmt: skip
+        out = _run(model, t, T)
     logp_all = log_softmax_at(out.logits[:, :-1], temperature)  # position P−1+t predicts response token t
     targets = t.input_ids[:, t.prompt_width :]
     logp = logp_all.gather(-1, targets[..., None]).squeeze(-1) * t.response_mask
@@ -41,7 +48,36 @@ def policy_forward(
     if with_entropy:
         with torch.no_grad():
             entropy = entropy_from_logprobs(logp_all)
-    return PolicyForward(logp, entropy, grabbed[0] if grabbed else None)
+    return PolicyForward(logp, entropy, grabbed[0] if grabbed else None, t)
+
+
+def _run(model: torch.nn.Module, t: RolloutTensors, T: int):
+    return model(
+        input_ids=t.input_ids, attention_mask=t.attention_mask, position_ids=t.position_ids,
+        logits_to_keep=T + 1, use_cache=False,
+    )  # fmt: skip
+
+
+def _chunked_forward(model, t: RolloutTensors, temperature, with_entropy, capture_lm_head, chunk_tokens) -> PolicyForward:
+    head = model.get_output_embeddings()
+    valid = t.response_mask.bool()
+    targets = t.input_ids[:, t.prompt_width :][valid]
+    found: dict[str, torch.Tensor | None] = {}
+
+    def response_logprobs(hidden: torch.Tensor) -> torch.Tensor:  # hidden [n, T+1, d]
+        found["lm_head_in"] = hidden.detach() if capture_lm_head else None
+        logp, entropy = chunked_token_logprobs(
+            hidden[:, :-1][valid], head.weight, targets, temperature, chunk_tokens, with_entropy
+        )  # only the real response tokens: padding costs no LM-head work
+        found["entropy"] = None if entropy is None else torch.zeros(valid.shape, device=entropy.device).masked_scatter(valid, entropy)
+        return torch.zeros(valid.shape, device=logp.device).masked_scatter(valid, logp)
+
+    head.forward = response_logprobs  # the model returns these [n, T] log-probs as its "logits"
+    try:
+        out = _run(model, t, t.response_mask.shape[1])
+    finally:
+        del head.forward
+    return PolicyForward(out.logits, found["entropy"], found["lm_head_in"], t)
 
 
 def response_hidden(

@@ -197,3 +197,21 @@ class RolloutTensors:
 
     def to(self, device: torch.device) -> RolloutTensors:
         return self._map(lambda t: t.to(device))
+
+    def trimmed(self) -> RolloutTensors:
+        """The same sequences without the columns that are padding in every row: the prompt columns
+        left of the longest prompt and the response columns right of the longest response (at least
+        one). Positions and masks of the real tokens are unchanged, so are their log-probs."""
+        P = self.prompt_width
+        lead = P - int(self.attention_mask[:, :P].sum(1).max())
+        width = max(1, int(self.response_mask.sum(1).max()))
+        cols = slice(lead, P + width)
+        return RolloutTensors(
+            self.input_ids[:, cols], self.attention_mask[:, cols], self.position_ids[:, cols],
+            self.response_mask[:, :width], self.rollout_logp[:, :width], P - lead,
+        )  # fmt: skip
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[N] real tokens (prompt + response) of each sequence, on the host."""
+        return self.attention_mask.sum(1).cpu()

@@ -66,16 +66,25 @@ class UpdateInputs:
     def with_behaviour(self, behaviour: BehaviourLogprobs) -> UpdateInputs:
         return replace(self, behaviour=behaviour)
 
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[N] real tokens of each sequence (host): what micro-batches by token budget pack."""
+        return self.tensors.lengths
 
-def select_loss_batch(inputs: UpdateInputs, rows: torch.Tensor, old_logp: torch.Tensor, advantages=None) -> LossBatch:
-    """The rows of `inputs` with the given θ_old log-probs (and advantages, when reshaped in the update)."""
+
+def select_loss_batch(
+    inputs: UpdateInputs, rows: torch.Tensor, tensors: RolloutTensors, old_logp: torch.Tensor, advantages=None
+) -> LossBatch:
+    """The rows of `inputs` laid out as `tensors` (their trimmed forward inputs), with the given θ_old
+    log-probs (and advantages, when reshaped in the update); [n, T] tensors are cut to its width."""
+    width = tensors.response_mask.shape[1]
 
     def pick(x: torch.Tensor | None) -> torch.Tensor | None:
-        return None if x is None else x[rows]
+        return None if x is None else x[rows, :width]
 
     return LossBatch(
-        inputs.tensors.select(rows), inputs.advantages[rows] if advantages is None else advantages, old_logp,
-        pick(inputs.ref_logp), inputs.loss_mask[rows], pick(inputs.is_weight), inputs.correct[rows], inputs.group_size,
+        tensors, pick(inputs.advantages) if advantages is None else advantages[:, :width], old_logp[:, :width],
+        pick(inputs.ref_logp), pick(inputs.loss_mask), pick(inputs.is_weight), inputs.correct[rows], inputs.group_size,
     )  # fmt: skip
 
 

@@ -11,6 +11,7 @@ The same no-grad pass also gives the reference log-probs of the KL term.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -45,7 +46,7 @@ class Precomputed:
         self.old_logp, self.source = old_logp, source
 
     def loss_batch(self, inputs: UpdateInputs, rows: torch.Tensor, forward: PolicyForward) -> LossBatch:
-        return select_loss_batch(inputs, rows, self.old_logp[rows])
+        return select_loss_batch(inputs, rows, forward.tensors, self.old_logp[rows])
 
     def old_logp_all(self) -> torch.Tensor:
         return self.old_logp
@@ -69,15 +70,16 @@ class FromUpdateForward:
 
     def loss_batch(self, inputs: UpdateInputs, rows: torch.Tensor, forward: PolicyForward) -> LossBatch:
         old_logp = forward.logp.detach()
-        self._old_logp[rows] = old_logp
+        width = old_logp.shape[1]
+        self._old_logp[rows, :width] = old_logp
         advantages = None
         if self.scorer is not None:
-            response_mask = inputs.tensors.response_mask[rows]
+            response_mask = forward.tensors.response_mask
             hidden = self.scorer.hidden_of(forward.lm_head_in, rows, response_mask)
-            weights = self.scorer.weights(hidden, rows.tolist(), response_mask.shape[1])
-            self._weights[rows.cpu()] = weights
-            advantages = inputs.advantages[rows] * weights.to(inputs.advantages)
-        return select_loss_batch(inputs, rows, old_logp, advantages)
+            weights = self.scorer.weights(hidden, rows.tolist(), width)
+            self._weights[rows.cpu(), :width] = weights
+            advantages = inputs.advantages[rows, :width] * weights.to(inputs.advantages)
+        return select_loss_batch(inputs, rows, forward.tensors, old_logp, advantages)
 
     def old_logp_all(self) -> torch.Tensor:
         return self._old_logp
@@ -92,32 +94,37 @@ def separate_pass(
     ref_policy: torch.nn.Module | None,
     t: RolloutTensors,
     temperature: float,
-    micro_batch_size: int,
+    micro_batches: Callable[[torch.Tensor, bool], list[torch.Tensor]],
+    chunk_tokens: int,
     with_old: bool,
     scorer: HiddenScorer | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """One no-grad pass over the rollout batch, micro-batch by micro-batch: θ_old's log-probs (if
-    `with_old`), the reference's (if there is a reference policy), and the `scorer`'s token weights
-    [N, T] from θ_old's LM-head inputs. Each group is scored as soon as all its rows have been read,
-    so LM-head inputs of at most one micro-batch and one partial group wait (in host memory)."""
+    """One no-grad pass over the rollout batch, micro-batch by micro-batch (`micro_batches(rows,
+    whole_groups)`, each trimmed to its longest row): θ_old's log-probs [N, T] (if `with_old`), the
+    reference's (if there is a reference policy), and the `scorer`'s token weights [N, T] from θ_old's
+    LM-head inputs. With a scorer, micro-batches hold whole groups where the layout sorts rows by length
+    (token budgets), and each group is scored as soon as all its rows have been read, so LM-head inputs
+    of at most one micro-batch and one partial group wait (in host memory)."""
     N, T = t.response_mask.shape
-    old, ref = [], []
+    old = torch.zeros(N, T, device=t.input_ids.device) if with_old else None
+    ref = torch.zeros(N, T, device=t.input_ids.device) if ref_policy is not None else None
     weights = torch.ones(N, T) if scorer is not None else None
     waiting: dict[int, torch.Tensor] = {}
-    for rows in torch.arange(N, device=t.input_ids.device).split(micro_batch_size):
-        mb = t.select(rows)
+    for rows in micro_batches(torch.arange(N, device=t.input_ids.device), scorer is not None):
+        mb = t.select(rows).trimmed()
+        width = mb.response_mask.shape[1]
         capture = scorer is not None and scorer.needs_any(rows)
         if with_old or capture:
-            forward = policy_forward(policy, mb, temperature, capture_lm_head=capture)
+            forward = policy_forward(policy, mb, temperature, capture_lm_head=capture, chunk_tokens=chunk_tokens)
             if with_old:
-                old.append(forward.logp)
+                old[rows, :width] = forward.logp
             if capture:
                 found = scorer.hidden_of(forward.lm_head_in, rows, mb.response_mask)
                 waiting.update({n: h.to("cpu", copy=True) for n, h in found.items()})
                 _score_whole_groups(scorer, waiting, weights)
         if ref_policy is not None:
-            ref.append(policy_forward(ref_policy, mb, temperature).logp)
-    return (torch.cat(old) if old else None), (torch.cat(ref) if ref else None), weights
+            ref[rows, :width] = policy_forward(ref_policy, mb, temperature, chunk_tokens=chunk_tokens).logp
+    return old, ref, weights
 
 
 def _score_whole_groups(scorer: HiddenScorer, waiting: dict[int, torch.Tensor], weights: torch.Tensor) -> None:

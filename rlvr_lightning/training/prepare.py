@@ -30,11 +30,13 @@ def prepare_update(module, rollout: Rollout, timer: StageTimer | None = None) ->
     scorer = hidden_scorer(trainer, module, rollout, shapers)
     # Shapers read θ_old's LM-head inputs in the update's forward when that runs at θ_old and every
     # micro-batch holds whole groups (THR scores a group from all its responses); else in the θ_old pass.
-    score_in_update = scorer is not None and source == "update" and h.micro_batch_size % G == 0
+    whole_groups_fit = h.max_tokens_per_micro_batch is not None or h.micro_batch_size % G == 0
+    score_in_update = scorer is not None and source == "update" and whole_groups_fit
     with timer("old_logprob"):
         old_logp, ref_logp, hidden_weights = separate_pass(
-            module.policy, module.ref_policy, t, temperature, h.micro_batch_size, with_old=source == "trainer",
-            scorer=None if score_in_update else scorer,
+            module.policy, module.ref_policy, t, temperature,
+            lambda rows, whole_groups: module.policy_update.micro_batches(rows, t.lengths, G if whole_groups else 1),
+            h.logprob_chunk_tokens, with_old=source == "trainer", scorer=None if score_in_update else scorer,
         )  # fmt: skip
     weights = compose_token_weights(weights, hidden_weights)
     rollout.token_weights = weights

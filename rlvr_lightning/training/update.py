@@ -23,6 +23,7 @@ from torch.distributed.tensor import DTensor
 from rlvr_lightning.losses import sequence_log_ratio
 from rlvr_lightning.models.forward import policy_forward
 from rlvr_lightning.training.batch import StepNorms, UpdateInputs, step_norms
+from rlvr_lightning.training.micro_batches import split_rows
 from rlvr_lightning.training.step_metrics import MetricAccumulator
 
 log = logging.getLogger(__name__)
@@ -77,57 +78,74 @@ class PolicyUpdate:
         )  # fmt: skip
         if m.two_pass:
             return self._two_pass(inputs, rows, norms, acc)
-        if inputs.behaviour.reads_lm_head and m.hparams.micro_batch_size % inputs.group_size:
+        whole_groups = inputs.behaviour.reads_lm_head or m.needs_whole_groups
+        if inputs.behaviour.reads_lm_head and m.hparams.max_tokens_per_micro_batch is None and m.hparams.micro_batch_size % inputs.group_size:
             raise RuntimeError("advantage shapers read the update's LM-head inputs, but micro-batches split groups")
         step_loss = torch.zeros((), device=m.device)
-        for idx in self.micro_batches(rows):
-            forward = policy_forward(
-                m.policy, inputs.tensors.select(idx), inputs.temperature, with_entropy=acc is not None,
-                capture_lm_head=inputs.behaviour.reads_lm_head,
-            )  # fmt: skip
-            mb = inputs.loss_batch(idx, forward)
+        for idx in self.micro_batches(rows, inputs.lengths, inputs.group_size if whole_groups else 1):
+            forward, mb = self.forward(inputs, idx, with_entropy=acc is not None, capture=inputs.behaviour.reads_lm_head)
             loss, stats = m.micro_batch_loss(mb, forward.logp, norms)
             m.manual_backward(loss)
             if acc is not None:
                 acc.add_tokens(stats, forward.entropy, mb.loss_mask)
+                acc.add_padding(mb.tensors.attention_mask)
             step_loss += loss.detach()  # already globally normalised: the step's loss is their sum
         return step_loss
 
-    def micro_batches(self, rows: torch.Tensor) -> list[torch.Tensor]:
-        return list(rows.split(self.module.hparams.micro_batch_size))
+    def micro_batches(self, rows: torch.Tensor, lengths: torch.Tensor, unit: int = 1) -> list[torch.Tensor]:
+        """The micro-batches of `rows` (see `training.micro_batches`), the same count on every rank;
+        `unit` = G keeps groups whole."""
+        h = self.module.hparams
+        return split_rows(rows, lengths, h.micro_batch_size, h.max_tokens_per_micro_batch, unit, self.agree_count)
+
+    def agree_count(self, count: int) -> int:
+        """The number of micro-batches every rank runs: the largest any rank needs."""
+        m = self.module
+        if m.trainer.world_size == 1:
+            return count
+        return int(m.trainer.strategy.reduce(torch.tensor(count, device=m.device), reduce_op="max"))
+
+    def forward(self, inputs: UpdateInputs, idx: torch.Tensor, with_entropy: bool = False, capture: bool = False):
+        """The policy's forward over the micro-batch `idx`, trimmed to its longest row, and its loss batch."""
+        forward = policy_forward(
+            self.module.policy, inputs.tensors.select(idx).trimmed(), inputs.temperature, with_entropy=with_entropy,
+            capture_lm_head=capture, chunk_tokens=self.module.hparams.logprob_chunk_tokens,
+        )  # fmt: skip
+        return forward, inputs.loss_batch(idx, forward)
 
     def _two_pass(self, inputs: UpdateInputs, rows: torch.Tensor, norms: StepNorms, acc) -> torch.Tensor:
         m = self.module
-        chunks = self.micro_batches(rows)
+        chunks = self.micro_batches(rows, inputs.lengths)
+        # Where each micro-batch's sequences sit in `rows` (token budgets reorder them by length).
+        position = torch.empty(int(rows.max()) + 1, dtype=torch.long, device=rows.device)
+        position[rows] = torch.arange(len(rows), device=rows.device)
         correct, G = inputs.correct[rows], inputs.group_size
         # Pass 1: every s̄ of the step under the current θ. Groups never span ranks (each rank
         # generates its own prompts), so the local s̄ suffice; only the normaliser is global.
-        if self.updates_since_rollout == 0 and inputs.behaviour.source == "trainer":
-            s_bar = torch.zeros(len(rows), device=m.device)  # θ = θ_old: s̄ ≡ 0 exactly
-        else:
+        s_bar = torch.zeros(len(rows), device=m.device)
+        if not (self.updates_since_rollout == 0 and inputs.behaviour.source == "trainer"):  # θ = θ_old: s̄ ≡ 0
             with torch.no_grad():
-                s_bar = torch.cat([self.sequence_log_ratio(inputs, idx)[0] for idx in chunks])
+                for idx in chunks:
+                    s_bar[position[idx]] = self.sequence_log_ratio(inputs, idx)[0]
         step_loss, weights = m.sequence_loss_and_weights(s_bar, correct, G, norms)
         # Pass 2: backpropagate sg[∂L/∂s̄_k]·s̄_k(θ) per micro-batch (× world size against gradient averaging).
-        offset = 0
         for idx in chunks:
             s_mb, mb, forward = self.sequence_log_ratio(inputs, idx, with_entropy=acc is not None)
             stats: dict[str, torch.Tensor] = {}
             kl = m.kl_loss(mb, forward.logp, norms, stats)
-            surrogate = (weights[offset : offset + len(idx)] * s_mb).sum() * norms.world_size
+            surrogate = (weights[position[idx]] * s_mb).sum() * norms.world_size
             m.manual_backward(surrogate + kl)
             step_loss = step_loss + kl.detach()
-            offset += len(idx)
             if acc is not None:
                 acc.add_tokens(stats, forward.entropy, mb.loss_mask)
+                acc.add_padding(mb.tensors.attention_mask)
         if acc is not None:
             acc.add_tokens(m.sequence_stats(s_bar, correct, G), None, inputs.loss_mask[rows])
         return step_loss
 
     def sequence_log_ratio(self, inputs: UpdateInputs, rows: torch.Tensor, with_entropy: bool = False):
         """s̄ [n] of the sequences `rows` under the current θ, with their loss batch and forward."""
-        forward = policy_forward(self.module.policy, inputs.tensors.select(rows), inputs.temperature, with_entropy)
-        mb = inputs.loss_batch(rows, forward)
+        forward, mb = self.forward(inputs, rows, with_entropy)
         return sequence_log_ratio(forward.logp, mb.old_logp, mb.loss_mask), mb, forward
 
     def _skip(self, opt, grad_norm: torch.Tensor) -> None:

@@ -1,0 +1,67 @@
+"""Micro-batch layouts: token budgets, whole groups, one count on every rank, and trimmed tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
+from rlvr_lightning.training.micro_batches import split_rows
+
+# A long-tailed spread of 16 sequences (4 groups of 4), as real rollouts have.
+LENGTHS = torch.tensor([40, 900, 60, 2100, 75, 80, 1200, 55, 300, 45, 70, 65, 500, 2000, 90, 50])
+
+
+def test_rows_without_a_budget_are_consecutive_micro_batch_size_slices():
+    batches = split_rows(torch.arange(16), LENGTHS, 6, None)
+    assert [b.tolist() for b in batches] == [list(range(6)), list(range(6, 12)), list(range(12, 16))]
+
+
+@pytest.mark.parametrize("unit", [1, 4])
+@pytest.mark.parametrize("budget", [100, 2500, 5000, 10**6])
+def test_budget_packs_every_row_once_within_the_budget(unit, budget):
+    rows = torch.arange(16)
+    batches = split_rows(rows, LENGTHS, 6, budget, unit)
+    assert sorted(torch.cat(batches).tolist()) == rows.tolist()
+    for b in batches:
+        if len(b) > unit:  # a unit longer than the budget alone is allowed to exceed it
+            assert len(b) * int(LENGTHS[b].max()) <= budget
+        if unit > 1:  # whole groups: every group's rows together
+            assert set((b // unit).tolist()) == {int(g) for g in b // unit} and len(b) % unit == 0
+            for g in set((b // unit).tolist()):
+                assert set(range(g * unit, (g + 1) * unit)) <= set(b.tolist())
+
+
+def test_sorting_by_length_removes_most_padding():
+    """512 responses log-normal around 900 tokens, clipped to [512, 2048], under 100-token prompts:
+    buckets by length waste under 5% of the slots, consecutive rows of the same size far more."""
+    g = torch.Generator().manual_seed(0)
+    lengths = (900 * torch.exp(0.5 * torch.randn(512, generator=g))).clamp(512, 2048).long() + 100  # + prompt
+    rows, budget = torch.arange(512), 8 * 2148
+
+    def padding(batches):
+        return 1 - int(lengths.sum()) / sum(len(b) * int(lengths[b].max()) for b in batches)
+
+    assert padding(split_rows(rows, lengths, 8, budget)) < 0.05 < 0.2 < padding(split_rows(rows, lengths, 8, None))
+
+
+def test_ranks_agree_on_the_count_by_splitting_their_largest_micro_batches():
+    batches = split_rows(torch.arange(16), LENGTHS, 6, 10**6, agree_count=lambda k: k + 3)
+    assert len(batches) == 4  # one micro-batch alone would do; another rank needs four
+    assert sorted(torch.cat(batches).tolist()) == list(range(16))
+    with pytest.raises(RuntimeError, match="same number of prompts"):
+        split_rows(torch.arange(16), LENGTHS, 6, 10**6, unit=4, agree_count=lambda k: 5)
+
+
+def test_trimmed_keeps_every_real_token_at_its_position():
+    prompts = [[5, 6], [7, 8, 9, 10, 11]]
+    comps = [Completion([20, 21, 22], [0.0] * 3, "stop"), Completion([23], [0.0], "stop"),
+             Completion([24, 25, 26, 27, 28, 29], [0.0] * 6, "length"), Completion([30], [0.0], "stop")]  # fmt: skip
+    t = Rollout(PromptBatch(["a", "b"], ["", ""], ["", ""]), 2, prompts, comps, SamplingConfig(n=2), 0).tensors(0)
+    sub = t.select(torch.tensor([0, 1]))  # group 0: prompt of 2 under a width of 5, responses ≤ 3
+    trimmed = sub.trimmed()
+    assert trimmed.prompt_width == 2 and trimmed.response_mask.shape[1] == 3
+    assert trimmed.input_ids.tolist() == [[5, 6, 20, 21, 22], [5, 6, 23, 0, 0]]
+    real = sub.attention_mask.bool()
+    assert trimmed.position_ids[trimmed.attention_mask.bool()].tolist() == sub.position_ids[real].tolist()
+    assert t.trimmed().input_ids.shape == t.input_ids.shape  # nothing to trim in the whole batch
