@@ -289,13 +289,13 @@ class RLVRModule(L.LightningModule):
         rollout = self.collect_rollout(batch, timer)
         if rollout is None:
             return None
+        self.engine.release_memory()  # vLLM sleep mode (data.sleep_level); the weight sync wakes it
         rollout.rewards = self.compute_rewards(rollout)
         rollout.advantages = self.compute_advantages(rollout)
         inputs, is_stats = prepare_update(self, rollout, timer)
         with timer("update"):
             update_metrics = self.policy_update.run(inputs, len(rollout.batch))
         rollout.token_weights = compose_token_weights(rollout.token_weights, inputs.behaviour.token_weights())
-        self.engine.release_memory()  # MOVED
         with timer("weight_sync"):
             self.engine_sync.sync(self.engine, self.policy, self.policy_version + 1, rollout)
             self.policy_version += 1

@@ -52,6 +52,7 @@ class RolloutDataModule(L.LightningDataModule):
         kv_cache_gib: float = 1.0,
         gpu_memory_utilization: float = 0.3,
         enforce_eager: bool = True,
+        sleep_level: Literal[0, 1, 2] = 0,
         seed: int = 0,
     ) -> None:
         """
@@ -71,11 +72,15 @@ class RolloutDataModule(L.LightningDataModule):
             dtype: the vLLM engine's weights and compute (`auto`: the checkpoint's).
             kv_cache_gib: vLLM KV cache on CPU, in GiB (`VLLM_CPU_KVCACHE_SPACE`).
             gpu_memory_utilization: vLLM's share of GPU memory when colocated with training.
+            sleep_level: vLLM sleep mode during the policy update (CUDA only; ignored with a warning on
+                CPU): 0 off, 1 weights copied to host memory and KV cache freed, 2 both freed (the
+                weight sync reloads them). The engine wakes itself for the sync and for generation.
         """
         super().__init__()
         self.save_hyperparameters()
         check_choice("data.engine", engine, ("vllm", "hf"))
         check_choice("data.dtype", dtype, ("float32", "bfloat16", "float16", "auto"))
+        check_choice("data.sleep_level", sleep_level, (0, 1, 2))
         if group_size < 2:
             raise ConfigError(f"data.group_size must be ≥ 2 (group-relative advantages), got {group_size}")
         if temperature <= 0:
@@ -232,6 +237,8 @@ class RolloutDataModule(L.LightningDataModule):
         if h.engine == "hf":
             from rlvr_lightning.rollout.hf_engine import HFGenerateEngine
 
+            if h.sleep_level:
+                log.warning("data.sleep_level=%d is ignored: data.engine=hf has no memory of its own", h.sleep_level)
             return HFGenerateEngine(policy, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
         from rlvr_lightning.rollout.vllm_engine import VLLMEngine
 
@@ -245,6 +252,7 @@ class RolloutDataModule(L.LightningDataModule):
             kv_cache_gib=h.kv_cache_gib,
             gpu_memory_utilization=h.gpu_memory_utilization,
             enforce_eager=h.enforce_eager,
+            sleep_level=h.sleep_level,
         )
 
     def teardown(self, stage: str) -> None:

@@ -19,7 +19,12 @@ class RolloutEngine(Protocol):
         """`sampling.n` completions for every prompt, grouped per prompt, in prompt order."""
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace the engine's weights with the trainer's (HF checkpoint names)."""
+        """Replace the engine's weights with the trainer's (HF checkpoint names): all of them, since an
+        engine that released its memory may have discarded its own."""
+
+    def release_memory(self) -> None:
+        """Free the engine's device memory for the policy update (a no-op unless it supports sleeping);
+        the next `load_weights`, `generate` or `score` takes back what it needs."""
 
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         """Engine log-probs (temperature 1) of a given completion: used to probe weight syncs."""

@@ -76,6 +76,9 @@ class HFGenerateEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Nothing to copy: this engine samples with the trainer's module itself."""
 
+    def release_memory(self) -> None:
+        """Nothing to free: the trainer's own module is the engine."""
+
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         return completion_logprobs(self.model, prompt_ids, completion_ids)
 

