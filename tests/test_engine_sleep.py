@@ -13,6 +13,7 @@ project has no GPU with vLLM. What these tests check instead:
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 from argparse import ArgumentError
 from types import SimpleNamespace
@@ -218,7 +219,13 @@ def test_real_engine_on_cpu_runs_without_sleep_and_takes_the_sleep_order(tiny_po
         assert vllm_core.is_sleeping()
         engine.load_weights(trainer.state_dict().items())
         assert vllm_core.is_sleeping()  # KV cache still released after the sync's reload
-        after = engine.score(prompt, completion)  # wakes it; a paused scheduler would never answer
+        # Wakes it. A request sent to vLLM's paused scheduler waits for ever (seen when the wake-up is
+        # left out), so a hang ends the test process with a traceback instead.
+        faulthandler.dump_traceback_later(120, exit=True)
+        try:
+            after = engine.score(prompt, completion)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
         assert not vllm_core.is_sleeping()
         from rlvr_lightning.rollout.hf_engine import completion_logprobs
 
