@@ -261,7 +261,7 @@ def bilevel_weights(
     u = torch.log1p(scores.double().clamp(min=0))
     spread = u.max() - u.min()
     n = (u - u.min()) / (spread if spread > 0 else 1.0)
-    th = torch.quantile(n, q)
+    th = torch.quantile(n, q)  # one rollout's reasoning tokens (≤ max response length), far below its 2^24 limit
     w = torch.where(n < th, (n / (th + eps)).clamp(min=floor), 1 + beta * (n - th) / (1 - th + eps))
     if sum_to_len:
         w = w * len(w) / (w.sum() + eps)

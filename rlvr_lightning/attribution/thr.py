@@ -97,7 +97,7 @@ def dominant_tokens(
             return torch.zeros_like(scores, dtype=torch.bool)
         tau = beta_anchor * anchors.min()
         return scores.abs() > tau
-    if threshold == "quantile":
+    if threshold == "quantile":  # one group: ≤ G × max response length tokens, far below torch.quantile's 2^24
         return thr.abs() >= torch.quantile(thr.abs(), quantile)
     if threshold == "absolute":
         return thr.abs() > thr_abs

@@ -31,6 +31,7 @@ from rlvr_lightning.attribution.oar import (
 from rlvr_lightning.attribution.thr import ReweightMode, ThresholdMode, dominant_tokens, rollout_thr, thr_token_weights
 from rlvr_lightning.callbacks.rollout import AdvantageShaper
 from rlvr_lightning.errors import ConfigError, check_choice
+from rlvr_lightning.metrics import RunningStats, StreamSample
 from rlvr_lightning.rollout.types import Rollout
 from rlvr_lightning.seeding import OAR_NOISE_STREAM, derived_seed
 
@@ -85,11 +86,15 @@ class THRAttribution(AdvantageShaper):
         return mixed_groups(rollout.correct.float(), rollout.group_size).repeat_interleave(rollout.group_size)
 
     def token_weights(self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout) -> None:
-        """A new rollout batch: its THR statistics start empty (same keys when no group is mixed). THR's
-        weights come from θ_old's LM-head inputs (`weights_from_hidden`)."""
-        self._parts: dict[str, list[torch.Tensor]] = {"thr": [], "dominant": [], "entropy": []}
-        if not self.is_identity:
-            rollout.metrics.update(self._metrics())
+        """A new rollout batch: its THR statistics start empty. THR's weights come from θ_old's LM-head
+        inputs (`weights_from_hidden`, a few groups per call); the batch's `thr/*` metrics are computed
+        once, when its last mixed group has been scored, or here when no group is mixed (same keys)."""
+        if self.is_identity:
+            return None
+        self._stats, self._sample = RunningStats(), StreamSample(seed=module.rollout_batches)  # |THR|, entropy
+        self._unscored = set(mixed_groups(rollout.correct.float(), rollout.group_size).nonzero().squeeze(1).tolist())
+        if not self._unscored:
+            rollout.metrics.update(thr_metrics(self._stats, self._sample))
         return None
 
     @torch.no_grad()
@@ -100,39 +105,42 @@ class THRAttribution(AdvantageShaper):
         G = rollout.group_size
         weights: dict[int, torch.Tensor] = {}
         lm_head = module.policy.get_output_embeddings()
+        unscored_before = len(self._unscored)
         for gs in rollout_thr(rollout, hidden, lm_head, self.chunk_size):
             dominant = dominant_tokens(
                 gs.scores, gs.thr, gs.seq, gs.correct, self.threshold, self.beta_anchor, self.quantile, self.thr_abs
             )
             w = thr_token_weights(gs.thr, dominant, self.p, self.mode).cpu()
             weights.update({gs.group * G + j: w_j for j, w_j in enumerate(gs.per_rollout(w))})
-            self._parts["thr"].append(gs.thr.cpu())
-            self._parts["dominant"].append(dominant.cpu())
-            self._parts["entropy"].append(gs.entropy.cpu())
-        rollout.metrics.update(self._metrics())  # over every group scored so far in this batch
+            thr = gs.thr.cpu()
+            self._stats.add(dominant=dominant.cpu(), positive=thr > 0, negative=thr < 0, abs=thr.abs())
+            self._sample.add(thr.abs(), gs.entropy.float().cpu())  # jointly: the Spearman needs the pairs
+            self._unscored.discard(gs.group)
+        if unscored_before and not self._unscored:  # the batch's last mixed group (each arrives once)
+            rollout.metrics.update(thr_metrics(self._stats, self._sample))
         return weights
 
-    def _metrics(self) -> dict[str, float]:
-        return thr_metrics(**{k: torch.cat(v) if v else torch.empty(0) for k, v in self._parts.items()})
 
-
-def thr_metrics(thr: torch.Tensor, dominant: torch.Tensor, entropy: torch.Tensor) -> dict[str, float]:
-    """Logged per rollout batch over the tokens of mixed groups (docs/algorithms.md#thr-in-the-training-step)."""
-    if thr.numel() == 0:  # no mixed group in this batch: same keys, so dashboards keep one series
+def thr_metrics(stats: RunningStats, sample: StreamSample) -> dict[str, float]:
+    """Logged per rollout batch over the tokens of mixed groups (docs/algorithms.md#thr-in-the-training-step):
+    counts, fractions and the maximum exact from `stats` (streams dominant, positive, negative, abs);
+    quantiles of |THR| and its Spearman correlation with the entropy from `sample` (columns |THR|,
+    entropy), which is every token while the batch has at most `sample.capacity` of them."""
+    if stats.count == 0:  # no mixed group in this batch: same keys, so dashboards keep one series
         keys = ("dominant_frac", "positive_frac", "negative_frac", "abs_p50", "abs_p90", "abs_p99", "abs_max")
         return {"thr/tokens": 0.0, **{f"thr/{k}": 0.0 for k in keys}, "thr/abs_entropy_spearman": 0.0}
-    mag = thr.abs()
-    q = torch.quantile(mag, torch.tensor([0.5, 0.9, 0.99]))
+    mag, entropy = sample.columns()
+    q = sample.quantiles([0.5, 0.9, 0.99])
     return {
-        "thr/tokens": float(thr.numel()),
-        "thr/dominant_frac": dominant.float().mean().item(),
-        "thr/positive_frac": (thr > 0).float().mean().item(),
-        "thr/negative_frac": (thr < 0).float().mean().item(),
+        "thr/tokens": float(stats.count),
+        "thr/dominant_frac": stats.mean("dominant"),
+        "thr/positive_frac": stats.mean("positive"),
+        "thr/negative_frac": stats.mean("negative"),
         "thr/abs_p50": q[0].item(),
         "thr/abs_p90": q[1].item(),
         "thr/abs_p99": q[2].item(),
-        "thr/abs_max": mag.max().item(),
-        "thr/abs_entropy_spearman": spearman_corrcoef(mag, entropy.float()).item() if mag.numel() > 1 else 0.0,
+        "thr/abs_max": stats.max("abs"),
+        "thr/abs_entropy_spearman": spearman_corrcoef(mag, entropy).item() if mag.numel() > 1 else 0.0,
     }
 
 
@@ -193,13 +201,13 @@ class OARAttribution(AdvantageShaper):
                 inputs.append(seg)
                 rows.append(n)
         scores = self._scores(module, inputs, pad_id, rollout) if inputs else []
-        all_w, all_level = [], []
+        stats, sample = RunningStats(), StreamSample(seed=module.rollout_batches)  # sample: the weights
         for n, seg, a in zip(rows, inputs, scores):
             w, level = bilevel_weights(a, self.q, self.beta, self.floor, self.sum_to_len)
             weights[n, : seg.r1 - seg.r0] = w
-            all_w.append(w)
-            all_level.append(level)
-        rollout.metrics.update(oar_metrics(all_w, all_level, scored=len(rows), candidates=len(candidates)))
+            stats.add(weight=w, suppressed=level < 0, boosted=level > 0)
+            sample.add(w)
+        rollout.metrics.update(oar_metrics(stats, sample, scored=len(rows), candidates=len(candidates)))
         return weights
 
     def _scores(self, module: RLVRModule, inputs, pad_id: int, rollout: Rollout) -> list[torch.Tensor]:
@@ -214,18 +222,20 @@ class OARAttribution(AdvantageShaper):
         return oar_g_saliency(policy, inputs, pad_id, self.readout, self.sigma, gens, self.chunk_size, self.saliency_baseline)
 
 
-def oar_metrics(weights: list[torch.Tensor], levels: list[torch.Tensor], scored: int, candidates: int) -> dict[str, float]:
+def oar_metrics(stats: RunningStats, sample: StreamSample, scored: int, candidates: int) -> dict[str, float]:
+    """Logged per rollout batch over the weighted reasoning tokens: the extremes and fractions exact from
+    `stats` (streams weight, suppressed, boosted), the quantiles from `sample` (the weights; every token
+    while the batch has at most `sample.capacity` of them)."""
     out = {
         "oar/scored": float(scored),
         "oar/no_answer_span_frac": 1.0 - scored / candidates if candidates else 0.0,
     }
-    if not weights:
+    if stats.count == 0:
         return out | {f"oar/weight_{k}": 1.0 for k in ("p10", "p50", "p90", "min", "max")} | {
             "oar/suppressed_frac": 0.0, "oar/boosted_frac": 0.0}  # fmt: skip
-    w, level = torch.cat(weights), torch.cat(levels)
-    q = torch.quantile(w, torch.tensor([0.1, 0.5, 0.9]))
+    q = sample.quantiles([0.1, 0.5, 0.9])
     return out | {
         "oar/weight_p10": q[0].item(), "oar/weight_p50": q[1].item(), "oar/weight_p90": q[2].item(),
-        "oar/weight_min": w.min().item(), "oar/weight_max": w.max().item(),
-        "oar/suppressed_frac": (level < 0).float().mean().item(), "oar/boosted_frac": (level > 0).float().mean().item(),
+        "oar/weight_min": stats.min("weight"), "oar/weight_max": stats.max("weight"),
+        "oar/suppressed_frac": stats.mean("suppressed"), "oar/boosted_frac": stats.mean("boosted"),
     }  # fmt: skip

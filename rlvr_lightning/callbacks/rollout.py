@@ -34,7 +34,8 @@ class AdvantageShaper(RolloutCallback):
     a token no shaper weighs keeps weight 1. Per rollout batch, the module calls `token_weights` once,
     after the advantages; then, if `hidden_rows` asks for them, it hands θ_old's LM-head inputs to
     `weights_from_hidden`, read from a forward that runs anyway (the θ_old pass, or the update's own
-    forward when that runs at θ_old), a few whole groups at a time.
+    forward when that runs at θ_old), a few whole groups at a time, each group exactly once (so a
+    shaper knows its batch is fully scored when it has seen every group it asked for).
     """
 
     def token_weights(self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout) -> torch.Tensor | None:
