@@ -39,6 +39,23 @@ def test_values_and_gradients_match_the_full_log_softmax(chunk, temperature):
     assert not entropy.requires_grad
 
 
+def test_bf16_weights_give_bf16_gradients_close_to_the_exact_ones():
+    """bf16 models: the products run in bf16, the softmax and the weight-gradient sum in fp32."""
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(40, 16, generator=g).bfloat16().requires_grad_()
+    W = torch.randn(64, 16, generator=g).bfloat16().requires_grad_()
+    y = torch.randint(64, (40,), generator=g)
+    logp, _ = chunked_token_logprobs(h, W, y, 1.0, 7)
+    logp.sum().backward()
+    assert h.grad.dtype == W.grad.dtype == torch.bfloat16 and logp.dtype == torch.float32
+    h64, W64 = h.detach().double().requires_grad_(), W.detach().double().requires_grad_()
+    ref, _ = full_reference(h64, W64, y, 1.0)
+    ref.sum().backward()
+    torch.testing.assert_close(logp.double(), ref, rtol=0.02, atol=0.05)
+    torch.testing.assert_close(W.grad.double(), W64.grad, rtol=0.02, atol=0.02)
+    torch.testing.assert_close(h.grad.double(), h64.grad, rtol=0.02, atol=0.02)
+
+
 def tiny_model(vocab=96, seed=0, **config):
     torch.manual_seed(seed)
     cfg = Qwen2Config(

@@ -33,7 +33,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             logp[s:e] = z.gather(-1, targets[s:e, None]).squeeze(-1) - lse_c
             lse[s:e] = lse_c
             if with_entropy:  # H = lse − Σ p z  (since log p = z − lse)
-                entropy[s:e] = lse_c - (z.sub(lse_c[:, None]).exp_() * z).sum(-1)
+                entropy[s:e] = lse_c - torch.linalg.vecdot(z.sub(lse_c[:, None]).exp_(), z)
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.chunk_tokens = temperature, chunk_tokens
         ctx.mark_non_differentiable(entropy)
@@ -57,7 +57,10 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             if need_h:
                 grad_h[s:e] = dz @ weight
             if need_w:
-                grad_w += (dz.T @ hidden[s:e]).float()
+                if dz.dtype == torch.float32:
+                    grad_w.addmm_(dz.T, hidden[s:e])
+                else:
+                    grad_w += (dz.T @ hidden[s:e]).float()
         return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None
 
 
