@@ -14,7 +14,7 @@ RUNS ?=
 RESUME ?=
 CKPT ?= embedded
 BENCH ?= embedded
-.PHONY: help setup train test lint ui compare eval results bench clean-cache
+.PHONY: help setup train test lint ui compare eval results bench clean-cache scale-model
 
 help:
 	@echo "make setup                 create $(VENV) and install everything (CPU or GPU stack, auto-detected)"
@@ -27,6 +27,7 @@ help:
 	@echo "make compare [RUNS='grpo thr']   Markdown table + PNG plots of runs (default: latest of each name)"
 	@echo "make results [ARGS='--algos grpo thr']   train every preset on one budget and rewrite docs/RESULTS.md"
 	@echo "make bench                 benchmarks (bench/results/*.json, MLflow experiment 'bench'); installs the bench extra (TRL)"
+	@echo "make scale-model           random-init Qwen2 with Qwen2.5's 151,936-token vocabulary at .cache/models/qwen2-151k (configs/scale/qwen2-151k.yaml)"
 
 setup: $(VENV)/.installed
 
@@ -67,6 +68,9 @@ bench: setup $(VENV)/.bench-installed
 	$(PY) bench/scaling.py
 	$(PY) bench/trl_compare.py
 	$(PY) bench/colocated_update.py
+
+scale-model: setup
+	$(PY) -m rlvr_lightning.models.synthetic --out .cache/models/qwen2-151k --vocab-size 151936 --hidden-size 256 --layers 2
 
 $(VENV)/.bench-installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[bench]"
