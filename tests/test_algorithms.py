@@ -102,7 +102,7 @@ def test_gradient_accumulation_does_not_change_the_update(tiny_policy_dir, prese
     for size in (3, 1):
         loss_split, g_split = gradient(module, inputs, size)
         assert loss_split.item() == pytest.approx(loss_whole.item(), rel=1e-5, abs=1e-7)
-        torch.testing.assert_close(g_split, g_whole, rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(g_split, g_whole, rtol=1e-4, atol=1e-6)
     assert g_whole.abs().sum() > 0
 
 
@@ -130,7 +130,7 @@ def test_token_budget_micro_batches_give_the_same_update_as_row_micro_batches(ti
         acc = MetricAccumulator() if budget != 2 * int(lengths.max()) + 3 else budget_acc
         loss_budget, g_budget = gradient(module, inputs, 8, acc, max_tokens=budget)
         assert loss_budget.item() == pytest.approx(loss_rows.item(), rel=1e-5, abs=1e-7)
-        torch.testing.assert_close(g_budget, g_rows, rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(g_budget, g_rows, rtol=1e-4, atol=1e-6)
     assert g_rows.abs().sum() > 0
     assert budget_acc.result()["padding_frac"] < rows_acc.result()["padding_frac"]
 

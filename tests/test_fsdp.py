@@ -67,11 +67,15 @@ def replay(model_dir: Path, probe: Path, callbacks=()) -> dict[str, torch.Tensor
 @pytest.mark.e2e
 @pytest.mark.parametrize("algo", ["grpo", "thr"])
 def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_path, quick_warm_start, algo):
-    """`thr`: THR (p = 0.2) scores each rank's groups inside the sharded update's forward (micro-batches
-    of G = 8); the update must still equal the single-process replay with THR."""
+    """`thr`: THR (p = 0.2) scores each rank's groups inside the sharded update's forward, with
+    micro-batches by token budget (whole groups, sorted by length; ranks agree on their count); the
+    update must still equal the single-process replay with THR and row micro-batches of G = 8."""
     _, model_dir = quick_warm_start
     env = {**os.environ, "RLVR_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "rlvr_lightning", *fsdp_args(tmp_path, model_dir, algo)],
+    args = fsdp_args(tmp_path, model_dir, algo)
+    if algo == "thr":  # ~1 or 2 groups of ≤ 8 × 70 tokens per micro-batch, depending on their lengths
+        args.append("--model.init_args.max_tokens_per_micro_batch=1000")
+    proc = subprocess.run([sys.executable, "-m", "rlvr_lightning", *args],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     probe = tmp_path / "probe"

@@ -113,11 +113,11 @@ def test_micro_batches_of_whole_groups_and_two_pass_give_the_one_pass_gradient(t
     module.policy_update.updates_since_rollout = 1  # off policy: the two-pass method must run its first pass
     loss_one, g_one = gradient(module, inputs, 8)
     loss_groups, g_groups = gradient(module, inputs, 4)  # whole groups of G = 4
-    torch.testing.assert_close(g_groups, g_one, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(g_groups, g_one, rtol=1e-4, atol=1e-6)
     module.hparams.two_pass = True
     for size in (3, 1):  # micro-batches that split groups
         loss_two, g_two = gradient(module, inputs, size)
-        torch.testing.assert_close(g_two, g_one, rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(g_two, g_one, rtol=1e-4, atol=1e-6)
         assert loss_two.item() == pytest.approx(loss_one.item(), rel=1e-5)
     # Token budgets of ~2 rows: the two-pass method on rows sorted by length (groups split and
     # reordered), then the one-pass loss, whose micro-batches must then hold whole groups.
@@ -125,7 +125,7 @@ def test_micro_batches_of_whole_groups_and_two_pass_give_the_one_pass_gradient(t
     for two_pass in (True, False):
         module.hparams.two_pass = two_pass
         loss_budget, g_budget = gradient(module, inputs, 8, max_tokens=budget)
-        torch.testing.assert_close(g_budget, g_one, rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(g_budget, g_one, rtol=1e-4, atol=1e-6)
         assert loss_budget.item() == pytest.approx(loss_one.item(), rel=1e-5)
     assert g_one.abs().sum() > 0
 
@@ -139,7 +139,7 @@ def test_two_pass_skips_its_first_pass_on_policy(tiny_policy_dir):
     original = module.policy_update.sequence_log_ratio
     module.policy_update.sequence_log_ratio = lambda *a, **k: calls.append(1) or original(*a, **k)
     _, g_two = gradient(module, inputs, 3)
-    torch.testing.assert_close(g_two, g_one, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(g_two, g_one, rtol=1e-4, atol=1e-6)
     assert len(calls) == 3  # only the second pass: one forward per micro-batch (3 + 3 + 2 sequences)
 
 
