@@ -65,3 +65,28 @@ def test_trimmed_keeps_every_real_token_at_its_position():
     real = sub.attention_mask.bool()
     assert trimmed.position_ids[trimmed.attention_mask.bool()].tolist() == sub.position_ids[real].tolist()
     assert t.trimmed().input_ids.shape == t.input_ids.shape  # nothing to trim in the whole batch
+
+
+def test_sharded_ranks_run_the_same_separate_pass_forwards_even_without_rows_to_score():
+    """Under FSDP every forward gathers weights on all ranks: a rank whose micro-batch has no group to
+    score (THR reads mixed groups only) must still run it when another rank's does (`lockstep`)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rlvr_lightning.training.behaviour import separate_pass
+
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2)).eval()  # fmt: skip
+    comps = [Completion([5, 6, 7], [0.0] * 3, "stop") for _ in range(4)]
+    t = Rollout(PromptBatch(["a", "b"], ["", ""], ["", ""]), 2, [[3, 4], [3]], comps, SamplingConfig(n=2), 0).tensors(0)
+
+    class NothingToScore:  # this rank's groups are all unmixed
+        def needs_any(self, rows):
+            return False
+
+    calls = []
+    model.register_forward_hook(lambda *_: calls.append(1))
+    by_two = lambda rows, _whole: list(rows.split(2))  # noqa: E731
+    for lockstep, expected in ((False, 0), (True, 2)):
+        calls.clear()
+        separate_pass(model, None, t, 1.0, by_two, 0, with_old=False, scorer=NothingToScore(), lockstep=lockstep)
+        assert len(calls) == expected

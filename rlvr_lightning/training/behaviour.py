@@ -98,13 +98,15 @@ def separate_pass(
     chunk_tokens: int,
     with_old: bool,
     scorer: HiddenScorer | None = None,
+    lockstep: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """One no-grad pass over the rollout batch, micro-batch by micro-batch (`micro_batches(rows,
     whole_groups)`, each trimmed to its longest row): θ_old's log-probs [N, T] (if `with_old`), the
     reference's (if there is a reference policy), and the `scorer`'s token weights [N, T] from θ_old's
     LM-head inputs. With a scorer, micro-batches hold whole groups where the layout sorts rows by length
     (token budgets), and each group is scored as soon as all its rows have been read, so LM-head inputs
-    of at most one micro-batch and one partial group wait (in host memory)."""
+    of at most one micro-batch and one partial group wait (in host memory). `lockstep`: several ranks
+    shard the policy, so every rank runs the same forwards even where only another rank's rows need one."""
     N, T = t.response_mask.shape
     old = torch.zeros(N, T, device=t.input_ids.device) if with_old else None
     ref = torch.zeros(N, T, device=t.input_ids.device) if ref_policy is not None else None
@@ -114,7 +116,7 @@ def separate_pass(
         mb = t.select(rows).trimmed()
         width = mb.response_mask.shape[1]
         capture = scorer is not None and scorer.needs_any(rows)
-        if with_old or capture:
+        if with_old or capture or (lockstep and scorer is not None):
             forward = policy_forward(policy, mb, temperature, capture_lm_head=capture, chunk_tokens=chunk_tokens)
             if with_old:
                 old[rows, :width] = forward.logp

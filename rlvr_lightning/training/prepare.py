@@ -37,6 +37,7 @@ def prepare_update(module, rollout: Rollout, timer: StageTimer | None = None) ->
             module.policy, module.ref_policy, t, temperature,
             lambda rows, whole_groups: module.policy_update.micro_batches(rows, t.lengths, G if whole_groups else 1),
             h.logprob_chunk_tokens, with_old=source == "trainer", scorer=None if score_in_update else scorer,
+            lockstep=trainer.world_size > 1,
         )  # fmt: skip
     weights = compose_token_weights(weights, hidden_weights)
     rollout.token_weights = weights
