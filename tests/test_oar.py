@@ -308,3 +308,18 @@ def test_thr_and_oar_compose_multiplicatively(tiny_policy_dir):
 
     thr, oar = THRAttribution(p=0.3, threshold="all"), OARAttribution(method="perturbation")
     torch.testing.assert_close(weights(thr, oar), weights(thr) * weights(oar))
+
+
+def test_oar_refuses_a_sharded_policy_on_several_ranks():
+    """Its scoring forwards differ in number between ranks: under FSDP they would deadlock."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from rlvr_lightning.callbacks.attribution import OARAttribution
+    from rlvr_lightning.errors import ConfigError
+
+    sharded = SimpleNamespace(world_size=2, strategy=ModelParallelStrategy.__new__(ModelParallelStrategy))
+    with pytest.raises(ConfigError, match="sharded"):
+        OARAttribution().setup(sharded, None, "fit")
+    OARAttribution().setup(SimpleNamespace(world_size=1, strategy=sharded.strategy), None, "fit")

@@ -187,6 +187,12 @@ class OARAttribution(AdvantageShaper):
         self.method, self.readout, self.q, self.beta, self.floor = method, readout, q, beta, floor
         self.sum_to_len, self.sigma, self.chunk_size, self.conclude_template = sum_to_len, sigma, chunk_size, conclude_template
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # OAR runs a number of scoring forwards that depends on each rank's own rollouts; with a sharded
+        # policy every forward gathers weights on all ranks, so unequal counts would deadlock.
+        if trainer.world_size > 1 and isinstance(trainer.strategy, L.pytorch.strategies.ModelParallelStrategy):
+            raise ConfigError("OARAttribution does not support a sharded policy (FSDP) on several ranks yet; use one rank or DDP")
+
     def token_weights(self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout) -> torch.Tensor:
         tok = module.datamodule.tokenizer
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
