@@ -90,3 +90,24 @@ def test_sharded_ranks_run_the_same_separate_pass_forwards_even_without_rows_to_
         calls.clear()
         separate_pass(model, None, t, 1.0, by_two, 0, with_old=False, scorer=NothingToScore(), lockstep=lockstep)
         assert len(calls) == expected
+
+
+def test_small_batches_get_the_least_padding_of_any_split_into_as_few_micro_batches():
+    """Against brute force over every contiguous split of the length-sorted rows into the fewest
+    micro-batches that fit the budget."""
+    from itertools import combinations
+
+    g = torch.Generator().manual_seed(4)
+    lengths = (900 * torch.exp(0.6 * torch.randn(11, generator=g))).clamp(100, 3000).long()
+    budget = 4 * 1500
+    batches = split_rows(torch.arange(11), lengths, 8, budget)
+    slots = lambda bs: sum(len(b) * int(lengths[b].max()) for b in bs)  # noqa: E731
+    s = sorted(lengths.tolist(), reverse=True)
+    best = None
+    for cuts in combinations(range(1, 11), len(batches) - 1):
+        edges = [0, *cuts, 11]
+        parts = [s[a:b] for a, b in zip(edges, edges[1:])]
+        if all(len(p) == 1 or len(p) * p[0] <= budget for p in parts):
+            cost = sum(len(p) * p[0] for p in parts)
+            best = cost if best is None else min(best, cost)
+    assert slots(batches) == best

@@ -50,9 +50,42 @@ def split_rows(
             bins[-1].append(u)
         else:
             bins.append([u])
+    if len(order) <= _MAX_UNITS_FOR_BALANCING:
+        bins = _least_padding(order, unit_len, unit, max_tokens, len(bins))
     if agree_count is not None:
         bins = _split_to_count(bins, agree_count(len(bins)), unit_len, unit)
     return [units[b].flatten() for b in bins]
+
+
+# Above this many units per step the greedy bins already waste little (many rows of similar length
+# share each bin), and the O(units² · bins) search below would cost more than it saves.
+_MAX_UNITS_FOR_BALANCING = 512
+
+
+def _least_padding(order: list[int], unit_len: torch.Tensor, unit: int, max_tokens: int, count: int) -> list[list[int]]:
+    """The `count` contiguous bins of the length-sorted units with the fewest padded slots in total that
+    fit the budget (greedy packing fixes the fewest bins; it can leave a long tail of short rows in the
+    last bin). Dynamic programme over split points: best[b][j] = the cheapest cover of the first j units by b bins."""
+    n = len(order)
+    sorted_len = unit_len[order].double()
+    i, j = torch.arange(n)[:, None], torch.arange(n + 1)[None, :]
+    slots = (j - i) * unit * sorted_len[:, None]  # the bin of units i..j−1; its longest is unit i
+    cost = torch.where((j > i) & ((slots <= max_tokens) | (j - i == 1)), slots, torch.inf)  # [n, n+1]
+    best = torch.full((n + 1,), torch.inf, dtype=torch.float64)
+    best[0] = 0.0
+    starts = []
+    for _ in range(count):
+        total = best[:n, None] + cost  # [start i, end j]
+        best = torch.cat([torch.tensor([torch.inf], dtype=torch.float64), total.min(0).values[1:]])
+        starts.append(total.argmin(0))
+    if not torch.isfinite(best[n]):  # cannot happen: greedy found `count` bins; keep its answer's shape
+        raise RuntimeError("no packing into the greedy number of micro-batches")
+    bounds, end = [], n
+    for start_of in reversed(starts):
+        start = int(start_of[end])
+        bounds.append((start, end))
+        end = start
+    return [[order[k] for k in range(a, b)] for a, b in reversed(bounds)]
 
 
 def _split_to_count(bins: list[list[int]], count: int, unit_len: torch.Tensor, unit: int) -> list[list[int]]:
