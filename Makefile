@@ -68,6 +68,7 @@ bench: setup $(VENV)/.bench-installed
 	$(PY) bench/scaling.py
 	$(PY) bench/trl_compare.py
 	$(PY) bench/colocated_update.py
+	$(PY) bench/scale.py
 
 scale-model: setup
 	$(PY) -m rlvr_lightning.models.synthetic --out .cache/models/qwen2-151k --vocab-size 151936 --hidden-size 256 --layers 2
