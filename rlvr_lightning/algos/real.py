@@ -26,6 +26,7 @@ from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.losses import RealVariant, real_grad_weights, real_loss, sequence_log_ratio
 from rlvr_lightning.rollout.types import Rollout
 from rlvr_lightning.training.batch import LossBatch, StepNorms
+from rlvr_lightning.training.micro_batches import keeps_groups_whole
 
 
 class REAL(RLVRModule):
@@ -57,7 +58,8 @@ class REAL(RLVRModule):
     def validate_config(self) -> None:
         super().validate_config()
         G = self.datamodule.hparams.group_size
-        if self.hparams.micro_batch_size % G and self.needs_whole_groups and self.hparams.max_tokens_per_micro_batch is None:
+        h = self.hparams
+        if self.needs_whole_groups and not keeps_groups_whole(h.micro_batch_size, h.max_tokens_per_micro_batch, G):
             raise ConfigError(
                 f"REAL couples the {G} rollouts of a group, but model.micro_batch_size="
                 f"{self.hparams.micro_batch_size} would split groups: use a multiple of data.group_size={G}, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Protocol
 
 import torch
@@ -66,7 +67,7 @@ class UpdateInputs:
     def with_behaviour(self, behaviour: BehaviourLogprobs) -> UpdateInputs:
         return replace(self, behaviour=behaviour)
 
-    @property
+    @cached_property  # read by every optimizer step's layout; one device sum and host copy per batch
     def lengths(self) -> torch.Tensor:
         """[N] real tokens of each sequence (host): what micro-batches by token budget pack."""
         return self.tensors.lengths

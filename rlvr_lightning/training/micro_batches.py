@@ -23,6 +23,12 @@ from collections.abc import Callable
 import torch
 
 
+def keeps_groups_whole(micro_batch_size: int, max_tokens: int | None, group_size: int) -> bool:
+    """Whether micro-batches can hold whole groups when asked: token budgets pack groups as units; rows
+    of `micro_batch_size` only when it is a multiple of the group size."""
+    return max_tokens is not None or micro_batch_size % group_size == 0
+
+
 def split_rows(
     rows: torch.Tensor,
     lengths: torch.Tensor,

@@ -10,6 +10,7 @@ from rlvr_lightning.losses import truncated_is_weights
 from rlvr_lightning.rollout.types import Rollout
 from rlvr_lightning.training.batch import UpdateInputs
 from rlvr_lightning.training.behaviour import FromUpdateForward, Precomputed, separate_pass
+from rlvr_lightning.training.micro_batches import keeps_groups_whole
 from rlvr_lightning.training.shaping import compose_token_weights, hidden_scorer, rollout_token_weights
 from rlvr_lightning.training.step_metrics import StageTimer
 
@@ -30,7 +31,7 @@ def prepare_update(module, rollout: Rollout, timer: StageTimer | None = None) ->
     scorer = hidden_scorer(trainer, module, rollout, shapers)
     # Shapers read θ_old's LM-head inputs in the update's forward when that runs at θ_old and every
     # micro-batch holds whole groups (THR scores a group from all its responses); else in the θ_old pass.
-    whole_groups_fit = h.max_tokens_per_micro_batch is not None or h.micro_batch_size % G == 0
+    whole_groups_fit = keeps_groups_whole(h.micro_batch_size, h.max_tokens_per_micro_batch, G)
     score_in_update = scorer is not None and source == "update" and whole_groups_fit
     with timer("old_logprob"):
         old_logp, ref_logp, hidden_weights = separate_pass(

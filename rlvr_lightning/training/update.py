@@ -23,7 +23,7 @@ from torch.distributed.tensor import DTensor
 from rlvr_lightning.losses import sequence_log_ratio
 from rlvr_lightning.models.forward import policy_forward
 from rlvr_lightning.training.batch import StepNorms, UpdateInputs, step_norms
-from rlvr_lightning.training.micro_batches import split_rows
+from rlvr_lightning.training.micro_batches import keeps_groups_whole, split_rows
 from rlvr_lightning.training.step_metrics import MetricAccumulator
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,8 @@ class PolicyUpdate:
         if m.two_pass:
             return self._two_pass(inputs, rows, norms, acc)
         whole_groups = inputs.behaviour.reads_lm_head or m.needs_whole_groups
-        if inputs.behaviour.reads_lm_head and m.hparams.max_tokens_per_micro_batch is None and m.hparams.micro_batch_size % inputs.group_size:
+        h = m.hparams
+        if inputs.behaviour.reads_lm_head and not keeps_groups_whole(h.micro_batch_size, h.max_tokens_per_micro_batch, inputs.group_size):
             raise RuntimeError("advantage shapers read the update's LM-head inputs, but micro-batches split groups")
         step_loss = torch.zeros((), device=m.device)
         for idx in self.micro_batches(rows, inputs.lengths, inputs.group_size if whole_groups else 1):
