@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 import time
+from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -43,6 +44,7 @@ def measure(path: str, prompts: int, rounds: int, compiled: bool = False) -> dic
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlvr_lightning.data.sources import embedded_records
+    from rlvr_lightning.models.forward import sequence_logprobs
     from rlvr_lightning.rollout.hf_engine import HFGenerateEngine
     from rlvr_lightning.rollout.types import SamplingConfig
     from rlvr_lightning.rollout.vllm_engine import VLLMEngine
@@ -52,7 +54,7 @@ def measure(path: str, prompts: int, rounds: int, compiled: bool = False) -> dic
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     engines = {
         "vllm": VLLMEngine(path, max_model_len=32 + MAX_TOKENS, dtype="float32", seed=0),
-        "hf": HFGenerateEngine(model, tok.pad_token_id, tok.eos_token_id),
+        "hf": HFGenerateEngine(model, tok.pad_token_id, tok.eos_token_id, partial(sequence_logprobs, model)),
     }
     if compiled:  # vLLM's compiled model (data.enforce_eager=false): start-up cost printed, not in tokens/s
         t0 = time.perf_counter()

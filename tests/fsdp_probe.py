@@ -12,7 +12,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from rlvr_lightning.callbacks.rollout import RolloutCallback
-from rlvr_lightning.rollout.hf_engine import completion_logprobs
+from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.rollout.sync import full_weights
 
 
@@ -45,7 +45,7 @@ class ShardProbe(RolloutCallback):
         n = next(i for i, c in enumerate(rollout["completions"]) if c.token_ids)
         prompt, completion = rollout["prompt_ids"][n // rollout["group_size"]], rollout["completions"][n].token_ids
         engine = pl_module.engine.score(prompt, completion)
-        trainer_lp = completion_logprobs(pl_module.policy, prompt, completion)
+        trainer_lp = sequence_logprobs(pl_module.policy, prompt, completion)
         diff = max(abs(a - b) for a, b in zip(engine, trainer_lp))
         (self.out / f"rank{trainer.global_rank}_engine.json").write_text(json.dumps({"max_abs_diff": diff}))
         if trainer.is_global_zero:

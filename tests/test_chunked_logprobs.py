@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rlvr_lightning.models.forward import policy_forward
+from rlvr_lightning.models.forward import policy_forward, sequence_logprobs
 from rlvr_lightning.models.lm_head import chunked_token_logprobs, supports_chunked_head
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 
@@ -134,3 +134,26 @@ def test_heads_the_chunked_path_cannot_reproduce_fall_back_to_the_full_logits():
     # A fallback model still gives log-probs (through its own forward).
     t = laid_out()
     assert policy_forward(biased, t, 1.0, chunk_tokens=4).logp.shape == t.response_mask.shape
+
+
+def test_the_weight_sync_probe_scores_through_the_chunked_head():
+    """`sequence_logprobs` (the trainer side of the weight-sync probe, and the HF engine's `score`) gives
+    the model's own log-probs, and its LM head never returns vocabulary-wide logits: an 8k-token probe
+    completion at V = 151,936 would otherwise build ~5 GB of logits plus their log-softmax."""
+    vocab = 96
+    model = tiny_model(vocab=vocab)
+    g = torch.Generator().manual_seed(3)
+    prompt, completion = torch.randint(3, vocab, (6,), generator=g).tolist(), torch.randint(3, vocab, (9,), generator=g).tolist()
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+    expected = torch.log_softmax(logits.double(), -1).gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
+
+    head_outputs = []
+    handle = model.get_output_embeddings().register_forward_hook(lambda m, a, out: head_outputs.append(out.shape))
+    try:
+        got = sequence_logprobs(model, prompt, completion, chunk_tokens=4)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), expected, rtol=1e-5, atol=1e-5)
+    assert head_outputs and all(vocab not in shape for shape in head_outputs), head_outputs

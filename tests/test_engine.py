@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlvr_lightning.models.forward import policy_forward
+from rlvr_lightning.models.forward import policy_forward, sequence_logprobs
 from rlvr_lightning.rollout.engine import WeightSyncError
 from rlvr_lightning.rollout.hf_engine import HFGenerateEngine
 from rlvr_lightning.rollout.sync import WeightSyncProbe
@@ -53,7 +55,7 @@ def test_vllm_rollout_logprobs_match_trainer(setup, temperature):
 
 def test_hf_engine_logprobs_match_trainer(setup):
     tok, model, _ = setup
-    engine = HFGenerateEngine(model, tok.pad_token_id, tok.eos_token_id)
+    engine = HFGenerateEngine(model, tok.pad_token_id, tok.eos_token_id, partial(sequence_logprobs, model))
     rollout = _rollout(engine, tok, SamplingConfig(n=3, temperature=1.0, max_tokens=10, seed=0))
     logp, rollout_logp, mask = _trainer_logprobs(model, rollout, tok.pad_token_id)
     assert ((logp - rollout_logp).abs() * mask).max() < 1e-3
@@ -65,7 +67,7 @@ def test_weight_sync_moves_engine_to_trainer_weights(setup, tiny_policy_dir):
     prompt, completion = tok("What is 3+4+5?\n").input_ids, tok("3+4=7,7+5=12.\\boxed{12}").input_ids
 
     def trainer_score():
-        return HFGenerateEngine(trainer, tok.pad_token_id, tok.eos_token_id).score(prompt, completion)
+        return sequence_logprobs(trainer, prompt, completion)
 
     before = engine.score(prompt, completion)
     assert max(abs(a - b) for a, b in zip(before, trainer_score())) < 1e-3

@@ -227,9 +227,9 @@ def test_real_engine_on_cpu_runs_without_sleep_and_takes_the_sleep_order(tiny_po
         finally:
             faulthandler.cancel_dump_traceback_later()
         assert not vllm_core.is_sleeping()
-        from rlvr_lightning.rollout.hf_engine import completion_logprobs
+        from rlvr_lightning.models.forward import sequence_logprobs
 
-        expected = completion_logprobs(trainer, prompt, completion)
+        expected = sequence_logprobs(trainer, prompt, completion)
         assert max(abs(a - b) for a, b in zip(after, expected)) < 1e-3  # the reload went through
         assert max(abs(a - b) for a, b in zip(after, before)) > 1e-2
     finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from functools import partial
 
 import pytest
 import torch
@@ -29,6 +30,7 @@ def _rank(rank: int, port: int, model_dir: str, out: dict) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
 
+    from rlvr_lightning.models.forward import sequence_logprobs
     from rlvr_lightning.parallel import shard_policy
     from rlvr_lightning.rollout.hf_engine import HFGenerateEngine, sharded_across_ranks
 
@@ -41,10 +43,11 @@ def _rank(rank: int, port: int, model_dir: str, out: dict) -> None:
         greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=MAX_TOKENS)
         # Greedy decoding is the same on both ranks: probe it (no EOS can stop it), then make rank 0's EOS
         # its first token (it stops at once) and rank 1's a token it never produces (it runs to the limit).
-        probe = HFGenerateEngine(model, pad_id=0, eos_id=-1).generate(prompt, greedy)[0][0].token_ids
+        score = partial(sequence_logprobs, model)
+        probe = HFGenerateEngine(model, pad_id=0, eos_id=-1, scorer=score).generate(prompt, greedy)[0][0].token_ids
         unused = min(set(range(3, 300)) - set(probe))
         eos = probe[0] if rank == 0 else unused
-        completion = HFGenerateEngine(model, pad_id=0, eos_id=eos).generate(prompt, greedy)[0][0]
+        completion = HFGenerateEngine(model, pad_id=0, eos_id=eos, scorer=score).generate(prompt, greedy)[0][0]
         out[rank] = (sharded_across_ranks(model), len(completion.token_ids), completion.finish_reason)
     finally:
         dist.destroy_process_group()

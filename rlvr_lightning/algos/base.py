@@ -14,6 +14,7 @@ batch conflict with Lightning's automatic accumulation scaling.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Literal, NamedTuple
 
 import lightning as L
@@ -25,6 +26,7 @@ from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.callbacks.rollout import advantage_shapers
 from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.losses import KLEstimator, LossAgg, TISLevel, aggregate, kl_penalty
+from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.models.policy import load_policies
 from rlvr_lightning.rollout.engine import RolloutEngine
 from rlvr_lightning.rollout.sync import EngineSync, full_weights
@@ -297,7 +299,8 @@ class RLVRModule(L.LightningModule):
             update_metrics = self.policy_update.run(inputs, len(rollout.batch))
         rollout.token_weights = compose_token_weights(rollout.token_weights, inputs.behaviour.token_weights())
         with timer("weight_sync"):
-            self.engine_sync.sync(self.engine, self.policy, self.policy_version + 1, rollout)
+            trainer_score = partial(sequence_logprobs, self.policy, chunk_tokens=self.hparams.logprob_chunk_tokens)
+            self.engine_sync.sync(self.engine, self.policy, self.policy_version + 1, rollout, trainer_score)
             self.policy_version += 1
         return StepResult(rollout, inputs, {**update_metrics, **is_stats}, timer.finish())
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from functools import partial
 from typing import Literal
 
 import lightning as L
@@ -235,11 +236,13 @@ class RolloutDataModule(L.LightningDataModule):
     def _build_engine(self, policy: torch.nn.Module) -> RolloutEngine:
         h = self.hparams
         if h.engine == "hf":
+            from rlvr_lightning.models.forward import sequence_logprobs
             from rlvr_lightning.rollout.hf_engine import HFGenerateEngine
 
             if h.sleep_level:
                 log.warning("data.sleep_level=%d is ignored: data.engine=hf has no memory of its own", h.sleep_level)
-            return HFGenerateEngine(policy, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
+            scorer = partial(sequence_logprobs, policy)
+            return HFGenerateEngine(policy, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, scorer)
         from rlvr_lightning.rollout.vllm_engine import VLLMEngine
 
         # Each rank gets its own engine and its own seed, so ranks do not sample identical completions.

@@ -80,6 +80,23 @@ def _chunked_forward(model, t: RolloutTensors, temperature, with_entropy, captur
     return PolicyForward(out.logits, found["entropy"], found["lm_head_in"], t)
 
 
+@torch.no_grad()
+def sequence_logprobs(
+    model: torch.nn.Module, prompt_ids: list[int], completion_ids: list[int], chunk_tokens: int = 1024
+) -> list[float]:
+    """log π(completion token | prefix) at temperature 1 for one unpadded sequence, through
+    `policy_forward` (so chunked like the update: an 8k-token completion never builds its
+    [8k × V] logits). The trainer side of the weight-sync probe and the HF engine's `score`."""
+    device = next(model.parameters()).device
+    P, L = len(prompt_ids), len(completion_ids)
+    ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=device)
+    ones = torch.ones_like(ids)
+    t = RolloutTensors(
+        ids, ones, torch.arange(P + L, device=device)[None], ones[:, P:], torch.zeros(1, L, device=device), P
+    )
+    return policy_forward(model, t, 1.0, chunk_tokens=chunk_tokens).logp[0].tolist()
+
+
 def response_hidden(
     lm_head_in: torch.Tensor, rows: list[int], response_mask: torch.Tensor
 ) -> dict[int, torch.Tensor]:

@@ -28,12 +28,19 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         entropy = torch.empty_like(logp) if with_entropy else logp.new_empty(0)
         for s in range(0, M, chunk_tokens):
             e = min(M, s + chunk_tokens)
+            # One [c, V] fp32 buffer per chunk, everything after the product in place (logsumexp and
+            # the entropy's exp would each allocate another): with m = max z, u = exp(z − m), S = Σu,
+            #   lse = m + log S,   H = −Σ p log p = log S − Σ u (z − m) / S,   u (z − m) = xlogy(u, u).
             z = (hidden[s:e] @ weight.T).float().div_(temperature)  # [c, V]
-            lse_c = torch.logsumexp(z, -1)
-            logp[s:e] = z.gather(-1, targets[s:e, None]).squeeze(-1) - lse_c
-            lse[s:e] = lse_c
-            if with_entropy:  # H = lse − Σ p z  (since log p = z − lse)
-                entropy[s:e] = lse_c - torch.linalg.vecdot(z.sub(lse_c[:, None]).exp_(), z)
+            z_y = z.gather(-1, targets[s:e, None]).squeeze(-1)
+            m = z.amax(-1)
+            u = z.sub_(m[:, None]).exp_()
+            log_sum = u.sum(-1).log_()
+            lse[s:e] = m + log_sum
+            logp[s:e] = z_y - lse[s:e]
+            if with_entropy:
+                entropy[s:e] = log_sum - u.xlogy_(u).sum(-1) / log_sum.exp()
+            del z, u
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.chunk_tokens = temperature, chunk_tokens
         ctx.mark_non_differentiable(entropy)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import torch
 
 from rlvr_lightning.rollout.types import Completion, SamplingConfig
+
+ScoreFn = Callable[[list[int], list[int]], list[float]]
+"""(prompt ids, completion ids) → log-probs (temperature 1) of each completion token."""
 
 
 class WeightSyncError(RuntimeError):

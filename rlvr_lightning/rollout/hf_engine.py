@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import torch
 
-from rlvr_lightning.losses import log_softmax_at
+from rlvr_lightning.rollout.engine import ScoreFn
 from rlvr_lightning.rollout.types import Completion, SamplingConfig, left_padded
 
 
@@ -26,8 +26,9 @@ def sharded_across_ranks(model: torch.nn.Module) -> bool:
 
 
 class HFGenerateEngine:
-    def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int) -> None:
+    def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int, scorer: ScoreFn) -> None:
         self.model = model
+        self.scorer = scorer  # log-probs of one completion under `model` (models.forward.sequence_logprobs)
         self.pad_id = pad_id
         self.eos_id = eos_id
 
@@ -80,16 +81,7 @@ class HFGenerateEngine:
         """Nothing to free: the trainer's own module is the engine."""
 
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
-        return completion_logprobs(self.model, prompt_ids, completion_ids)
+        return self.scorer(prompt_ids, completion_ids)
 
     def close(self) -> None:
         self.model = None
-
-
-@torch.no_grad()
-def completion_logprobs(model: torch.nn.Module, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
-    """log π(completion token | prefix) at temperature 1, one unpadded sequence."""
-    device = next(model.parameters()).device
-    ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=device)
-    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt_ids) - 1 : -1]
-    return log_softmax_at(logits).gather(-1, ids[0, len(prompt_ids) :, None]).squeeze(-1).tolist()

@@ -11,17 +11,13 @@ Cost: one forward of one short sequence on each side per sync.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from functools import partial
+from collections.abc import Iterator
 
 import torch
 from torch.distributed.tensor import DTensor
 
-from rlvr_lightning.rollout.engine import RolloutEngine, WeightSyncError
-from rlvr_lightning.rollout.hf_engine import completion_logprobs
+from rlvr_lightning.rollout.engine import RolloutEngine, ScoreFn, WeightSyncError
 from rlvr_lightning.rollout.types import Rollout
-
-ScoreFn = Callable[[list[int], list[int]], list[float]]
 
 
 class WeightSyncProbe:
@@ -79,8 +75,11 @@ class EngineSync:
         self.check_every = check_every
 
     @torch.no_grad()
-    def sync(self, engine: RolloutEngine, policy: torch.nn.Module, policy_version: int, rollout: Rollout) -> None:
-        """Load the weights of `policy`, which become version `policy_version` (counted from 1)."""
+    def sync(
+        self, engine: RolloutEngine, policy: torch.nn.Module, policy_version: int, rollout: Rollout, trainer_score: ScoreFn
+    ) -> None:
+        """Load the weights of `policy`, which become version `policy_version` (counted from 1);
+        `trainer_score` scores the probe with `policy` itself."""
         engine.load_weights(full_weights(policy))
         if (policy_version - 1) % self.check_every == 0:
-            self.probe.check(engine, partial(completion_logprobs, policy), rollout)
+            self.probe.check(engine, trainer_score, rollout)
