@@ -25,6 +25,7 @@ from rlvr_lightning.algos.base import RLVRModule
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.data.sources import DataSourceError
 from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.rollout.dynamic_sampling import DynamicSamplingExhausted
 
 
 class MLflowSaveConfig(SaveConfigCallback):
@@ -133,11 +134,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def user_error_behind(err: BaseException) -> BaseException | None:
-    """The ConfigError or DataSourceError that caused `err`, if any: jsonargparse re-raises a class's
-    constructor error as its own ValueError while instantiating the config."""
+    """The ConfigError, DataSourceError or DynamicSamplingExhausted that caused `err`, if any:
+    jsonargparse re-raises a class's constructor error as its own ValueError while instantiating the
+    config. (A run that stops on exhausted dynamic sampling resumes from its last checkpoint.)"""
     seen = set()
     while err is not None and id(err) not in seen:
-        if isinstance(err, (ConfigError, DataSourceError)):
+        if isinstance(err, (ConfigError, DataSourceError, DynamicSamplingExhausted)):
             return err
         seen.add(id(err))
         err = err.__cause__ or err.__context__

@@ -45,6 +45,9 @@ def finished_run(tmp_path: Path, algo: str):
     return run, history
 
 
+DAPO_LR = ["--model.init_args.lr=1e-3"]
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize(
     "algo,cls,max_steps,extra",
@@ -52,8 +55,10 @@ def finished_run(tmp_path: Path, algo: str):
         ("dr-grpo", "DrGRPO", 2, []),
         ("gspo", "GSPO", 8, []),  # K = 4 optimizer steps per rollout batch
         ("gspo-token", "GSPO", 8, []),
-        ("dapo-real-baseline", "GRPO", 2, []),
-        ("dapo", "DAPO", 2, []),
+        # K = 4, as the papers' recipes: from the second update on the ratio leaves 1 and clip-higher
+        # clips (a large lr makes 3 updates move it past 1.28; with one update per batch it stays 1).
+        ("dapo-real-baseline", "GRPO", 8, DAPO_LR),
+        ("dapo", "DAPO", 8, DAPO_LR),
     ],
 )
 def test_preset_two_step_fit(tmp_path, quick_warm_start, algo, cls, max_steps, extra):
@@ -69,6 +74,9 @@ def test_preset_two_step_fit(tmp_path, quick_warm_start, algo, cls, max_steps, e
     if max_steps == 2:
         assert all(abs(m.value - 1) < 1e-6 for m in history["train/ratio_mean"])
         assert all(m.value == 0 for m in history["train/clip_frac_high"] + history["train/clip_frac_low"])
+    if algo.startswith("dapo"):  # off-policy updates after the first: ratios move and clip-higher clips
+        assert max(m.value for m in history["train/clip_frac_high"]) > 0
+        assert run.data.params["model.init_args.mini_batches"] == "4"
     if algo == "dapo":
         assert all(m.value == 0 for m in history["train/frac_reward_zero_std"])  # only mixed groups are kept
         assert [m.step for m in history["train/dynamic_sampling_rounds"]] == [0, 1]
@@ -88,8 +96,9 @@ def test_real_presets_two_step_fit(tmp_path, quick_warm_start, algo):
     assert run.data.params["model.init_args.variant"] == ("bce" if algo == "real-bce" else "anchor")
     for key in ("train/loss", "train/entropy", "train/mixed_group_frac", "train/grad_norm", "time/update"):
         assert [m.step for m in history[key]] == [0, 1], key
-    if "train/grad_weight_abs_max" in history:  # only logged when a mixed group was sampled
-        assert max(m.value for m in history["train/grad_weight_abs_max"]) <= 1 / 0.5
+    # Logged only for batches with a mixed group; the seeded warm start samples some, so it must be there.
+    assert history["train/grad_weight_abs_max"], "no mixed group sampled: the bound went unchecked"
+    assert max(m.value for m in history["train/grad_weight_abs_max"]) <= 1 / 0.5
 
 
 @pytest.mark.e2e
@@ -99,6 +108,7 @@ def test_dapo_without_any_mixed_group_stops_cleanly(tmp_path, tiny_policy_dir):
     args = [
         *preset_args(tmp_path, "dapo", tiny_policy_dir), "--trainer.max_steps", "2",
         "--model.init_args.max_num_gen_batches", "2", "--model.init_args.max_empty_batches", "2",
+        "--model.init_args.on_exhausted", "train_partial",
     ]  # fmt: skip
     proc = run_cli(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -107,6 +117,17 @@ def test_dapo_without_any_mixed_group_stops_cleanly(tmp_path, tiny_policy_dir):
     _, history = finished_run(tmp_path, "dapo")
     assert [m.value for m in history["train/dynamic_sampling_exhausted"]] == [1.0, 1.0]
     assert "train/grad_norm" not in history  # nothing was trained on
+
+
+@pytest.mark.e2e
+def test_dapo_rounds_running_out_stop_the_run_with_one_error_line(tmp_path, tiny_policy_dir):
+    """The preset's default `on_exhausted: error` (the recipe's): no silent training on fewer groups."""
+    args = [*preset_args(tmp_path, "dapo", tiny_policy_dir), "--trainer.max_steps", "2",
+            "--model.init_args.max_num_gen_batches", "1"]  # fmt: skip
+    proc = run_cli(args, tmp_path)
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    err = proc.stderr.strip().splitlines()[-1]
+    assert err.startswith("error: dynamic sampling found 0 of 4 groups") and "on_exhausted" in err, err
 
 
 def test_filtered_sampling_with_truncated_is_is_refused_before_training(tmp_path, tiny_policy_dir):

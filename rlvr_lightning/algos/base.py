@@ -260,6 +260,12 @@ class RLVRModule(L.LightningModule):
         stats["kl"] = kl.detach()
         return self.hparams.kl_coef * self.aggregate(kl, mb.loss_mask, norms)
 
+    def across_ranks(self, value: int, op: Literal["min", "max"]) -> int:
+        """The min or max of `value` over all ranks (a collective: every rank must call it)."""
+        if self.trainer.world_size == 1:
+            return value
+        return int(self.trainer.strategy.reduce(torch.tensor(value, device=self.device), reduce_op=op))
+
     def collect_rollout(self, batch: PromptBatch, timer: StageTimer) -> Rollout | None:
         """The scored rollout batch to train on, or None to skip the step. DAPO samples dynamically."""
         return generate_and_score(self, batch, timer)

@@ -29,7 +29,7 @@ class DAPO(GRPO):
         dynamic_sampling: bool = True,
         gen_batch_size: int | None = None,
         max_num_gen_batches: int = 10,
-        on_exhausted: OnExhausted = "train_partial",
+        on_exhausted: OnExhausted = "error",
         max_empty_batches: int = 5,
         signed_reward: bool = True,
         overlong_buffer_len: int | None = None,
@@ -46,8 +46,11 @@ class DAPO(GRPO):
             dynamic_sampling: keep only groups with mixed correctness, regenerating as needed.
             gen_batch_size: prompts per generation round; default 3 × data.batch_size (verl's recipe).
             max_num_gen_batches: generation rounds per training batch before giving up (0 = unlimited).
-            on_exhausted: at the round limit, `train_partial` (log a warning, train on the mixed groups
-                found) or `error` (stop, as verl's recipe does).
+            on_exhausted: at the round limit, `error` (stop, as the paper's recipe in verl does) or
+                `train_partial` (log a warning, train on the mixed groups found: fewer groups than
+                data.batch_size, so a smaller token-mean normaliser and possibly fewer mini-batches).
+                On several ranks the decision, the number of rounds and the groups kept are the same
+                on every rank (the fewest any rank found).
             max_empty_batches: stop the run (gracefully) after this many consecutive rollout batches
                 without a single mixed group: the policy has nothing left to learn from this data.
             signed_reward: correctness as +1/−1 (paper) rather than 1/0; with std-scaled advantages the

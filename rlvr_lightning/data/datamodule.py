@@ -194,8 +194,14 @@ class RolloutDataModule(L.LightningDataModule):
         """`n` more training prompts, for algorithms that sample beyond the dataloader's batch.
 
         A separate, seeded, reshuffled-every-pass stream over the training problems, so the
-        dataloader's own order (and its resume position) is untouched.
+        dataloader's own order (and its resume position) is untouched. Every rank advances the same
+        stream by n × world size and takes its own n of them, so ranks never draw the same prompts.
         """
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
+        picked = self._next_extra(n * world)
+        return self.collate(picked[rank * n : (rank + 1) * n])
+
+    def _next_extra(self, n: int) -> list[ProblemRecord]:
         picked: list[ProblemRecord] = []
         while len(picked) < n:
             order = torch.randperm(
@@ -206,7 +212,7 @@ class RolloutDataModule(L.LightningDataModule):
             self._extra_pos += len(take)
             if self._extra_pos >= len(order):
                 self._extra_epoch, self._extra_pos = self._extra_epoch + 1, 0
-        return self.collate(picked)
+        return picked
 
     def state_dict(self) -> dict:
         return {"extra_epoch": self._extra_epoch, "extra_pos": self._extra_pos}

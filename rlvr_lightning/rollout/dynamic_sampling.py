@@ -4,6 +4,12 @@ A group whose rollouts are all correct or all wrong has zero advantage everywher
 nothing to the gradient but still dilutes the batch. Dynamic sampling generates rounds of
 `gen_batch_size` prompts, keeps the mixed groups (0 < n+ < G, judged on correctness c), and stops
 as soon as `target_groups` are kept; the batch is cut to exactly that many groups.
+
+On several ranks every rank samples its own rounds, but they decide together (`fewest_over_ranks`):
+the next round is drawn until the rank with the fewest mixed groups has enough, so all ranks draw
+the same number of rounds, keep the same number of groups, and stop, skip or raise together. A rank
+that stopped alone would leave the others waiting in the update's collectives (FSDP all-gathers, the
+step normalisers, the weight sync) or in the HF engine's synchronised `generate`.
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ from rlvr_lightning.rollout.types import Rollout
 log = logging.getLogger(__name__)
 
 OnExhausted = Literal["error", "train_partial"]
+
+
+def _this_rank_only(n: int) -> int:
+    return n
 
 
 class DynamicSamplingExhausted(RuntimeError):
@@ -46,20 +56,24 @@ def dynamic_sample(
     draw_round: Callable[[int], Rollout],
     target_groups: int,
     max_rounds: int = 10,
-    on_exhausted: OnExhausted = "train_partial",
+    on_exhausted: OnExhausted = "error",
+    fewest_over_ranks: Callable[[int], int] = _this_rank_only,
 ) -> tuple[Rollout | None, DynamicSamplingStats]:
     """Call `draw_round(k)` (a generated *and scored* rollout) until `target_groups` mixed groups are kept.
 
     `max_rounds = 0` means unlimited. When the limit is reached first, a warning is logged and
     either `DynamicSamplingExhausted` is raised (`error`, as in verl's recipe) or the mixed groups
-    found so far are returned (`train_partial`; None if there are none).
+    found so far are returned (`train_partial`; None if there are none). `fewest_over_ranks(n)` is
+    the smallest n over all ranks (a collective every rank calls once per round); every decision is
+    taken on it, and every rank returns that many groups (at most `target_groups`).
     """
     if target_groups < 1:
         raise ValueError(f"target_groups must be ≥ 1, got {target_groups}")
     kept: list[Rollout] = []
     n_kept = n_generated = n_correct = n_seqs = 0
+    fewest = 0  # mixed groups of the rank that has found the fewest
     round_index = 0
-    while n_kept < target_groups and (max_rounds == 0 or round_index < max_rounds):
+    while fewest < target_groups and (max_rounds == 0 or round_index < max_rounds):
         rollout = draw_round(round_index)
         round_index += 1
         if rollout.correct is None:
@@ -72,23 +86,25 @@ def dynamic_sample(
         if survivors:
             kept.append(rollout.select_groups(survivors))
             n_kept += len(survivors)
+        fewest = fewest_over_ranks(n_kept)
     stats = DynamicSamplingStats(
         rounds=round_index, groups_generated=n_generated, groups_kept=n_kept,
-        exhausted=n_kept < target_groups, accuracy_before_filter=n_correct / max(1, n_seqs),
+        exhausted=fewest < target_groups, accuracy_before_filter=n_correct / max(1, n_seqs),
     )  # fmt: skip
     if stats.exhausted:
         message = (
-            f"dynamic sampling found {n_kept} of {target_groups} groups with mixed rewards in {round_index} "
-            f"generation rounds ({n_generated} groups generated)"
+            f"dynamic sampling found {fewest} of {target_groups} groups with mixed rewards in {round_index} "
+            f"generation rounds ({n_generated} groups generated{'' if fewest == n_kept else ' on this rank, fewest over ranks'})"
         )
         if on_exhausted == "error":
             raise DynamicSamplingExhausted(
                 message + "; raise model.max_num_gen_batches, or set model.on_exhausted=train_partial"
             )
         log.warning("%s; training on the groups found", message)
-        if not kept:
+        if fewest == 0:
             return None, stats
+    keep = min(fewest, target_groups)
     batch = Rollout.concat(kept)
-    if n_kept > target_groups:
-        batch = batch.select_groups(list(range(target_groups)))
+    if n_kept > keep:
+        batch = batch.select_groups(list(range(keep)))
     return batch, stats

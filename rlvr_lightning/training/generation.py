@@ -4,6 +4,7 @@ rollout callbacks (the reward verifier); DAPO's dynamic sampling repeats it in r
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from rlvr_lightning.callbacks.rollout import rollout_callbacks
 from rlvr_lightning.rollout.dynamic_sampling import OnExhausted, dynamic_sample
@@ -66,7 +67,8 @@ class DynamicSampler:
                 prompts = PromptBatch.concat([prompts, module.datamodule.extra_prompts(missing)])
             return generate_and_score(module, prompts, timer, round_index=k)
 
-        rollout, stats = dynamic_sample(draw_round, len(batch), self.max_rounds, self.on_exhausted)
+        fewest = partial(module.across_ranks, op="min")
+        rollout, stats = dynamic_sample(draw_round, len(batch), self.max_rounds, self.on_exhausted, fewest)
         if rollout is None:
             self.empty_streak += 1
             module.log_train_metrics({f"train/{k}": v for k, v in stats.metrics().items()}, batch_size=len(batch))

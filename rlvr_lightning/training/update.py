@@ -73,7 +73,7 @@ class PolicyUpdate:
         """Backward of one optimizer step's loss over the sequences `rows`; returns the step's loss."""
         m = self.module
         norms = step_norms(
-            inputs, rows, lambda x: m.trainer.strategy.reduce(x, reduce_op="sum"), m.trainer.world_size,
+            inputs, rows, lambda x: x, m.trainer.world_size,
             float(m.datamodule.hparams.max_response_length),
         )  # fmt: skip
         if m.two_pass:
@@ -101,10 +101,7 @@ class PolicyUpdate:
 
     def agree_count(self, count: int) -> int:
         """The number of micro-batches every rank runs: the largest any rank needs."""
-        m = self.module
-        if m.trainer.world_size == 1:
-            return count
-        return int(m.trainer.strategy.reduce(torch.tensor(count, device=m.device), reduce_op="max"))
+        return self.module.across_ranks(count, op="max")
 
     def forward(self, inputs: UpdateInputs, idx: torch.Tensor, with_entropy: bool = False, capture: bool = False):
         """The policy's forward over the micro-batch `idx`, trimmed to its longest row, and its loss batch."""
