@@ -1,40 +1,92 @@
-"""Regenerate `docs/RESULTS.md`: train every preset on the embedded default with the same seed and the
-same budget, then tabulate accuracy before → after, pass@k, maj@k and time per step from MLflow.
+"""Regenerate `docs/RESULTS.md`: train every preset on the embedded default over several seeds at the same
+budget, then report each metric's mean with a 95% interval over seeds, each preset's paired difference
+against the GRPO run of the same seed and the same optimizer-step structure, and which claims of the
+source papers this scale reproduces.
 
-    python -m rlvr_lightning.results [--algos grpo thr] [--rollout-batches 40]
+    python -m rlvr_lightning.results [--algos grpo thr] [--seeds 3] [--rollout-batches 60]
     make results
 
-Each preset runs in its own process (`python -m rlvr_lightning fit`, exactly `make train`) in the MLflow
-experiment `results`, so a preset that fails is reported in the table and the others still run. The
-budget is counted in rollout batches: a preset taking K optimizer steps per batch (GSPO, REAL) gets
-K × rollout_batches `trainer.max_steps`, so every preset sees the same prompts and samples.
+Each (preset, seed) runs in its own process (`python -m rlvr_lightning fit`, exactly `make train` with
+`--seed_everything` and `--data.seed` set) in the MLflow experiment `results`, named `<preset>-seed<k>`,
+so a run that fails is reported and the others still run. The budget is counted in rollout batches: a
+preset taking K optimizer steps per batch (DAPO, GSPO, REAL and the REAL tables' baselines) gets
+K × rollout_batches `trainer.max_steps`, so every preset sees the same prompts and samples for a seed.
+Paired differences compare a preset with `grpo` (K = 1) or `grpo-real-baseline` (K = 4) at the same
+seed: the same warm start, prompts order and held-out problems, so seed-to-seed noise largely cancels.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from rlvr_lightning.compare import PLOTS, load_history, markdown_table, plot, select_runs
+from rlvr_lightning.compare import PLOTS, RunHistory, load_history, plot
 
-COLUMNS = [  # (column, metric key, how to summarise its history)
-    ("val/accuracy", "val/accuracy", "first_last"),
-    ("± (SE, last)", "val/pass_at_1_se", "last"),
-    ("greedy", "val/accuracy_greedy", "first_last"),
-    ("pass@4", "val/pass_at_4", "first_last"),
-    ("pass@8", "val/pass_at_8", "first_last"),
-    ("maj@8", "val/maj_at_8", "first_last"),
+METRICS = [  # (column, metric key, summary of one run's history: the final value or the mean of the last 10)
+    ("val/accuracy", "val/accuracy", "last"),
+    ("greedy", "val/accuracy_greedy", "last"),
+    ("pass@4", "val/pass_at_4", "last"),
+    ("pass@8", "val/pass_at_8", "last"),
+    ("maj@8", "val/maj_at_8", "last"),
     ("train accuracy (last 10)", "train/accuracy", "tail_mean"),
-    ("s / step", "time/step", "mean"),
-    ("training min", "time/step", "sum_minutes"),
+    ("entropy (last 10)", "train/entropy", "tail_mean"),
+    ("s / rollout batch", "time/step", "mean"),
 ]
+BASELINES = {1: "grpo", 4: "grpo-real-baseline"}  # the GRPO run with the same optimizer steps per rollout batch
+CLAIMS = [  # (paper claim, preset, metric column, +1: the preset should be higher than its baseline)
+    ("THR, p < 0 raises pass@k (exploration)", "thr-explore", "pass@8", +1),
+    ("THR, p > 0 raises greedy accuracy (exploitation)", "thr", "greedy", +1),
+    ("REAL is at least as good as GRPO at equal updates", "real", "val/accuracy", +1),
+    ("REAL keeps its entropy where GRPO's collapses", "real", "entropy (last 10)", +1),
+    ("REAL-BCE above the GRPO baseline (the paper: above DAPO)", "real-bce", "val/accuracy", +1),
+    ("OAR-P above GRPO", "oar-p", "val/accuracy", +1),
+    ("OAR-G above GRPO", "oar-g", "val/accuracy", +1),
+]
+
+
+def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """(mean, half-width of the Student-t interval) of `values`; the half-width is nan for one value."""
+    from scipy.stats import t
+
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, math.nan
+    return mean, float(t.ppf(0.5 + level / 2, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def verdict(mean: float, half: float, direction: int) -> str:
+    """Whether a paired difference's interval lies on the claimed side of 0, the other side, or spans it."""
+    if math.isnan(half):
+        return "one seed: no interval"
+    lo, hi = sorted((direction * (mean - half), direction * (mean + half)))
+    if lo > 0:
+        return "reproduced"
+    if hi < 0:
+        return "contradicted"
+    return "not resolved (the interval contains 0)"
+
+
+def fmt(mean: float, half: float) -> str:
+    return f"{mean:.3f}" if math.isnan(half) else f"{mean:.3f} ± {half:.3f}"
+
+
+def summary(points: list[tuple[int, float]], how: str) -> float | None:
+    values = [v for _, v in points]
+    if not values:
+        return None
+    if how == "last":
+        return values[-1]
+    return statistics.fmean(values[-10:] if how == "tail_mean" else values)
 
 
 def steps_per_rollout_batch(preset: Path) -> int:
@@ -43,62 +95,172 @@ def steps_per_rollout_batch(preset: Path) -> int:
     return int(model.get("mini_batches", 1)) * int(model.get("ppo_epochs", 1))
 
 
-def train(preset: Path, args: argparse.Namespace, log_dir: Path) -> tuple[int, float]:
-    name = preset.stem
+def run_name(preset: str, seed: int) -> str:
+    return f"{preset}-seed{seed}"
+
+
+def train(preset: Path, seed: int, args: argparse.Namespace) -> tuple[int, float]:
+    name = run_name(preset.stem, seed)
     cmd = [
         sys.executable, "-m", "rlvr_lightning", "fit", "--config", str(args.configs / "base.yaml"), "--config", str(preset),
         f"--trainer.max_steps={args.rollout_batches * steps_per_rollout_batch(preset)}",
-        f"--seed_everything={args.seed}", f"--data.val_size={args.val_size}",
+        f"--seed_everything={seed}", f"--data.seed={seed}", f"--data.val_size={args.val_size}",
         f"--trainer.logger.init_args.experiment_name={args.experiment}",
         f"--trainer.logger.init_args.tracking_uri={args.tracking_uri}", f"--trainer.logger.init_args.run_name={name}",
         "--trainer.enable_progress_bar=false",
     ]  # fmt: skip
     t0 = time.perf_counter()
-    with open(log_dir / f"{name}.log", "w") as log:
+    with open(args.log_dir / f"{name}.log", "w") as log:
         rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
     return rc, time.perf_counter() - t0
 
 
-def write_page(args: argparse.Namespace, outcomes: dict[str, tuple[int, float]]) -> Path:
+@dataclass
+class PresetRuns:
+    name: str
+    steps_per_batch: int
+    runs: dict[int, RunHistory]  # seed → its run
+
+    def values(self, key: str, how: str) -> dict[int, float]:
+        """seed → the run's summary of metric `key` (seeds whose run lacks the metric are left out)."""
+        out = {seed: summary(r.history.get(key, []), how) for seed, r in self.runs.items()}
+        return {seed: v for seed, v in out.items() if v is not None}
+
+    def before(self, key: str) -> float | None:
+        firsts = [r.history[key][0][1] for r in self.runs.values() if r.history.get(key)]
+        return statistics.fmean(firsts) if firsts else None
+
+    def mean_history(self) -> RunHistory:
+        """The seeds' histories averaged step by step, for the plots."""
+        history = {}
+        for _, key, _ in PLOTS:
+            by_step: dict[int, list[float]] = {}
+            for r in self.runs.values():
+                for step, v in r.history.get(key, []):
+                    by_step.setdefault(step, []).append(v)
+            history[key] = sorted((s, statistics.fmean(v)) for s, v in by_step.items() if len(v) == len(self.runs))
+        algorithm = next(iter(self.runs.values())).algorithm
+        return RunHistory(self.name, "", "FINISHED", algorithm, history)
+
+
+def paired_difference(preset: PresetRuns, baseline: PresetRuns, key: str, how: str) -> tuple[float, float, int]:
+    """(mean, 95% half-width, seeds) of preset − baseline over the seeds both finished."""
+    a, b = preset.values(key, how), baseline.values(key, how)
+    diffs = [a[s] - b[s] for s in sorted(a.keys() & b.keys())]
+    if not diffs:
+        return math.nan, math.nan, 0
+    return (*t_interval(diffs), len(diffs))
+
+
+def load_presets(client, experiment_id: str, presets: list[Path], seeds: list[int]) -> dict[str, PresetRuns]:
+    """The latest finished run of every (preset, seed) in the experiment."""
+    latest: dict[str, object] = {}
+    for run in client.search_runs([experiment_id], order_by=["attributes.start_time DESC"], max_results=5000):
+        if run.info.status == "FINISHED":
+            latest.setdefault(run.info.run_name, run)
+    out = {}
+    for preset in presets:
+        runs = {s: load_history(client, latest[run_name(preset.stem, s)], METRICS)
+                for s in seeds if run_name(preset.stem, s) in latest}  # fmt: skip
+        if runs:
+            out[preset.stem] = PresetRuns(preset.stem, steps_per_rollout_batch(preset), runs)
+    return out
+
+
+def metrics_table(results: dict[str, PresetRuns]) -> list[str]:
+    header = ["preset", "algorithm", "K", "seeds", *[col for col, _, _ in METRICS]]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, pr in results.items():
+        cells = [name, next(iter(pr.runs.values())).algorithm, str(pr.steps_per_batch), str(len(pr.runs))]
+        for _, key, how in METRICS:
+            values = list(pr.values(key, how).values())
+            cell = fmt(*t_interval(values)) if values else "–"
+            before = pr.before(key) if how == "last" else None
+            cells.append(cell if before is None else f"{before:.3f} → {cell}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def differences_table(results: dict[str, PresetRuns]) -> list[str]:
+    columns = [m for m in METRICS if m[2] != "mean"]  # time is not paired noise; it is in the table above
+    header = ["preset", "baseline", *[f"Δ {col}" for col, _, _ in columns]]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, pr in results.items():
+        base = BASELINES.get(pr.steps_per_batch)
+        if base is None or base == name or base not in results:
+            continue
+        cells = [name, base]
+        for _, key, how in columns:
+            mean, half, n = paired_difference(pr, results[base], key, how)
+            cells.append("–" if n == 0 else fmt(mean, half))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def claims_table(results: dict[str, PresetRuns]) -> list[str]:
+    lines = ["| claim | preset − baseline | metric | difference (95% interval) | seeds | at this scale |", "|---|---|---|---|---|---|"]
+    by_column = {col: (key, how) for col, key, how in METRICS}
+    for claim, preset, column, direction in CLAIMS:
+        pr = results.get(preset)
+        base = BASELINES.get(pr.steps_per_batch) if pr else None
+        if pr is None or base not in results:
+            lines.append(f"| {claim} | {preset} − {base or 'its baseline'} | {column} | – | 0 | not run |")
+            continue
+        mean, half, n = paired_difference(pr, results[base], *by_column[column])
+        lines.append(f"| {claim} | {preset} − {base} | {column} | {fmt(mean, half)} | {n} | {verdict(mean, half, direction)} |")
+    return lines
+
+
+def write_page(args: argparse.Namespace, presets: list[Path], outcomes: dict[str, tuple[int, float]]) -> Path:
     import mlflow
 
     client = mlflow.tracking.MlflowClient(tracking_uri=args.tracking_uri)
     exp = client.get_experiment_by_name(args.experiment)
-    finished = [n for n, (rc, _) in outcomes.items() if rc == 0]
-    runs = [load_history(client, r, COLUMNS) for r in select_runs(client, exp.experiment_id, finished)] if finished else []
+    results = load_presets(client, exp.experiment_id, presets, args.seed_list) if exp else {}
     figures = args.out.parent / "results"
     figures.mkdir(parents=True, exist_ok=True)
-    images = [plot(runs, key, f"{key} vs rollout batch", smooth, figures / f"{name}.png") for name, key, smooth in PLOTS
-              if any(r.history.get(key) for r in runs)]  # fmt: skip
+    curves = [pr.mean_history() for pr in results.values()]
+    images = [plot(curves, key, f"{key} vs rollout batch, mean of seeds", smooth, figures / f"{name}.png")
+              for name, key, smooth in PLOTS if any(c.history.get(key) for c in curves)]  # fmt: skip
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     failed = [f"`{n}` (exit {rc}, log `{args.log_dir / n}.log`)" for n, (rc, _) in outcomes.items() if rc != 0]
+    seeds = " ".join(map(str, args.seed_list))
     lines = [
-        "# Results: every preset on the embedded default",
+        "# Results: every preset on the embedded default, over seeds",
         "",
         "Generated by `make results` (`python -m rlvr_lightning.results "
-        f"--rollout-batches {args.rollout_batches} --val-size {args.val_size} --seed {args.seed}`); do not edit by hand.",
+        f"--rollout-batches {args.rollout_batches} --val-size {args.val_size} --seeds {len(args.seed_list)}`); do not edit by hand.",
         "",
         f"- Workload: the embedded tiny Qwen2 policy (warm start) on the embedded arithmetic task, {args.rollout_batches} "
-        "rollout batches of 16 prompts × 8 samples per preset (`configs/base.yaml` + `configs/algo/<preset>.yaml`), "
-        f"seed {args.seed}.",
-        f"- Evaluation: {args.val_size} held-out problems × 8 samples at temperature 1, before training and at the end "
-        "(`before → after`); greedy = temperature 0. ± is the standard error of the final val/accuracy "
-        "(over problems): differences smaller than about twice it are noise at this budget.",
+        "rollout batches of 16 prompts × 8 samples per run (`configs/base.yaml` + `configs/algo/<preset>.yaml`), "
+        f"seeds {seeds} (`seed_everything` and `data.seed`: sampling and prompt order). K = optimizer steps per "
+        "rollout batch; every preset gets K × the same rollout batches.",
+        f"- Evaluation: {args.val_size} held-out problems × 8 samples at temperature 1 before training and at the end; "
+        "greedy = temperature 0. Cells are the mean over seeds ± the half-width of its 95% Student-t interval "
+        "(`before → after` for held-out metrics; `before` is the same warm start for every preset).",
         f"- Machine: {platform.machine()}, {os.cpu_count()} CPU cores, no GPU; commit `{commit}`; total wall time "
         f"{sum(t for _, t in outcomes.values()) / 60:.0f} min.",
-        "- Compare your own runs the same way with `make compare RUNS='…'` (MLflow store `mlruns/`).",
         "",
-        markdown_table(runs, COLUMNS) if runs else "(no preset finished)\n",
+        *metrics_table(results),
+        "",
     ]
     if failed:
-        lines += ["Failed presets: " + ", ".join(failed), ""]
+        lines += ["Failed runs: " + ", ".join(failed), ""]
     lines += [
-        "Reading the table: `steps` are rollout batches (GSPO and REAL take 4 optimizer steps per batch); `s / step` "
-        "is the mean wall time of one rollout batch (rollout, reward, old log-probs, attribution, update, weight sync); "
-        "`training min` excludes start-up and evaluation. `gspo-token` with sequence-level advantages has GSPO's "
-        "gradient by construction (docs/algorithms.md#gspo-and-gspo-token), so its accuracy columns match `gspo`; only its cost differs. "
-        "One seed and a small budget: this page shows that every preset trains and what it costs, not which "
-        "algorithm is best at scale.",
+        "## Paired differences against GRPO",
+        "",
+        "Each preset minus the GRPO run of the same seed with the same K (`grpo` for K = 1, `grpo-real-baseline` for "
+        "K = 4): mean ± 95% interval over seeds. An interval that contains 0 is no evidence either way at this budget.",
+        "",
+        *differences_table(results),
+        "",
+        "## The papers' claims at this scale",
+        "",
+        "`reproduced`: the paired difference's 95% interval lies entirely on the claimed side of 0; `contradicted`: "
+        "entirely on the other side. A 1.1M-parameter model on arithmetic with 40-token answers is far from the papers' "
+        "1.5B–32B models on competition math: a claim not reproduced here is not refuted there.",
+        "",
+        *claims_table(results),
         "",
     ]
     lines += [f"![{p.stem}](results/{p.name})" for p in images]
@@ -110,15 +272,18 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", type=Path, default=Path("configs"))
     p.add_argument("--algos", nargs="*", help="presets (default: every configs/algo/*.yaml)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0 … N−1 per preset")
     p.add_argument("--rollout-batches", type=int, default=60)
     p.add_argument("--val-size", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--experiment", default="results")
     p.add_argument("--tracking-uri", default="sqlite:///mlruns/mlflow.db")
     p.add_argument("--out", type=Path, default=Path("docs/RESULTS.md"))
     p.add_argument("--log-dir", type=Path, default=Path("reports/results"))
     p.add_argument("--skip-training", action="store_true", help="only rebuild the page from the MLflow store")
     args = p.parse_args(argv)
+    if args.seeds < 1:
+        raise SystemExit("error: --seeds must be ≥ 1")
+    args.seed_list = list(range(args.seeds))
     presets = sorted((args.configs / "algo").glob("*.yaml"))
     if args.algos:
         known = {q.stem: q for q in presets}
@@ -129,15 +294,14 @@ def main(argv: list[str] | None = None) -> None:
     args.log_dir.mkdir(parents=True, exist_ok=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     outcomes: dict[str, tuple[int, float]] = {}
-    for preset in presets:
-        if args.skip_training:
-            outcomes[preset.stem] = (0, 0.0)
-            continue
-        print(f"[results] training {preset.stem} …", flush=True)
-        outcomes[preset.stem] = train(preset, args, args.log_dir)
-        rc, seconds = outcomes[preset.stem]
-        print(f"[results] {preset.stem}: exit {rc} in {seconds / 60:.1f} min", flush=True)
-    print(f"wrote {write_page(args, outcomes)}")
+    if not args.skip_training:
+        for seed in args.seed_list:  # seed by seed: an interrupted run still has every preset at the first seeds
+            for preset in presets:
+                name = run_name(preset.stem, seed)
+                print(f"[results] training {name} …", flush=True)
+                outcomes[name] = train(preset, seed, args)
+                print(f"[results] {name}: exit {outcomes[name][0]} in {outcomes[name][1] / 60:.1f} min", flush=True)
+    print(f"wrote {write_page(args, presets, outcomes)}")
     if any(rc != 0 for rc, _ in outcomes.values()):
         raise SystemExit(1)
 

@@ -1,0 +1,70 @@
+"""`make results` statistics: intervals over seeds, paired differences against the GRPO run of the same
+seed and K, the claims' verdicts, and the page built from a real MLflow store."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rlvr_lightning.compare import RunHistory
+from rlvr_lightning.results import PresetRuns, main, paired_difference, t_interval, verdict
+
+
+def test_t_interval_matches_the_textbook_formula():
+    mean, half = t_interval([1.0, 2.0, 3.0])  # sd 1, n 3, t(0.975, 2) = 4.302653
+    assert mean == 2.0 and half == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
+    mean, half = t_interval([0.5])
+    assert mean == 0.5 and math.isnan(half)
+
+
+@pytest.mark.parametrize(
+    "mean,half,direction,expected",
+    [(0.05, 0.03, +1, "reproduced"), (-0.05, 0.03, +1, "contradicted"), (0.01, 0.03, +1, "not resolved"),
+     (-0.05, 0.03, -1, "reproduced"), (0.05, math.nan, +1, "one seed")],
+)  # fmt: skip
+def test_verdict_needs_the_whole_interval_on_one_side(mean, half, direction, expected):
+    assert verdict(mean, half, direction).startswith(expected)
+
+
+def runs(name: str, finals: dict[int, float]) -> PresetRuns:
+    hist = {s: RunHistory(f"{name}-seed{s}", "", "FINISHED", "GRPO", {"val/accuracy": [(0, 0.1), (60, v)]})
+            for s, v in finals.items()}  # fmt: skip
+    return PresetRuns(name, 1, hist)
+
+
+def test_paired_difference_pairs_by_seed_and_skips_unpaired_seeds():
+    # Seed-to-seed spread is large, the paired differences are constant 0.02: a zero-width interval.
+    base = runs("grpo", {0: 0.10, 1: 0.30, 2: 0.50, 3: 0.9})
+    other = runs("thr", {0: 0.12, 1: 0.32, 2: 0.52})  # seed 3 did not finish
+    mean, half, n = paired_difference(other, base, "val/accuracy", "last")
+    assert n == 3 and mean == pytest.approx(0.02) and half == pytest.approx(0.0, abs=1e-12)
+    unpaired_half = t_interval([0.12, 0.32, 0.52])[1]
+    assert unpaired_half > 0.4  # what comparing the means without pairing would have to allow
+
+
+def test_page_from_a_real_mlflow_store(tmp_path):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("results", artifact_location=str(tmp_path / "artifacts"))
+    finals = {"grpo": [0.20, 0.25, 0.22], "thr-explore": [0.24, 0.30, 0.27], "oar-g": [0.15, 0.20, 0.17]}
+    for preset, values in finals.items():
+        for seed, final in enumerate(values):
+            run = client.create_run(exp, run_name=f"{preset}-seed{seed}", tags={"algorithm": "GRPO"})
+            for key in ("val/accuracy", "val/pass_at_8", "val/accuracy_greedy"):
+                client.log_metric(run.info.run_id, key, 0.15, step=0)
+                client.log_metric(run.info.run_id, key, final, step=60)
+            client.set_terminated(run.info.run_id)
+    out = tmp_path / "RESULTS.md"
+    main(["--skip-training", "--algos", "grpo", "thr-explore", "oar-g", "--tracking-uri", uri,
+          "--out", str(out), "--log-dir", str(tmp_path / "logs")])  # fmt: skip
+    page = out.read_text()
+    # thr-explore − grpo on pass@8: +0.04, +0.05, +0.05 → interval above 0.
+    row = next(line for line in page.splitlines() if line.startswith("| THR, p < 0 raises pass@k"))
+    assert "| thr-explore − grpo | pass@8 | 0.047 ± 0.014 | 3 | reproduced |" in row
+    row = next(line for line in page.splitlines() if line.startswith("| OAR-G above GRPO"))
+    assert "| oar-g − grpo | val/accuracy | -0.050 ± 0.000 | 3 | contradicted |" in row  # −0.05 at every seed
+    assert "| grpo | GRPO | 1 | 3 | 0.150 → 0.223 ± 0.063 |" in page  # sd 0.0252 × t(0.975, 2) 4.303 / √3
+    assert "| OAR-P above GRPO | oar-p − its baseline | val/accuracy | – | 0 | not run |" in page
