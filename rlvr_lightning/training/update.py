@@ -73,7 +73,7 @@ class PolicyUpdate:
         """Backward of one optimizer step's loss over the sequences `rows`; returns the step's loss."""
         m = self.module
         norms = step_norms(
-            inputs, rows, lambda x: x, m.trainer.world_size,
+            inputs, rows, lambda x: m.trainer.strategy.reduce(x, reduce_op="sum"), m.trainer.world_size,
             float(m.datamodule.hparams.max_response_length),
         )  # fmt: skip
         if m.two_pass:
