@@ -135,13 +135,45 @@ def test_token_budget_micro_batches_give_the_same_update_as_row_micro_batches(ti
     assert budget_acc.result()["padding_frac"] < rows_acc.result()["padding_frac"]
 
 
+def independent_logprobs(policy, rollout: Rollout, grad: bool = False) -> torch.Tensor:
+    """[N, MAX_LEN] log π(y_t | prompt, y_<t) at the rollout's temperature, 0 on padding: every sequence
+    alone, unpadded, from the model's full logits (no `policy_forward`, layout, chunked head or θ_old strategy)."""
+    out = torch.zeros(rollout.num_sequences, MAX_LEN)
+    with torch.set_grad_enabled(grad):
+        for n, comp in enumerate(rollout.completions):
+            prompt, L = rollout.prompt_ids[n // rollout.group_size], len(comp.token_ids)
+            logits = policy(input_ids=torch.tensor([prompt + comp.token_ids])).logits[0, len(prompt) - 1 : -1]
+            logp = (logits.double() / rollout.sampling.temperature).log_softmax(-1)
+            out[n, :L] = logp.gather(-1, torch.tensor(comp.token_ids)[:, None]).squeeze(1).float()
+    return out
+
+
+@pytest.mark.parametrize("mini_batches", [1, 2])  # θ_old from the update's own forward / from the no-grad pass
 @pytest.mark.parametrize("preset", list(PRESETS))
-def test_first_mini_batch_after_a_rollout_is_exactly_on_policy(tiny_policy_dir, preset):
+def test_first_mini_batch_after_a_rollout_is_exactly_on_policy(tiny_policy_dir, preset, mini_batches):
+    """At θ = θ_old the θ_old log-probs the loss receives are the policy's own (an independent forward),
+    whichever strategy produced them, and the ratio is 1 with nothing clipped."""
     cls, kwargs = PRESETS[preset]
-    module = attach(cls, tiny_policy_dir, micro_batch_size=3, **kwargs)
-    inputs = prepared(module, sample_rollout(module))
+    module = attach(cls, tiny_policy_dir, micro_batch_size=3, **{**kwargs, "mini_batches": mini_batches})
+    assert module.behaviour_source() == ("update" if mini_batches == 1 else "trainer")
+    rollout = sample_rollout(module)
+    rollout.sampling = SamplingConfig(n=G, max_tokens=MAX_LEN, temperature=0.7)
+    inputs = prepared(module, rollout)
+    received = torch.zeros(8, MAX_LEN)  # θ_old's log-probs as each micro-batch's loss got them
+    seen = torch.zeros(8)
+    forward_of = module.policy_update.forward
+
+    def recording(inputs, idx, **kwargs):
+        forward, mb = forward_of(inputs, idx, **kwargs)
+        received[idx, : mb.old_logp.shape[1]] = mb.old_logp.detach() * mb.loss_mask
+        seen[idx] += 1
+        return forward, mb
+
+    module.policy_update.forward = recording
     acc = MetricAccumulator()
     gradient(module, inputs, 3, acc)
+    assert torch.equal(seen, torch.ones(8))
+    torch.testing.assert_close(received, independent_logprobs(module.policy, rollout), rtol=0, atol=1e-5)
     stats = acc.result()
     assert abs(stats["ratio_mean"] - 1) < 1e-6 and abs(stats["ratio_max"] - 1) < 1e-6
     assert stats["clip_frac_low"] == 0 and stats["clip_frac_high"] == 0

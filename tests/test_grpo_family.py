@@ -122,8 +122,20 @@ def test_mixed_groups_looks_at_correctness_only():
     c = torch.tensor([1.0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0])
     assert mixed_groups(c, 4).tolist() == [True, False, False]
     assert mixed_groups(c, 3).tolist() == [True, False, True, False]
-    # A shaped reward that differs inside an all-correct group does not make it "mixed".
-    assert mixed_groups(torch.tensor([1.0, 1.0]), 2).tolist() == [False]
+
+
+def test_dynamic_sampling_drops_an_all_correct_group_whose_shaped_rewards_differ():
+    """docs/algorithms.md#dynamic-sampling: groups are judged on correctness c, never on the shaped reward.
+    Group 0 is all correct, but DAPO's overlong penalty gives its longer rollout a lower reward (1 vs 0);
+    group 1 is mixed. Only group 1 may be kept."""
+    rollout = scored_rollout([[1, 1], [1, 0]], 0)  # response lengths 1, 2 in each group
+    rollout.rewards = (2 * rollout.correct - 1) + overlong_penalty(rollout.response_lengths, 2, 1)
+    assert rollout.rewards.tolist() == [1.0, 0.0, 1.0, -2.0]
+    assert (group_advantage(rollout.rewards, 2)[:2] != 0).all()  # the shaped reward does differ in group 0
+    assert mixed_groups(rollout.correct, 2).tolist() == [False, True]
+    kept, stats = dynamic_sample(lambda k: rollout, target_groups=1, max_rounds=1)
+    assert kept.batch.ids == ["r0p1"] and kept.correct.tolist() == [1.0, 0.0] and kept.rewards.tolist() == [1.0, -2.0]
+    assert stats.groups_kept == 1 and not stats.exhausted
 
 
 def scored_rollout(correct_rows: list[list[int]], round_index: int) -> Rollout:

@@ -1,9 +1,12 @@
 """GRPO math on the hand-checkable toy batch of docs/algorithms.md#worked-example.
 
-One group, G = 4, c = (1,0,0,0), L = (2,4,4,6), on policy (logp = old_logp), β = 0.
+One group, G = 4, c = (1,0,0,0), L = (2,4,4,6), on policy (logp = old_logp), β = 0; and the same batch
+off policy against PPO's clipped surrogate computed by hand.
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -88,22 +91,56 @@ def test_per_token_gradients_on_toy_batch(preset, reward_scale):
     assert loss.item() == pytest.approx(row["loss"], abs=1e-6)
 
 
-def test_grpo_dapo_dr_grpo_differ_exactly_by_their_normalisation():
-    """Same toy batch, same Â (std): DAPO's gradient = GRPO's × L_n/ΣL·N; Dr. GRPO's (no std) = Â_nostd/(N·C)."""
+# log π_θ − log π_old of each response token (L = 2, 4, 4, 6): ratios 0.67, 0.90, 1.05, 1.25, 1.35 lie below
+# 1 − ε_low, inside the clip range, between 1 + ε_high = 1.2 (symmetric) and 1.28 (clip-higher), and above it.
+LOG_1_25 = math.log(1.25)
+OFF_POLICY_LOG_RATIOS = (
+    (0.3, -0.1),
+    (LOG_1_25, -0.4, 0.05, -0.1),
+    (-0.4, 0.3, LOG_1_25, 0.05),
+    (-0.1, -0.4, 0.3, 0.05, LOG_1_25, 0.0),
+)
+
+
+def clipped_surrogate_by_hand(logp, old_logp, mask, A, eps_low, eps_high):
+    """PPO's per-token term and its derivative d/d log π_θ, one token at a time in Python floats:
+    ℓ = −min(ρÂ, clip(ρ, 1−ε_low, 1+ε_high)Â); ∂ℓ/∂log π_θ = −ρÂ where the min takes the unclipped branch
+    (Â > 0 and ρ < 1+ε_high, or Â < 0 and ρ > 1−ε_low), else 0."""
+    value, grad = torch.zeros(mask.shape, dtype=torch.float64), torch.zeros(mask.shape, dtype=torch.float64)
+    for n, t in mask.nonzero().tolist():
+        rho, a = math.exp(logp[n, t].item() - old_logp[n, t].item()), A[n]
+        value[n, t] = -min(rho * a, min(max(rho, 1 - eps_low), 1 + eps_high) * a)
+        grad[n, t] = -rho * a if (a > 0 and rho < 1 + eps_high) or (a < 0 and rho > 1 - eps_low) else 0.0
+    return value, grad
+
+
+@pytest.mark.parametrize("preset", ["grpo", "dapo", "dr-grpo"])
+def test_off_policy_loss_and_gradient_follow_the_clipped_surrogate_and_the_normaliser(preset):
+    """Independent θ_old (ratios on both sides of the clip range, both advantage signs): the loss and
+    ∂loss/∂logp equal PPO's clipped surrogate computed by hand, over each algorithm's normaliser
+    (GRPO N·L_n, DAPO ΣL, Dr. GRPO N·C; docs/algorithms.md#loss-aggregation)."""
+    row = TOY_TABLE[preset]
+    eps_low, eps_high = row.get("eps", (0.2, 0.2))
     logp, mask = toy_batch()
-    r = torch.tensor([1.0, 0, 0, 0])
-    grads = {}
-    for preset in ("grpo", "dapo", "dr-grpo"):
-        row = TOY_TABLE[preset]
-        logp.grad = None
-        loss, _ = grpo_loss(logp, logp.detach(), mask, r, row["mode"], row["use_std"], row["C"])
-        loss.backward()
-        grads[preset] = logp.grad.clone()
-    L = mask.sum(1, keepdim=True)
-    A_std, A_raw = group_advantage(r, G)[:, None], group_advantage(r, G, use_std=False)[:, None]
-    torch.testing.assert_close(grads["grpo"], -A_std * mask / (G * L))
-    torch.testing.assert_close(grads["dapo"], -A_std * mask / L.sum())
-    torch.testing.assert_close(grads["dr-grpo"], -A_raw * mask / (G * 8))
+    shift = torch.zeros(G, T)
+    for n, row_shift in enumerate(OFF_POLICY_LOG_RATIOS):
+        shift[n, : len(row_shift)] = torch.tensor(row_shift)
+    old_logp = (logp.detach() - shift) * mask
+    r = torch.tensor([1.0, 1, 0, 0])  # two positives: one sees the symmetric and clip-higher bounds differ
+    loss, stats = grpo_loss(logp, old_logp, mask, r, row["mode"], row["use_std"], row["C"], (eps_low, eps_high))
+    loss.backward()
+    a = 0.5 / math.sqrt(1 / 3) if row["use_std"] else 0.5  # mean 1/2, unbiased std √(1/3)
+    A = [a, a, -a, -a]
+    value, grad = clipped_surrogate_by_hand(logp, old_logp, mask, A, eps_low, eps_high)
+    L = mask.sum(1, keepdim=True).double()
+    normaliser = {"grpo": G * L, "dapo": L.sum(), "dr-grpo": torch.tensor(G * 8.0)}[preset]
+    assert loss.item() == pytest.approx((value / normaliser).sum().item(), rel=1e-5)
+    torch.testing.assert_close(logp.grad.double(), grad / normaliser * mask, rtol=1e-5, atol=1e-7)
+    # Not vacuous: tokens silenced by the clip (zero gradient) and tokens that pass it, for both signs of Â.
+    for sign in (1, -1):
+        rows = [n for n in range(G) if A[n] * sign > 0]
+        assert (grad[rows] == 0).logical_and(mask[rows].bool()).any() and (grad[rows] != 0).any()
+    assert (stats["clipped_low"] | stats["clipped_high"]).any()
 
 
 @pytest.mark.parametrize("surrogate", list(SURROGATES))

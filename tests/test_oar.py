@@ -3,19 +3,13 @@ against a one-token-at-a-time loop, OAR-G's hands off parameter gradients, and t
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers.modeling_outputs import CausalLMOutput
 
-from rlvr_lightning.attribution.oar import (
-    ScoringInput,
-    bilevel_weights,
-    divergence,
-    oar_g_saliency,
-    oar_p_scores,
-    readout,
-    segment_boxed,
-)  # fmt: skip
+from rlvr_lightning.attribution.oar import ScoringInput, bilevel_weights, oar_g_saliency, oar_p_scores, segment_boxed
 from rlvr_lightning.models.policy import load_tokenizer
 from rlvr_lightning.training.prepare import prepare_update
 from rlvr_lightning.training.shaping import compose_token_weights
@@ -103,26 +97,68 @@ def scoring_inputs(tok):
     return out
 
 
+def read_by_hand(policy, seq: list[int], x: ScoringInput, mode: str) -> torch.Tensor:
+    """docs/algorithms.md#oar-scoring-input-and-read-outs from one unpadded forward, in float64:
+    log P of the first answer token (`last`), log softmax of the logits averaged over the answer positions
+    (`answer_mean`), or φ = the mean log-prob of the answer tokens (`answer_joint`)."""
+    with torch.no_grad():
+        z = policy(torch.tensor([seq])).logits[0].double()
+    rows = [z[x.a0 - 1 + k] for k in range(x.answer_len)]  # position a0 − 1 + k predicts answer token k
+    if mode == "last":
+        return torch.nn.functional.log_softmax(rows[0], -1)
+    if mode == "answer_mean":
+        return torch.nn.functional.log_softmax(sum(rows) / len(rows), -1)
+    logps = [row[x.ids[x.a0 + k]] - torch.logsumexp(row, -1) for k, row in enumerate(rows)]
+    return sum(logps) / len(logps)
+
+
+def divergence_by_hand(ref: torch.Tensor, other: torch.Tensor, mode: str) -> torch.Tensor:
+    """KL(P_ref ‖ P_other) = Σ_v P_ref(v)·(log P_ref(v) − log P_other(v)) by torch's `kl_div` (which takes the
+    second distribution's log-probs as input and the first's as target), or φ_ref − φ_other."""
+    if mode == "answer_joint":
+        return ref - other
+    return torch.nn.functional.kl_div(other, ref, reduction="sum", log_target=True)
+
+
+def test_the_hand_read_outs_and_kl_are_the_definitions():
+    """The reference of the next test, on hand-made logits: the KL as an explicit sum, the read-outs by rule."""
+    p, q = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64), torch.tensor([0.25, 0.25, 0.5], dtype=torch.float64)
+    expected = 0.5 * math.log(2) + 0.25 * math.log(0.5)  # Σ p log(p/q)
+    assert divergence_by_hand(p.log(), q.log(), "last").item() == pytest.approx(expected, rel=1e-12)
+    assert divergence_by_hand(p.log(), p.log(), "last").item() == pytest.approx(0.0, abs=1e-15)
+
+
+def oar_p_case(model: str, policy, tok):
+    """(model, scoring inputs, pad id): the tiny HF Qwen2 (HF path: KV-cache reuse) with real text, where a
+    substitution barely moves the untrained model's answer; or the constructed model below, where it moves
+    it a lot (so that, e.g., KL(P‖P_m) and KL(P_m‖P) differ far beyond rounding)."""
+    if model == "tiny-qwen2":
+        return policy, scoring_inputs(tok), tok.pad_token_id
+    inputs = [
+        ScoringInput([1, 2, 3, 4, 5, 6, 7, 9, 4, 5], r0=1, r1=7, a0=8),
+        ScoringInput([3, 1, 2, 8, 6, 9, 4, 5, 7], r0=2, r1=5, a0=6),
+    ]
+    return PositionWeightedLM(), inputs, 0
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen2", "constructed"])
 @pytest.mark.parametrize("mode", ["last", "answer_mean", "answer_joint"])
-def test_oar_p_equals_a_one_token_at_a_time_loop(policy, tok, mode):
-    inputs = scoring_inputs(tok)
-    pad = tok.pad_token_id
+def test_oar_p_equals_a_one_token_at_a_time_loop(policy, tok, mode, model):
+    """OAR-P's batched (left-padded, cached) scores against the definition: one unpadded forward per
+    substitution, read-out and KL written out in the test (not the module's `readout` / `divergence`)."""
+    policy, inputs, pad = oar_p_case(model, policy, tok)
+    assert max(x.answer_len for x in inputs) > 1  # `answer_mean` and `answer_joint` differ from `last`
     batched = oar_p_scores(policy, inputs, pad, mode=mode, chunk_size=5)
     for x, scores in zip(inputs, batched):
-        answer = torch.tensor(x.ids[x.a0 :])
-
-        def read(seq, x=x, answer=answer):
-            with torch.no_grad():
-                z = policy(torch.tensor([seq])).logits[0].float()
-            return readout(z[x.a0 - 1 : x.a0 - 1 + len(answer)], mode, answer)
-
-        ref = read(x.ids)
+        ref = read_by_hand(policy, x.ids, x, mode)
         loop = []
         for m in range(x.r0, x.r1):
             perturbed = list(x.ids)
             perturbed[m] = pad
-            loop.append(divergence(ref, read(perturbed), mode))
-        torch.testing.assert_close(scores, torch.stack(loop), atol=2e-5, rtol=1e-4)
+            loop.append(divergence_by_hand(ref, read_by_hand(policy, perturbed, x, mode), mode))
+        loop = torch.stack(loop)
+        torch.testing.assert_close(scores.double(), loop, atol=2e-6, rtol=1e-4)
+        assert loop.abs().max() > 1e-5  # substitutions do move the read-out
 
 
 def test_oar_p_scores_zero_when_the_substitute_is_the_original_token(policy, tok):

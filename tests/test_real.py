@@ -11,7 +11,7 @@ import torch
 from rlvr_lightning.algos import REAL
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.losses import real_grad_weights, real_loss, sequence_log_ratio
-from tests.test_algorithms import attach, gradient, prepared, sample_rollout, with_old_logp
+from tests.test_algorithms import attach, gradient, independent_logprobs, prepared, sample_rollout, with_old_logp
 
 TAU = 0.5
 C_TOY = torch.tensor([1.0, 0, 0, 0])
@@ -96,11 +96,50 @@ def test_groups_without_both_classes_give_zero_loss_and_gradient(variant, labels
     assert loss.item() == 0.0 and torch.equal(s.grad, torch.zeros(4))  # still a graph: 0·Σs̄
 
 
-def test_non_mixed_groups_count_in_the_prompt_normaliser():
-    s = torch.zeros(8)
-    mixed_only = real_loss(s[:4], C_TOY, 4, normaliser=1.0, tau=TAU)
-    with_constant_group = real_loss(s, torch.cat([C_TOY, torch.ones(4)]), 4, normaliser=2.0, tau=TAU)
-    assert with_constant_group.item() == pytest.approx(mixed_only.item() / 2)
+def real_step_by_hand(logp, old_logp, mask, correct, variant):
+    """docs/algorithms.md#real with explicit sums over the step's 2 prompts of G = 4: s̄_k = mean_t(log π_θ −
+    log π_old); anchor: (1/B) Σ_{mixed g} [log(1 + Σ_{O+} e^{−s̄/τ}) + log(1 + Σ_{O−} e^{s̄/τ})], B = prompts;
+    bce: (1/M) Σ_{k in mixed groups} −log σ(±s̄_k/τ), M = rollouts in mixed groups."""
+    s_bar = [((logp[k] - old_logp[k]) * mask[k]).sum() / mask[k].sum() for k in range(8)]
+    c = correct.tolist()
+    total, prompts, mixed_rollouts = 0.0, 0, 0
+    for g in range(2):
+        members = range(4 * g, 4 * g + 4)
+        prompts += 1
+        if 0 < sum(c[k] for k in members) < 4:
+            mixed_rollouts += 4
+            pos, neg = [k for k in members if c[k] == 1], [k for k in members if c[k] == 0]
+            if variant == "anchor":
+                total = total + torch.log(1 + sum(torch.exp(-s_bar[k] / TAU) for k in pos))
+                total = total + torch.log(1 + sum(torch.exp(s_bar[k] / TAU) for k in neg))
+            else:
+                total = total + sum(-torch.log(torch.sigmoid(s_bar[k] / TAU)) for k in pos)
+                total = total + sum(-torch.log(1 - torch.sigmoid(s_bar[k] / TAU)) for k in neg)
+    return total / (prompts if variant == "anchor" else mixed_rollouts)
+
+
+@pytest.mark.parametrize("variant", ["anchor", "bce"])
+def test_non_mixed_groups_count_in_the_prompt_normaliser(tiny_policy_dir, variant):
+    """Through the module's own step (it counts B, or M, itself): group 1 is all wrong, so it adds nothing
+    to the sum but counts in B = 2 prompts (not 8 sequences, not 1 mixed group); M = 4 mixed rollouts. Loss
+    and gradient equal the formula written out over an independent forward of the policy, off policy."""
+    module = attach(REAL, tiny_policy_dir, variant=variant, micro_batch_size=4)
+    rollout = sample_rollout(module)
+    rollout.correct[4:] = 0.0
+    rollout.rewards = rollout.correct.clone()
+    inputs = prepared(module, rollout)
+    mask = inputs.tensors.response_mask
+    behind = 0.3 * torch.rand(8, 8, generator=torch.Generator().manual_seed(0))  # off policy: s̄ > 0
+    old_logp = (independent_logprobs(module.policy, rollout) - behind) * mask
+    loss, grad = gradient(module, with_old_logp(inputs, old_logp), 4)
+    module.policy.zero_grad(set_to_none=True)
+    logp = independent_logprobs(module.policy, rollout, grad=True)
+    expected = real_step_by_hand(logp, old_logp, mask, rollout.correct, variant)
+    expected.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    expected_grad = torch.cat([p.grad.flatten() for p in module.policy.parameters() if p.grad is not None])
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-6)
+    assert grad.abs().sum() > 0
 
 
 # ---- the module ------------------------------------------------------------------------------

@@ -187,15 +187,20 @@ def no_correct_in_group_1(rollout):
 def test_callback_reweights_mixed_groups_only(tiny_policy_dir, p, micro_batch_size):
     _, rollout, used, _, _, read_in_update = thr_update(tiny_policy_dir, p, micro_batch_size, no_correct_in_group_1)
     assert read_in_update == (micro_batch_size == 4)
-    w = rollout.token_weights
     mask = rollout.tensors(0).response_mask
+    # The unweighted token advantages, from the verdicts by docs/algorithms.md#group-relative-advantages (r = c).
+    c = rollout.correct.view(-1, 4)
+    unweighted = ((c - c.mean(1, keepdim=True)) / (c.std(1, keepdim=True) + 1e-6)).view(-1, 1) * mask
+    assert (unweighted[:4][mask[:4].bool()] != 0).all() and (unweighted[4:] == 0).all()
+    # No weight flipped a sign: every token advantage the loss received has the sign of the unweighted one.
+    flipped = int((torch.sign(used) != torch.sign(unweighted)).sum())
+    assert flipped == 0, f"{flipped} token advantages changed sign (or left/became 0)"
+    w = rollout.token_weights
+    torch.testing.assert_close(used, unweighted * w)  # the loss received Â' = Â·w token by token
     assert (w[4:] == 1).all()
     values = w[:4][mask[:4].bool()]
     near = [torch.isclose(values, torch.tensor(v)) for v in (1 + p, 1 - p, 1.0)]
     assert (near[0] | near[1] | near[2]).all() and (near[0] | near[1]).any()
-    unweighted = rollout.advantages[:, None] * mask
-    torch.testing.assert_close(used, unweighted * w)  # the loss received Â' = Â·w token by token
-    assert (torch.sign(used) == torch.sign(unweighted)).all()  # and no weight flipped a sign
     assert rollout.metrics["thr/dominant_frac"] == 1.0
     assert rollout.metrics["thr/positive_frac"] + rollout.metrics["thr/negative_frac"] == pytest.approx(1.0)
 

@@ -1,0 +1,249 @@
+"""Global loss normalisers across ranks whose response-token counts differ
+(docs/algorithms.md#loss-aggregation): two CPU ranks (gloo, spawned) take one optimizer step each on
+their own prompts; after DDP's gradient averaging the gradient must equal the single-process gradient
+over the union of both ranks' sequences. It does only because the step's counts (T_S for token-mean,
+N_S, and REAL's B and M) are summed over the ranks (`training.batch.step_norms`, one all-reduce through
+the strategy's `reduce`) and each rank's loss is multiplied by the world size.
+
+The update is the real one (`PolicyUpdate.accumulate_gradients`: micro-batches, the agreed micro-batch
+count under token budgets, `step_norms`, `policy_forward`, `ppo_clip`, `aggregate`, `real_loss`). The
+policy is a constructed tiny causal LM and the module a stub of what the update reads of an `RLVRModule`
+(its `micro_batch_loss` as GRPO's and REAL's), so the spawned ranks import neither Lightning nor
+transformers and the test takes seconds on an idle machine."""
+
+from __future__ import annotations
+
+import queue
+import socket
+import traceback
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlvr_lightning.advantages import group_advantage
+from rlvr_lightning.losses import aggregate, ppo_clip, real_loss, sequence_log_ratio
+from rlvr_lightning.models.forward import policy_forward
+from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
+from rlvr_lightning.training.batch import UpdateInputs, select_loss_batch
+from rlvr_lightning.training.update import PolicyUpdate
+
+G, MAX_LEN, VOCAB, WORLD = 4, 8, 16, 2
+EPS_LOW, EPS_HIGH = 0.2, 0.28  # DAPO's clip-higher
+PROMPTS = ([[1, 2, 3], [4, 5]], [[6, 7, 8, 9], [10, 11]])  # two prompts per rank
+LENGTHS = ((1, 2, 1, 3, 2, 1, 1, 1), (8, 7, 8, 6, 5, 8, 7, 8))  # rank 0: 12 response tokens, rank 1: 57
+CORRECT = ((1, 0, 0, 0, 0, 1, 1, 0), (1, 1, 0, 0, 0, 0, 0, 0))  # rank 1's 2nd group: Â ≡ 0, yet counts in T_S
+AGGREGATORS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSSES = AGGREGATORS + ("real-anchor", "real-bce")  # REAL: normaliser B (prompts) or M (rollouts in mixed groups)
+LAYOUTS = (None, 24)  # micro-batches of 3 rows; token budgets of 24 (rank 0 needs fewer: the count is agreed)
+
+
+class TinyCausalLM(torch.nn.Module):
+    """state_t = tanh(W·Σ_{s≤t} e(x_s)) over the attended tokens, logits = H·state_t: causal, and blind to
+    padding, so a sequence's log-probs do not depend on the batch it is laid out in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.embed = torch.nn.Parameter(torch.randn(VOCAB, 6, generator=g))
+        self.mix = torch.nn.Parameter(torch.randn(6, 6, generator=g) / 6**0.5)
+        self.head = torch.nn.Parameter(torch.randn(VOCAB, 6, generator=g))
+
+    def forward(self, input_ids, attention_mask, logits_to_keep=0, **_):
+        x = self.embed[input_ids] * attention_mask[..., None]
+        logits = torch.tanh(x.cumsum(1) @ self.mix.T) @ self.head.T
+        return SimpleNamespace(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
+
+
+class RankModule:
+    """What `PolicyUpdate` reads of an `RLVRModule`; `micro_batch_loss` is RLVRModule's (policy term,
+    `aggregate` with the step's norms) with GRPO's PPO-clip surrogate, or REAL's (one pass, whole groups)."""
+
+    def __init__(self, world_size: int, reduce, loss: str, max_tokens: int | None) -> None:
+        self.policy = TinyCausalLM()
+        self.real = loss.startswith("real-")
+        micro_batch_size = G if self.real else 3
+        self.hparams = SimpleNamespace(
+            micro_batch_size=micro_batch_size, max_tokens_per_micro_batch=max_tokens, logprob_chunk_tokens=0
+        )
+        self.trainer = SimpleNamespace(world_size=world_size, strategy=SimpleNamespace(reduce=reduce))
+        self.datamodule = SimpleNamespace(hparams=SimpleNamespace(max_response_length=MAX_LEN))
+        self.device = torch.device("cpu")
+        self.two_pass, self.needs_whole_groups = False, self.real
+        self.loss = loss
+
+    def manual_backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def across_ranks(self, value: int, op: str) -> int:
+        if self.trainer.world_size == 1:
+            return value
+        return int(self.trainer.strategy.reduce(torch.tensor(value), reduce_op=op))
+
+    def micro_batch_loss(self, mb, logp, norms):
+        if self.real:
+            variant = self.loss.removeprefix("real-")
+            normaliser = max(1.0, norms.num_mixed_seqs if variant == "bce" else norms.num_groups)
+            s_bar = sequence_log_ratio(logp, mb.old_logp, mb.loss_mask)
+            return real_loss(s_bar, mb.correct, G, normaliser, 0.5, variant, norms.world_size), {}
+        per_tok, stats = ppo_clip(logp, mb.old_logp, mb.advantages, mb.loss_mask, EPS_LOW, EPS_HIGH)
+        loss = aggregate(per_tok, mb.loss_mask, self.loss, norms.num_seqs, norms.num_tokens,
+                         norm_const=norms.norm_const, world_size=norms.world_size)  # fmt: skip
+        return loss, stats
+
+
+class GivenOldLogp:
+    """θ_old's log-probs known before the update (as `training.behaviour.Precomputed`)."""
+
+    source, reads_lm_head = "trainer", False
+
+    def __init__(self, old_logp: torch.Tensor) -> None:
+        self.old_logp = old_logp
+
+    def loss_batch(self, inputs, rows, forward):
+        return select_loss_batch(inputs, rows, forward.tensors, self.old_logp[rows])
+
+
+def rank_rollout(rank: int) -> Rollout:
+    g = torch.Generator().manual_seed(rank)
+    completions = [
+        Completion(torch.randint(1, VOCAB, (L,), generator=g).tolist(), [0.0] * L, "stop") for L in LENGTHS[rank]
+    ]
+    correct = torch.tensor(CORRECT[rank], dtype=torch.float32)
+    return Rollout(
+        batch=PromptBatch([f"r{rank}p0", f"r{rank}p1"], ["", ""], ["1", "2"]), group_size=G, prompt_ids=PROMPTS[rank],
+        completions=completions, sampling=SamplingConfig(n=G, max_tokens=MAX_LEN), policy_version=0,
+        rewards=correct.clone(), correct=correct,
+    )  # fmt: skip
+
+
+def old_offset(rank: int) -> torch.Tensor:
+    """log π_old − log π_θ of each of the rank's response tokens: off policy, so the clip matters."""
+    return 0.3 * torch.randn(len(LENGTHS[rank]), MAX_LEN, generator=torch.Generator().manual_seed(100 + rank))
+
+
+def update_inputs(module: RankModule, rollout: Rollout, offset: torch.Tensor) -> UpdateInputs:
+    t = rollout.tensors(pad_id=0)
+    with torch.no_grad():
+        logp = policy_forward(module.policy, t, 1.0).logp
+    mask = t.response_mask
+    advantages = group_advantage(rollout.rewards, G)[:, None] * mask
+    old = logp + offset[:, : mask.shape[1]] * mask
+    return UpdateInputs(t, advantages, None, mask, None, rollout.correct, G, 1.0, GivenOldLogp(old))
+
+
+def step(rollout: Rollout, offset: torch.Tensor, world_size: int, reduce, loss: str, max_tokens: int | None):
+    """One optimizer step's loss on this rank and its gradient after DDP's averaging over the ranks."""
+    module = RankModule(world_size, reduce, loss, max_tokens)
+    inputs = update_inputs(module, rollout, offset)
+    loss = PolicyUpdate(module).accumulate_gradients(inputs, torch.arange(rollout.num_sequences))
+    grad = torch.cat([p.grad.flatten() for p in module.policy.parameters()])
+    if world_size > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(grad)
+        grad /= world_size
+    return loss.item(), grad
+
+
+def one_process(tensor: torch.Tensor, reduce_op: str = "mean") -> torch.Tensor:
+    return tensor  # a single-device strategy's reduce
+
+
+def all_ranks(tensor: torch.Tensor, reduce_op: str = "mean") -> torch.Tensor:
+    """The strategy's `reduce` under DDP: an all-reduce over the process group."""
+    import torch.distributed as dist
+
+    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+    out = tensor.clone()
+    dist.all_reduce(out, ops[reduce_op])
+    return out
+
+
+def _rank(rank: int, port: int, out) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+        results = {}
+        for name in LOSSES:
+            for max_tokens in LAYOUTS:
+                loss, grad = step(rank_rollout(rank), old_offset(rank), WORLD, all_ranks, name, max_tokens)
+                results[(name, max_tokens)] = (loss, grad.tolist())
+        out.put((rank, results))
+        dist.destroy_process_group()
+    except BaseException:
+        out.put((rank, traceback.format_exc()))
+
+
+def two_ranks() -> dict[int, dict]:
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(r, port, out)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    try:
+        results = dict(out.get(timeout=180) for _ in procs)
+    except queue.Empty:
+        pytest.fail("the two ranks did not report within 180 s")
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    for rank, result in results.items():
+        if isinstance(result, str):
+            pytest.fail(f"rank {rank} failed:\n{result}")
+    return results
+
+
+def test_two_ranks_with_unequal_token_counts_give_the_gradient_of_one_process_over_their_union():
+    ranks = two_ranks()
+    union = Rollout.concat([rank_rollout(0), rank_rollout(1)])
+    union_offset = torch.cat([old_offset(0), old_offset(1)])
+    wrong = []
+    for name in LOSSES:
+        for max_tokens in LAYOUTS:
+            key = (name, max_tokens)
+            loss_1, grad_1 = step(union, union_offset, 1, one_process, name, max_tokens)
+            assert grad_1.abs().sum() > 0
+            for rank in range(WORLD):  # after the all-reduce every rank holds the union's gradient
+                diff = (torch.tensor(ranks[rank][key][1]) - grad_1).abs()
+                if (diff > 1e-7 + 1e-5 * grad_1.abs()).any():
+                    wrong.append(f"{key} rank {rank}: gradient off by up to {diff.max().item():.3g}")
+            # Each rank's loss is its share × world size (against DDP's averaging): their mean is the step's loss.
+            mean_loss = sum(ranks[r][key][0] for r in range(WORLD)) / WORLD
+            if mean_loss != pytest.approx(loss_1, rel=1e-5, abs=1e-8):
+                wrong.append(f"{key}: loss {mean_loss:.6g} over the ranks, {loss_1:.6g} in one process")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_union_reference_is_the_token_mean_formula_and_per_rank_means_would_differ():
+    """The single-process reference above is DAPO's token-mean, written out here; and the classic error it
+    guards against (token-mean per rank, then DDP's average) gives another gradient on these ranks."""
+    union = Rollout.concat([rank_rollout(0), rank_rollout(1)])
+    offset = torch.cat([old_offset(0), old_offset(1)])
+    loss_1, grad_1 = step(union, offset, 1, one_process, "token-mean", None)
+    model = TinyCausalLM()
+    t = union.tensors(pad_id=0)
+    mask = t.response_mask
+    logits = model(t.input_ids, t.attention_mask).logits[:, t.prompt_width - 1 : -1]
+    logp = logits.log_softmax(-1).gather(-1, t.input_ids[:, t.prompt_width :, None]).squeeze(-1)
+    ratio = torch.exp(offset[:, : mask.shape[1]].neg() * mask)  # π_θ/π_old; the old log-probs are logp + offset
+    ratio = ratio * torch.exp(logp - logp.detach())  # value as above, gradient of ρ·log π_θ
+    A = group_advantage(union.rewards, G)[:, None]
+    per_tok = torch.maximum(-A * ratio, -A * ratio.clamp(1 - EPS_LOW, 1 + EPS_HIGH))
+    T_S = sum(sum(lengths) for lengths in LENGTHS)
+    assert mask.sum().item() == T_S
+    expected = (per_tok * mask).sum() / T_S
+    expected.backward()
+    assert loss_1 == pytest.approx(expected.item(), rel=1e-5)
+    torch.testing.assert_close(grad_1, torch.cat([p.grad.flatten() for p in model.parameters()]), rtol=1e-5, atol=1e-7)
+    per_rank = [step(rank_rollout(r), old_offset(r), 1, one_process, "token-mean", None)[1] for r in range(WORLD)]
+    assert not torch.allclose(sum(per_rank) / WORLD, grad_1, rtol=1e-2, atol=0)
