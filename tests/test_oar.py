@@ -359,3 +359,27 @@ def test_oar_refuses_a_sharded_policy_on_several_ranks():
     with pytest.raises(ConfigError, match="sharded"):
         OARAttribution().setup(sharded, None, "fit")
     OARAttribution().setup(SimpleNamespace(world_size=1, strategy=sharded.strategy), None, "fit")
+
+
+def test_oar_refuses_a_zero_floor():
+    """floor = 0 would give the least important reasoning token weight exactly 0 (weights must stay > 0)."""
+    from rlvr_lightning.callbacks.attribution import OARAttribution
+    from rlvr_lightning.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="0 < floor ≤ 1"):
+        OARAttribution(method="gradient", floor=0.0)
+    OARAttribution(method="gradient", floor=1e-3)
+
+
+def test_oar_g_noise_belongs_to_the_rollout_and_the_rank():
+    """A rollout's noise does not depend on which other rollouts are scored, and ranks draw different noise."""
+    from rlvr_lightning.callbacks.attribution import oar_noise_generators
+
+    def first_draw(rows, rank=0, row=5):
+        gens = oar_noise_generators(data_seed=0, step=3, rank=rank, rows=rows)
+        return torch.randn(4, generator=gens[rows.index(row)])
+
+    alone = first_draw([5])
+    assert torch.equal(first_draw([1, 2, 5]), alone)  # two more rollouts scored before it
+    assert not torch.equal(first_draw([5], rank=1), alone)
+    assert not torch.equal(first_draw([1, 5], row=1), alone)  # different rollouts, different noise

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from rlvr_lightning.data.sources import load_problems
 from rlvr_lightning.rewards.math import (
     MathVerifier,
     extract_boxed,
@@ -40,7 +41,8 @@ def _load(name: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def verifier():
-    with MathVerifier(num_workers=2, timeout_s=5.0) as v:
+    # Strict, as by default: the benchmark tests below are what keeps strict mode the default.
+    with MathVerifier(num_workers=2, timeout_s=5.0, strict=True) as v:
         yield v
 
 
@@ -115,7 +117,8 @@ def test_normalize_gold_where_the_copies_disagreed(raw, gold):
 
 
 @pytest.mark.parametrize(
-    "raw", [None, True, float("nan"), float("inf"), [1], "", "####", "\\boxed{}", "\\boxed{3", "1 \\boxed{"]
+    "raw",
+    [None, True, float("nan"), float("inf"), [], [[1]], ["2", ""], "", "####", "\\boxed{}", "\\boxed{3", "1 \\boxed{"],
 )
 def test_normalize_gold_rejects_a_gold_without_answer(raw):
     # The verifier's copy returned str() of these ("None", "nan", "\\boxed{3", ...), some of which verify.
@@ -128,6 +131,29 @@ def test_gold_without_answer_scores_zero(verifier):
     completions = ["\\boxed{None}", "\\boxed{3}", "\\boxed{nan}", "\\boxed{3}"]
     assert verifier.verify(golds, completions).rewards == [0.0, 0.0, 0.0, 1.0]  # was [1.0, 1.0, 1.0, 1.0]
     assert verifier.parseable_golds(golds) == [False, False, False, True]
+
+
+def test_list_golds_are_one_answer_or_an_unordered_set(verifier, tmp_path):
+    # Lines in OlympiadBench's format: `question`, and `final_answer` as a list of LaTeX strings.
+    rows = [{"id": 1, "question": "a?", "final_answer": ["$2$"], "is_multiple_answer": False},
+            {"id": 2, "question": "x?", "final_answer": ["$x=1$", "$x=2$"], "is_multiple_answer": True},
+            {"id": 3, "question": "pairs?", "final_answer": ["$(1,2)$", "$(3,4)$"], "is_multiple_answer": True},
+            {"id": 4, "question": "who?", "final_answer": ["$\\text{Alice}$", "$\\text{Bob}$"], "is_multiple_answer": True}]  # fmt: skip
+    path = tmp_path / "olympiad.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    gold = {r.id: r.answer for r in load_problems(path)}
+    scored = {  # (problem id, completion): reward
+        ("1", "so \\boxed{2}"): 1.0, ("1", "\\boxed{3}"): 0.0,
+        ("2", "\\boxed{x=1, x=2}"): 1.0, ("2", "\\boxed{x = 2 \\text{ or } x = 1}"): 1.0, ("2", "\\boxed{2, 1}"): 1.0,
+        ("2", "\\boxed{x=1}"): 0.0, ("2", "\\boxed{x=1, x=3}"): 0.0, ("2", "\\boxed{x=1, x=2, x=3}"): 0.0,
+        ("3", "\\boxed{(3,4), (1,2)}"): 1.0, ("3", "\\boxed{(1,2),(3,4)}"): 1.0,
+        ("3", "\\boxed{(1,2)}"): 0.0, ("3", "\\boxed{(2,1), (4,3)}"): 0.0,
+        ("4", "\\boxed{\\text{Bob}, \\text{Alice}}"): 1.0, ("4", "\\boxed{\\text{Bob}}"): 0.0,
+    }  # fmt: skip
+    res = verifier.verify([gold[i] for i, _ in scored], [c for _, c in scored])
+    assert dict(zip(scored, res.rewards)) == scored
+    # A raw list gold is normalised in verify() as well.
+    assert verifier.verify([["$1$", "$2$"]] * 2, ["\\boxed{2, 1}", "\\boxed{1}"]).rewards == [1.0, 0.0]
 
 
 # ---------------------------------------------------------------------- verify_answer

@@ -99,13 +99,24 @@ def test_limit_on_benchmark() -> None:
         ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\left( 3, \\frac{\\pi}{2} \\right)"),
         ("025", "25"),
         ("p - q", "p - q"),
+        ("$\\frac{1}{2}$", "\\frac{1}{2}"),  # a whole answer in math delimiters
+        ("\\$36", "\\$36"),  # an escaped dollar is not one
+        # Lists (OlympiadBench's final_answer): one item is that answer, several an unordered set "a, b".
+        (["$2$"], "2"),
+        (["$025$"], "25"),
+        ([27.0], "27"),
+        (["$x=1$", "$x=2$"], "x=1, x=2"),
+        (["$(1,2)$", "$(3,4)$"], "(1,2), (3,4)"),
+        (("1", "2", "1"), "1, 2"),  # a set: a repeated answer is one answer
     ],
 )
 def test_gold_from_field(value: object, gold: str) -> None:
     assert gold_from_field(value) == gold
 
 
-@pytest.mark.parametrize("value", [None, "", "   ", "#### ", "\\boxed{ }", float("nan"), True, [1]])
+@pytest.mark.parametrize(
+    "value", [None, "", "   ", "#### ", "\\boxed{ }", float("nan"), True, {"a": 1}, [], [["1"]], ["1", None], ["$$"]]
+)
 def test_gold_from_field_rejects(value: object) -> None:
     with pytest.raises(DataSourceError, match="here"):
         gold_from_field(value, where="here")
@@ -116,6 +127,25 @@ def test_gold_from_field_errors_name_where() -> None:
         gold_from_field("\\boxed{3", where="here")
     with pytest.raises(DataSourceError, match=r"^here: gold answer is a boolean \(True\), expected text or a number$"):
         gold_from_field(True, where="here")
+
+
+def test_olympiadbench_lines_with_list_golds_load(tmp_path: Path) -> None:
+    # OlympiadBench's fields: the problem in `question`, `solution` and `final_answer` as lists of LaTeX.
+    common = {"context": None, "modality": "Text-only", "is_multiple_answer": False, "unit": None, "error": None,
+              "question_type": "Open-ended", "subfield": "Algebra", "subject": "Math", "language": "English"}  # fmt: skip
+    rows = [
+        {"id": 1606, "question": "Find $a$.", "solution": ["So $a=2$."], "final_answer": ["$2$"], **common},
+        {**common, "id": 1607, "question": "Solve $x^2-3x+2=0$.", "solution": ["..."],
+         "final_answer": ["$x=1$", "$x=2$"], "is_multiple_answer": True},
+        {**common, "id": 1608, "question": "Find all pairs.", "solution": ["..."],
+         "final_answer": ["$(1,2)$", "$(3,4)$"], "is_multiple_answer": True},
+    ]  # fmt: skip
+    records = load_problems(write_jsonl(tmp_path / "OE_TO_maths_en_COMP.jsonl", rows))
+    assert records == [
+        ProblemRecord("1606", "Find $a$.", "2"),
+        ProblemRecord("1607", "Solve $x^2-3x+2=0$.", "x=1, x=2"),
+        ProblemRecord("1608", "Find all pairs.", "(1,2), (3,4)"),
+    ]
 
 
 # --------------------------------------------------------------------------- local formats

@@ -1,6 +1,7 @@
 """Verifier hardening: adversarial and fuzzed completions never hang the verifier past its
 limit, never execute code or read files, never crash it; conflicting boxed answers score 0 (unless
-configured otherwise); gold answers the verifier cannot parse are reported once and skipped."""
+configured otherwise); gold answers the verifier cannot parse are reported once and skipped; in
+strict mode an answer counts only when math-verify reads the whole of it, not a part it picked out."""
 
 from __future__ import annotations
 
@@ -9,10 +10,18 @@ import random
 import time
 
 import pytest
+import torch
 
 from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.data.sources import ProblemRecord
-from rlvr_lightning.rewards.math import MathVerifier, boxed_answers, find_last_boxed, other_boxed_answers
+from rlvr_lightning.rewards.math import (
+    MathVerifier,
+    boxed_answers,
+    extract_prediction,
+    find_last_boxed,
+    other_boxed_answers,
+    verify_answer,
+)
 
 TIMEOUT_S = 3.0
 
@@ -132,5 +141,78 @@ def test_unparseable_golds_are_reported_once_and_skipped(caplog):
         assert [r.id for r in kept] == ["a", "d"]
         warnings = [r.getMessage() for r in caplog.records if "cannot parse" in r.getMessage()]
         assert len(warnings) == 1 and "skipped 2 of 4" in warnings[0] and "b:" in warnings[0]
+    finally:
+        callback.teardown(None, None, "fit")
+
+
+# ------------------------------------------------------------------------------ strict mode
+# (gold, completion) pairs where the completion gives the gold in a form math-verify reads whole.
+STRICT_ACCEPTS = [
+    ("\\frac{1}{2}", "\\boxed{\\dfrac{1}{2}}"), ("\\frac{1}{2}", "\\boxed{\\tfrac12}"), ("\\frac{1}{2}", "\\boxed{0.5}"),
+    ("-\\frac{3}{4}", "\\boxed{-\\dfrac{3}{4}}"), ("-7", "\\boxed{-7}"), ("2\\sqrt{3}", "\\boxed{\\sqrt{12}}"),
+    ("\\sqrt[3]{2}", "\\boxed{2^{1/3}}"), ("[1, 2)", "\\boxed{[1,2)}"), ("(-\\infty, 3]", "\\boxed{\\left(-\\infty, 3\\right]}"),
+    ("\\{1, 2\\}", "\\boxed{\\{2, 1\\}}"), ("5", "\\boxed{5\\text{ cm}}"), ("5", "\\boxed{5 \\text{cm}^2}"),
+    ("5", "\\boxed{5\\,\\mathrm{cm}}"), ("5", "\\boxed{5 \\text{ inches}}"), ("30", "\\boxed{30^\\circ}"),
+    ("30^\\circ", "\\boxed{30^{\\circ}}"), ("25\\%", "\\boxed{25\\%}"), ("\\$18.90", "\\boxed{\\$18.90}"),
+    ("1234", "#### 1,234"), ("x = 3", "\\boxed{x=3}"), ("2", "\\boxed{x = \\frac{4}{2} = 2}"), ("3+2i", "\\boxed{2i + 3}"),
+    ("\\text{(C)}", "\\boxed{\\text{(C)}}"), ("\\left( 3, \\frac{\\pi}{2} \\right)", "\\boxed{\\left(3, \\frac{\\pi}{2}\\right)}"),
+    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\boxed{\\begin{bmatrix} 1 & 2 \\\\ 3 & 4 \\end{bmatrix}}"),
+    ("42", "\\boxed{\\displaystyle 42}"),
+]  # fmt: skip
+# (gold, completion) pairs that lenient math-verify scores correct only by reading a part of the answer.
+STRICT_REJECTS = [
+    ("42", "\\boxed{(lambda: 42)()}"),  # Python: the box does not parse, a plain number inside it does
+    ("42", "\\boxed{(lambda: 0)() or 42}"),
+    ("42", "\\boxed{def f(): return 42}"),
+    ("42", "\\boxed{return 42;}"),
+    ("42", "\\boxed{41 or 42 (not sure) ???}"),  # hedging in stray words: the last number is read
+    ("42", "\\boxed{maybe 41?? no: 42}"),
+    ("42", "\\boxed{@@ 42}"),
+    ("42", "\\boxed{final answer is $42$ I hope}"),  # a phrase math-verify looks for before the box
+    ("42", "\\boxed{y = (lambda: 0)() = 42}"),  # retried on what follows the last "="
+    ("42", "#### 42} junk {"),  # math-verify's box scanner would stop at the first "}"
+    ("\\frac{1}{2}", "\\boxed{hmm \\frac{1}{2} ???}"),  # a \\frac{a}{b} fragment
+    ("\\frac{1}{2}", "\\boxed{[\\frac{1}{2}]??}"),
+]
+
+
+@pytest.fixture(scope="module")
+def strict_verifier():
+    with MathVerifier(num_workers=2, timeout_s=10.0, strict=True) as v:  # generous: a slow CI machine is no rejection
+        yield v
+
+
+def test_strict_mode_accepts_well_formed_answers(strict_verifier):
+    golds, completions = map(list, zip(*STRICT_ACCEPTS))
+    rewards = strict_verifier.verify(golds, completions).rewards
+    assert [c for c, r in zip(completions, rewards) if r != 1.0] == []
+
+
+def test_strict_mode_rejects_answers_read_by_skipping_text(strict_verifier):
+    # Each is a real leniency: math-verify itself (lenient mode, in-process) scores it correct.
+    lenient = [verify_answer(g, extract_prediction(c), timeout_s=None) for g, c in STRICT_REJECTS]
+    assert [c for (_, c), ok in zip(STRICT_REJECTS, lenient) if not ok] == []
+    golds, completions = map(list, zip(*STRICT_REJECTS))
+    rewards = strict_verifier.verify(golds, completions).rewards
+    assert [c for c, r in zip(completions, rewards) if r != 0.0] == []
+    # A rejected box among several answers fails the completion too (multiple_boxed="wrong").
+    assert strict_verifier.verify(["42"], ["\\boxed{(lambda: 42)()} so \\boxed{42}"]).rewards == [0.0]
+
+
+def test_strict_mode_drops_golds_it_could_never_match(strict_verifier):
+    # math-verify keeps "\\{\\text{a}\\}" only as text, which lenient mode compares by string equality.
+    golds = ["\\{\\text{a}\\}", "2"]
+    assert strict_verifier.parseable_golds(golds) == [False, True]
+    with MathVerifier(num_workers=1, strict=False) as lenient:
+        assert lenient.parseable_golds(golds) == [True, True]
+
+
+def test_reward_callback_is_strict_unless_configured():
+    # The default, of both; no pool is started.
+    assert MathVerifier().strict is True and RewardVerifier(num_workers=1)._ensure_verifier().strict is True
+    callback = RewardVerifier(num_workers=1, strict=False)
+    try:
+        correct, _ = callback.score(["42"], ["\\boxed{(lambda: 42)()}"], torch.tensor([False]))
+        assert correct.tolist() == [1.0]  # lenient, as configured: math-verify reads the 42 out of the code
     finally:
         callback.teardown(None, None, "fit")

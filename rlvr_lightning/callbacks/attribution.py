@@ -169,7 +169,7 @@ class OARAttribution(AdvantageShaper):
             readout: `last`, `answer_mean` or `answer_joint`; null = `last` for P, `answer_mean` for G.
             q: quantile threshold between suppression and boost.
             beta: maximum boost (weights up to 1 + beta before renormalisation).
-            floor: minimum weight of suppressed tokens before renormalisation.
+            floor: minimum weight of suppressed tokens before renormalisation (> 0: every weight stays positive).
             sum_to_len: renormalise so the mean weight over reasoning tokens is 1.
             sigma: OAR-G embedding noise (the KL's gradient is 0 without it).
             chunk_size: sequences per scoring forward (perturbed copies for P, rollouts for G).
@@ -182,8 +182,10 @@ class OARAttribution(AdvantageShaper):
         check_choice("OARAttribution.method", method, ("perturbation", "gradient"))
         readout = readout or ("last" if method == "perturbation" else "answer_mean")
         check_choice("OARAttribution.readout", readout, Readout)
-        if not 0.0 < q < 1.0 or beta < 0 or not 0.0 <= floor <= 1.0 or sigma <= 0 or chunk_size < 1:
-            raise ConfigError("OARAttribution needs 0 < q < 1, beta ≥ 0, 0 ≤ floor ≤ 1, sigma > 0, chunk_size ≥ 1")
+        # floor > 0: with floor = 0 the least important reasoning token gets weight exactly 0, and the
+        # reshaping must keep every weight positive (it rescales advantages, never removes a token).
+        if not 0.0 < q < 1.0 or beta < 0 or not 0.0 < floor <= 1.0 or sigma <= 0 or chunk_size < 1:
+            raise ConfigError("OARAttribution needs 0 < q < 1, beta ≥ 0, 0 < floor ≤ 1, sigma > 0, chunk_size ≥ 1")
         self.method, self.readout, self.q, self.beta, self.floor = method, readout, q, beta, floor
         self.sum_to_len, self.sigma, self.chunk_size, self.conclude_template = sum_to_len, sigma, chunk_size, conclude_template
 
@@ -206,7 +208,7 @@ class OARAttribution(AdvantageShaper):
             if seg is not None and seg.r1 > seg.r0:
                 inputs.append(seg)
                 rows.append(n)
-        scores = self._scores(module, inputs, pad_id, rollout) if inputs else []
+        scores = self._scores(module, inputs, rows, pad_id) if inputs else []
         stats, sample = RunningStats(), StreamSample(seed=module.rollout_batches)  # sample: the weights
         for n, seg, a in zip(rows, inputs, scores):
             w, level = bilevel_weights(a, self.q, self.beta, self.floor, self.sum_to_len)
@@ -216,16 +218,21 @@ class OARAttribution(AdvantageShaper):
         rollout.metrics.update(oar_metrics(stats, sample, scored=len(rows), candidates=len(candidates)))
         return weights
 
-    def _scores(self, module: RLVRModule, inputs, pad_id: int, rollout: Rollout) -> list[torch.Tensor]:
+    def _scores(self, module: RLVRModule, inputs, rows: list[int], pad_id: int) -> list[torch.Tensor]:
         policy = module.policy
         if self.method == "perturbation":
             return oar_p_scores(policy, inputs, pad_id, self.readout, self.chunk_size)
-        # One noise draw per rollout, from seeds drawn once per (step, rank): reproducible across runs
-        # and resumes, and different on every rank.
-        seed = derived_seed(module.datamodule.hparams.seed, module.rollout_batches, OAR_NOISE_STREAM, module.global_rank)
-        seeds = torch.randint(2**62, (len(inputs),), generator=torch.Generator().manual_seed(seed)).tolist()
-        gens = [torch.Generator().manual_seed(s) for s in seeds]
+        gens = oar_noise_generators(module.datamodule.hparams.seed, module.rollout_batches, module.global_rank, rows)
         return oar_g_saliency(policy, inputs, pad_id, self.readout, self.sigma, gens, self.chunk_size, self.saliency_baseline)
+
+
+def oar_noise_generators(data_seed: int, step: int, rank: int, rows: list[int]) -> list[torch.Generator]:
+    """OAR-G's noise generator for each scored rollout (its row in the rollout batch): seeded by the run's
+    seed, the step, the rank and the row itself, so a rollout's noise does not depend on which other
+    rollouts were scored, repeats across runs and resumes, and differs between ranks."""
+    seed = derived_seed(data_seed, step, OAR_NOISE_STREAM, rank)
+    per_row = torch.randint(2**62, (max(rows, default=-1) + 1,), generator=torch.Generator().manual_seed(seed))
+    return [torch.Generator().manual_seed(int(per_row[n])) for n in rows]
 
 
 def oar_metrics(stats: RunningStats, sample: StreamSample, scored: int, candidates: int) -> dict[str, float]:

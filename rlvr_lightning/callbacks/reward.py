@@ -32,6 +32,7 @@ class RewardVerifier(RolloutCallback):
         timeout_s: float = 5.0,
         truncated_is_incorrect: bool = True,
         multiple_boxed: Literal["wrong", "last"] = "wrong",
+        strict: bool = True,
     ) -> None:
         """
         Args:
@@ -41,9 +42,12 @@ class RewardVerifier(RolloutCallback):
                 the Dr. GRPO authors' code (docs/algorithms.md#rollout-and-rewards).
             multiple_boxed: `wrong` requires every boxed answer of a completion to equal the gold (boxing
                 several candidates is a cheap way to game a last-box reward); `last` grades the last box only.
+            strict: an answer counts only if math-verify reads the whole of it as LaTeX; `false` also accepts
+                what its fallbacks pick out of text it cannot parse (`\\boxed{(lambda: 42)()}` reads as 42).
         """
         check_choice("RewardVerifier.multiple_boxed", multiple_boxed, ("wrong", "last"))
         self.multiple_boxed = multiple_boxed
+        self.strict = strict
         self.num_workers = num_workers
         self.timeout_s = timeout_s
         self.truncated_is_incorrect = truncated_is_incorrect
@@ -66,7 +70,10 @@ class RewardVerifier(RolloutCallback):
     def _ensure_verifier(self) -> MathVerifier:
         if self.verifier is None:
             self.verifier = MathVerifier(
-                num_workers=self.num_workers, timeout_s=self.timeout_s, multiple_boxed=self.multiple_boxed
+                num_workers=self.num_workers,
+                timeout_s=self.timeout_s,
+                multiple_boxed=self.multiple_boxed,
+                strict=self.strict,
             )
         return self.verifier
 

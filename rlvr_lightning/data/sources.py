@@ -58,7 +58,8 @@ class DataSourceError(ValueError):
 def gold_from_field(value: Any, where: str = "gold answer") -> str:
     """The gold answer stored in a dataset field, normalised by `rewards.math.normalize_gold` (the one
     normaliser, shared with the verifier); its errors become `DataSourceError`s prefixed with `where`
-    (file, line, field)."""
+    (file, line, field). A list (OlympiadBench's `final_answer`) is one answer, or several as one
+    unordered set "a, b" that a completion must give whole."""
     try:
         return normalize_gold(value)
     except ValueError as err:

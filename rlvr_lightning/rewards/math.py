@@ -25,10 +25,15 @@ Why processes with a hard kill, and not threads or an in-process call:
 No model output is ever eval'ed or exec'ed here: extraction is string slicing, and
 math-verify parses LaTeX with an ANTLR grammar; its plain-expression path only ever hands
 sympy strings of digits, operators and spaces (see its ``ExprExtractionConfig`` regex).
+
+Strict mode (``MathVerifier(strict=True)``, see `_parse_strict`) closes a reward-hacking surface of
+math-verify's leniency: when a box does not parse, ``parse()`` goes on to read any number or LaTeX
+fragment it finds inside it, so ``\\boxed{(lambda: 42)()}`` scores as 42.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import multiprocessing
@@ -48,6 +53,8 @@ _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # A comma between digit groups of three ("1,450,000"), but not in tuples like "(1,2)".
 _THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _INTEGER = re.compile(r"[+-]?\d+")
+# A whole gold written in math delimiters, "$2$" (OlympiadBench); "\$36" (an escaped dollar) is not one.
+_IN_DOLLARS = re.compile(r"\$+([^$]*)\$+")
 
 
 # --------------------------------------------------------------------------- extraction
@@ -149,6 +156,9 @@ def normalize_gold(answer) -> str:
       by the scanner that reads completions (`boxed_answers`: balanced and escaped braces, \\fbox too):
       the last box opened or, when that one is cut off, the last balanced box before it (a stored
       solution still has its answer, unlike a truncated completion);
+    - a list (OlympiadBench's `final_answer`): one item is that answer; several are an unordered set
+      of answers, joined as "a, b" (see `_gold_list`);
+    - a string wholly in math delimiters ("$2$") loses them;
     - otherwise the stripped string.
     Plain integers are written canonically ("025" -> "25"): AIME stores 3-digit zero-padded answers
     and a string comparison would otherwise reject a correct "25".
@@ -167,10 +177,15 @@ def normalize_gold(answer) -> str:
         if not math.isfinite(value):  # NaN is how parquet/pandas store a missing number
             raise ValueError(f"gold answer is not a finite number ({value})")
         return str(int(value)) if value.is_integer() else str(value)
+    if isinstance(answer, (list, tuple)):
+        return _gold_list(answer)
     if not isinstance(answer, str):
-        raise ValueError(f"gold answer has type {type(answer).__name__}, expected text or a number")
+        raise ValueError(f"gold answer has type {type(answer).__name__}, expected text, a number or a list")
 
     text = answer.strip()
+    dollars = _IN_DOLLARS.fullmatch(text)
+    if dollars:
+        text = dollars[1].strip()
     if "####" in text:
         text = _THOUSANDS_COMMA.sub("", text.rsplit("####", 1)[1]).strip()
     elif _BOX_RE.search(text):
@@ -183,6 +198,22 @@ def normalize_gold(answer) -> str:
     if not text:
         raise ValueError("gold answer is empty")
     return text
+
+
+def _gold_list(answers: list | tuple) -> str:
+    """A list of gold answers as one gold string: its items normalised, duplicates dropped, joined by ", ".
+
+    math-verify parses a top-level comma list as a FiniteSet and compares sets regardless of order
+    (``sympy_compare_sets``), so the completion must give the same set: both answers, in any order;
+    one of two scores 0. Not ``\\{a, b\\}``: math-verify cannot parse ``\\{\\text{a}, \\text{b}\\}``.
+    And not a list of golds: ``verify()`` accepts a prediction equal to any one of its golds.
+    An item that itself has a top-level comma ("x=1, y=2") is not kept apart from the others.
+    """
+    if not answers:
+        raise ValueError("gold answer is an empty list")
+    if any(isinstance(a, (list, tuple)) for a in answers):
+        raise ValueError("gold answer is a nested list")
+    return ", ".join(dict.fromkeys(normalize_gold(a) for a in answers))
 
 
 def _gold_or_none(answer) -> str | None:
@@ -209,9 +240,41 @@ def _parse(text: str, timeout_s: int | None) -> list:
     return []
 
 
-def verify_answer(gold: str, prediction: str | None, *, timeout_s: int | None = 2) -> bool:
+def _parse_strict(text: str, timeout_s: int | None) -> list:
+    """`text` read whole as LaTeX, or an exception: the strict reading of a completion's answer.
+
+    This is the path math-verify's ``parse()`` takes for a box (``extract_latex`` on its boxed match):
+    its normalisation (units, a trailing ``\\text{...}``, ``\\left``/``\\right``, ``\\dfrac``, ``$``,
+    quotes, ...), then the ANTLR grammar, whose error listener raises on the first token it cannot
+    read. What strict mode leaves out are ``parse()``'s fallbacks, each of which reads a part of the
+    text and skips the rest: the other extraction patterns tried when the box does not parse (any
+    plain number, ``$...$`` span, ``\\frac{a}{b}`` or "final answer is ..." inside it), the retry on
+    the part after the last "=" (``get_last_eq``), the unparsed string itself as an answer (compared
+    by string equality), and `_parse`'s second try with the text in ``$...$``. The text is not put in
+    a box either: math-verify's box scanner counts escaped braces, so it could cut ``42\\} junk`` short.
+    """
+    from dataclasses import replace
+
+    from latex2sympy2_extended import latex2sympy, normalize_latex
+    from math_verify import LatexExtractionConfig
+    from math_verify.grader import should_treat_as_complex
+    from math_verify.utils import timeout
+
+    config = replace(LatexExtractionConfig().normalization_config, boxed="none")
+
+    @timeout(timeout_seconds=timeout_s)
+    def read() -> list:
+        latex = normalize_latex(text.strip(), config)
+        return [latex2sympy(latex, is_real=not should_treat_as_complex(latex), normalization_config=None)]
+
+    return read()
+
+
+def verify_answer(gold: str, prediction: str | None, *, timeout_s: int | None = 2, strict: bool = False) -> bool:
     """True iff `prediction` is mathematically equivalent to `gold` (math-verify).
 
+    `strict`: the prediction must be read whole as LaTeX (`_parse_strict`); the gold, which is
+    data and not model output, is always read leniently.
     `timeout_s` is math-verify's own SIGALRM timeout per parse / comparison (whole
     seconds; None or 0 disables it). Meant to run in a pool worker's main thread; called
     from another thread it runs without those timeouts, as SIGALRM cannot be used there.
@@ -228,7 +291,7 @@ def verify_answer(gold: str, prediction: str | None, *, timeout_s: int | None = 
         gold_parsed = _parse(gold, timeout_s)  # gold first: verify() is not symmetric
         if not gold_parsed:
             return False
-        pred_parsed = _parse(prediction, timeout_s)
+        pred_parsed = (_parse_strict if strict else _parse)(prediction, timeout_s)
         if not pred_parsed:
             return False
         return bool(verify(gold_parsed, pred_parsed, timeout_seconds=timeout_s))
@@ -238,21 +301,25 @@ def verify_answer(gold: str, prediction: str | None, *, timeout_s: int | None = 
         return False
 
 
-def _verify_task(gold: str, prediction: str, others: tuple[str, ...], timeout_s: int | None) -> bool:
+def _verify_task(
+    gold: str, prediction: str, others: tuple[str, ...], timeout_s: int | None, *, strict: bool = False
+) -> bool:
     """Pool task: the prediction, and every other boxed answer of the completion, equal the gold.
     Catches everything so that only a hard kill or a crash is an error."""
     try:
-        return verify_answer(gold, prediction, timeout_s=timeout_s) and all(
-            verify_answer(gold, other, timeout_s=timeout_s) for other in others
+        return verify_answer(gold, prediction, timeout_s=timeout_s, strict=strict) and all(
+            verify_answer(gold, other, timeout_s=timeout_s, strict=strict) for other in others
         )
     except BaseException:
         return False
 
 
-def _gold_task(gold: str, timeout_s: int | None) -> bool:
-    """Pool task: can math-verify parse this gold answer at all?"""
+def _gold_task(gold: str, timeout_s: int | None, *, strict: bool = False) -> bool:
+    """Pool task: can math-verify parse this gold answer at all? In strict mode it must read it as math,
+    not only keep its text: a prediction is compared with the gold's math only, so such a gold could not be met."""
     try:
-        return bool(_parse(gold, timeout_s))
+        parsed = _parse(gold, timeout_s)
+        return any(not isinstance(p, str) for p in parsed) if strict else bool(parsed)
     except BaseException:
         return False
 
@@ -285,6 +352,9 @@ class MathVerifier:
     `multiple_boxed`: "wrong" requires every boxed answer of a completion to equal the gold (see
     `other_boxed_answers`; more than `max_other_boxes` different ones score 0 at once); "last" grades
     the last box only.
+    `strict`: an answer counts only if math-verify reads it whole as LaTeX (`_parse_strict`), not by
+    picking a number or fragment out of text it cannot parse. On by default: every reference answer
+    of MATH-500, AIME24, AMC23 and GSM8K still verifies in it (tests/test_rewards.py).
     """
 
     def __init__(
@@ -297,12 +367,14 @@ class MathVerifier:
         mp_context: str = "spawn",
         multiple_boxed: str = "wrong",
         max_other_boxes: int = 3,
+        strict: bool = True,
     ):
         if mp_context == "fork":
             raise ValueError("fork is unsafe next to torch/vLLM threads; use spawn or forkserver")
         if multiple_boxed not in ("wrong", "last"):
             raise ValueError(f"multiple_boxed={multiple_boxed!r}; valid: wrong, last")
         self.multiple_boxed, self.max_other_boxes = multiple_boxed, max_other_boxes
+        self.strict = strict
         self._gold_ok: dict[str, bool] = {}  # gold -> parseable, checked once per distinct gold
         self.num_workers = num_workers
         self.timeout_s = timeout_s
@@ -401,12 +473,14 @@ class MathVerifier:
         normalized = [_gold_or_none(g) for g in golds]
         todo = [(g,) for g in dict.fromkeys(normalized) if g is not None and g not in self._gold_ok]
         if todo:
-            outcome = self._run(todo, _gold_task)
+            outcome = self._run(todo, functools.partial(_gold_task, strict=self.strict))
             self._gold_ok.update({g: result is True for (g,), result in outcome.items()})
         return [g is not None and self._gold_ok[g] for g in normalized]
 
-    def _run(self, pairs: list[tuple[str, ...]], task=_verify_task) -> dict[tuple[str, ...], bool | str]:
-        """Runs `task(*pair, inner_timeout_s)` in the pool: {pair: True | False | "timeout" | "broken"}."""
+    def _run(self, pairs: list[tuple[str, ...]], task=None) -> dict[tuple[str, ...], bool | str]:
+        """Runs `task(*pair, inner_timeout_s)` (default: `_verify_task` in this verifier's mode) in the pool:
+        {pair: True | False | "timeout" | "broken"}."""
+        task = task or functools.partial(_verify_task, strict=self.strict)
         try:
             pool = self._get_pool()
             futures = {
