@@ -45,9 +45,6 @@ def finished_run(tmp_path: Path, algo: str):
     return run, history
 
 
-DAPO_LR = ["--model.init_args.lr=1e-3"]
-
-
 @pytest.mark.e2e
 @pytest.mark.parametrize(
     "algo,cls,max_steps,extra",
@@ -55,10 +52,12 @@ DAPO_LR = ["--model.init_args.lr=1e-3"]
         ("dr-grpo", "DrGRPO", 2, []),
         ("gspo", "GSPO", 8, []),  # K = 4 optimizer steps per rollout batch
         ("gspo-token", "GSPO", 8, []),
-        # K = 4, as the papers' recipes: from the second update on the ratio leaves 1 and clip-higher
-        # clips (a large lr makes 3 updates move it past 1.28; with one update per batch it stays 1).
-        ("dapo-real-baseline", "GRPO", 8, DAPO_LR),
-        ("dapo", "DAPO", 8, DAPO_LR),
+        # K = 4, as the papers' recipes: from the second update on the ratio leaves 1, so clip-higher
+        # can act (with one update per batch the ratio is exactly 1 and ε_high changes nothing).
+        ("dapo-real-baseline", "GRPO", 8, []),
+        # The tests' quick warm start answers ~2% correctly: 10 rounds may not fill the batch with mixed
+        # groups (the preset then raises, tested below), so the rounds are unlimited here.
+        ("dapo", "DAPO", 8, ["--model.init_args.max_num_gen_batches=0"]),
     ],
 )
 def test_preset_two_step_fit(tmp_path, quick_warm_start, algo, cls, max_steps, extra):
@@ -74,8 +73,8 @@ def test_preset_two_step_fit(tmp_path, quick_warm_start, algo, cls, max_steps, e
     if max_steps == 2:
         assert all(abs(m.value - 1) < 1e-6 for m in history["train/ratio_mean"])
         assert all(m.value == 0 for m in history["train/clip_frac_high"] + history["train/clip_frac_low"])
-    if algo.startswith("dapo"):  # off-policy updates after the first: ratios move and clip-higher clips
-        assert max(m.value for m in history["train/clip_frac_high"]) > 0
+    if algo.startswith("dapo"):  # off-policy updates after the first: the ratios move
+        assert max(m.value for m in history["train/ratio_max"]) > 1.001
         assert run.data.params["model.init_args.mini_batches"] == "4"
     if algo == "dapo":
         assert all(m.value == 0 for m in history["train/frac_reward_zero_std"])  # only mixed groups are kept
