@@ -211,6 +211,9 @@ def oar_g_saliency(
     device = next(model.parameters()).device
     max_answer = max(x.answer_len for x in inputs)
     embed = model.get_input_embeddings()
+    # The pad token's input embedding as the module computes it, not a row of its weight: Gemma 3's
+    # embedding module scales its lookup by √d, and the baseline must live where `embed(ids)` does.
+    pad_embed = embed(torch.tensor([pad_id], device=device)).detach()[0] if baseline == "pad" else 0.0
     frozen = [(p, p.requires_grad) for p in model.parameters()]
     for p, _ in frozen:
         p.requires_grad_(False)
@@ -245,7 +248,7 @@ def oar_g_saliency(
                 (grad,) = torch.autograd.grad(total, leaf)
             for i, x in enumerate(part):
                 cols = slice(lay.offsets[i] + x.r0, lay.offsets[i] + x.r1)
-                delta = clean_embeds[i, cols] - (embed.weight[pad_id].detach() if baseline == "pad" else 0.0)
+                delta = clean_embeds[i, cols] - pad_embed
                 saliency.append((grad[i, cols.start - split : cols.stop - split] * delta).sum(-1).abs().cpu())
     finally:
         for p, flag in frozen:

@@ -15,6 +15,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import torch
 from filelock import FileLock
 
 from rlvr_lightning.models.embedded import TinyQwen2Spec, build_char_tokenizer, build_tiny_qwen2, save_policy
-from rlvr_lightning.models.embedded_task import flawed_demonstration, train_test_split
+from rlvr_lightning.models.embedded_task import ArithmeticProblem, flawed_demonstration, train_test_split
 
 log = logging.getLogger(__name__)
 EMBEDDED = "embedded"
@@ -75,7 +76,22 @@ def _build(cfg: WarmStartConfig, out: Path) -> None:
     log.info("Building the embedded warm-start policy (%d steps) in %s", cfg.steps, out)
     tokenizer = build_char_tokenizer()
     model = build_tiny_qwen2(tokenizer, cfg.spec, seed=cfg.seed)
-    train, _ = train_test_split(seed=cfg.task_seed)
+    loss = warm_start(model, tokenizer, cfg)
+    tmp = out.with_name(out.name + ".tmp")
+    save_policy(model, tokenizer, tmp)
+    meta = {"config": asdict(cfg), "final_loss": loss, "seconds": round(time.time() - t0, 1)}
+    (tmp / "warm_start.json").write_text(json.dumps(meta, indent=2))
+    tmp.rename(out)  # atomic: a half-written cache entry is never picked up
+
+
+def warm_start(
+    model: torch.nn.Module, tokenizer, cfg: WarmStartConfig, problems: Sequence[ArithmeticProblem] | None = None
+) -> float:
+    """Train `model` in place on flawed demonstrations of the embedded task's training problems, or of
+    `problems` (each batch samples them without replacement: at least `cfg.batch_size`, repeat a short
+    list); every field of `cfg` is used but `spec`, which only sizes the embedded model. Returns the
+    last step's loss. Any HF causal LM with the embedded tokenizer works (`models.families`)."""
+    train = list(problems) if problems is not None else train_test_split(seed=cfg.task_seed)[0]
     rng = random.Random(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     model.train()
@@ -97,11 +113,7 @@ def _build(cfg: WarmStartConfig, out: Path) -> None:
         opt.step()
         if step % 100 == 0 or step == cfg.steps - 1:
             log.info("warm start step %d/%d loss %.4f", step + 1, cfg.steps, loss.item())
-    tmp = out.with_name(out.name + ".tmp")
-    save_policy(model, tokenizer, tmp)
-    meta = {"config": asdict(cfg), "final_loss": loss.item(), "seconds": round(time.time() - t0, 1)}
-    (tmp / "warm_start.json").write_text(json.dumps(meta, indent=2))
-    tmp.rename(out)  # atomic: a half-written cache entry is never picked up
+    return loss.item()
 
 
 def _pack_right_padded(prompts: list[list[int]], targets: list[list[int]], pad_id: int):
