@@ -4,13 +4,10 @@ ranks draw the same number of rounds, keep the same number of groups, and skip o
 
 from __future__ import annotations
 
-import socket
-import time
-
 import pytest
-import torch.multiprocessing as mp
 
 from tests.test_grpo_family import scored_rollout
+from tests.two_ranks import run_two_ranks
 
 MIXED, ALL_RIGHT, ALL_WRONG = [1, 0], [1, 1], [0, 0]
 
@@ -25,12 +22,6 @@ CASES = {
     # The same under on_exhausted=error: both raise, not only rank 0.
     "error": ([[[ALL_WRONG, ALL_WRONG], [ALL_RIGHT, ALL_WRONG]], [[MIXED, MIXED], [MIXED, MIXED]]], 2, 2, "error"),
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, port: int, case: str, out: dict) -> None:
@@ -64,19 +55,6 @@ def _rank(rank: int, port: int, case: str, out: dict) -> None:
         dist.destroy_process_group()
 
 
-def run_two_ranks(case: str) -> dict:
-    with mp.Manager() as manager:
-        out = manager.dict()
-        ctx = mp.spawn(_rank, args=(_free_port(), case, out), nprocs=2, join=False)
-        deadline = time.monotonic() + 60
-        while not ctx.join(timeout=2):
-            if time.monotonic() > deadline:
-                for proc in ctx.processes:
-                    proc.kill()
-                pytest.fail("the ranks did not finish (a collective out of step)")
-        return dict(out)
-
-
 @pytest.mark.parametrize(
     "case,expected",
     [
@@ -87,7 +65,7 @@ def run_two_ranks(case: str) -> dict:
     ],
 )
 def test_ranks_agree_on_rounds_groups_and_the_decision(case, expected):
-    result = run_two_ranks(case)
+    result = run_two_ranks(_rank, case, timeout_s=60)
     assert result == {0: expected, 1: expected}
 
 

@@ -6,23 +6,15 @@ backends, the job hangs (the test then fails on its timeout)."""
 from __future__ import annotations
 
 import os
-import socket
-import time
 from functools import partial
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from rlvr_lightning.rollout.types import SamplingConfig
+from tests.two_ranks import run_two_ranks
 
 MAX_TOKENS = 12
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, port: int, model_dir: str, out: dict) -> None:
@@ -55,15 +47,6 @@ def _rank(rank: int, port: int, model_dir: str, out: dict) -> None:
 
 @pytest.mark.e2e
 def test_ranks_that_stop_early_keep_the_sharded_forwards_in_step(tiny_policy_dir):
-    with mp.Manager() as manager:
-        out = manager.dict()
-        ctx = mp.spawn(_rank, args=(_free_port(), str(tiny_policy_dir), out), nprocs=2, join=False)
-        deadline = time.monotonic() + 120
-        while not ctx.join(timeout=5):  # True once both ranks have exited (raises if one failed)
-            if time.monotonic() > deadline:
-                for proc in ctx.processes:
-                    proc.kill()
-                pytest.fail("the two ranks did not finish generating within 120 s (collectives out of step)")
-        result = dict(out)
+    result = run_two_ranks(_rank, str(tiny_policy_dir), timeout_s=120)
     assert result[0] == (True, 1, "stop")  # stopped at its first token, then kept stepping for rank 1
     assert result[1] == (True, MAX_TOKENS, "length")
