@@ -175,9 +175,14 @@ class RLVRModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self.validate_config()
-        engine = self.engine  # built now, so its start-up cost is not charged to the first step
-        if self.policy_version > 0:  # resumed: the engine was built from the base weights
-            engine.load_weights(full_weights(self.policy))
+        _ = self.engine  # built now, so its start-up cost is not charged to the first step
+
+    def on_train_start(self) -> None:
+        # Resumed: the engine was built from the base weights. Here, not in `on_fit_start`: strategies
+        # that restore the checkpoint after setup (FSDP) restore it between the two hooks. Every rank
+        # takes part (gathering sharded weights is a collective).
+        if self.policy_version > 0:
+            self.engine.load_weights(full_weights(self.policy))
 
     def validate_config(self) -> None:
         """Checks that need the data settings or the callbacks too; run before anything expensive starts."""

@@ -8,8 +8,7 @@ What a resumed run needs and where it comes from:
 - policy version and completed rollout batches (the data position, see `ResumableBatches`): the module;
 - DAPO's extra-prompt stream: the data module's state;
 - the last evaluated step (no duplicate evaluation on resume): the `Evaluation` callback's state;
-- the rollout engine's weights: `RLVRModule.on_fit_start`, or this callback where the strategy restores
-  the checkpoint only after that hook (FSDP);
+- the rollout engine's weights: `RLVRModule.on_train_start`, after every strategy has restored;
 - RNG: this callback, for every rank. The in-process vLLM engine on CPU and the HF engine sample
   from the process-wide torch generator, so restoring it after the engine is rebuilt makes the
   resumed rollouts the ones the uninterrupted run would have drawn;
@@ -33,7 +32,6 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint
 
 from rlvr_lightning.callbacks.periodic import is_due
-from rlvr_lightning.rollout.sync import full_weights
 
 
 def rng_state() -> dict:
@@ -113,11 +111,6 @@ class ResumableCheckpoint(Checkpoint):
         self._restored_rng = state_dict.get("rng")
 
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
-        if trainer.strategy.restore_checkpoint_after_setup and pl_module.policy_version > 0:
-            # FSDP (ModelParallelStrategy) restores the checkpoint after `on_fit_start`, where the module
-            # gives a resumed run's engine the trained weights: it saw policy version 0 there and left the
-            # engine on the base weights. Every rank takes part (gathering sharded weights is a collective).
-            pl_module.engine.load_weights(full_weights(pl_module.policy))
         # After the engine was rebuilt (its start-up reseeds the generator): continue the saved stream.
         if self._restored_rng:
             rank = trainer.global_rank if trainer.global_rank < len(self._restored_rng) else 0
