@@ -71,19 +71,25 @@ def load_history(client, run, columns=TABLE_METRICS) -> RunHistory:
     return RunHistory(run.info.run_name, run.info.run_id, run.info.status, algorithm, history)
 
 
+def summary(points: list[tuple[int, float]], how: str) -> float | None:
+    """One number for a metric's history: its `last` value, the mean of the last 10 (`tail_mean`) or of
+    all (`mean`); None for an empty history."""
+    values = [v for _, v in points]
+    if not values:
+        return None
+    if how == "last":
+        return values[-1]
+    return statistics.fmean(values[-10:] if how == "tail_mean" else values)
+
+
 def summarise(points: list[tuple[int, float]], how: str) -> str:
     if not points:
         return "–"
-    values = [v for _, v in points]
     if how == "first_last":
-        return f"{values[0]:.3f} → {values[-1]:.3f}"
-    if how == "last":
-        return f"{values[-1]:.3f}"
+        return f"{points[0][1]:.3f} → {points[-1][1]:.3f}"
     if how == "sum_minutes":
-        return f"{sum(values) / 60:.1f}"
-    if how == "tail_mean":
-        return f"{statistics.mean(values[-10:]):.3f}"
-    return f"{statistics.mean(values):.3f}"
+        return f"{sum(v for _, v in points) / 60:.1f}"
+    return f"{summary(points, how):.3f}"
 
 
 def markdown_table(runs: list[RunHistory], columns=TABLE_METRICS) -> str:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from rlvr_lightning.compare import PLOTS, RunHistory, load_history, plot
+from rlvr_lightning.compare import PLOTS, RunHistory, load_history, plot, summary
 
 METRICS = [  # (column, metric key, summary of one run's history: the final value or the mean of the last 10)
     ("val/accuracy", "val/accuracy", "last"),
@@ -78,15 +78,6 @@ def verdict(mean: float, half: float, direction: int) -> str:
 
 def fmt(mean: float, half: float) -> str:
     return f"{mean:.3f}" if math.isnan(half) else f"{mean:.3f} ± {half:.3f}"
-
-
-def summary(points: list[tuple[int, float]], how: str) -> float | None:
-    values = [v for _, v in points]
-    if not values:
-        return None
-    if how == "last":
-        return values[-1]
-    return statistics.fmean(values[-10:] if how == "tail_mean" else values)
 
 
 def steps_per_rollout_batch(preset: Path) -> int:
