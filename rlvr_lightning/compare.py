@@ -12,6 +12,7 @@ latest finished run of every name in the experiment.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ class RunHistory:
     status: str
     algorithm: str
     history: dict[str, list[tuple[int, float]]]  # metric → [(step, value)] sorted by step
+    seconds: float = math.nan  # the MLflow run's wall time, start to end
 
 
 def select_runs(client, experiment_id: str, wanted: list[str] | None) -> list:
@@ -68,7 +70,8 @@ def load_history(client, run, columns=TABLE_METRICS) -> RunHistory:
         if k.startswith("trainer.callbacks.") and k.endswith("class_path") and v.endswith("Attribution")
     )
     algorithm = "+".join([run.data.tags.get("algorithm", "?"), *shapers])
-    return RunHistory(run.info.run_name, run.info.run_id, run.info.status, algorithm, history)
+    seconds = (run.info.end_time - run.info.start_time) / 1000 if run.info.end_time else math.nan
+    return RunHistory(run.info.run_name, run.info.run_id, run.info.status, algorithm, history, seconds)
 
 
 def summary(points: list[tuple[int, float]], how: str) -> float | None:

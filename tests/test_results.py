@@ -52,15 +52,18 @@ def test_page_from_a_real_mlflow_store(tmp_path):
     finals = {"grpo": [0.20, 0.25, 0.22], "thr-explore": [0.24, 0.30, 0.27], "oar-g": [0.15, 0.20, 0.17]}
     for preset, values in finals.items():
         for seed, final in enumerate(values):
-            run = client.create_run(exp, run_name=f"{preset}-seed{seed}", tags={"algorithm": "GRPO"})
+            run = client.create_run(exp, run_name=f"{preset}-seed{seed}", tags={"algorithm": "GRPO"}, start_time=1_000)
             for key in ("val/accuracy", "val/pass_at_8", "val/accuracy_greedy"):
                 client.log_metric(run.info.run_id, key, 0.15, step=0)
                 client.log_metric(run.info.run_id, key, final, step=60)
-            client.set_terminated(run.info.run_id)
-    out = tmp_path / "RESULTS.md"
+            client.set_terminated(run.info.run_id, end_time=1_000 + 20 * 60_000)  # 20 minutes each
+    out = tmp_path / "RESULTS-x.md"
     main(["--skip-training", "--algos", "grpo", "thr-explore", "oar-g", "--tracking-uri", uri,
           "--out", str(out), "--log-dir", str(tmp_path / "logs")])  # fmt: skip
     page = out.read_text()
+    assert "3.00 h of training in all" in page  # 9 runs × 20 min, from the MLflow runs' start and end times
+    assert "![val_accuracy](results-x/val_accuracy.png)" in page and (tmp_path / "results-x" / "val_accuracy.png").exists()
+    assert "`python -m rlvr_lightning.results --algos grpo thr-explore oar-g --tracking-uri" in page
     # thr-explore − grpo on pass@8: +0.04, +0.05, +0.05 → interval above 0.
     row = next(line for line in page.splitlines() if line.startswith("| THR, p < 0 raises pass@k"))
     assert "| thr-explore − grpo | pass@8 | 0.047 ± 0.014 | 3 | reproduced |" in row

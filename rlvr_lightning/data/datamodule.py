@@ -58,7 +58,8 @@ class RolloutDataModule(L.LightningDataModule):
     ) -> None:
         """
         Args:
-            model_name_or_path: `embedded` (the built-in tiny model, warm-started on first use), an
+            model_name_or_path: `embedded` (the built-in tiny model, warm-started on first use;
+                `embedded-balanced`: its warm start with about half the samples correct), an
                 HF model id, or a local HF model directory. The trainer and the engine both load it.
             train_data: `embedded` (the built-in arithmetic task), a .jsonl/.json/.parquet file, or
                 an HF dataset name.
