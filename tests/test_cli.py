@@ -18,7 +18,8 @@ BASE = ["fit", "--config", "configs/base.yaml", "--config", "configs/algo/grpo.y
 def run_cli(args: list[str], tmp_path: Path, timeout: int = 420) -> subprocess.CompletedProcess:
     """The CLI as a user runs it, from a scratch directory (relative outputs such as `exports/` land
     there, not in the repository); `configs/…` arguments point into the repository."""
-    env = {**os.environ, "RLVR_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    # PYTHONPATH: this checkout (and its tests' stand-in callbacks), whichever one the venv installed.
+    env = {**os.environ, "RLVR_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
     args = [str(REPO / a) if a.startswith("configs/") else a for a in args]
     return subprocess.run(
         [sys.executable, "-m", "rlvr_lightning", *args], cwd=tmp_path, env=env, capture_output=True, text=True,

@@ -23,6 +23,7 @@ trainer:
   callbacks:
     - class_path: rlvr_lightning.callbacks.reward.RewardVerifier
       init_args: {num_workers: 1}
+    - class_path: tests.test_fsdp_resume.ParityReward   # rewards the quick warm start earns, so weights move
     - class_path: rlvr_lightning.callbacks.evaluation.Evaluation
       init_args: {every_n_steps: 2, num_samples: 2, log_samples: 0}
     - class_path: rlvr_lightning.callbacks.checkpoint.ResumableCheckpoint
@@ -62,7 +63,7 @@ def histories(run_dir: Path):
 
 def kill_after_checkpoint(run_dir: Path, args: list[str], min_step: int) -> int:
     """Start the CLI, SIGKILL it once a checkpoint at step ≥ min_step exists; the step it holds."""
-    env = {**os.environ, "RLVR_CACHE_DIR": str(run_dir / "cache")}
+    env = {**os.environ, "RLVR_CACHE_DIR": str(run_dir / "cache"), "PYTHONPATH": str(REPO)}  # for ParityReward
     args = [str(REPO / a) if a.startswith("configs/") else a for a in args]
     proc = subprocess.Popen([sys.executable, "-m", "rlvr_lightning", *args], cwd=run_dir, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
