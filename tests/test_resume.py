@@ -1,5 +1,6 @@
 """Kill-and-resume: a run killed (SIGKILL) after step k and resumed from its last checkpoint logs
-the same metrics for steps k+1..n as an uninterrupted run with the same seed, into the same MLflow run."""
+the same metrics for steps k+1..n as an uninterrupted run with the same seed, into the same MLflow run,
+with one point per step however many steps ran twice."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ trainer:
     - class_path: rlvr_lightning.callbacks.evaluation.Evaluation
       init_args: {every_n_steps: 2, num_samples: 2, log_samples: 0}
     - class_path: rlvr_lightning.callbacks.checkpoint.ResumableCheckpoint
-      init_args: {dirpath: checkpoints, every_n_steps: 1}
+      init_args: {dirpath: checkpoints, every_n_steps: 2}   # the kill lands a whole step after a checkpoint
 """
 
 
@@ -54,15 +55,18 @@ def histories(run_dir: Path):
     run = runs[0]
     out = {}
     for key in COMPARED:
-        by_step = {}
-        for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.timestamp):
-            by_step[m.step] = m.value  # a step logged again after the resume: its latest value
-        out[key] = by_step
+        points = client.get_metric_history(run.info.run_id, key)
+        steps = [m.step for m in points]
+        assert len(steps) == len(set(steps)), (key, sorted(steps))  # one point per step, resumed or not
+        out[key] = {m.step: m.value for m in points}
     return run, out
 
 
 def kill_after_checkpoint(run_dir: Path, args: list[str], min_step: int) -> int:
-    """Start the CLI, SIGKILL it once a checkpoint at step ≥ min_step exists; the step it holds."""
+    """Start the CLI, SIGKILL it once a checkpoint at step ≥ min_step exists and the MLflow run already
+    holds metrics of a step after it (the resumed run trains that step again); the checkpoint's step."""
+    import mlflow
+
     env = {**os.environ, "RLVR_CACHE_DIR": str(run_dir / "cache"), "PYTHONPATH": str(REPO)}  # for ParityReward
     args = [str(REPO / a) if a.startswith("configs/") else a for a in args]
     proc = subprocess.Popen([sys.executable, "-m", "rlvr_lightning", *args], cwd=run_dir, env=env,
@@ -70,16 +74,25 @@ def kill_after_checkpoint(run_dir: Path, args: list[str], min_step: int) -> int:
     deadline = time.monotonic() + 400
     try:
         while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
             infos = list(run_dir.glob("checkpoints/*/last.json"))
-            if infos and json.loads(infos[0].read_text())["rollout_batches"] >= min_step:
+            step = json.loads(infos[0].read_text())["rollout_batches"] if infos else -1
+            if step < min_step:
+                continue
+            client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{run_dir}/mlflow.db")
+            logged = client.get_metric_history(infos[0].parent.name, "train/reward_mean")
+            if max(m.step for m in logged) >= step:
                 proc.send_signal(signal.SIGKILL)
                 break
-            time.sleep(0.05)
     finally:
         proc.kill()
         proc.wait()
     (info,) = run_dir.glob("checkpoints/*/last.json")
-    return json.loads(info.read_text())["rollout_batches"]
+    k = json.loads(info.read_text())["rollout_batches"]
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{run_dir}/mlflow.db")
+    logged = [m.step for m in client.get_metric_history(info.parent.name, "train/reward_mean")]
+    assert max(logged) >= k, (logged, k)  # steps after the checkpoint were logged before the kill
+    return k
 
 
 @pytest.mark.e2e

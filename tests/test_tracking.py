@@ -1,0 +1,34 @@
+"""The MLflow logger of a resumed run logs each metric once per step (a real MLflow store)."""
+
+from __future__ import annotations
+
+from rlvr_lightning.tracking import MLFlowLogger
+
+
+def test_a_logger_continuing_a_run_skips_the_steps_the_run_already_holds(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    first = MLFlowLogger(experiment_name="x", tracking_uri=uri, artifact_location=str(tmp_path / "a"))
+    for step in range(4):  # killed after logging step 3; its last checkpoint was at step 2
+        first.log_metrics({"train/loss": float(step), "val/accuracy": 0.5}, step=step)
+    first.log_metrics({"train/only_late": 1.0}, step=3)
+
+    resumed = MLFlowLogger(experiment_name="x", tracking_uri=uri, run_id=first.run_id)
+    for step in range(2, 6):  # steps 2 and 3 are trained again
+        resumed.log_metrics({"train/loss": 10.0 + step, "train/new": 1.0}, step=step)
+    resumed.log_metrics({"train/only_late": 2.0}, step=2)  # before that metric's last step: skipped
+    resumed.log_metrics({"val/accuracy": 0.7}, step=5)
+
+    client = first.experiment
+    points = {key: sorted((m.step, m.value) for m in client.get_metric_history(first.run_id, key))
+              for key in ("train/loss", "train/new", "val/accuracy", "train/only_late")}  # fmt: skip
+    assert points["train/loss"] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 14.0), (5, 15.0)]
+    assert points["train/new"] == [(s, 1.0) for s in range(2, 6)]  # a metric the run did not have: all kept
+    assert points["val/accuracy"] == [(s, 0.5) for s in range(4)] + [(5, 0.7)]
+    assert points["train/only_late"] == [(3, 1.0)]
+
+
+def test_a_new_run_logs_every_point(tmp_path):
+    logger = MLFlowLogger(experiment_name="x", tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    logger.log_metrics({"m": 1.0}, step=0)
+    logger.log_metrics({"m": 2.0}, step=0)  # not a resume: the logger does not second-guess the caller
+    assert len(logger.experiment.get_metric_history(logger.run_id, "m")) == 2
