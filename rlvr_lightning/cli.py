@@ -70,6 +70,7 @@ class RLVRCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
+        use_rollout_progress_bar(cfg.trainer)
         logger = cfg.trainer.logger
         if not (isinstance(logger, Namespace) and logger.class_path.endswith("MLFlowLogger")):
             return
@@ -92,6 +93,18 @@ class RLVRCLI(LightningCLI):
             "model": cfg.data.model_name_or_path,
             "dataset": cfg.data.train_data,
         }
+
+
+def use_rollout_progress_bar(trainer_cfg: Namespace) -> None:
+    """Lightning's default progress bar counts epochs and optimizer steps; ours counts rollout batches.
+    Added here rather than in a config's callback list, so that `--trainer.enable_progress_bar=false`
+    still works and a progress bar a user configures wins."""
+    callbacks = trainer_cfg.callbacks or []
+    callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+    if trainer_cfg.enable_progress_bar is False or any("ProgressBar" in str(c.get("class_path", "")) for c in callbacks):
+        return
+    trainer_cfg.callbacks = [*callbacks, Namespace(class_path="rlvr_lightning.callbacks.progress.RolloutProgressBar",
+                                                   init_args=Namespace())]  # fmt: skip
 
 
 def checkpoint_run_id(path: str) -> str | None:

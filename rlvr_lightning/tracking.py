@@ -1,4 +1,9 @@
-"""MLflow tracking: Lightning's `MLFlowLogger` with what a resumed run needs.
+"""MLflow tracking: Lightning's `MLFlowLogger` with what a resumed run needs, in an experiment the
+MLflow UI opens on its model-training views.
+
+MLflow 3 shows an experiment without a kind on its GenAI landing page (traces, an assistant panel),
+where a training run's charts are a toggle away; the experiment kind tag makes the UI open its runs
+table and charts.
 
 A run killed after its last checkpoint and resumed from it trains the steps between the checkpoint and
 the kill again, and would log them again: MLflow appends metric points and has no API to remove one,
@@ -14,9 +19,28 @@ import logging
 from collections.abc import Mapping
 
 from lightning.pytorch.loggers import MLFlowLogger as LightningMLFlowLogger
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 log = logging.getLogger(__name__)
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # the UI's "Model training" views
+
+
+def ensure_experiment(client, name: str, artifact_location: str | None = None) -> str:
+    """The id of the active experiment `name`, created if missing; tagged as model training either way."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None or experiment.lifecycle_stage == "deleted":
+        return client.create_experiment(name, artifact_location=artifact_location, tags=EXPERIMENT_KIND)
+    for key, value in EXPERIMENT_KIND.items():
+        if experiment.tags.get(key) != value:
+            client.set_experiment_tag(experiment.experiment_id, key, value)
+    return experiment.experiment_id
+
+
+def ui_link(experiment_id: str, run_id: str | None = None, base: str = "http://127.0.0.1:5000") -> str:
+    """Where `make ui` shows an experiment's runs (or one run) in its model-training views."""
+    path = f"runs/{run_id}" if run_id else "runs"
+    return f"{base}/#/experiments/{experiment_id}/{path}?workflowType=machine_learning"
 
 
 class MLFlowLogger(LightningMLFlowLogger):
@@ -28,6 +52,13 @@ class MLFlowLogger(LightningMLFlowLogger):
         self._continues_run = self._run_id is not None
         self._last_logged: dict[str, int] = {}  # metric → its last step already in the run
         self._told_about_skipping = False
+
+    @property
+    @rank_zero_experiment
+    def experiment(self):
+        if not self._initialized and self._run_id is None and self._experiment_id is None:
+            self._experiment_id = ensure_experiment(self._mlflow_client, self._experiment_name, self._artifact_location)
+        return super().experiment
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:

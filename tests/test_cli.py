@@ -44,8 +44,21 @@ def small_run_args(tmp_path: Path, model_dir: Path) -> list[str]:
 @pytest.mark.e2e
 @pytest.mark.parametrize("engine", ["vllm", "hf"])
 def test_two_step_fit_writes_an_mlflow_run(tmp_path, tiny_policy_dir, engine):
-    proc = run_cli([*small_run_args(tmp_path, tiny_policy_dir), "--data.engine", engine], tmp_path)
+    verbose = ["-v"] if engine == "hf" else []  # one run of each: the quiet default and everything
+    proc = run_cli([*verbose, *small_run_args(tmp_path, tiny_policy_dir), "--data.engine", engine], tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    output = (proc.stdout + proc.stderr).replace("\r", "\n").splitlines()
+    noise = ["GPU available", "reduce_op", "LeafSpec", "weights_only", "Loading weights", "Seed set to",
+             "MLflow database tables"] + (["MEMBIND", "LD_PRELOAD", "set_num_threads", "Triton"] if engine == "vllm" else [])  # fmt: skip
+    printed = [n for n in noise if any(n in line for line in output)]
+    if verbose:
+        assert "GPU available" in printed and "Seed set to" in printed, printed  # -v: the libraries' own output
+    else:
+        assert printed == [], printed
+        other = [line for line in output if line.strip() and not line.startswith("rollout batches")]
+        assert len(other) <= 30, other  # the bar aside, a short run prints a few lines and the summary
+    summary = proc.stdout[proc.stdout.index("rlvr_lightning: GRPO, 2 rollout batches") :]
+    assert "held-out accuracy (T = 1): " in summary and "held-out greedy accuracy: " in summary
 
     import mlflow
 
@@ -54,6 +67,12 @@ def test_two_step_fit_writes_an_mlflow_run(tmp_path, tiny_policy_dir, engine):
     assert run.info.status == "FINISHED"
     assert run.info.run_name == "grpo"
     assert run.data.tags["algorithm"] == "GRPO" and run.data.tags["model"] == str(tiny_policy_dir)
+    assert run.data.tags["model_family"] == "qwen2" and run.data.tags["engine"] == engine
+    assert run.data.tags["params"].endswith("M") and run.data.tags["devices"] == "1"
+    assert run.info.run_id in summary and run.data.tags["mlflow.note.content"].strip("`\n").startswith(
+        "rlvr_lightning: GRPO, 2 rollout batches")  # the summary is the run's description  # fmt: skip
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI's training views
     assert run.data.params["model.init_args.lr"] == "3e-05"
     assert run.data.params["data.engine"] == engine
     history = {k: client.get_metric_history(run.info.run_id, k) for k in run.data.metrics}

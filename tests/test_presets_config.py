@@ -153,7 +153,10 @@ def callback_mismatches(instances: list, specs: list[dict]) -> list[str]:
                 out.append(f"{cls.__name__}.{key}: configured, but the callback has no such attribute")
             elif not same(getattr(found[0], key), want):
                 out.append(f"{cls.__name__}.{key}: config {want!r}, callback {getattr(found[0], key)!r}")
-    extra = [type(c).__qualname__ for c in remaining if type(c).__module__.startswith("rlvr_lightning.callbacks")]
+    from rlvr_lightning.callbacks.progress import RolloutProgressBar  # the CLI adds it (cli.use_rollout_progress_bar)
+
+    extra = [type(c).__qualname__ for c in remaining
+             if type(c).__module__.startswith("rlvr_lightning.callbacks") and type(c) is not RolloutProgressBar]  # fmt: skip
     if extra:
         out.append(f"callbacks not in the config: {extra}")
     return out
@@ -194,6 +197,7 @@ def test_presets_are_found_and_make_train_composes_base_then_preset():
 
 @pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
 def test_preset_instantiates_without_training(preset, offline):
+    from lightning.pytorch.callbacks import ProgressBar
     from lightning.pytorch.loggers import MLFlowLogger
 
     import rlvr_lightning.algos
@@ -219,6 +223,7 @@ def test_preset_instantiates_without_training(preset, offline):
         configured = [c["class_path"] for c in want["callbacks"]]
         assert (class_path in configured) == preset.stem.startswith(prefix), (prefix, configured)
     assert sum(isinstance(c, MLflowSaveConfig) for c in cli.trainer.callbacks) == 1
+    assert [type(c).__name__ for c in cli.trainer.callbacks if isinstance(c, ProgressBar)] == ["RolloutProgressBar"]
 
     # The data: every data setting on the DataModule; nothing set up (no tokenizer, records or engine).
     assert type(cli.datamodule) is RolloutDataModule

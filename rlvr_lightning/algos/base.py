@@ -289,7 +289,7 @@ class RLVRModule(L.LightningModule):
                 self.policy_version, self.engine_sync.probe.last_diff,
             )  # fmt: skip
             self.log_train_metrics(metrics, batch_size=len(result.rollout.batch))
-            bar = {"reward": metrics["train/reward_mean"]}
+            bar = {"reward": metrics["train/reward_mean"], "acc": metrics["train/accuracy"]}
             if "val/accuracy" in self.latest_val:
                 bar["val_acc"] = self.latest_val["val/accuracy"]
             self.log_dict(bar, prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=len(batch))

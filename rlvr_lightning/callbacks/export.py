@@ -39,11 +39,14 @@ class HFExport(Callback):
     def export(self, trainer: L.Trainer, pl_module, name: str) -> Path:
         # Every rank takes part in gathering sharded (FSDP) weights; rank 0 writes them.
         weights = dict(full_weights(pl_module.policy))
-        out = self.dirpath / (getattr(trainer.logger, "run_id", None) or "run") / name
+        out = self.run_dir(trainer) / name
         if trainer.is_global_zero:
             self._write(trainer, pl_module, name, weights, out)
         trainer.strategy.barrier("hf export")
         return out
+
+    def run_dir(self, trainer: L.Trainer) -> Path:
+        return self.dirpath / str(getattr(trainer.logger, "run_id", None) or "run")
 
     def _write(self, trainer: L.Trainer, pl_module, name: str, weights: dict, out: Path) -> None:
         config = pl_module.policy.config

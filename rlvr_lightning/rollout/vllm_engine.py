@@ -21,6 +21,7 @@ from typing import Literal
 
 import torch
 
+from rlvr_lightning.console import verbose
 from rlvr_lightning.rollout.types import Completion, SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,7 @@ class VLLMEngine:
             tensor_parallel_size=tensor_parallel_size,
             # Log-probs of the *sampled* distribution, log_softmax(logits / T), as the trainer computes them.
             logprobs_mode="processed_logprobs",
+            use_tqdm_on_load=verbose(),  # its weight-loading bar, with the other library output of `-v`
         )
         on_cuda = torch.cuda.is_available()
         level = sleep_level_for(sleep_level, on_cuda)

@@ -1,0 +1,102 @@
+"""What identifies a run in MLflow and what it printed last: tags to filter the runs table by (model
+family, size, engine, git commit), set when training starts, and the end-of-run summary (what the run
+achieved and where to look next), printed as the run's last lines and kept as the MLflow run's
+description (its Overview page shows it)."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from rlvr_lightning.callbacks.checkpoint import ResumableCheckpoint
+from rlvr_lightning.callbacks.export import HFExport
+from rlvr_lightning.tracking import ui_link
+
+HELD_OUT = [  # (label, metric, its standard error's metric)
+    ("accuracy (T = 1)", "val/accuracy", "val/pass_at_1_se"),
+    ("greedy accuracy", "val/accuracy_greedy", None),
+]
+
+
+def before_after(client, run_id: str, key: str, se_key: str | None) -> str | None:
+    points = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+    if not points:
+        return None
+    se = sorted((m.step, m.value) for m in client.get_metric_history(run_id, se_key)) if se_key else []
+    ses = dict(se)
+    cell = lambda step, v: f"{v:.3f}" + (f" ± {ses[step]:.3f}" if step in ses else "")  # noqa: E731
+    (s0, v0), (s1, v1) = points[0], points[-1]
+    return cell(s0, v0) if s0 == s1 else f"{cell(s0, v0)} → {cell(s1, v1)} (rollout batch {s0} → {s1})"
+
+
+def summary_lines(trainer: L.Trainer, module) -> list[str]:
+    logger = next((lg for lg in trainer.loggers if isinstance(lg, MLFlowLogger)), None)
+    lines = [f"rlvr_lightning: {module.__class__.__name__}, {module.rollout_batches} rollout batches"]
+    if logger is not None:
+        client, run_id = logger.experiment, logger.run_id
+        pass_keys = sorted((k for k in client.get_run(run_id).data.metrics if k.startswith("val/pass_at_")
+                            and not k.endswith("_se")), key=lambda k: int(k.rsplit("_", 1)[1]))  # fmt: skip
+        rows = HELD_OUT + [(f"pass@{k.rsplit('_', 1)[1]}", k, f"{k}_se") for k in pass_keys if k != "val/pass_at_1"]
+        for label, key, se_key in rows:
+            cell = before_after(client, run_id, key, se_key)
+            if cell is not None:
+                lines.append(f"  held-out {label}: {cell}")
+        step_times = [m.value for m in client.get_metric_history(run_id, "time/step")]
+        if step_times:
+            lines.append(f"  time per rollout batch: {statistics.fmean(step_times):.2f} s")
+        lines.append(f"  MLflow run: {run_id} (experiment {logger.experiment_id}, store {logger._tracking_uri})")
+    for cb in trainer.callbacks:
+        if isinstance(cb, HFExport) and cb.final:
+            lines.append(f"  exported policy (HF format): {cb.run_dir(trainer) / 'final'}")
+        if isinstance(cb, ResumableCheckpoint):
+            lines.append(f"  checkpoint (resume with RESUME=…): {cb.run_dir(trainer) / 'last.ckpt'}")
+    if logger is not None:
+        lines.append(f"  look at it: make ui, then {ui_link(logger.experiment_id, logger.run_id)}")
+        name = logger._run_name or "<run name>"
+        lines.append(f"  compare with other runs: make compare RUNS='{name} <another run name>'")
+    return lines
+
+
+def git_commit() -> str | None:
+    """This package's git commit (with `-dirty` for uncommitted changes), or None outside a checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=here,
+                             capture_output=True, text=True, timeout=10)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def run_tags(trainer: L.Trainer, module) -> dict[str, str]:
+    config = module.policy.config
+    params = sum(p.numel() for p in module.policy.parameters())
+    tags = {"model_family": str(getattr(config, "model_type", "?")), "params": f"{params / 1e6:.1f}M",
+            "engine": str(trainer.datamodule.hparams.engine), "devices": str(trainer.world_size)}  # fmt: skip
+    commit = git_commit()
+    return tags | ({"git_commit": commit} if commit else {})
+
+
+class RunSummary(L.Callback):
+    """Tags the MLflow run when training starts; prints the summary when it ends and stores it as the
+    MLflow run's description."""
+
+    @rank_zero_only
+    def on_fit_start(self, trainer: L.Trainer, pl_module) -> None:
+        for logger in trainer.loggers:
+            if isinstance(logger, MLFlowLogger):
+                for key, value in run_tags(trainer, pl_module).items():
+                    logger.experiment.set_tag(logger.run_id, key, value)
+
+    @rank_zero_only
+    def on_fit_end(self, trainer: L.Trainer, pl_module) -> None:
+        lines = summary_lines(trainer, pl_module)
+        print("\n" + "\n".join(lines), flush=True)
+        for logger in trainer.loggers:
+            if isinstance(logger, MLFlowLogger):  # the run's description, shown on its Overview page
+                logger.experiment.set_tag(logger.run_id, "mlflow.note.content", "\n".join(["```", *lines, "```"]))
