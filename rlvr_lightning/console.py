@@ -34,6 +34,7 @@ WARNINGS = [  # (message regex, why it is harmless)
 LOGGERS = {  # logger → the lowest level still printed
     "vllm": logging.ERROR,  # its Triton notes at import, before vLLM applies VLLM_LOGGING_LEVEL to its handler
     "mlflow.store.db.utils": logging.WARNING,  # "Creating initial MLflow database tables" on a new store
+    "mlflow.system_metrics": logging.WARNING,  # "Started monitoring system metrics" and its stop messages
     "lightning.pytorch.utilities.rank_zero": logging.WARNING,  # "GPU available: False", "TPU available", the tip
     "lightning.fabric.utilities.seed": logging.WARNING,  # "Seed set to 0" (the seed is in the logged config)
     "lightning.pytorch.trainer.connectors.checkpoint_connector": logging.WARNING,  # "`weights_only` was not set"

@@ -44,21 +44,45 @@ def ui_link(experiment_id: str, run_id: str | None = None, base: str = "http://1
 
 
 class MLFlowLogger(LightningMLFlowLogger):
-    """`lightning.pytorch.loggers.MLFlowLogger`, same arguments; given a `run_id` (the CLI sets it when
-    resuming from a checkpoint), metric points at steps the run already has are not logged again."""
+    """`lightning.pytorch.loggers.MLFlowLogger`, same arguments, plus:
 
-    def __init__(self, *args, **kwargs) -> None:
+    - given a `run_id` (the CLI sets it when resuming from a checkpoint), metric points at steps the run
+      already has are not logged again;
+    - MLflow's system metrics (CPU, memory, disk, network; GPU utilisation and memory where there is
+      one) every `system_metrics_interval_s` seconds while the run is open, from rank 0's node, under
+      `system/…` (the run's "System metrics" tab); `system_metrics=False` turns them off.
+    """
+
+    def __init__(self, *args, system_metrics: bool = True, system_metrics_interval_s: float = 10.0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._continues_run = self._run_id is not None
         self._last_logged: dict[str, int] = {}  # metric → its last step already in the run
         self._told_about_skipping = False
+        self._system_metrics_interval_s = system_metrics_interval_s if system_metrics else None
+        self._system_monitor = None
 
     @property
     @rank_zero_experiment
     def experiment(self):
         if not self._initialized and self._run_id is None and self._experiment_id is None:
             self._experiment_id = ensure_experiment(self._mlflow_client, self._experiment_name, self._artifact_location)
-        return super().experiment
+        client = super().experiment
+        if self._system_metrics_interval_s and self._system_monitor is None:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            self._system_monitor = SystemMetricsMonitor(
+                self._run_id, sampling_interval=self._system_metrics_interval_s, tracking_uri=self._tracking_uri,
+                resume_logging=self._continues_run,  # a resumed run's system metrics continue its steps
+            )  # fmt: skip
+            self._system_monitor.start()
+        return client
+
+    @rank_zero_only
+    def finalize(self, status: str = "success") -> None:
+        if self._system_monitor is not None:
+            self._system_monitor.finish()  # flushes its last samples while the run is still open
+            self._system_monitor = None
+        super().finalize(status)
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:

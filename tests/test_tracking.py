@@ -32,3 +32,19 @@ def test_a_new_run_logs_every_point(tmp_path):
     logger.log_metrics({"m": 1.0}, step=0)
     logger.log_metrics({"m": 2.0}, step=0)  # not a resume: the logger does not second-guess the caller
     assert len(logger.experiment.get_metric_history(logger.run_id, "m")) == 2
+
+
+def test_system_metrics_are_logged_while_the_run_is_open(tmp_path):
+    import time
+
+    logger = MLFlowLogger(experiment_name="x", tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", system_metrics_interval_s=0.2)
+    run_id = logger.run_id  # opening the run starts the monitor
+    time.sleep(1.5)
+    logger.finalize("success")
+    history = logger._mlflow_client.get_metric_history(run_id, "system/cpu_utilization_percentage")
+    assert len(history) >= 2 and all(0 <= m.value <= 100 for m in history)
+    assert "system/system_memory_usage_megabytes" in logger._mlflow_client.get_run(run_id).data.metrics
+    quiet = MLFlowLogger(experiment_name="x", tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", system_metrics=False)
+    _ = quiet.run_id
+    quiet.finalize("success")
+    assert not [k for k in quiet._mlflow_client.get_run(quiet.run_id).data.metrics if k.startswith("system/")]
