@@ -72,6 +72,9 @@ def test_two_step_fit_writes_an_mlflow_run(tmp_path, tiny_policy_dir, engine):
     assert run.info.run_id in summary and run.data.tags["mlflow.note.content"].strip("`\n").startswith(
         "rlvr_lightning: GRPO, 2 rollout batches")  # the summary is the run's description  # fmt: skip
     assert "system/cpu_utilization_percentage" in run.data.metrics  # MLflow's system metrics, every 10 s
+    datasets = {(d.dataset.name, d.tags[0].value, json.loads(d.dataset.profile)["num_rows"])
+                for d in run.inputs.dataset_inputs}  # fmt: skip
+    assert datasets == {("embedded-train", "training", 8320), ("embedded-test", "evaluation", 8)}, datasets
     experiment = client.get_experiment(run.info.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI's training views
     assert run.data.params["model.init_args.lr"] == "3e-05"

@@ -1,10 +1,13 @@
 """What identifies a run in MLflow and what it printed last: tags to filter the runs table by (model
-family, size, engine, git commit), set when training starts, and the end-of-run summary (what the run
+family, size, engine, git commit) and its datasets (training and every evaluation set, with source,
+digest and size: the runs table's Dataset column), recorded when training starts, and the end-of-run summary (what the run
 achieved and where to look next), printed as the run's last lines and kept as the MLflow run's
 description (its Overview page shows it)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import statistics
 import subprocess
 from pathlib import Path
@@ -14,6 +17,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from rlvr_lightning.callbacks.checkpoint import ResumableCheckpoint
+from rlvr_lightning.callbacks.evaluation import Evaluation
 from rlvr_lightning.callbacks.export import HFExport
 from rlvr_lightning.tracking import ui_link
 
@@ -82,6 +86,33 @@ def run_tags(trainer: L.Trainer, module) -> dict[str, str]:
     return tags | ({"git_commit": commit} if commit else {})
 
 
+def dataset_input(source: str, part: str, records, context: str):
+    """An MLflow dataset input: named after its source (and the embedded task's part), the digest of its
+    problems and answers, its row count, and the context ("training" or "evaluation") the UI shows."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    blob = json.dumps([(r.id, r.problem, r.answer) for r in records]).encode()
+    if source == "embedded":
+        name, source_type = f"embedded-{part}", "code"
+    else:
+        name, source_type = (Path(source).name, "local") if Path(source).exists() else (source, "hugging_face")
+    dataset = Dataset(name=name, digest=hashlib.sha256(blob).hexdigest()[:8], source_type=source_type,
+                      source=json.dumps({"uri": str(source), "split": part}),
+                      profile=json.dumps({"num_rows": len(records)}))  # fmt: skip
+    return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])
+
+
+def dataset_inputs(trainer: L.Trainer) -> list:
+    dm = trainer.datamodule
+    inputs = [dataset_input(dm.hparams.train_data, dm.hparams.train_split, dm.train_records, "training")]
+    for cb in trainer.callbacks:
+        if isinstance(cb, Evaluation):
+            for task in cb.tasks(dm):  # resolved in the callback's setup, before fit starts
+                part = "test" if task.source == "embedded" else task.prefix
+                inputs.append(dataset_input(task.source, part, task.records, "evaluation"))
+    return inputs
+
+
 class RunSummary(L.Callback):
     """Tags the MLflow run when training starts; prints the summary when it ends and stores it as the
     MLflow run's description."""
@@ -92,6 +123,7 @@ class RunSummary(L.Callback):
             if isinstance(logger, MLFlowLogger):
                 for key, value in run_tags(trainer, pl_module).items():
                     logger.experiment.set_tag(logger.run_id, key, value)
+                logger.experiment.log_inputs(logger.run_id, datasets=dataset_inputs(trainer))
 
     @rank_zero_only
     def on_fit_end(self, trainer: L.Trainer, pl_module) -> None:
