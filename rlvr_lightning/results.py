@@ -217,7 +217,7 @@ def write_page(args: argparse.Namespace, presets: list[Path], outcomes: dict[str
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     failed = [f"`{n}` (exit {rc}, log `{args.log_dir / n}.log`)" for n, (rc, _) in outcomes.items() if rc != 0]
     seeds = " ".join(map(str, args.seed_list))
-    command = " ".join(["python -m rlvr_lightning.results", *(a for a in args.argv if a != "--skip-training")])
+    command = " ".join(["python -m rlvr_lightning.results", *(a for a in args.argv if a not in ("--skip-training", "--resume"))])
     hours = sum(r.seconds for pr in results.values() for r in pr.runs.values() if not math.isnan(r.seconds)) / 3600
     lines = [
         f"# Results: {'every preset' if args.algos is None else ', '.join(args.algos)} on `{args.model}`, over seeds",
@@ -261,6 +261,17 @@ def write_page(args: argparse.Namespace, presets: list[Path], outcomes: dict[str
     return args.out
 
 
+def finished_runs(args: argparse.Namespace) -> set[tuple[str, str]]:
+    """(run name, trainer.max_steps) of the experiment's finished runs on `args.model`."""
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=args.tracking_uri)
+    exp = client.get_experiment_by_name(args.experiment)
+    runs = client.search_runs([exp.experiment_id], max_results=5000) if exp else []
+    return {(r.info.run_name, r.data.params.get("trainer.max_steps")) for r in runs
+            if r.info.status == "FINISHED" and r.data.params.get("data.model_name_or_path") == args.model}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", type=Path, default=Path("configs"))
@@ -274,6 +285,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=Path("docs/RESULTS.md"))
     p.add_argument("--log-dir", type=Path, default=Path("reports/results"))
     p.add_argument("--skip-training", action="store_true", help="only rebuild the page from the MLflow store")
+    p.add_argument("--resume", action="store_true",
+                   help="skip the runs this experiment already finished with the same budget and model "
+                        "(an interrupted `make results` goes on where it stopped)")  # fmt: skip
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.seeds < 1:
@@ -289,10 +303,14 @@ def main(argv: list[str] | None = None) -> None:
     args.log_dir.mkdir(parents=True, exist_ok=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     outcomes: dict[str, tuple[int, float]] = {}
+    done = finished_runs(args) if args.resume else set()
     if not args.skip_training:
         for seed in args.seed_list:  # seed by seed: an interrupted run still has every preset at the first seeds
             for preset in presets:
                 name = run_name(preset.stem, seed)
+                if (name, str(args.rollout_batches * steps_per_rollout_batch(preset))) in done:
+                    print(f"[results] {name}: finished before, with this budget and model (--resume)", flush=True)
+                    continue
                 print(f"[results] training {name} …", flush=True)
                 outcomes[name] = train(preset, seed, args)
                 print(f"[results] {name}: exit {outcomes[name][0]} in {outcomes[name][1] / 60:.1f} min", flush=True)

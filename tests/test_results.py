@@ -71,3 +71,27 @@ def test_page_from_a_real_mlflow_store(tmp_path):
     assert "| oar-g − grpo | val/accuracy | -0.050 ± 0.000 | 3 | contradicted |" in row  # −0.05 at every seed
     assert "| grpo | GRPO | 1 | 3 | 0.150 → 0.223 ± 0.063 |" in page  # sd 0.0252 × t(0.975, 2) 4.303 / √3
     assert "| OAR-P above GRPO | oar-p − its baseline | val/accuracy | – | 0 | not run |" in page
+
+
+def test_resume_trains_only_what_the_experiment_lacks(tmp_path, monkeypatch):
+    import mlflow
+
+    import rlvr_lightning.results as results
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("results", artifact_location=str(tmp_path / "artifacts"))
+    for name, max_steps, model, finish in [("grpo-seed0", "60", "embedded", True),  # reused
+                                           ("grpo-seed1", "30", "embedded", True),  # another budget
+                                           ("grpo-seed2", "60", "embedded-balanced", True),  # another model
+                                           ("thr-seed0", "60", "embedded", False)]:  # killed
+        run = client.create_run(exp, run_name=name)
+        client.log_param(run.info.run_id, "trainer.max_steps", max_steps)
+        client.log_param(run.info.run_id, "data.model_name_or_path", model)
+        if finish:
+            client.set_terminated(run.info.run_id)
+    trained = []
+    monkeypatch.setattr(results, "train", lambda preset, seed, args: trained.append(results.run_name(preset.stem, seed)) or (0, 1.0))
+    main(["--resume", "--algos", "grpo", "thr", "--seeds", "3", "--tracking-uri", uri,
+          "--out", str(tmp_path / "R.md"), "--log-dir", str(tmp_path / "logs")])  # fmt: skip
+    assert trained == ["thr-seed0", "grpo-seed1", "thr-seed1", "grpo-seed2", "thr-seed2"]
