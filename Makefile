@@ -25,7 +25,7 @@ help:
 	@echo "make ui                    open the MLflow UI on ./mlruns"
 	@echo "make eval [CKPT=exports/<run>/final] [BENCH='embedded path/to/bench.jsonl'] [ARGS='--n 16']   offline evaluation"
 	@echo "make compare [RUNS='grpo thr']   Markdown table + PNG plots of runs (default: latest of each name)"
-	@echo "make results [ARGS='--algos grpo thr']   train every preset on one budget and rewrite docs/RESULTS.md"
+	@echo "make results [ARGS='--algos grpo thr']   train every preset over 3 seeds; rewrite docs/RESULTS.md and the README's figures"
 	@echo "make bench                 benchmarks (bench/results/*.json, MLflow experiment 'bench'); installs the bench extra (TRL)"
 	@echo "make scale-model           random-init Qwen2 with Qwen2.5's 151,936-token vocabulary at .cache/models/qwen2-151k (configs/scale/qwen2-151k.yaml)"
 
@@ -58,7 +58,7 @@ compare: setup
 	$(PY) -m rlvr_lightning.compare --out reports/compare $(if $(RUNS),--runs $(RUNS))
 
 results: setup
-	$(PY) -m rlvr_lightning.results $(ARGS)
+	$(PY) -m rlvr_lightning.results --readme README.md $(ARGS)
 
 bench: setup $(VENV)/.bench-installed
 	$(PY) bench/rollout_throughput.py

@@ -57,10 +57,19 @@ def test_page_from_a_real_mlflow_store(tmp_path):
                 client.log_metric(run.info.run_id, key, 0.15, step=0)
                 client.log_metric(run.info.run_id, key, final, step=60)
             client.set_terminated(run.info.run_id, end_time=1_000 + 20 * 60_000)  # 20 minutes each
-    out = tmp_path / "RESULTS-x.md"
+    out, readme = tmp_path / "RESULTS-x.md", tmp_path / "README.md"
+    readme.write_text("# x\n\nbefore\n<!-- make results: begin -->\nstale figures\n<!-- make results: end -->\nafter\n")
     main(["--skip-training", "--algos", "grpo", "thr-explore", "oar-g", "--tracking-uri", uri,
-          "--out", str(out), "--log-dir", str(tmp_path / "logs")])  # fmt: skip
+          "--out", str(out), "--log-dir", str(tmp_path / "logs"), "--readme", str(readme)])  # fmt: skip
     page = out.read_text()
+    text = readme.read_text()
+    assert "stale figures" not in text and text.startswith("# x\n\nbefore\n") and text.endswith("end -->\nafter\n")
+    assert "| `grpo` | 1 | 3 | 0.150 → 0.223 ± 0.063 |" in text  # the page's numbers, a few columns
+    assert "--readme" not in text and "on 20" in text  # the command without the flag; dated
+    readme.write_text("# no block\n")
+    with pytest.raises(SystemExit, match="no '<!-- make results: begin -->'"):
+        main(["--skip-training", "--algos", "grpo", "--tracking-uri", uri, "--out", str(out),
+              "--log-dir", str(tmp_path / "logs"), "--readme", str(readme)])  # fmt: skip
     assert "3.00 h of training in all" in page  # 9 runs × 20 min, from the MLflow runs' start and end times
     assert "![val_accuracy](results-x/val_accuracy.png)" in page and (tmp_path / "results-x" / "val_accuracy.png").exists()
     assert "`python -m rlvr_lightning.results --algos grpo thr-explore oar-g --tracking-uri" in page
