@@ -153,7 +153,10 @@ def compare(tracking_uri: str, experiment: str, wanted: list[str] | None, out: P
             continue
         files.append(plot(runs, key, f"{key} vs rollout batch", smooth, out / f"{name}.png"))
     if log_to_mlflow:
-        run = client.create_run(exp.experiment_id, run_name="compare", tags={"compared_runs": ",".join(r.run_id for r in runs)})
+        # Linked, not nested: a run may be in many comparisons but has one parent. The description (the
+        # run's Overview) is the comparison's table with each compared run's id.
+        tags = {"compared_runs": ",".join(r.run_id for r in runs), "mlflow.note.content": files[0].read_text()}
+        run = client.create_run(exp.experiment_id, run_name="compare", tags=tags)
         for f in files:
             client.log_artifact(run.info.run_id, str(f))
         client.set_terminated(run.info.run_id)

@@ -18,6 +18,7 @@ seed: the same warm start, prompts order and held-out problems, so seed-to-seed 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import platform
@@ -100,6 +101,8 @@ def train(preset: Path, seed: int, args: argparse.Namespace) -> tuple[int, float
         f"--trainer.logger.init_args.experiment_name={args.experiment}",
         f"--trainer.logger.init_args.tracking_uri={args.tracking_uri}", f"--trainer.logger.init_args.run_name={name}",
         "--trainer.enable_progress_bar=false",
+        # A child of this comparison's run: the MLflow UI nests the runs under it.
+        "--trainer.logger.init_args.tags=" + json.dumps({"mlflow.parentRunId": args.parent_run_id}),
     ]  # fmt: skip
     t0 = time.perf_counter()
     with open(args.log_dir / f"{name}.log", "w") as log:
@@ -298,6 +301,19 @@ def write_page(args: argparse.Namespace, presets: list[Path], outcomes: dict[str
     return args.out
 
 
+def open_comparison_run(args: argparse.Namespace):
+    """(client, run id) of a new `results` run in the experiment: the parent of the runs this invocation
+    trains, and the holder of the page and its figures."""
+    import mlflow
+
+    from rlvr_lightning.tracking import ensure_experiment
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=args.tracking_uri)
+    experiment_id = ensure_experiment(client, args.experiment)
+    run = client.create_run(experiment_id, run_name="results", tags={"model": args.model, "command": " ".join(args.argv)})
+    return client, run.info.run_id
+
+
 def finished_runs(args: argparse.Namespace) -> set[tuple[str, str]]:
     """(run name, trainer.max_steps) of the experiment's finished runs on `args.model`."""
     import mlflow
@@ -342,6 +358,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     outcomes: dict[str, tuple[int, float]] = {}
     done = finished_runs(args) if args.resume else set()
+    client, args.parent_run_id = open_comparison_run(args)
     if not args.skip_training:
         for seed in args.seed_list:  # seed by seed: an interrupted run still has every preset at the first seeds
             for preset in presets:
@@ -352,8 +369,14 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"[results] training {name} …", flush=True)
                 outcomes[name] = train(preset, seed, args)
                 print(f"[results] {name}: exit {outcomes[name][0]} in {outcomes[name][1] / 60:.1f} min", flush=True)
-    print(f"wrote {write_page(args, presets, outcomes)}")
-    if any(rc != 0 for rc, _ in outcomes.values()):
+    page = write_page(args, presets, outcomes)
+    client.log_artifact(args.parent_run_id, str(page))
+    client.log_artifacts(args.parent_run_id, str(page.parent / page.stem.lower()), page.stem.lower())
+    client.set_tag(args.parent_run_id, "mlflow.note.content", page.read_text())  # the page, on its Overview
+    failed = any(rc != 0 for rc, _ in outcomes.values())
+    client.set_terminated(args.parent_run_id, "FAILED" if failed else "FINISHED")
+    print(f"wrote {page} (MLflow run {args.parent_run_id}, experiment {args.experiment})")
+    if failed:
         raise SystemExit(1)
 
 

@@ -37,6 +37,9 @@ def test_compare_writes_table_and_plots_and_logs_them(tmp_path):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (report,) = [r for r in client.search_runs([exp]) if r.info.run_name == "compare"]
     assert {a.path for a in client.list_artifacts(report.info.run_id)} >= {"compare.md", "train_accuracy.png", "val_accuracy.png"}
+    compared = {r.info.run_id for r in client.search_runs([exp]) if r.info.run_name in ("grpo", "thr") and r.info.status == "FINISHED"}
+    assert set(report.data.tags["compared_runs"].split(",")) == compared  # linked to the runs it compares
+    assert report.data.tags["mlflow.note.content"] == table  # its Overview shows the table
 
 
 def test_compare_names_the_runs_it_has_when_one_is_missing(tmp_path):

@@ -99,8 +99,18 @@ def test_resume_trains_only_what_the_experiment_lacks(tmp_path, monkeypatch):
         client.log_param(run.info.run_id, "data.model_name_or_path", model)
         if finish:
             client.set_terminated(run.info.run_id)
-    trained = []
-    monkeypatch.setattr(results, "train", lambda preset, seed, args: trained.append(results.run_name(preset.stem, seed)) or (0, 1.0))
+    trained, parents = [], set()
+
+    def train(preset, seed, args):
+        trained.append(results.run_name(preset.stem, seed))
+        parents.add(args.parent_run_id)
+        return 0, 1.0
+
+    monkeypatch.setattr(results, "train", train)
     main(["--resume", "--algos", "grpo", "thr", "--seeds", "3", "--tracking-uri", uri,
           "--out", str(tmp_path / "R.md"), "--log-dir", str(tmp_path / "logs")])  # fmt: skip
     assert trained == ["thr-seed0", "grpo-seed1", "thr-seed1", "grpo-seed2", "thr-seed2"]
+    (parent,) = [r for r in client.search_runs([exp]) if r.info.run_name == "results"]
+    assert parents == {parent.info.run_id} and parent.info.status == "FINISHED"
+    assert "R.md" in {a.path for a in client.list_artifacts(parent.info.run_id)}  # the page, on the parent run
+    assert parent.data.tags["mlflow.note.content"] == (tmp_path / "R.md").read_text()
