@@ -49,6 +49,7 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 ui: setup
+	@echo "MLflow UI: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning (each run's closing summary prints its own link)"
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --default-artifact-root mlruns/artifacts
 
 eval: setup
