@@ -162,16 +162,20 @@ def load_presets(client, experiment_id: str, presets: list[Path], seeds: list[in
     return out
 
 
+def metric_cell(pr: PresetRuns, key: str, how: str) -> str:
+    """Mean ± 95% half-width over seeds; held-out metrics (`last`) as `before → after`."""
+    values = list(pr.values(key, how).values())
+    cell = fmt(*t_interval(values)) if values else "–"
+    before = pr.before(key) if how == "last" else None
+    return cell if before is None else f"{before:.3f} → {cell}"
+
+
 def metrics_table(results: dict[str, PresetRuns]) -> list[str]:
     header = ["preset", "algorithm", "K", "seeds", *[col for col, _, _ in METRICS]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, pr in results.items():
         cells = [name, next(iter(pr.runs.values())).algorithm, str(pr.steps_per_batch), str(len(pr.runs))]
-        for _, key, how in METRICS:
-            values = list(pr.values(key, how).values())
-            cell = fmt(*t_interval(values)) if values else "–"
-            before = pr.before(key) if how == "last" else None
-            cells.append(cell if before is None else f"{before:.3f} → {cell}")
+        cells += [metric_cell(pr, key, how) for _, key, how in METRICS]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -216,13 +220,7 @@ def readme_table(results: dict[str, PresetRuns], page: Path, header: str) -> lis
     lines = [header, "", "| `make train ALGO=` | K | seeds | " + " | ".join(README_COLUMNS) + " |",
              "|---|---|---|" + "---|" * len(README_COLUMNS)]  # fmt: skip
     for name, pr in results.items():
-        cells = []
-        for col in README_COLUMNS:
-            key, how = by_column[col]
-            values = list(pr.values(key, how).values())
-            before = pr.before(key) if how == "last" else None
-            cell = fmt(*t_interval(values)) if values else "–"
-            cells.append(cell if before is None else f"{before:.3f} → {cell}")
+        cells = [metric_cell(pr, *by_column[col]) for col in README_COLUMNS]
         lines.append(f"| `{name}` | {pr.steps_per_batch} | {len(pr.runs)} | " + " | ".join(cells) + " |")
     return [*lines, "", f"Intervals, paired differences and the papers' claims: [{page}]({page})."]
 
