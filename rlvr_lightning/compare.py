@@ -37,6 +37,7 @@ class RunHistory:
     algorithm: str
     history: dict[str, list[tuple[int, float]]]  # metric → [(step, value)] sorted by step
     seconds: float = math.nan  # the MLflow run's wall time, start to end
+    commit: str | None = None  # the code's git commit, as the run's summary tagged it
 
 
 def select_runs(client, experiment_id: str, wanted: list[str] | None) -> list:
@@ -71,7 +72,8 @@ def load_history(client, run, columns=TABLE_METRICS) -> RunHistory:
     )
     algorithm = "+".join([run.data.tags.get("algorithm", "?"), *shapers])
     seconds = (run.info.end_time - run.info.start_time) / 1000 if run.info.end_time else math.nan
-    return RunHistory(run.info.run_name, run.info.run_id, run.info.status, algorithm, history, seconds)
+    commit = run.data.tags.get("git_commit")
+    return RunHistory(run.info.run_name, run.info.run_id, run.info.status, algorithm, history, seconds, commit)
 
 
 def summary(points: list[tuple[int, float]], how: str) -> float | None:

@@ -52,7 +52,9 @@ def test_page_from_a_real_mlflow_store(tmp_path):
     finals = {"grpo": [0.20, 0.25, 0.22], "thr-explore": [0.24, 0.30, 0.27], "oar-g": [0.15, 0.20, 0.17]}
     for preset, values in finals.items():
         for seed, final in enumerate(values):
-            run = client.create_run(exp, run_name=f"{preset}-seed{seed}", tags={"algorithm": "GRPO"}, start_time=1_000)
+            commit = "aaaa" if seed < 2 else "bbbb"  # a resumed `make results`: seed 2 trained at a later commit
+            tags = {"algorithm": "GRPO"} | ({"git_commit": commit} if preset != "oar-g" else {})
+            run = client.create_run(exp, run_name=f"{preset}-seed{seed}", tags=tags, start_time=1_000)
             for key in ("val/accuracy", "val/pass_at_8", "val/accuracy_greedy"):
                 client.log_metric(run.info.run_id, key, 0.15, step=0)
                 client.log_metric(run.info.run_id, key, final, step=60)
@@ -70,6 +72,7 @@ def test_page_from_a_real_mlflow_store(tmp_path):
     with pytest.raises(SystemExit, match="no '<!-- make results: begin -->'"):
         main(["--skip-training", "--algos", "grpo", "--tracking-uri", uri, "--out", str(out),
               "--log-dir", str(tmp_path / "logs"), "--readme", str(readme)])  # fmt: skip
+    assert "commit `aaaa` (4 runs), `not recorded` (3 runs), `bbbb` (2 runs);" in page  # the runs' own commits
     assert "3.00 h of training in all" in page  # 9 runs × 20 min, from the MLflow runs' start and end times
     assert "![val_accuracy](results-x/val_accuracy.png)" in page and (tmp_path / "results-x" / "val_accuracy.png").exists()
     assert "`python -m rlvr_lightning.results --algos grpo thr-explore oar-g --tracking-uri" in page
