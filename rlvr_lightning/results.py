@@ -249,7 +249,7 @@ def write_page(args: argparse.Namespace, presets: list[Path], outcomes: dict[str
               for name, key, smooth in PLOTS if any(c.history.get(key) for c in curves)]  # fmt: skip
     # The runs' own commits (a resumed `make results` may mix several), not this checkout's.
     commits = Counter(r.commit or "not recorded" for pr in results.values() for r in pr.runs.values())
-    commit = ", ".join(f"`{c}` ({n} runs)" if len(commits) > 1 else f"`{c}`" for c, n in commits.most_common())
+    commit = ", ".join(f"`{c}` ({n} run{'s' * (n != 1)})" if len(commits) > 1 else f"`{c}`" for c, n in commits.most_common())
     failed = [f"`{n}` (exit {rc}, log `{args.log_dir / n}.log`)" for n, (rc, _) in outcomes.items() if rc != 0]
     seeds = " ".join(map(str, args.seed_list))
     date = time.strftime("%Y-%m-%d", time.gmtime())
