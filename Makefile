@@ -14,6 +14,8 @@ RUNS ?=
 RESUME ?=
 CKPT ?= embedded
 BENCH ?= embedded
+UI_PORT ?= 5000
+MLRUNS ?= mlruns
 .PHONY: help setup train test lint ui compare eval results bench clean-cache scale-model
 
 help:
@@ -22,7 +24,7 @@ help:
 	@echo "make train ALGO=grpo RESUME=checkpoints/<run id>/last.ckpt   resume a run (same MLflow run)"
 	@echo "make test                  run the test suite"
 	@echo "make lint                  ruff and the import-layer contract (pyproject.toml)"
-	@echo "make ui                    open the MLflow UI on ./mlruns"
+	@echo "make ui [UI_PORT=5000] [MLRUNS=mlruns]   open the MLflow UI on a store (default ./mlruns)"
 	@echo "make eval [CKPT=exports/<run>/final] [BENCH='embedded path/to/bench.jsonl'] [ARGS='--n 16']   offline evaluation"
 	@echo "make compare [RUNS='grpo thr']   Markdown table + PNG plots of runs (default: latest of each name)"
 	@echo "make results [ARGS='--algos grpo thr']   train every preset over 3 seeds; rewrite docs/RESULTS.md and the README's figures"
@@ -49,8 +51,8 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 ui: setup
-	@echo "MLflow UI: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning (each run's closing summary prints its own link)"
-	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --default-artifact-root mlruns/artifacts
+	@$(PY) -m rlvr_lightning.tracking --tracking-uri sqlite:///$(MLRUNS)/mlflow.db --base http://127.0.0.1:$(UI_PORT)
+	$(VENV)/bin/mlflow ui --host 127.0.0.1 --port $(UI_PORT) --backend-store-uri sqlite:///$(MLRUNS)/mlflow.db --default-artifact-root $(MLRUNS)/artifacts
 
 eval: setup
 	$(PY) -m rlvr_lightning.evaluate --model $(CKPT) --bench $(BENCH) $(ARGS)

@@ -1,9 +1,11 @@
 """MLflow tracking: Lightning's `MLFlowLogger` with what a resumed run needs, in an experiment the
 MLflow UI opens on its model-training views.
 
-MLflow 3 shows an experiment without a kind on its GenAI landing page (traces, an assistant panel),
-where a training run's charts are a toggle away; the experiment kind tag makes the UI open its runs
-table and charts.
+MLflow 3 opens on its GenAI pages (traces, an assistant panel), where a training run's table and charts
+are a toggle away. Experiments are tagged with MLflow's kind for model training, but MLflow 3.17's UI
+still opens an experiment clicked in its list on the GenAI overview until the browser has switched to
+"Model training" once; so `make ui` and every run's summary print direct links into the model-training
+runs view (`ui_link`, `python -m rlvr_lightning.tracking`).
 
 A run killed after its last checkpoint and resumed from it trains the steps between the checkpoint and
 the kill again, and would log them again: MLflow appends metric points and has no API to remove one,
@@ -105,3 +107,32 @@ class MLFlowLogger(LightningMLFlowLogger):
 
     def _prefixed(self, key: str) -> str:
         return f"{self._prefix}{self.LOGGER_JOIN_CHAR}{key}" if self._prefix else key
+
+
+def print_ui_links(tracking_uri: str, base: str) -> None:
+    """What `make ui` prints: the model-training runs view of every experiment in the store."""
+    import os
+
+    path = tracking_uri.removeprefix("sqlite:///")
+    experiments = []
+    if not tracking_uri.startswith("sqlite:///") or os.path.exists(path):  # do not create an empty store
+        import mlflow
+
+        client = mlflow.tracking.MlflowClient(tracking_uri=tracking_uri)
+        experiments = [e for e in client.search_experiments() if e.name != "Default"]
+    print(f"MLflow UI at {base} (model-training views; each run's closing summary prints its own link):")
+    for e in experiments:
+        print(f"  {e.name}: {ui_link(e.experiment_id, base=base)}")
+    if not experiments:
+        print(f"  no runs yet: {base}/#/experiments?workflowType=machine_learning")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Print the MLflow UI's model-training links for a store.")
+    parser.add_argument("--tracking-uri", default="sqlite:///mlruns/mlflow.db")
+    parser.add_argument("--base", default="http://127.0.0.1:5000")
+    args = parser.parse_args()
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # its "creating tables" notices
+    print_ui_links(args.tracking_uri, args.base)

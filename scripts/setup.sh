@@ -20,6 +20,20 @@ else
   $PIP install -q -e ".[cpu,test]"
   $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
+# The MLflow UI test drives a real headless Chromium. Browser downloads (Playwright's own) are not
+# reachable on every machine, so it uses the distribution's package; without one the test is skipped.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = 0 ] || { command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && SUDO="sudo -n"; }
+  if command -v apt-get >/dev/null 2>&1 && { [ "$(id -u)" = 0 ] || [ -n "$SUDO" ]; }; then
+    echo "setup: installing Debian's chromium (for the MLflow UI browser test)"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get install -y -q chromium >/dev/null 2>&1 \
+      || { $SUDO apt-get update -q >/dev/null 2>&1 && $SUDO apt-get install -y -q chromium >/dev/null 2>&1; } \
+      || echo "setup: chromium could not be installed; the MLflow UI browser test will be skipped"
+  else
+    echo "setup: no chromium and no apt-get as root; the MLflow UI browser test will be skipped (install chromium to run it)"
+  fi
+fi
 "$VENV/bin/python" - <<'PY'
 import torch, vllm, transformers, lightning, mlflow, math_verify  # noqa: F401  (fails loudly if the stack is broken)
 print(f"setup: ok (torch {torch.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}, lightning {lightning.__version__})")

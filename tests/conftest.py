@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import REPO
+
 # vLLM on CPU: in-process engine and a small KV cache (it reserves ~16 GiB by default).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO.parent / "shared" / "data" / "benchmarks"
 
 
@@ -24,6 +25,15 @@ def tiny_policy_dir(tmp_path_factory) -> Path:
     tok = build_char_tokenizer()
     model = build_tiny_qwen2(tok, TinyQwen2Spec(num_hidden_layers=2), seed=0)
     return save_policy(model, tok, tmp_path_factory.mktemp("tiny_policy"))
+
+
+@pytest.fixture(scope="session")
+def two_step_runs(tmp_path_factory, quick_warm_start):
+    """Two short CLI runs (`tests.cli.TwoStepRuns`) from the quick warm start, which answers some
+    held-out problems, so their curves are not flat at 0."""
+    from tests.cli import TwoStepRuns
+
+    return TwoStepRuns(tmp_path_factory.mktemp("two_step_runs"), quick_warm_start[1])
 
 
 @pytest.fixture(scope="session")

@@ -3,50 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-
-BASE = ["fit", "--config", "configs/base.yaml", "--config", "configs/algo/grpo.yaml"]
-
-
-def run_cli(args: list[str], tmp_path: Path, timeout: int = 420) -> subprocess.CompletedProcess:
-    """The CLI as a user runs it, from a scratch directory (relative outputs such as `exports/` land
-    there, not in the repository); `configs/…` arguments point into the repository."""
-    # PYTHONPATH: this checkout (and its tests' stand-in callbacks), whichever one the venv installed.
-    env = {**os.environ, "RLVR_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
-    args = [str(REPO / a) if a.startswith("configs/") else a for a in args]
-    return subprocess.run(
-        [sys.executable, "-m", "rlvr_lightning", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
-        timeout=timeout,
-    )  # fmt: skip
-
-
-def small_run_args(tmp_path: Path, model_dir: Path) -> list[str]:
-    return [
-        *BASE,
-        "--trainer.max_steps", "2",
-        "--trainer.logger.init_args.tracking_uri", f"sqlite:///{tmp_path}/mlflow.db",
-        "--trainer.logger.init_args.artifact_location", str(tmp_path / "artifacts"),
-        "--data.model_name_or_path", str(model_dir),
-        "--data.batch_size", "4",
-        "--data.group_size", "4",
-        "--data.val_size", "8",
-        "--data.max_response_length", "16",
-    ]  # fmt: skip
+from tests.cli import BASE, REPO, run_cli, small_run_args
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("engine", ["vllm", "hf"])
-def test_two_step_fit_writes_an_mlflow_run(tmp_path, tiny_policy_dir, engine):
-    verbose = ["-v"] if engine == "hf" else []  # one run of each: the quiet default and everything
-    proc = run_cli([*verbose, *small_run_args(tmp_path, tiny_policy_dir), "--data.engine", engine,
-                    "--trainer.logger.init_args.system_metrics_interval_s", "1"], tmp_path)  # fmt: skip
+def test_two_step_fit_writes_an_mlflow_run(two_step_runs, engine):
+    verbose = engine == "hf"  # one run of each: the quiet default and everything
+    proc, tmp_path = two_step_runs.get(engine), two_step_runs.root
     assert proc.returncode == 0, proc.stderr[-4000:]
     output = (proc.stdout + proc.stderr).replace("\r", "\n").splitlines()
     noise = ["GPU available", "reduce_op", "LeafSpec", "weights_only", "Loading weights", "Seed set to",
@@ -64,10 +33,11 @@ def test_two_step_fit_writes_an_mlflow_run(tmp_path, tiny_policy_dir, engine):
     import mlflow
 
     client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
-    (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
+    experiment_id = client.get_experiment_by_name("rlvr_lightning").experiment_id
+    (run,) = client.search_runs(experiment_id, filter_string=f"tags.engine = '{engine}'")
     assert run.info.status == "FINISHED"
-    assert run.info.run_name == "grpo"
-    assert run.data.tags["algorithm"] == "GRPO" and run.data.tags["model"] == str(tiny_policy_dir)
+    assert run.info.run_name == f"grpo-{engine}"
+    assert run.data.tags["algorithm"] == "GRPO" and run.data.tags["model"] == str(two_step_runs.model_dir)
     assert run.data.tags["model_family"] == "qwen2" and run.data.tags["engine"] == engine
     assert run.data.tags["params"].endswith("M") and run.data.tags["devices"] == "1"
     assert run.info.run_id in summary and run.data.tags["mlflow.note.content"].strip("`\n").startswith(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import run_cli
+from tests.cli import run_cli
 
 METRICS_EVERY_PRESET_LOGS = (
     "train/reward_mean", "train/accuracy", "train/entropy", "train/clip_frac_low", "train/clip_frac_high",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import REPO, run_cli
+from tests.cli import REPO, run_cli
 
 STEPS = 5
 COMPARED = ("train/reward_mean", "train/accuracy", "train/loss", "train/grad_norm", "train/entropy",

@@ -1,0 +1,60 @@
+"""Running the command line as a user does, for the end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = ["fit", "--config", "configs/base.yaml", "--config", "configs/algo/grpo.yaml"]
+
+
+def run_cli(args: list[str], tmp_path: Path, timeout: int = 420) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it, from a scratch directory (relative outputs such as `exports/` land
+    there, not in the repository); `configs/…` arguments point into the repository."""
+    # PYTHONPATH: this checkout (and its tests' stand-in callbacks), whichever one the venv installed.
+    env = {**os.environ, "RLVR_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+    args = [str(REPO / a) if a.startswith("configs/") else a for a in args]
+    return subprocess.run(
+        [sys.executable, "-m", "rlvr_lightning", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+def small_run_args(tmp_path: Path, model_dir: Path) -> list[str]:
+    return [
+        *BASE,
+        "--trainer.max_steps", "2",
+        "--trainer.logger.init_args.tracking_uri", f"sqlite:///{tmp_path}/mlflow.db",
+        "--trainer.logger.init_args.artifact_location", str(tmp_path / "artifacts"),
+        "--data.model_name_or_path", str(model_dir),
+        "--data.batch_size", "4",
+        "--data.group_size", "4",
+        "--data.val_size", "8",
+        "--data.max_response_length", "16",
+    ]  # fmt: skip
+
+
+class TwoStepRuns:
+    """2-step GRPO fits into one MLflow store, one per engine (vLLM with the quiet default output, HF with
+    -v), each trained the first time a test asks for it. test_cli checks each run; the MLflow UI test
+    browses the store holding both."""
+
+    def __init__(self, root: Path, model_dir: Path):
+        self.root, self.model_dir, self.procs = root, model_dir, {}
+
+    @property
+    def tracking_uri(self) -> str:
+        return f"sqlite:///{self.root}/mlflow.db"
+
+    def get(self, engine: str) -> subprocess.CompletedProcess:
+        if engine not in self.procs:
+            verbose = ["-v"] if engine == "hf" else []
+            self.procs[engine] = run_cli([*verbose, *small_run_args(self.root, self.model_dir),
+                                          "--data.engine", engine, "--trainer.logger.init_args.run_name", f"grpo-{engine}",
+                                          # Room for the warm start's whole answers, so some are right.
+                                          "--data.max_response_length", "40",
+                                          "--trainer.logger.init_args.system_metrics_interval_s", "1"], self.root)  # fmt: skip
+        return self.procs[engine]
