@@ -31,6 +31,7 @@ from rlvr_lightning.models.policy import load_policies
 from rlvr_lightning.rollout.engine import RolloutEngine
 from rlvr_lightning.rollout.sync import EngineSync, full_weights
 from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
+from rlvr_lightning.training.async_rollouts import RolloutsAhead
 from rlvr_lightning.training.batch import LossBatch, StepNorms, UpdateInputs
 from rlvr_lightning.training.behaviour import BehaviourSource, behaviour_source
 from rlvr_lightning.training.generation import generate, generate_and_score
@@ -146,6 +147,7 @@ class RLVRModule(L.LightningModule):
         self.latest_val: dict[str, float] = {}
         self.engine_sync = EngineSync(tol=sync_check_tol, check_every=sync_check_every)
         self.policy_update = PolicyUpdate(self)
+        self.rollouts_ahead: RolloutsAhead | None = None  # data.async_rollouts: the batch generated ahead
 
     # ---- model, engine, optimiser, configuration checks --------------------------------------
     def configure_model(self) -> None:
@@ -176,13 +178,20 @@ class RLVRModule(L.LightningModule):
     def on_fit_start(self) -> None:
         self.validate_config()
         _ = self.engine  # built now, so its start-up cost is not charged to the first step
+        if self.async_rollouts:
+            self.rollouts_ahead = RolloutsAhead()
+
+    def teardown(self, stage: str) -> None:
+        if self.rollouts_ahead is not None:  # before the datamodule's teardown closes the engine
+            self.rollouts_ahead.close()
+            self.rollouts_ahead = None
 
     def on_train_start(self) -> None:
         # Resumed: the engine was built from the base weights. Here, not in `on_fit_start`: strategies
         # that restore the checkpoint after setup (FSDP) restore it between the two hooks. Every rank
         # takes part (gathering sharded weights is a collective).
         if self.policy_version > 0:
-            self.engine.load_weights(full_weights(self.policy))
+            self.engine.load_weights(full_weights(self.policy), version=self.policy_version)
 
     def validate_config(self) -> None:
         """Checks that need the data settings or the callbacks too; run before anything expensive starts."""
@@ -193,6 +202,12 @@ class RLVRModule(L.LightningModule):
                 f"{h.mini_batches} mini-batches of whole groups"
             )
         self._check_behaviour_logprobs()
+        if self.async_rollouts and type(self).collect_rollout is not RLVRModule.collect_rollout:
+            if getattr(h, "dynamic_sampling", False):
+                raise ConfigError(
+                    "data.async_rollouts=1 with model.dynamic_sampling=true is not supported: dynamic sampling "
+                    "decides how many prompts to generate from the rewards of the rounds before"
+                )
         shapers = [type(cb).__name__ for cb in advantage_shapers(self.trainer)]
         reason = self.token_advantages_unsupported()
         if shapers and reason:
@@ -201,8 +216,10 @@ class RLVRModule(L.LightningModule):
     def _check_behaviour_logprobs(self) -> None:
         dm, h = self.datamodule.hparams, self.hparams
         filtered = dm.top_p < 1 or dm.top_k > 0
-        if filtered and (h.tis_level != "off" or h.behaviour_logprobs == "rollout") and not h.allow_filtered_rollout_logprobs:
-            what = f"model.tis_level={h.tis_level}" if h.tis_level != "off" else "model.behaviour_logprobs=rollout"
+        uses_engine = h.tis_level != "off" or h.behaviour_logprobs == "rollout" or self.async_rollouts
+        if filtered and uses_engine and not h.allow_filtered_rollout_logprobs:
+            what = (f"model.tis_level={h.tis_level}" if h.tis_level != "off" else
+                    "model.behaviour_logprobs=rollout" if h.behaviour_logprobs == "rollout" else "data.async_rollouts=1")  # fmt: skip
             raise ConfigError(
                 f"{what} uses the rollout engine's log-probs as the behaviour policy, but data.top_p={dm.top_p} / "
                 f"data.top_k={dm.top_k} sample from a truncated distribution whose log-probs are not the "
@@ -213,7 +230,15 @@ class RLVRModule(L.LightningModule):
     def behaviour_source(self) -> BehaviourSource:
         """Where θ_old's log-probs come from (`rlvr_lightning.training.behaviour`)."""
         h = self.hparams
-        return behaviour_source(h.behaviour_logprobs, h.mini_batches * h.ppo_epochs, h.tis_level, self.two_pass)
+        return behaviour_source(
+            h.behaviour_logprobs, h.mini_batches * h.ppo_epochs, h.tis_level, self.two_pass, self.async_rollouts
+        )
+
+    @property
+    def async_rollouts(self) -> bool:
+        """Whether rollouts are generated one step ahead (`data.async_rollouts`), hence one version behind."""
+        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        return bool(getattr(getattr(dm, "hparams", None), "async_rollouts", 0))
 
     @property
     def two_pass(self) -> bool:
@@ -273,6 +298,8 @@ class RLVRModule(L.LightningModule):
 
     def collect_rollout(self, batch: PromptBatch, timer: StageTimer) -> Rollout | None:
         """The scored rollout batch to train on, or None to skip the step. DAPO samples dynamically."""
+        if self.rollouts_ahead is not None:
+            return self.rollouts_ahead.collect(self, batch, timer)
         return generate_and_score(self, batch, timer)
 
     def generate(self, batch: PromptBatch, sampling: SamplingConfig | None = None) -> Rollout:
@@ -303,12 +330,15 @@ class RLVRModule(L.LightningModule):
         if rollout is None:
             return None
         self.engine.release_memory()  # vLLM sleep mode (data.sleep_level); the weight sync wakes it
+        rollout.metrics["policy_lag"] = float(self.policy_version - rollout.policy_version)
         rollout.rewards = self.compute_rewards(rollout)
         rollout.advantages = self.compute_advantages(rollout)
         inputs, is_stats = prepare_update(self, rollout, timer)
         with timer("update"):
             update_metrics = self.policy_update.run(inputs, len(rollout.batch))
         rollout.token_weights = compose_token_weights(rollout.token_weights, inputs.behaviour.token_weights())
+        if self.rollouts_ahead is not None:
+            self.rollouts_ahead.wait(timer)  # the servers take new weights once the batch ahead is done
         with timer("weight_sync"):
             trainer_score = partial(sequence_logprobs, self.policy, chunk_tokens=self.hparams.logprob_chunk_tokens)
             self.engine_sync.sync(self.engine, self.policy, self.policy_version + 1, rollout, trainer_score)

@@ -56,6 +56,15 @@ class ResumableBatches(IterableDataset):
         epoch, offset = divmod(self.next_batch, self.batches_per_epoch)
         order = self.epoch_order(epoch)
         for b in range(offset, self.batches_per_epoch):
-            lo = b * self.global_batch + self.rank * self.batch_size
             self.next_batch = epoch * self.batches_per_epoch + b + 1
-            yield self.collate([self.items[i] for i in order[lo : lo + self.batch_size].tolist()])
+            yield self._batch(order, b)
+
+    def batch_at(self, index: int) -> Any:
+        """This rank's batch number `index` of the stream (counted over epochs), without moving the
+        stream: what the iterator yields there. Asynchronous rollouts generate it one step early."""
+        epoch, b = divmod(index, self.batches_per_epoch)
+        return self._batch(self.epoch_order(epoch), b)
+
+    def _batch(self, order: torch.Tensor, b: int) -> Any:
+        lo = b * self.global_batch + self.rank * self.batch_size
+        return self.collate([self.items[i] for i in order[lo : lo + self.batch_size].tolist()])

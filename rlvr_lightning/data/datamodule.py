@@ -48,13 +48,20 @@ class RolloutDataModule(L.LightningDataModule):
         top_p: float = 1.0,
         top_k: int = -1,
         val_size: int | None = 200,
-        engine: Literal["vllm", "hf"] = "vllm",
+        engine: Literal["vllm", "vllm-server", "hf"] = "vllm",
         dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32",
         kv_cache_gib: float = 1.0,
         gpu_memory_utilization: float = 0.3,
         enforce_eager: bool = True,
         sleep_level: Literal[0, 1, 2] = 0,
         seed: int = 0,
+        server_replicas: int = 1,
+        server_urls: list[str] | None = None,
+        server_cuda_devices: list[str] | None = None,
+        server_start_timeout_s: float = 600.0,
+        server_args: list[str] | None = None,
+        weight_transfer: Literal["auto", "snapshot", "nccl"] = "auto",
+        async_rollouts: Literal[0, 1] = 0,
     ) -> None:
         """
         Args:
@@ -70,17 +77,41 @@ class RolloutDataModule(L.LightningDataModule):
             batch_size: prompts per rollout batch (B). Each prompt gets `group_size` completions (G).
             max_prompt_length: prompts longer than this (in tokens) are dropped, with a count.
             max_response_length: generation limit; completions that hit it count as truncated.
-            engine: `vllm` (default) or `hf` (the transformers `generate` fallback).
+            engine: `vllm` (default: an in-process engine on the trainer's device), `vllm-server` (`vllm serve`
+                replicas, launched on loopback or attached to `server_urls`) or `hf` (the transformers
+                `generate` fallback).
             dtype: the vLLM engine's weights and compute (`auto`: the checkpoint's).
             kv_cache_gib: vLLM KV cache on CPU, in GiB (`VLLM_CPU_KVCACHE_SPACE`).
             gpu_memory_utilization: vLLM's share of GPU memory when colocated with training.
             sleep_level: vLLM sleep mode during the policy update (CUDA only; ignored with a warning on
                 CPU): 0 off, 1 weights copied to host memory and KV cache freed, 2 both freed (the
                 weight sync reloads them). The engine wakes itself for the sync and for generation.
+            server_replicas: `vllm serve` processes the trainer launches (engine `vllm-server`); prompts are
+                spread over them. On CPU each gets its own share of the cores.
+            server_urls: attach to servers already running at these URLs (started with
+                `VLLM_SERVER_DEV_MODE=1` and the flags in the README) instead of launching any.
+            server_cuda_devices: CUDA_VISIBLE_DEVICES of each launched replica (e.g. ["2", "3"]), so rollouts
+                run on GPUs the trainer does not use.
+            server_start_timeout_s: how long a launched server may take to become healthy.
+            server_args: extra `vllm serve` flags for every launched replica.
+            weight_transfer: `snapshot` (safetensors in shared memory, loaded with vLLM's `reload_weights`;
+                servers on this machine), `nccl` (vLLM's NCCL weight transfer; GPU, untested here) or
+                `auto` (nccl on CUDA, else snapshot).
+            async_rollouts: 1 generates rollout batch k+1 while the trainer updates on batch k (one step
+                off policy, engine `vllm-server`); 0 alternates generation and update.
         """
         super().__init__()
         self.save_hyperparameters()
-        check_choice("data.engine", engine, ("vllm", "hf"))
+        check_choice("data.engine", engine, ("vllm", "vllm-server", "hf"))
+        check_choice("data.weight_transfer", weight_transfer, ("auto", "snapshot", "nccl"))
+        check_choice("data.async_rollouts", async_rollouts, (0, 1))
+        if async_rollouts and engine != "vllm-server":
+            raise ConfigError(
+                f"data.async_rollouts=1 needs data.engine=vllm-server (got {engine}): the rollouts of the next "
+                "batch run on the servers while this process updates the policy"
+            )
+        if engine == "vllm-server" and not server_urls and server_replicas < 1:
+            raise ConfigError(f"data.server_replicas must be ≥ 1, got {server_replicas}")
         check_choice("data.dtype", dtype, ("float32", "bfloat16", "float16", "auto"))
         check_choice("data.sleep_level", sleep_level, (0, 1, 2))
         if group_size < 2:
@@ -92,6 +123,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.train_records: list[ProblemRecord] = []
         self.val_records: list[ProblemRecord] = []
         self._engine: RolloutEngine | None = None
+        self.train_batches: ResumableBatches | None = None  # the stream behind train_dataloader
         # Position in the stream of extra prompts (DAPO's dynamic sampling); part of the state dict.
         self._extra_epoch = 0
         self._extra_pos = 0
@@ -182,14 +214,18 @@ class RolloutDataModule(L.LightningDataModule):
         start = getattr(module, "rollout_batches", 0)
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         try:
-            batches = ResumableBatches(
+            self.train_batches = ResumableBatches(
                 self.train_records, self.hparams.batch_size, self.hparams.seed, self.collate, start, rank, world
             )
         except ValueError as err:
             raise ConfigError(f"data.train_data / data.batch_size: {err}") from None
         # Lightning warns that __len__ may be wrong with several loader workers; there are none here.
         warnings.filterwarnings("ignore", message=r".*`IterableDataset` has `__len__` defined")
-        return DataLoader(batches, batch_size=None)  # the dataset yields whole batches
+        return DataLoader(self.train_batches, batch_size=None)  # the dataset yields whole batches
+
+    def train_batch_at(self, index: int) -> PromptBatch:
+        """This rank's training batch number `index`: the one the dataloader yields at that step."""
+        return self.train_batches.batch_at(index)
 
     def extra_prompts(self, n: int) -> PromptBatch:
         """`n` more training prompts, for algorithms that sample beyond the dataloader's batch.
@@ -250,10 +286,12 @@ class RolloutDataModule(L.LightningDataModule):
                 log.warning("data.sleep_level=%d is ignored: data.engine=hf has no memory of its own", h.sleep_level)
             scorer = partial(sequence_logprobs, policy)
             return HFGenerateEngine(policy, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, scorer)
-        from rlvr_lightning.rollout.vllm_engine import VLLMEngine
-
         # Each rank gets its own engine and its own seed, so ranks do not sample identical completions.
         rank = self.trainer.global_rank if self.trainer is not None else 0
+        if h.engine == "vllm-server":
+            return self._build_server_engine(rank)
+        from rlvr_lightning.rollout.vllm_engine import VLLMEngine
+
         return VLLMEngine(
             self.policy_path,
             max_model_len=self.max_model_len(),
@@ -264,6 +302,24 @@ class RolloutDataModule(L.LightningDataModule):
             enforce_eager=h.enforce_eager,
             sleep_level=h.sleep_level,
         )
+
+    def _build_server_engine(self, rank: int) -> RolloutEngine:
+        from rlvr_lightning.rollout.vllm_server import ServerSpec, VLLMServerEngine
+
+        h = self.hparams
+        spec = ServerSpec(
+            self.policy_path, max_model_len=self.max_model_len(), dtype=h.dtype, seed=h.seed + rank,
+            kv_cache_gib=h.kv_cache_gib, gpu_memory_utilization=h.gpu_memory_utilization,
+            enforce_eager=h.enforce_eager, extra_args=list(h.server_args or []),
+            start_timeout_s=h.server_start_timeout_s,
+        )  # fmt: skip
+        world = self.trainer.world_size if self.trainer is not None else 1
+        # Launched servers belong to their rank; attached ones are shared, and rank 0 alone writes the weights.
+        role = "only" if world == 1 or not h.server_urls else ("leader" if rank == 0 else "follower")
+        return VLLMServerEngine(
+            spec, replicas=h.server_replicas, urls=h.server_urls, transport=h.weight_transfer,
+            cuda_devices=h.server_cuda_devices, sync_role=role,
+        )  # fmt: skip
 
     def teardown(self, stage: str) -> None:
         if self._engine is not None:

@@ -21,9 +21,10 @@ class RolloutEngine(Protocol):
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[list[Completion]]:
         """`sampling.n` completions for every prompt, grouped per prompt, in prompt order."""
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         """Replace the engine's weights with the trainer's (HF checkpoint names): all of them, since an
-        engine that released its memory may have discarded its own."""
+        engine that released its memory may have discarded its own. `version`: the trainer's count of
+        syncs, for engines that label their samples with it (vLLM servers)."""
 
     def release_memory(self) -> None:
         """Free the engine's device memory for the policy update (a no-op unless it supports sleeping);

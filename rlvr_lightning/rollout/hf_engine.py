@@ -74,7 +74,7 @@ class HFGenerateEngine:
             return Completion(tokens[:end].tolist(), lp[:end].tolist(), "stop")
         return Completion(tokens.tolist(), lp.tolist(), "length")
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         """Nothing to copy: this engine samples with the trainer's module itself."""
 
     def release_memory(self) -> None:

@@ -80,6 +80,6 @@ class EngineSync:
     ) -> None:
         """Load the weights of `policy`, which become version `policy_version` (counted from 1);
         `trainer_score` scores the probe with `policy` itself."""
-        engine.load_weights(full_weights(policy))
+        engine.load_weights(full_weights(policy), version=policy_version)
         if (policy_version - 1) % self.check_every == 0:
             self.probe.check(engine, trainer_score, rollout)

@@ -195,7 +195,7 @@ class VLLMEngine:
         )
         return [[_to_completion(c) for c in out.outputs] for out in outputs]
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         """Every weight of the policy (after a level-2 sleep nothing else refills their memory)."""
         self.sleep_cycle.before_reload()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})

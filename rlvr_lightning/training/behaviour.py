@@ -25,13 +25,17 @@ BehaviourSource = Literal["trainer", "engine", "update"]
 
 
 def behaviour_source(
-    behaviour_logprobs: str, optimizer_steps_per_batch: int, tis_level: str, two_pass: bool
+    behaviour_logprobs: str, optimizer_steps_per_batch: int, tis_level: str, two_pass: bool, lagged: bool = False
 ) -> BehaviourSource:
     """`update` wherever it is exact: one optimizer step per rollout batch, no truncated IS (its weights
     are needed before the update) and no two-pass loss (it scores every sequence before any forward
-    with grad)."""
-    if behaviour_logprobs == "rollout":
+    with grad). `lagged` (asynchronous rollouts, sampled by the previous policy version): the trainer's
+    weights are not the behaviour policy, so θ_old is the engine's log-probs, unless truncated IS is on,
+    which corrects the trainer's θ_old towards them."""
+    if behaviour_logprobs == "rollout" or (lagged and tis_level == "off"):
         return "engine"
+    if lagged:
+        return "trainer"
     if optimizer_steps_per_batch == 1 and tis_level == "off" and not two_pass:
         return "update"
     return "trainer"

@@ -8,7 +8,7 @@ from functools import partial
 
 from rlvr_lightning.callbacks.rollout import rollout_callbacks
 from rlvr_lightning.rollout.dynamic_sampling import OnExhausted, dynamic_sample
-from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
+from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.seeding import derived_seed
 from rlvr_lightning.training.step_metrics import StageTimer
 
@@ -17,33 +17,50 @@ log = logging.getLogger(__name__)
 
 def generate(module, batch: PromptBatch, sampling: SamplingConfig | None = None) -> Rollout:
     """Sample completions for a prompt batch (the training sampling settings unless given)."""
-    dm = module.datamodule
-    prompt_ids = [dm.tokenizer(p, add_special_tokens=False).input_ids for p in batch.prompts]
-    sampling = sampling or dm.sampling(seed=sampling_seed(module))
-    groups = module.engine.generate(prompt_ids, sampling)
+    sampling = sampling or module.datamodule.sampling(seed=sampling_seed(module))
+    prompt_ids = encode_prompts(module, batch)
+    return to_rollout(module, batch, prompt_ids, sampling, module.engine.generate(prompt_ids, sampling),
+                      module.policy_version)  # fmt: skip
+
+
+def encode_prompts(module, batch: PromptBatch) -> list[list[int]]:
+    tokenizer = module.datamodule.tokenizer
+    return [tokenizer(p, add_special_tokens=False).input_ids for p in batch.prompts]
+
+
+def to_rollout(module, batch: PromptBatch, prompt_ids: list[list[int]], sampling: SamplingConfig,
+               groups: list[list[Completion]], policy_version: int) -> Rollout:  # fmt: skip
+    """The engine's completion groups as a Rollout, sampled by policy version `policy_version`."""
     completions = [c for group in groups for c in group]
-    texts = dm.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+    texts = module.datamodule.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
     return Rollout(
         batch=batch, group_size=sampling.n, prompt_ids=prompt_ids, completions=completions,
-        sampling=sampling, policy_version=module.policy_version, texts=texts,
+        sampling=sampling, policy_version=policy_version, texts=texts,
     )  # fmt: skip
 
 
-def sampling_seed(module, round_index: int = 0) -> int:
-    """The engine's seed for generation round `round_index` of the current step on this rank."""
-    return derived_seed(module.datamodule.hparams.seed, module.rollout_batches, round_index, module.global_rank)
+def sampling_seed(module, round_index: int = 0, rollout_batch: int | None = None) -> int:
+    """The engine's seed for generation round `round_index` of rollout batch `rollout_batch` (default:
+    the current one) on this rank."""
+    step = module.rollout_batches if rollout_batch is None else rollout_batch
+    return derived_seed(module.datamodule.hparams.seed, step, round_index, module.global_rank)
 
 
-def generate_and_score(module, batch: PromptBatch, timer: StageTimer, round_index: int = 0) -> Rollout:
-    """Sample G completions per prompt and run the rollout callbacks that score them."""
-    with timer("rollout"):
-        rollout = generate(module, batch, module.datamodule.sampling(seed=sampling_seed(module, round_index)))
+def score_rollout(module, rollout: Rollout, timer: StageTimer) -> Rollout:
+    """Run the rollout callbacks that score the completions (the reward verifier)."""
     with timer("reward"):
         for cb in rollout_callbacks(module.trainer):
             cb.on_rollout_generated(module.trainer, module, rollout)
     if rollout.rewards is None or rollout.correct is None:
         raise RuntimeError("no rollout callback scored the rollout (is a RewardVerifier configured?)")
     return rollout
+
+
+def generate_and_score(module, batch: PromptBatch, timer: StageTimer, round_index: int = 0) -> Rollout:
+    """Sample G completions per prompt and run the rollout callbacks that score them."""
+    with timer("rollout"):
+        rollout = generate(module, batch, module.datamodule.sampling(seed=sampling_seed(module, round_index)))
+    return score_rollout(module, rollout, timer)
 
 
 class DynamicSampler:
