@@ -11,7 +11,7 @@ from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.standalone import standalone
-from rlvr_lightning.training.behaviour import FromUpdateForward, Precomputed, separate_pass
+from rlvr_lightning.training.behaviour import FromUpdateForward, Precomputed, behaviour_source, separate_pass
 from rlvr_lightning.training.prepare import prepare_update
 from rlvr_lightning.training.step_metrics import MetricAccumulator
 
@@ -294,3 +294,17 @@ def test_several_updates_per_rollout_batch_keep_theta_old_fixed(tiny_policy_dir)
     metrics = module.policy_update.run(inputs, len(rollout.batch))
     assert metrics["ratio_max"] > 1 + 1e-4
     torch.testing.assert_close(inputs.behaviour.old_logp_all(), before, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("behaviour_logprobs", "steps", "tis_level", "lagged", "expected"),
+    [
+        ("trainer", 1, "off", False, "update"),  # on policy, one step: the update's own forward is θ_old
+        ("trainer", 1, "off", True, "engine"),  # one version behind: only the engine knows θ_old
+        ("trainer", 4, "off", True, "engine"),
+        ("trainer", 1, "token", True, "trainer"),  # truncated IS corrects the trainer's θ_old to the engine's
+        ("rollout", 1, "off", False, "engine"),
+    ],
+)
+def test_lagged_rollouts_take_the_behaviour_policy_from_the_engine(behaviour_logprobs, steps, tis_level, lagged, expected):
+    assert behaviour_source(behaviour_logprobs, steps, tis_level, False, lagged) == expected

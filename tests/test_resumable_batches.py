@@ -39,3 +39,11 @@ def test_ranks_split_each_global_batch_and_epochs_reshuffle():
 def test_too_few_items_for_the_ranks_is_refused():
     with pytest.raises(ValueError, match="cannot fill one batch of 4 × 8 ranks"):
         ResumableBatches(ITEMS, batch_size=4, seed=0, collate=list, world_size=8)
+
+
+def test_batch_at_is_what_the_stream_yields_there_without_moving_it():
+    for rank in (0, 1):
+        full = stream(rank=rank)
+        ds = ResumableBatches(ITEMS, batch_size=4, seed=3, collate=list, rank=rank, world_size=2)
+        assert [ds.batch_at(k) for k in range(7)] == full  # across epoch boundaries (2 batches per epoch)
+        assert ds.next_batch == 0 and list(islice(iter(ds), 1)) == full[:1]  # the stream did not move

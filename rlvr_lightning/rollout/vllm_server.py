@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -194,6 +195,7 @@ class ServerProcess:
 class Replica:
     url: str
     process: ServerProcess | None = None  # None: attached to a server someone else runs
+    restarts: int = 0
 
 
 class VLLMServerEngine:
@@ -220,8 +222,11 @@ class VLLMServerEngine:
         spec.extra_args = [*spec.extra_args, *server_args(transport)]
         self.spec, self.request_timeout_s, self.sync_role = spec, request_timeout_s, sync_role
         self.session = requests.Session()
+        # One connection per concurrent request (the client pool's threads), not requests' default 10.
+        self.session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64))
         self.log_dir = Path(tempfile.mkdtemp(prefix="rlvr-vllm-servers-"))
         self.version = 0
+        self._restart_lock = threading.Lock()
         self.replicas: list[Replica] = []
         if urls:
             self.replicas = [Replica(u.rstrip("/")) for u in urls]
@@ -281,10 +286,11 @@ class VLLMServerEngine:
         return list(self.pool.map(request, range(len(prompt_ids))))
 
     def _generate_one(self, replica: int, body: dict) -> list[Completion]:
+        restarts = self.replicas[replica].restarts
         try:
             out = self.post(self.replicas[replica].url, "/inference/v1/generate", json=body)
         except (OSError, RolloutServerError) as first_error:
-            self._recover(replica, first_error)
+            self._recover(replica, restarts, first_error)
             out = self.post(self.replicas[replica].url, "/inference/v1/generate", json=body)
         completions = []
         for choice in out["choices"]:
@@ -301,18 +307,23 @@ class VLLMServerEngine:
             ))  # fmt: skip
         return completions
 
-    def _recover(self, replica: int, error: Exception) -> None:
-        """A failed request: restart a launched replica that died (from the current weights), else raise."""
+    def _recover(self, replica: int, restarts_seen: int, error: Exception) -> None:
+        """A failed request: restart a launched replica that died (from the current weights), else raise.
+        Requests in flight on it fail together; the first to get here restarts it, the others retry."""
         r = self.replicas[replica]
-        if r.process is None or r.process.alive():
-            raise RolloutServerError(f"rollout request to {r.url or 'a replica'} failed: {error}") from error
-        code = r.process.proc.returncode if r.process.proc is not None else None
-        log.warning("vLLM server %d died (exit code %s); restarting it and retrying its prompts", replica, code)
-        r.process.stop()
-        r.process.start()
-        r.process.wait_healthy(self.session)
-        r.url = r.process.url
-        self.transport.restore(r)
+        with self._restart_lock:
+            if r.restarts != restarts_seen:
+                return  # another request restarted it meanwhile
+            if r.process is None or r.process.alive():
+                raise RolloutServerError(f"rollout request to {r.url} failed: {error}") from error
+            code = r.process.proc.returncode if r.process.proc is not None else None
+            log.warning("vLLM server %d died (exit code %s); restarting it and retrying its prompts", replica, code)
+            r.process.stop()
+            r.process.start()
+            r.process.wait_healthy(self.session)
+            r.url = r.process.url
+            self.transport.restore(r)
+            r.restarts += 1
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         """All the policy's weights, as version `version` (the trainer's count of syncs)."""
