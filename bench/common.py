@@ -37,16 +37,17 @@ def preset(name: str):
 
 def embedded_module(
     module, callbacks=(), engine: str = "vllm", batch_size: int = 16, group_size: int = 8, seed: int = 0,
-    max_response_length: int = 40,
+    max_response_length: int = 40, **data_options,
 ):
-    """`module` wired to the embedded default data/model (configs/base.yaml's sizes) outside `fit`."""
+    """`module` wired to the embedded default data/model (configs/base.yaml's sizes) outside `fit`;
+    `data_options`: more RolloutDataModule arguments."""
     from rlvr_lightning.callbacks.reward import RewardVerifier
     from rlvr_lightning.data.datamodule import RolloutDataModule
     from rlvr_lightning.standalone import standalone
 
     dm = RolloutDataModule(
         batch_size=batch_size, group_size=group_size, max_prompt_length=32, max_response_length=max_response_length,
-        engine=engine, seed=seed, val_data=None,
+        engine=engine, seed=seed, val_data=None, **data_options,
     )  # fmt: skip
     torch.manual_seed(seed)
     return standalone(module, dm, callbacks=[RewardVerifier(num_workers=2, timeout_s=5.0), *callbacks])

@@ -145,3 +145,39 @@ def test_a_server_that_does_not_start_is_a_clear_error(tmp_path):
     spec = ServerSpec(str(tmp_path), max_model_len=64, start_timeout_s=300)
     with pytest.raises(RolloutServerError, match=r"exited with code .* while starting; last lines of"):
         VLLMServerEngine(spec, replicas=1)
+
+
+def serve_processes(model_dir) -> list[int]:
+    """Live `vllm serve` processes of this model, from /proc."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "serve" in cmd and str(model_dir) in cmd:
+            out.append(int(pid))
+    return out
+
+
+def test_cli_run_on_two_replicas_one_step_off_policy(tmp_path, tiny_policy_dir):
+    import mlflow
+
+    from tests.cli import run_cli, small_run_args
+
+    import shutil
+
+    model_dir = shutil.copytree(tiny_policy_dir, tmp_path / "policy")  # its own path: its servers are told apart
+    args = [*small_run_args(tmp_path, model_dir), "--trainer.max_steps", "3", "--data.engine", "vllm-server",
+            "--data.server_replicas", "2", "--data.async_rollouts", "1", "--model.init_args.sync_check_every", "1"]  # fmt: skip
+    proc = run_cli(args, tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
+    history = lambda key: [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]  # noqa: E731
+    # The first batch is generated before any update; every later one while the previous batch trained.
+    assert history("train/policy_lag") == [(0, 0.0), (1, 1.0), (2, 1.0)]
+    assert [s for s, _ in history("time/rollout_wait")] == [0, 1, 2]
+    assert max(v for _, v in history("train/sync_probe_max_abs_diff")) < 1e-3  # probed after every sync
+    assert run.data.tags["engine"] == "vllm-server"
+    assert serve_processes(model_dir) == []  # the trainer took its servers down with it

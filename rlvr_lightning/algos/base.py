@@ -178,8 +178,6 @@ class RLVRModule(L.LightningModule):
     def on_fit_start(self) -> None:
         self.validate_config()
         _ = self.engine  # built now, so its start-up cost is not charged to the first step
-        if self.async_rollouts:
-            self.rollouts_ahead = RolloutsAhead()
 
     def teardown(self, stage: str) -> None:
         if self.rollouts_ahead is not None:  # before the datamodule's teardown closes the engine
@@ -298,7 +296,8 @@ class RLVRModule(L.LightningModule):
 
     def collect_rollout(self, batch: PromptBatch, timer: StageTimer) -> Rollout | None:
         """The scored rollout batch to train on, or None to skip the step. DAPO samples dynamically."""
-        if self.rollouts_ahead is not None:
+        if self.async_rollouts:
+            self.rollouts_ahead = self.rollouts_ahead or RolloutsAhead()
             return self.rollouts_ahead.collect(self, batch, timer)
         return generate_and_score(self, batch, timer)
 
