@@ -161,11 +161,11 @@ def serve_processes(model_dir) -> list[int]:
 
 
 def test_cli_run_on_two_replicas_one_step_off_policy(tmp_path, tiny_policy_dir):
+    import shutil
+
     import mlflow
 
     from tests.cli import run_cli, small_run_args
-
-    import shutil
 
     model_dir = shutil.copytree(tiny_policy_dir, tmp_path / "policy")  # its own path: its servers are told apart
     args = [*small_run_args(tmp_path, model_dir), "--trainer.max_steps", "3", "--data.engine", "vllm-server",
