@@ -254,6 +254,9 @@ class VLLMServerEngine:
             raise
         self.transport = make_transport(transport, self)
         self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="vllm-client")
+        if sync_role != "follower":  # the versions are the trainer's syncs; the base weights are version 0
+            for r in self.replicas:
+                self.post(r.url, "/update_weight_version", json={"new_version": "0"})
 
     def _check_attached(self, url: str) -> None:
         try:
@@ -275,7 +278,7 @@ class VLLMServerEngine:
         def request(i: int) -> list[Completion]:
             params = {
                 "n": sampling.n, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                "top_k": sampling.top_k if sampling.top_k > 0 else 0, "max_tokens": sampling.max_tokens,
+                "top_k": sampling.top_k if sampling.top_k > 0 else -1, "max_tokens": sampling.max_tokens,
                 "logprobs": 0, "detokenize": False,
             }  # fmt: skip
             if sampling.seed is not None:  # one stream per prompt (vLLM gives the n children seed + j)
