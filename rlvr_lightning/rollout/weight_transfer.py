@@ -52,11 +52,13 @@ class SnapshotTransport:
         partial.mkdir()
         shard, size, count, seen = {}, 0, 0, set()
         for name, tensor in named_tensors:
-            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-            if key in seen:  # a tied weight (lm_head = embed_tokens): vLLM ties it itself
-                continue
+            tensor = tensor.detach().to("cpu").contiguous()
+            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+            # A tied weight (lm_head = embed_tokens) is written under both names: vLLM's in-place reload
+            # leaves a layer it gets no weights for unusable, tied or not. safetensors refuses shared
+            # storage, hence the copy.
+            shard[name] = tensor.clone() if key in seen else tensor
             seen.add(key)
-            shard[name] = tensor.detach().to("cpu").contiguous()
             size += tensor.numel() * tensor.element_size()
             if size >= SHARD_BYTES:
                 save_file(shard, partial / f"model-{count:05d}.safetensors")
