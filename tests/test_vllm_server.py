@@ -140,6 +140,19 @@ def test_a_replica_holding_other_weights_fails_the_probe(servers, policy):
         servers.load_weights(full_weights(model), version=5)
 
 
+def test_attaching_to_running_servers_leaves_them_running(servers, policy):
+    tok, model = policy
+    attached = VLLMServerEngine(servers.spec, urls=[r.url + "/" for r in servers.replicas])
+    try:
+        assert attached.holds_foreign_weights  # the trainer syncs its weights before the first rollout
+        groups = attached.generate([tok(p).input_ids for p in PROMPTS], SamplingConfig(n=2, max_tokens=6))
+        assert [len(g) for g in groups] == [2, 2, 2]
+    finally:
+        attached.close()
+    assert all(r.process.alive() for r in servers.replicas)  # someone else's servers: not stopped
+    servers.load_weights(full_weights(model), version=6)  # the launching engine's versions again
+
+
 def test_a_server_that_does_not_start_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text("{}")  # not a model
     spec = ServerSpec(str(tmp_path), max_model_len=64, start_timeout_s=300)

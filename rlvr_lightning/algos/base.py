@@ -187,8 +187,9 @@ class RLVRModule(L.LightningModule):
     def on_train_start(self) -> None:
         # Resumed: the engine was built from the base weights. Here, not in `on_fit_start`: strategies
         # that restore the checkpoint after setup (FSDP) restore it between the two hooks. Every rank
-        # takes part (gathering sharded weights is a collective).
-        if self.policy_version > 0:
+        # takes part (gathering sharded weights is a collective). Servers the trainer attached to (rather
+        # than started) may hold any weights: they get the trainer's before the first rollout.
+        if self.policy_version > 0 or getattr(self.engine, "holds_foreign_weights", False):
             self.engine.load_weights(full_weights(self.policy), version=self.policy_version)
 
     def validate_config(self) -> None:

@@ -260,6 +260,11 @@ class VLLMServerEngine:
             for r in self.replicas:
                 self.post(r.url, "/update_weight_version", json={"new_version": "0"})
 
+    @property
+    def holds_foreign_weights(self) -> bool:
+        """Attached servers were started by someone else, with whatever weights they hold."""
+        return any(r.process is None for r in self.replicas)
+
     def _check_attached(self, url: str) -> None:
         try:
             ok = self.session.get(f"{url}/health", timeout=10).status_code == 200
