@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from rlvr_lightning.rollout.loopback import free_port
 from tests.cli import REPO
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -33,12 +33,6 @@ pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH: `make setup` installs Debian's chromium "
                        "when it can run apt-get as root; install it to run the MLflow UI test"),  # fmt: skip
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def group_alive(pgid: int) -> bool:
