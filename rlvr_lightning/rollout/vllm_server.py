@@ -113,6 +113,9 @@ class ServerSpec:
         env["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM's RL routes (/pause, /collective_rpc, …): loopback only
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(self.kv_cache_gib)))  # else 90% of RAM per server
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        # Keep idle client connections open across a policy update (vLLM closes them after 5 s, and a
+        # request sent on a connection as the server closes it is lost: "Remote end closed connection").
+        env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "3600")
         if cpu_bind is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind
         if cuda_devices is not None:
@@ -275,7 +278,12 @@ class VLLMServerEngine:
 
     # ---- HTTP ---------------------------------------------------------------------------------
     def post(self, url: str, route: str, timeout: float | None = None, **kwargs) -> dict:
-        resp = self.session.post(f"{url}{route}", timeout=timeout or self.request_timeout_s, **kwargs)
+        import requests
+
+        try:
+            resp = self.session.post(f"{url}{route}", timeout=timeout or self.request_timeout_s, **kwargs)
+        except requests.ConnectionError as e:
+            raise RolloutServerError(f"{url}{route}: {e}") from e
         if resp.status_code != 200:
             raise RolloutServerError(f"{url}{route} answered {resp.status_code}: {resp.text[:2000]}")
         return resp.json() if resp.content else {}
@@ -301,7 +309,14 @@ class VLLMServerEngine:
             out = self.post(self.replicas[replica].url, "/inference/v1/generate", json=body)
         except (OSError, RolloutServerError) as first_error:
             self._recover(replica, restarts, first_error)
-            out = self.post(self.replicas[replica].url, "/inference/v1/generate", json=body)
+            try:
+                out = self.post(self.replicas[replica].url, "/inference/v1/generate", json=body)
+            except RolloutServerError as e:
+                raise RolloutServerError(
+                    f"rollout server {self.replicas[replica].url} failed twice ({e}). The run stops here; "
+                    "`make train RESUME=checkpoints/<run id>/last.ckpt` continues it from its last checkpoint, "
+                    "in the same MLflow run"
+                ) from e
         completions = []
         for choice in out["choices"]:
             versions = {span["version"] for span in choice.get("weight_versions") or []}
@@ -325,7 +340,10 @@ class VLLMServerEngine:
             if r.restarts != restarts_seen:
                 return  # another request restarted it meanwhile
             if r.process is None or r.process.alive():
-                raise RolloutServerError(f"rollout request to {r.url} failed: {error}") from error
+                # Still running (or not ours to restart): a dropped connection; the caller's one retry
+                # on a fresh connection decides, and raises if the server really refuses.
+                log.info("rollout request to %s failed (%s); retrying once", r.url, error)
+                return
             code = r.process.proc.returncode if r.process.proc is not None else None
             log.warning("vLLM server %d died (exit code %s); restarting it and retrying its prompts", replica, code)
             r.process.stop()
