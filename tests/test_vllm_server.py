@@ -194,3 +194,17 @@ def test_cli_run_on_two_replicas_one_step_off_policy(tmp_path, tiny_policy_dir):
     assert max(v for _, v in history("train/sync_probe_max_abs_diff")) < 1e-3  # probed after every sync
     assert run.data.tags["engine"] == "vllm-server"
     assert serve_processes(model_dir) == []  # the trainer took its servers down with it
+
+
+def test_an_attached_server_that_dies_stops_the_run_with_how_to_resume(servers, policy):
+    """Last of the tests on the shared servers: it kills one."""
+    tok, _ = policy
+    attached = VLLMServerEngine(servers.spec, urls=[servers.replicas[0].url])
+    try:
+        victim = servers.replicas[0].process
+        os.killpg(victim.proc.pid, signal.SIGKILL)
+        victim.proc.wait()
+        with pytest.raises(RolloutServerError, match=r"failed twice .*RESUME=checkpoints/<run id>/last.ckpt"):
+            attached.generate([tok(PROMPTS[0]).input_ids], SamplingConfig(n=2, max_tokens=4))
+    finally:
+        attached.close()
