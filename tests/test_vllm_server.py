@@ -14,9 +14,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.rollout.engine import WeightSyncError
+from rlvr_lightning.rollout.server_process import RolloutServerError, ServerSpec
 from rlvr_lightning.rollout.sync import full_weights
 from rlvr_lightning.rollout.types import SamplingConfig
-from rlvr_lightning.rollout.vllm_server import RolloutServerError, ServerSpec, VLLMServerEngine
+from rlvr_lightning.rollout.vllm_server import VLLMServerEngine
 
 pytestmark = pytest.mark.e2e
 

@@ -304,7 +304,8 @@ class RolloutDataModule(L.LightningDataModule):
         )
 
     def _build_server_engine(self, rank: int) -> RolloutEngine:
-        from rlvr_lightning.rollout.vllm_server import ServerSpec, VLLMServerEngine
+        from rlvr_lightning.rollout.server_process import ServerSpec
+        from rlvr_lightning.rollout.vllm_server import VLLMServerEngine
 
         h = self.hparams
         spec = ServerSpec(

@@ -14,10 +14,12 @@ A resumed run starts without a batch in flight: its first step generates synchro
 
 from __future__ import annotations
 
+import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from rlvr_lightning.callbacks.progress import rollout_batches_total
 from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.training.generation import encode_prompts, sampling_seed, score_rollout, to_rollout
 from rlvr_lightning.training.step_metrics import StageTimer
@@ -49,8 +51,8 @@ class RolloutsAhead:
         with timer("rollout_wait"):
             groups, seconds = ahead.future.result()
         timer.times["rollout"] = timer.times.get("rollout", 0.0) + seconds  # its own duration, overlapped or not
-        max_steps = module.trainer.max_steps if module.trainer is not None else -1
-        if max_steps < 0 or k + 1 < max_steps:  # no generation past the last step
+        total = rollout_batches_total(module.trainer, module) if module.trainer is not None else math.inf
+        if k + 1 < total:  # no generation past the run's last rollout batch
             self.in_flight = self._start(module, module.datamodule.train_batch_at(k + 1), k + 1)
         rollout = to_rollout(module, ahead.batch, ahead.prompt_ids, ahead.sampling, groups, ahead.policy_version)
         return score_rollout(module, rollout, timer)
