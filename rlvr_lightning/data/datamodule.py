@@ -91,7 +91,8 @@ class RolloutDataModule(L.LightningDataModule):
             server_urls: attach to servers already running at these URLs (started with
                 `VLLM_SERVER_DEV_MODE=1` and the flags in the README) instead of launching any.
             server_cuda_devices: CUDA_VISIBLE_DEVICES of each launched replica (e.g. ["2", "3"]), so rollouts
-                run on GPUs the trainer does not use.
+                run on GPUs the trainer does not use; with several trainer ranks per machine, one entry per
+                replica of every rank, rank after rank (2 ranks × 1 replica: ["2", "3"]).
             server_start_timeout_s: how long a launched server may take to become healthy.
             server_args: extra `vllm serve` flags for every launched replica.
             weight_transfer: `snapshot` (safetensors in shared memory, loaded with vLLM's `reload_weights`;
@@ -319,8 +320,14 @@ class RolloutDataModule(L.LightningDataModule):
         role = "only" if world == 1 or not h.server_urls else ("leader" if rank == 0 else "follower")
         return VLLMServerEngine(
             spec, replicas=h.server_replicas, urls=h.server_urls, transport=h.weight_transfer,
-            cuda_devices=h.server_cuda_devices, sync_role=role,
+            cuda_devices=h.server_cuda_devices, sync_role=role, node_slot=self._node_slot(),
         )  # fmt: skip
+
+    def _node_slot(self) -> tuple[int, int]:
+        """(this rank's index on its machine, the trainer ranks per machine)."""
+        if self.trainer is None:
+            return 0, 1
+        return self.trainer.local_rank, max(1, self.trainer.world_size // max(1, self.trainer.num_nodes))
 
     def teardown(self, stage: str) -> None:
         if self._engine is not None:

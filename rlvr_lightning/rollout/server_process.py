@@ -7,6 +7,7 @@ on stop and, if the trainer itself dies, by a parent-death signal.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -18,6 +19,8 @@ from pathlib import Path
 import torch
 
 from rlvr_lightning.rollout.loopback import free_port
+
+log = logging.getLogger(__name__)
 
 SERVED_NAME = "policy"
 
@@ -103,14 +106,38 @@ class ServerSpec:
         return env
 
 
-def cpu_binds(replicas: int) -> list[str | None]:
-    """One disjoint set of cores per replica. vLLM's `auto` binding would pin every server on a one-NUMA
-    machine to the same cores; None (vLLM's default) when there are fewer cores than replicas."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    if len(cores) < replicas:
-        return [None] * replicas
-    per = len(cores) // replicas
-    return [",".join(map(str, cores[i * per : (i + 1) * per])) for i in range(replicas)]
+def available_cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def placement(
+    replicas: int, slot: int = 0, slots: int = 1, cuda_devices: list[str] | None = None, cores: list[int] | None = None
+) -> list[tuple[str | None, str | None]]:
+    """(cores to bind, CUDA_VISIBLE_DEVICES) of each replica launched by trainer rank `slot` of the
+    `slots` ranks on this machine: every launched replica of the machine gets its own share.
+
+    CPU: disjoint core sets, because vLLM's `auto` binding would pin every server on a one-NUMA machine to
+    the same cores; None (vLLM's default) when there are fewer cores than replicas. CUDA: `cuda_devices`
+    lists the devices of all `slots × replicas` replicas of the machine, rank after rank.
+    """
+    total = replicas * slots
+    mine = range(slot * replicas, (slot + 1) * replicas)
+    if cuda_devices is not None:
+        if len(cuda_devices) != total:
+            raise RolloutServerError(
+                f"data.server_cuda_devices has {len(cuda_devices)} entries; {slots} trainer rank(s) on this "
+                f"machine × {replicas} replicas each need {total}, one per replica, rank after rank"
+            )
+        return [(None, cuda_devices[i]) for i in mine]
+    if torch.cuda.is_available():
+        log.warning("data.server_cuda_devices is not set: the rollout servers share the trainer's GPU (lower "
+                    "data.gpu_memory_utilization, or give them GPUs of their own)")  # fmt: skip
+        return [(None, None)] * replicas
+    cores = available_cores() if cores is None else cores
+    if len(cores) < total:
+        return [(None, None)] * replicas
+    per = len(cores) // total
+    return [(",".join(map(str, cores[i * per : (i + 1) * per])), None) for i in mine]
 
 
 class ServerProcess:

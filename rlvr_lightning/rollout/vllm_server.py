@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from rlvr_lightning.rollout.engine import WeightSyncError
-from rlvr_lightning.rollout.server_process import RolloutServerError, ServerProcess, ServerSpec, cpu_binds
+from rlvr_lightning.rollout.server_process import RolloutServerError, ServerProcess, ServerSpec, placement
 from rlvr_lightning.rollout.types import Completion, SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -53,9 +53,12 @@ class VLLMServerEngine:
         cuda_devices: list[str] | None = None,
         request_timeout_s: float = 3600.0,
         sync_role: str = "only",
+        node_slot: tuple[int, int] = (0, 1),
     ) -> None:
-        """`urls`: attach to these servers instead of launching `replicas` of them. `cuda_devices`: one
-        CUDA_VISIBLE_DEVICES value per launched replica. `sync_role` (several trainer ranks sharing
+        """`urls`: attach to these servers instead of launching `replicas` of them. `node_slot`: (this
+        trainer rank's index among the ranks on its machine, their number), so the replicas every rank
+        launches get cores or GPUs of their own. `cuda_devices`: CUDA_VISIBLE_DEVICES of each replica
+        launched on this machine, rank after rank (see `placement`). `sync_role` (several trainer ranks sharing
         attached servers): `leader` writes the weights, `follower` only takes part in gathering them,
         `only` is a single trainer."""
         import requests
@@ -74,12 +77,9 @@ class VLLMServerEngine:
         if urls:
             self.replicas = [Replica(u.rstrip("/")) for u in urls]
         else:
-            binds = cpu_binds(replicas) if not torch.cuda.is_available() else [None] * replicas
-            devices = cuda_devices or [None] * replicas
-            if len(devices) != replicas:
-                raise RolloutServerError(f"data.server_cuda_devices has {len(devices)} entries for {replicas} replicas")
+            where = placement(replicas, *node_slot, cuda_devices)
             for i in range(replicas):
-                proc = ServerProcess(spec, self.log_dir, i, binds[i], devices[i])
+                proc = ServerProcess(spec, self.log_dir, i, *where[i])
                 self.replicas.append(Replica("", proc))
         atexit.register(self.close)
         try:
