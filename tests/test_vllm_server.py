@@ -209,3 +209,38 @@ def test_an_attached_server_that_dies_stops_the_run_with_how_to_resume(servers, 
             attached.generate([tok(PROMPTS[0]).input_ids], SamplingConfig(n=2, max_tokens=4))
     finally:
         attached.close()
+
+
+def test_two_fsdp_ranks_share_attached_servers(tmp_path, quick_warm_start):
+    """Two trainer ranks (FSDP2 on CPU) sharing one attached server: rank 0 alone writes the weights,
+    every rank gathers them and waits for the sync before it samples or probes again."""
+    import json
+    import subprocess
+    import sys
+
+    import mlflow
+
+    from tests.test_fsdp import REPO, STEPS, fsdp_args
+
+    _, model_dir = quick_warm_start
+    launcher = VLLMServerEngine(ServerSpec(str(model_dir), max_model_len=256, dtype="float32"), replicas=1)
+    try:
+        url = launcher.replicas[0].url
+        args = [*fsdp_args(tmp_path, model_dir), "--data.engine", "vllm-server", "--data.server_urls", f"[{url}]",
+                "--data.async_rollouts", "1", "--model.init_args.sync_check_every", "1"]  # fmt: skip
+        env = {**os.environ, "RLVR_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+        proc = subprocess.run([sys.executable, "-m", "rlvr_lightning", *args],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert launcher.replicas[0].process.alive()  # attached: the trainer left it running
+        # One write per sync (versions 1..STEPS; the attach sync at start is version 0), by rank 0.
+        assert launcher.weight_versions() == [str(STEPS)]
+        for r in (0, 1):  # after the last sync, the shared server runs every rank's (the same) trained weights
+            assert json.loads((tmp_path / "probe" / f"rank{r}_engine.json").read_text())["max_abs_diff"] < 1e-3
+        client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+        (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
+        lags = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/policy_lag"))
+        assert lags == [(0, 0.0), *((s, 1.0) for s in range(1, STEPS))]
+        assert max(m.value for m in client.get_metric_history(run.info.run_id, "train/sync_probe_max_abs_diff")) < 1e-3
+    finally:
+        launcher.close()

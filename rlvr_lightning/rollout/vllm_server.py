@@ -209,7 +209,10 @@ class VLLMServerEngine:
                 for r in self.replicas:
                     self.post(r.url, "/resume")
         if self.sync_role != "only" and torch.distributed.is_initialized():
-            torch.distributed.barrier()  # no rank samples (or probes) shared servers before the leader's sync
+            # No rank samples (or probes) the shared servers before the leader's sync is done. Under FSDP
+            # the gather above already orders the ranks (the leader pauses the servers before it, and a
+            # paused server holds new requests until it resumes); this keeps it so where no gather is needed.
+            torch.distributed.barrier()
 
     def weight_versions(self) -> list[str]:
         return [self.session.get(f"{r.url}/weight_info", timeout=30).json()["weight_version"] for r in self.replicas]
