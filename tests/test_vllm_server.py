@@ -24,14 +24,6 @@ pytestmark = pytest.mark.e2e
 PROMPTS = ["What is 1+2-3?\n", "What is 17+20+9?\n", "Hi\n"]
 
 
-def process_group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes of a process group, from /proc."""
     out = []
@@ -58,6 +50,15 @@ def servers(tiny_policy_dir):
     while any(group_members(g) for g in groups) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not any(group_members(g) for g in groups), [group_members(g) for g in groups]
+
+
+def perturbed(model):
+    """A copy of `model` with every weight moved by noise: other weights, visibly other log-probs."""
+    moved = AutoModelForCausalLM.from_pretrained(model.name_or_path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in moved.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return moved
 
 
 @pytest.fixture(scope="module")
@@ -93,10 +94,7 @@ def test_token_id_generation_matches_the_trainer_and_the_in_process_engine(serve
 def test_weight_sync_reaches_every_replica(servers, policy):
     tok, model = policy
     prompt, completion = tok("What is 2+2?\n").input_ids, tok("4\n").input_ids
-    moved = AutoModelForCausalLM.from_pretrained(model.name_or_path, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for p in moved.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    moved = perturbed(model)
     before = servers.score(prompt, completion)
     servers.load_weights(full_weights(moved), version=3)
     assert servers.weight_versions() == ["3", "3"]
@@ -128,10 +126,7 @@ def test_a_killed_replica_is_restarted_with_the_current_weights(servers, policy)
 def test_a_replica_holding_other_weights_fails_the_probe(servers, policy):
     tok, model = policy
     prompt, completion = tok("What is 1+1?\n").input_ids, tok("2\n").input_ids
-    moved = AutoModelForCausalLM.from_pretrained(model.name_or_path, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for p in moved.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    moved = perturbed(model)
     path = servers.transport.write(full_weights(moved), version=99)
     servers.transport.load(servers.replicas[1], path)  # behind the engine's back: replica 1 only
     try:
