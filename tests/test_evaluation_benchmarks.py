@@ -10,7 +10,7 @@ from rlvr_lightning.callbacks.evaluation import Benchmark, Evaluation
 from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.errors import ConfigError
-from tests.conftest import BENCHMARKS
+from tests.conftest import BENCHMARKS, needs_benchmarks
 
 
 def datamodule(model_dir, **overrides) -> RolloutDataModule:
@@ -22,6 +22,7 @@ def datamodule(model_dir, **overrides) -> RolloutDataModule:
     return dm
 
 
+@needs_benchmarks
 def test_each_shared_benchmark_becomes_a_task_with_its_own_sampling(tiny_policy_dir):
     dm = datamodule(tiny_policy_dir)
     benchmarks = [
@@ -49,6 +50,7 @@ def test_each_shared_benchmark_becomes_a_task_with_its_own_sampling(tiny_policy_
     assert params["val/math500/problems"] == len(math.records)
 
 
+@needs_benchmarks
 def test_benchmark_without_any_fitting_prompt_is_a_config_error(tiny_policy_dir):
     dm = datamodule(tiny_policy_dir, max_prompt_length=30)
     evaluation = Evaluation(benchmarks=[Benchmark(name="aime", source=str(BENCHMARKS / "aime24.jsonl"))])
@@ -82,6 +84,7 @@ def test_missing_benchmark_file_is_reported_at_setup(tiny_policy_dir, tmp_path):
         evaluation.tasks(dm)
 
 
+@needs_benchmarks
 @pytest.mark.e2e
 def test_benchmarks_are_scored_and_logged_under_their_names(tiny_policy_dir, tmp_path):
     from lightning.pytorch.loggers import MLFlowLogger

@@ -11,7 +11,6 @@ import signal
 import threading
 import time
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
 
@@ -23,11 +22,8 @@ from rlvr_lightning.rewards.math import (
     normalize_gold,
     verify_answer,
 )
+from tests.conftest import BENCHMARKS, needs_benchmarks
 
-BENCH = Path(__file__).resolve().parents[1].parent / "shared/data/benchmarks"
-needs_bench = pytest.mark.skipif(
-    not BENCH.is_dir(), reason=f"benchmark files not found at {BENCH}"
-)
 NUMBER = re.compile(r"-?(?:\d+(?:\.\d+)?|\.\d+)")
 # Takes sympy far longer than any timeout (exact 9^(9^9)); math-verify's own SIGALRM
 # timeout does stop it, so the hard-kill tests disable that one.
@@ -35,7 +31,7 @@ PATHOLOGICAL = "\\boxed{9^{9^{9}}}"
 
 
 def _load(name: str) -> list[dict]:
-    with open(BENCH / name) as f:
+    with open(BENCHMARKS / name) as f:
         return [json.loads(line) for line in f]
 
 
@@ -192,7 +188,7 @@ def _plus_one(number: str) -> str:
     return str(Decimal(number) + 1)
 
 
-@needs_bench
+@needs_benchmarks
 def test_math500_reference_solutions_verify(verifier):
     rows = _load("math500.jsonl")
     res = verifier.verify([r["answer"] for r in rows], [r["solution"] for r in rows])
@@ -201,7 +197,7 @@ def test_math500_reference_solutions_verify(verifier):
     assert res.num_timeouts == 0 and res.num_no_answer == 0
 
 
-@needs_bench
+@needs_benchmarks
 def test_gsm8k_reference_solutions_verify(verifier):
     rows = _load("gsm8k.jsonl")
     golds = [normalize_gold(r["answer"]) for r in rows]
@@ -212,7 +208,7 @@ def test_gsm8k_reference_solutions_verify(verifier):
     assert res.num_timeouts == 0
 
 
-@needs_bench
+@needs_benchmarks
 def test_aime_amc_golds_verify(verifier):
     rows = _load("aime24.jsonl") + _load("amc23.jsonl")
     golds = [normalize_gold(r["answer"]) for r in rows]
@@ -224,7 +220,7 @@ def test_aime_amc_golds_verify(verifier):
     assert res.rewards == [1.0] * len(golds) + [0.0] * len(golds)
 
 
-@needs_bench
+@needs_benchmarks
 def test_perturbed_numeric_answers_fail(verifier):
     math_rows = [r for r in _load("math500.jsonl") if NUMBER.fullmatch(r["answer"])]
     gsm_rows = _load("gsm8k.jsonl")
@@ -244,7 +240,7 @@ def test_perturbed_numeric_answers_fail(verifier):
     assert res.num_no_answer == 0
 
 
-@needs_bench
+@needs_benchmarks
 def test_swapped_non_numeric_answers_fail(verifier):
     rows = _load("math500.jsonl")
     golds, completions, other_golds = [], [], []

@@ -14,10 +14,7 @@ from rlvr_lightning.data.sources import (
     gold_from_field,
     load_problems,
 )
-
-# Benchmarks live in the shared data folder next to the repo (../shared/data/benchmarks in CI).
-BENCH = Path(__file__).resolve().parents[1].parent / "shared/data/benchmarks"
-needs_bench = pytest.mark.skipif(not BENCH.is_dir(), reason=f"benchmark files not found at {BENCH}")
+from tests.conftest import BENCHMARKS, needs_benchmarks
 
 
 def write_jsonl(path: Path, rows: list[dict] | list[str]) -> Path:
@@ -29,7 +26,7 @@ def write_jsonl(path: Path, rows: list[dict] | list[str]) -> Path:
 # --------------------------------------------------------------------------- real benchmark files
 
 
-@needs_bench
+@needs_benchmarks
 @pytest.mark.parametrize(
     ("name", "count", "first_id", "first_answer"),
     [
@@ -40,7 +37,7 @@ def write_jsonl(path: Path, rows: list[dict] | list[str]) -> Path:
     ],
 )
 def test_benchmark_loads_by_path(name: str, count: int, first_id: str, first_answer: str) -> None:
-    records = load_problems(str(BENCH / name))
+    records = load_problems(str(BENCHMARKS / name))
     assert len(records) == count
     assert all(isinstance(r, ProblemRecord) for r in records)
     assert records[0].id == first_id
@@ -49,35 +46,35 @@ def test_benchmark_loads_by_path(name: str, count: int, first_id: str, first_ans
     assert all(r.problem.strip() and r.answer for r in records)
 
 
-@needs_bench
+@needs_benchmarks
 def test_benchmark_gold_spot_checks() -> None:
-    gsm = load_problems(BENCH / "gsm8k.jsonl")  # a Path works too
+    gsm = load_problems(BENCHMARKS / "gsm8k.jsonl")  # a Path works too
     assert [r.answer for r in gsm[:4]] == ["18", "3", "70000", "540"]
     assert gsm[0].problem.startswith("Janet\u2019s ducks lay 16 eggs per day.")
     assert all("," not in r.answer and "####" not in r.answer for r in gsm)  # "1,450,000" -> "1450000"
 
-    amc = load_problems(BENCH / "amc23.jsonl")
+    amc = load_problems(BENCHMARKS / "amc23.jsonl")
     assert [r.answer for r in amc[:4]] == ["27", "36", "45", "3159"]
     assert all(not r.answer.endswith(".0") for r in amc)
     assert amc[0].problem.startswith("Cities $A$ and $B$")  # "problem" preferred over identical "question"
 
-    aime = load_problems(BENCH / "aime24.jsonl")
+    aime = load_problems(BENCHMARKS / "aime24.jsonl")
     assert aime[7].answer == "25"  # stored zero-padded as "025"
 
-    math500 = load_problems(BENCH / "math500.jsonl")
-    raw = [json.loads(line) for line in (BENCH / "math500.jsonl").read_text(encoding="utf-8").splitlines()]
+    math500 = load_problems(BENCHMARKS / "math500.jsonl")
+    raw = [json.loads(line) for line in (BENCHMARKS / "math500.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [r.answer for r in math500] == [row["answer"].strip() for row in raw]
     # The last \boxed{} of each MATH solution agrees with its answer column.
-    from_solution = load_problems(BENCH / "math500.jsonl", answer_field="solution")
+    from_solution = load_problems(BENCHMARKS / "math500.jsonl", answer_field="solution")
     assert [r.answer for r in from_solution] == [r.answer for r in math500]
 
 
-@needs_bench
+@needs_benchmarks
 def test_limit_on_benchmark() -> None:
-    records = load_problems(BENCH / "gsm8k.jsonl", limit=5)
+    records = load_problems(BENCHMARKS / "gsm8k.jsonl", limit=5)
     assert [r.id for r in records] == [f"gsm8k:{i}" for i in range(5)]
-    assert load_problems(BENCH / "gsm8k.jsonl", limit=0) == []
-    assert len(load_problems(BENCH / "aime24.jsonl", limit=1000)) == 30
+    assert load_problems(BENCHMARKS / "gsm8k.jsonl", limit=0) == []
+    assert len(load_problems(BENCHMARKS / "aime24.jsonl", limit=1000)) == 30
 
 
 # --------------------------------------------------------------------------- gold normalisation
