@@ -86,15 +86,12 @@ def _ranks_worker(rank: int, world: int, port: int, out) -> None:
 
 
 def test_metrics_synchronise_across_two_cpu_ranks():
-    import socket
-
     import torch.multiprocessing as mp
 
     from rlvr_lightning.metrics import MajAtK
+    from rlvr_lightning.rollout.loopback import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=_ranks_worker, args=(r, 2, port, out)) for r in range(2)]

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from rlvr_lightning.rollout.loopback import free_port
 
 
 def run_two_ranks(fn, *args, timeout_s: float = 120) -> dict:
