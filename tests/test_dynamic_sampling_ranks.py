@@ -74,11 +74,8 @@ def test_dapo_on_two_fsdp_ranks_with_the_hf_engine_stays_in_step(tmp_path, quick
     """The whole run through the CLI: FSDP2 on 2 gloo ranks, the HF engine (its sharded `generate` is a
     collective per decoding step), rewards that differ between the ranks (tests/dapo_rank_probe.py)."""
     import json
-    import os
-    import subprocess
-    import sys
 
-    from tests.test_cli import REPO
+    from tests.cli import run_cli
     from tests.test_fsdp import fsdp_args
 
     _, model_dir = quick_warm_start
@@ -89,9 +86,7 @@ def test_dapo_on_two_fsdp_ranks_with_the_hf_engine_stays_in_step(tmp_path, quick
     args = fsdp_args(tmp_path, model_dir, "dapo")
     args += ["--config", str(tmp_path / "uneven.yaml"), "--data.engine", "hf", "--trainer.max_steps", "4",
              "--model.init_args.mini_batches=2", "--model.init_args.micro_batch_size=8"]  # fmt: skip
-    env = {**os.environ, "RLVR_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "rlvr_lightning", *args],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = run_cli(args, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads((tmp_path / "uneven" / f"rank{r}.json").read_text()) for r in (0, 1)]
     for record in ranks:

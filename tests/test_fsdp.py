@@ -5,9 +5,6 @@ rank's rollout engine runs them."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +15,7 @@ from rlvr_lightning.callbacks.attribution import THRAttribution
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.rollout.types import PromptBatch, Rollout
 from rlvr_lightning.standalone import standalone
-from tests.test_cli import REPO
+from tests.cli import REPO, run_cli
 
 STEPS, PROMPTS_PER_RANK, G, RESPONSE = 3, 2, 8, 40
 HPARAMS = dict(lr=1e-4, kl_coef=0.001, micro_batch_size=8)  # micro-batches: accumulation is exercised too
@@ -71,12 +68,10 @@ def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_p
     micro-batches by token budget (whole groups, sorted by length; ranks agree on their count); the
     update must still equal the single-process replay with THR and row micro-batches of G = 8."""
     _, model_dir = quick_warm_start
-    env = {**os.environ, "RLVR_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
     args = fsdp_args(tmp_path, model_dir, algo)
     if algo == "thr":  # ~1 or 2 groups of ≤ 8 × 70 tokens per micro-batch, depending on their lengths
         args.append("--model.init_args.max_tokens_per_micro_batch=1000")
-    proc = subprocess.run([sys.executable, "-m", "rlvr_lightning", *args],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = run_cli(args, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     probe = tmp_path / "probe"
 

@@ -210,12 +210,11 @@ def test_two_fsdp_ranks_share_attached_servers(tmp_path, quick_warm_start):
     """Two trainer ranks (FSDP2 on CPU) sharing one attached server: rank 0 alone writes the weights,
     every rank gathers them and waits for the sync before it samples or probes again."""
     import json
-    import subprocess
-    import sys
 
     import mlflow
 
-    from tests.test_fsdp import REPO, STEPS, fsdp_args
+    from tests.cli import run_cli
+    from tests.test_fsdp import STEPS, fsdp_args
 
     _, model_dir = quick_warm_start
     launcher = VLLMServerEngine(ServerSpec(str(model_dir), max_model_len=256, dtype="float32"), replicas=1)
@@ -223,9 +222,7 @@ def test_two_fsdp_ranks_share_attached_servers(tmp_path, quick_warm_start):
         url = launcher.replicas[0].url
         args = [*fsdp_args(tmp_path, model_dir), "--data.engine", "vllm-server", "--data.server_urls", f"[{url}]",
                 "--data.async_rollouts", "1", "--model.init_args.sync_check_every", "1"]  # fmt: skip
-        env = {**os.environ, "RLVR_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
-        proc = subprocess.run([sys.executable, "-m", "rlvr_lightning", *args],
-                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+        proc = run_cli(args, tmp_path, timeout=600)
         assert proc.returncode == 0, proc.stderr[-4000:]
         assert launcher.replicas[0].process.alive()  # attached: the trainer left it running
         # One write per sync (versions 1..STEPS; the attach sync at start is version 0), by rank 0.
