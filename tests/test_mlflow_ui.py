@@ -7,10 +7,8 @@ go to `reports/test-artifacts/mlflow-ui/` (CI keeps them as the test's artifacts
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from rlvr_lightning.rollout.loopback import free_port
+from rlvr_lightning.rollout.server_process import stop_process_group
 from tests.cli import REPO
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -33,14 +32,6 @@ pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH: `make setup` installs Debian's chromium "
                        "when it can run apt-get as root; install it to run the MLflow UI test"),  # fmt: skip
 ]
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.fixture(scope="module")
@@ -75,16 +66,7 @@ def ui(two_step_runs):
             time.sleep(0.5)
         yield base, Path(log.name).read_text(), runs, client
     finally:
-        os.killpg(server.pid, signal.SIGTERM)  # make, mlflow's server and its workers: one process group
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 20
-        while group_alive(server.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if group_alive(server.pid):
-            os.killpg(server.pid, signal.SIGKILL)
+        stop_process_group(server, grace_s=20)  # make, mlflow's server and its workers: one process group
         log.close()
 
 

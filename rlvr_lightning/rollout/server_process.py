@@ -140,6 +140,22 @@ def placement(
     return [(",".join(map(str, cores[i * per : (i + 1) * per])), None) for i in mine]
 
 
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stop `proc`, started with `start_new_session=True`, and every process of its group: SIGTERM to
+    the group, up to `grace_s` for its leader to exit, then SIGKILL to whatever of the group is left
+    (a server's children, such as vLLM's engine core and worker, may outlive their parent)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
 class ServerProcess:
     """One launched `vllm serve` on loopback: started, health-checked, stopped as a process group."""
 
@@ -187,17 +203,6 @@ class ServerProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, grace_s: float = 10.0) -> None:
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-            # The group, not just the API server: its engine core and worker may outlive it.
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
-        self.proc = None
+        if self.proc is not None:
+            stop_process_group(self.proc, grace_s)
+            self.proc = None
