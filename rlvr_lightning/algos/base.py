@@ -201,12 +201,11 @@ class RLVRModule(L.LightningModule):
                 f"{h.mini_batches} mini-batches of whole groups"
             )
         self._check_behaviour_logprobs()
-        if self.async_rollouts and type(self).collect_rollout is not RLVRModule.collect_rollout:
-            if getattr(h, "dynamic_sampling", False):
-                raise ConfigError(
-                    "data.async_rollouts=1 with model.dynamic_sampling=true is not supported: dynamic sampling "
-                    "decides how many prompts to generate from the rewards of the rounds before"
-                )
+        if self.async_rollouts and getattr(h, "dynamic_sampling", False):
+            raise ConfigError(
+                "data.async_rollouts=1 with model.dynamic_sampling=true is not supported: dynamic sampling "
+                "decides how many prompts to generate from the rewards of the rounds before"
+            )
         shapers = [type(cb).__name__ for cb in advantage_shapers(self.trainer)]
         reason = self.token_advantages_unsupported()
         if shapers and reason:
@@ -236,7 +235,7 @@ class RLVRModule(L.LightningModule):
     @property
     def async_rollouts(self) -> bool:
         """Whether rollouts are generated one step ahead (`data.async_rollouts`), hence one version behind."""
-        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        dm = getattr(self._trainer, "datamodule", None)
         return bool(getattr(getattr(dm, "hparams", None), "async_rollouts", 0))
 
     @property

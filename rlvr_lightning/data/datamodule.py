@@ -327,7 +327,7 @@ class RolloutDataModule(L.LightningDataModule):
         """(this rank's index on its machine, the trainer ranks per machine)."""
         if self.trainer is None:
             return 0, 1
-        return self.trainer.local_rank, max(1, self.trainer.world_size // max(1, self.trainer.num_nodes))
+        return self.trainer.local_rank, self.trainer.num_devices
 
     def teardown(self, stage: str) -> None:
         if self._engine is not None:

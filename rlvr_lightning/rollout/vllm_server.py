@@ -22,7 +22,7 @@ import tempfile
 import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -65,7 +65,7 @@ class VLLMServerEngine:
 
         from rlvr_lightning.rollout.weight_transfer import make_transport, server_args
 
-        spec.extra_args = [*spec.extra_args, *server_args(transport)]
+        spec = replace(spec, extra_args=[*spec.extra_args, *server_args(transport)])  # the caller's stays as given
         self.spec, self.request_timeout_s, self.sync_role = spec, request_timeout_s, sync_role
         self.session = requests.Session()
         # One connection per concurrent request (the client pool's threads), not requests' default 10.
