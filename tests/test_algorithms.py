@@ -255,6 +255,7 @@ def test_behaviour_logprobs_from_the_rollout_engine(tiny_policy_dir):
         ({"tis_level": "token", "allow_filtered_rollout_logprobs": True}, {"top_p": 0.9}, True),
         ({}, {"top_p": 0.9}, True),  # θ_old from the trainer: the engine's log-probs are only logged
         ({"tis_level": "token"}, {}, True),
+        ({}, {"top_p": 0.9, "engine": "vllm-server", "async_rollouts": 1}, False),  # θ_old from the engine
     ],
 )
 def test_filtered_sampling_with_rollout_logprobs_is_refused_unless_opted_in(
@@ -266,6 +267,15 @@ def test_filtered_sampling_with_rollout_logprobs_is_refused_unless_opted_in(
     else:
         with pytest.raises(ConfigError, match="allow_filtered_rollout_logprobs"):
             module._check_behaviour_logprobs()
+
+
+def test_async_rollouts_are_refused_where_they_cannot_run(tiny_policy_dir):
+    with pytest.raises(ConfigError, match="async_rollouts=1 needs data.engine=vllm-server"):
+        RolloutDataModule(model_name_or_path=str(tiny_policy_dir), async_rollouts=1)
+    ahead = {"engine": "vllm-server", "async_rollouts": 1}  # no server starts: the engine is built on first use
+    with pytest.raises(ConfigError, match="dynamic_sampling=true is not supported"):
+        attach(DAPO, tiny_policy_dir, ahead).validate_config()
+    attach(DAPO, tiny_policy_dir, ahead, dynamic_sampling=False).validate_config()
 
 
 def test_contradictory_or_invalid_settings_are_clear_errors():
