@@ -25,7 +25,7 @@ from rlvr_lightning.algos.base import RLVRModule
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.data.sources import DataSourceError
 from rlvr_lightning.errors import ConfigError
-from rlvr_lightning.rollout.dynamic_sampling import DynamicSamplingExhausted
+from rlvr_lightning.training.dynamic_sampling import DynamicSamplingExhausted
 
 
 class MLflowSaveConfig(SaveConfigCallback):

@@ -30,7 +30,7 @@ def _rank(rank: int, port: int, case: str, out: dict) -> None:
     import torch
     import torch.distributed as dist
 
-    from rlvr_lightning.rollout.dynamic_sampling import DynamicSamplingExhausted, dynamic_sample
+    from rlvr_lightning.training.dynamic_sampling import DynamicSamplingExhausted, dynamic_sample
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)

@@ -10,7 +10,7 @@ import torch
 
 from rlvr_lightning.advantages import group_advantage, mixed_groups, overlong_penalty
 from rlvr_lightning.losses import SURROGATES, aggregate, gspo, gspo_token, sequence_log_ratio, truncated_is_weights
-from rlvr_lightning.rollout.dynamic_sampling import DynamicSamplingExhausted, dynamic_sample
+from rlvr_lightning.training.dynamic_sampling import DynamicSamplingExhausted, dynamic_sample
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 
 
@@ -179,7 +179,7 @@ def test_dynamic_sampling_keeps_exactly_the_target_and_never_an_all_equal_group(
 
 def test_dynamic_sampling_stops_at_its_round_limit_with_a_warning(caplog):
     draw, calls = random_rounds(0, B=4, G=4, p_correct=0.0)  # nothing is ever mixed
-    with caplog.at_level(logging.WARNING, logger="rlvr_lightning.rollout.dynamic_sampling"):
+    with caplog.at_level(logging.WARNING, logger="rlvr_lightning.training.dynamic_sampling"):
         rollout, stats = dynamic_sample(draw, target_groups=2, max_rounds=3, on_exhausted="train_partial")
     assert rollout is None and calls == [0, 1, 2] and stats.exhausted
     assert "found 0 of 2 groups" in caplog.text and "3 generation rounds" in caplog.text

@@ -2,11 +2,12 @@
 
   generate → score → rewards, advantages → behaviour/reference log-probs, token weights → update → sync → log
 
-Each stage lives in `rlvr_lightning.training` (see its package docstring); this class holds the
-configuration, the model and optimizer, and the algorithm's hooks. An algorithm subclass overrides
-only what its paper changes: `policy_loss` (the surrogate), sometimes `compute_rewards`,
-`compute_advantages`, `micro_batch_loss`, or `collect_rollout`; docs/algorithms.md maps each
-algorithm to its pieces.
+An algorithm is a choice of registered pieces (`rlvr_lightning.pieces`): an advantage estimator, a
+policy loss, a loss aggregator, a KL estimator and a rollout correction, each selected by its config
+key on every algorithm. A subclass (one per paper) sets its paper's default pieces and knobs, and adds
+only what its paper changes in the step's structure (DAPO's reward shaping and dynamic sampling).
+The stages live in `rlvr_lightning.training` and receive the step's context (`StepContext`), never
+this module; docs/algorithms.md maps each algorithm to its pieces.
 
 Manual optimisation, because global token normalisation (DAPO) and several updates per rollout
 batch conflict with Lightning's automatic accumulation scaling.
@@ -21,37 +22,56 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from rlvr_lightning.advantages import group_advantage
+from rlvr_lightning.callbacks.progress import rollout_batches_total
 from rlvr_lightning.callbacks.reward import RewardVerifier
-from rlvr_lightning.callbacks.rollout import advantage_shapers
+from rlvr_lightning.callbacks.rollout import advantage_shapers, rollout_callbacks
+from rlvr_lightning.context import Collectives, ScoredBatch, StepContext
 from rlvr_lightning.errors import ConfigError, check_choice
-from rlvr_lightning.losses import KLEstimator, LossAgg, TISLevel, aggregate, kl_penalty
 from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.models.policy import load_policies
+from rlvr_lightning.pieces import advantage_estimators, kl_estimators, loss_aggregators, policy_losses, rollout_corrections
+from rlvr_lightning.pieces.kinds import (
+    AdvantageEstimatorName,
+    AdvantageInputs,
+    KLEstimatorName,
+    LossAggName,
+    PolicyLossName,
+    RolloutCorrectionName,
+)
+from rlvr_lightning.pieces.registry import bind_knobs
 from rlvr_lightning.rollout.engine import RolloutEngine
 from rlvr_lightning.rollout.sync import EngineSync, full_weights
 from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.training.async_rollouts import RolloutsAhead
-from rlvr_lightning.training.batch import LossBatch, StepNorms, UpdateInputs
+from rlvr_lightning.training.batch import UpdateInputs
 from rlvr_lightning.training.behaviour import BehaviourSource, behaviour_source
 from rlvr_lightning.training.generation import generate, generate_and_score
+from rlvr_lightning.training.objective import Objective
 from rlvr_lightning.training.optim import adamw_with_schedule
+from rlvr_lightning.training.plan import Optimization, UpdatePlan
 from rlvr_lightning.training.prepare import prepare_update
-from rlvr_lightning.training.shaping import compose_token_weights
+from rlvr_lightning.training.shaping import compose_token_weights, shaper_metrics
 from rlvr_lightning.training.step_metrics import StageTimer, step_metrics
-from rlvr_lightning.training.update import PolicyUpdate
+from rlvr_lightning.training.update import NonFiniteGuard, PolicyUpdate
 
 
 class StepResult(NamedTuple):
     """One trained rollout batch: what the step logs, and what tests and benchmarks inspect."""
 
-    rollout: Rollout
+    batch: ScoredBatch  # the scored rollout with its rewards and sequence advantages
     inputs: UpdateInputs
-    metrics: dict[str, float]  # the update's and truncated-IS statistics (without the `train/` prefix)
+    token_weights: torch.Tensor | None  # [N, T] the advantage shapers' weights, composed (None: no shaper)
+    metrics: dict[str, float]  # the update's, the rollout correction's, the reward's and the shapers' (no `train/` prefix)
     times: dict[str, float]  # seconds per stage
+
+    @property
+    def rollout(self) -> Rollout:
+        return self.batch.rollout
 
 
 class RLVRModule(L.LightningModule):
+    docs = "docs/algorithms.md#the-training-step"
+
     def __init__(
         self,
         lr: float = 1e-6,
@@ -64,14 +84,19 @@ class RLVRModule(L.LightningModule):
         micro_batch_size: int = 64,
         max_tokens_per_micro_batch: int | None = None,
         logprob_chunk_tokens: int = 1024,
-        loss_agg: LossAgg = "seq-mean-token-mean",
+        advantage_estimator: AdvantageEstimatorName = "grpo",
+        policy_loss: PolicyLossName = "ppo-clip",
+        loss_agg: LossAggName = "seq-mean-token-mean",
+        kl_estimator: KLEstimatorName = "k3",
+        rollout_correction: RolloutCorrectionName = "none",
+        clip_eps_low: float = 0.2,
+        clip_eps_high: float = 0.2,
         kl_coef: float = 0.0,
-        kl_estimator: KLEstimator = "k3",
-        use_adv_std: bool = True,
+        tis_cap: float = 2.0,
+        two_pass: bool = False,
+        piece_args: dict | None = None,
         mask_truncated: bool = False,
         behaviour_logprobs: Literal["trainer", "rollout"] = "trainer",
-        tis_level: TISLevel = "off",
-        tis_cap: float = 2.0,
         allow_filtered_rollout_logprobs: bool = False,
         sync_check_tol: float = 1e-3,
         sync_check_every: int = 10,
@@ -82,6 +107,7 @@ class RLVRModule(L.LightningModule):
         """
         Args:
             lr: AdamW learning rate.
+            weight_decay: AdamW's decoupled weight decay.
             warmup_steps: linear warm-up, in optimizer steps.
             lr_schedule: `constant` or `cosine` (to 0 at `trainer.max_steps`) after warm-up.
             max_grad_norm: gradient clipping by global norm.
@@ -94,21 +120,28 @@ class RLVRModule(L.LightningModule):
             logprob_chunk_tokens: response tokens per LM-head chunk when computing log-probs and entropy,
                 so the [tokens × vocabulary] logits never exist whole (~0.6 GB per 1,024 tokens at a
                 151,936 vocabulary, fp32); 0 = materialise the full logits (the model's own forward).
-            loss_agg: how per-token losses are reduced (docs/algorithms.md, loss aggregation).
-            kl_coef: β of the KL penalty to the frozen initial policy; 0 = no reference model.
-            kl_estimator: k1, k2 or k3.
-            use_adv_std: divide group-centred rewards by the group std.
+            advantage_estimator: registered advantage estimator (`python -m rlvr_lightning list`), or a
+                dotted path to your own.
+            policy_loss: registered policy loss (token level, reduced by `loss_agg`; or group level, REAL).
+            loss_agg: registered loss aggregator: how per-token losses are reduced.
+            kl_estimator: registered KL estimator of the penalty to the frozen initial policy.
+            rollout_correction: registered correction of the engine ≠ trainer mismatch (`none`,
+                `tis-token`, `tis-sequence`), weighing the policy term.
+            clip_eps_low / clip_eps_high: clip range [1−ε_low, 1+ε_high] of the ratio in clipped losses
+                (ε_high > ε_low is DAPO's clip-higher).
+            kl_coef: β of the KL penalty; 0 = no KL term and no reference model.
+            tis_cap: upper bound of the truncated-IS weight.
+            two_pass: group-level losses only: let micro-batches split groups, with the exact two-pass
+                gradient method (one extra forward).
+            piece_args: knobs of pieces that are not arguments of the algorithm (a user's own pieces).
             mask_truncated: leave completions cut at max_response_length out of the loss (DAPO's
                 "overlong filtering"; TRL's mask_truncated_completions).
             behaviour_logprobs: θ_old log-probs from the trainer (`trainer`, default: a no-grad forward, or
                 the update's own forward when it runs at θ_old) or the rollout engine's own (`rollout`:
                 saves that forward, trusts the engine's numerics).
-            tis_level: truncated importance sampling against the engine ≠ trainer mismatch:
-                `off`, `token` or `sequence`; weights min(π_old/π_rollout, tis_cap) on the policy term.
-            tis_cap: upper bound of the truncated-IS weight.
-            allow_filtered_rollout_logprobs: permit rollout log-probs as the behaviour policy (TIS or
-                behaviour_logprobs=rollout) while sampling with top-p/top-k; the engine's log-probs
-                are then those of the truncated distribution, not of the policy being trained.
+            allow_filtered_rollout_logprobs: permit rollout log-probs as the behaviour policy (a rollout
+                correction or behaviour_logprobs=rollout) while sampling with top-p/top-k; the engine's
+                log-probs are then those of the truncated distribution, not of the policy being trained.
             sync_check_tol: max |engine − trainer| log-prob on the probe sequence after a weight sync.
             sync_check_every: probe the first sync and every N-th after it (1 = every sync).
             max_nonfinite_steps: stop after this many consecutive updates with a non-finite loss or gradient.
@@ -118,11 +151,14 @@ class RLVRModule(L.LightningModule):
         """
         super().__init__()
         self.save_hyperparameters()
+        # What the module runs with, not only what the config gave (LightningCLI passes its config here);
+        # piece names as plain strings (the CLI parses them into checked `str` subtypes).
+        effective = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        self.hparams.update({k: str(v) if isinstance(v, str) else v for k, v in effective.items()})
         self.automatic_optimization = False
         for flag, value, choices in (
-            ("lr_schedule", lr_schedule, ("constant", "cosine")), ("loss_agg", loss_agg, LossAgg),
-            ("kl_estimator", kl_estimator, KLEstimator), ("behaviour_logprobs", behaviour_logprobs, ("trainer", "rollout")),
-            ("tis_level", tis_level, TISLevel), ("fsdp_param_dtype", fsdp_param_dtype, ("float32", "bfloat16")),
+            ("lr_schedule", lr_schedule, ("constant", "cosine")), ("behaviour_logprobs", behaviour_logprobs, ("trainer", "rollout")),
+            ("fsdp_param_dtype", fsdp_param_dtype, ("float32", "bfloat16")),
         ):  # fmt: skip
             check_choice(f"model.{flag}", value, choices)
         if mini_batches < 1 or ppo_epochs < 1 or micro_batch_size < 1:
@@ -131,23 +167,77 @@ class RLVRModule(L.LightningModule):
             raise ConfigError(f"model.max_tokens_per_micro_batch must be ≥ 1 (or null), got {max_tokens_per_micro_batch}")
         if logprob_chunk_tokens < 0:
             raise ConfigError(f"model.logprob_chunk_tokens must be ≥ 0 (0 = no chunking), got {logprob_chunk_tokens}")
-        if tis_level != "off" and behaviour_logprobs == "rollout":
-            raise ConfigError(
-                "model.tis_level corrects θ_old (trainer) against the rollout engine; with "
-                "model.behaviour_logprobs=rollout both are the engine's and every weight is 1. Use one or the other."
-            )
+        if not (0 <= clip_eps_low < 1 and clip_eps_high >= 0):
+            raise ConfigError(f"model.clip_eps_low must be in [0, 1) and clip_eps_high ≥ 0, got {clip_eps_low}, {clip_eps_high}")
         if tis_cap <= 0:
             raise ConfigError(f"model.tis_cap must be > 0, got {tis_cap}")
         if sync_check_every < 1:
             raise ConfigError(f"model.sync_check_every must be ≥ 1, got {sync_check_every}")
+        self.objective  # noqa: B018  (resolves and binds every piece now: a bad choice fails before anything starts)
+        self._check_piece_combination()
         self.policy: torch.nn.Module | None = None
         self.ref_policy: torch.nn.Module | None = None
         self.policy_version = 0  # weight syncs so far: the engine runs this version of the policy
         self.rollout_batches = 0  # completed training steps (rollout batches); the x-axis of every metric
         self.latest_val: dict[str, float] = {}
         self.engine_sync = EngineSync(tol=sync_check_tol, check_every=sync_check_every)
-        self.policy_update = PolicyUpdate(self)
+        self.nonfinite = NonFiniteGuard(max_nonfinite_steps)
         self.rollouts_ahead: RolloutsAhead | None = None  # data.async_rollouts: the batch generated ahead
+
+    # ---- the pieces ----------------------------------------------------------------------------
+    @property
+    def objective(self) -> Objective:
+        """The update's loss, from the pieces and knobs in `hparams` (read each step: tests and users
+        may change hparams between steps)."""
+        h = self.hparams
+        values, args = dict(h), h.piece_args
+        loss = policy_losses.get(h.policy_loss)
+        grad_weights = loss["grad_weights"]
+        return Objective(
+            policy_loss=loss, loss=loss.bind(values, args), aggregate=loss_aggregators.get(h.loss_agg).bind(values, args),
+            kl=kl_estimators.get(h.kl_estimator).bind(values, args) if h.kl_coef > 0 else None, kl_coef=h.kl_coef,
+            two_pass=h.two_pass,
+            grad_weights=None if grad_weights is None else bind_knobs(grad_weights, f"policy loss {loss.name!r}", values, args),
+        )  # fmt: skip
+
+    def advantages(self, rewards: torch.Tensor, rollout: Rollout, collectives: Collectives) -> torch.Tensor:
+        estimator = advantage_estimators.get(self.hparams.advantage_estimator).bind(dict(self.hparams), self.hparams.piece_args)
+        return estimator(AdvantageInputs(rewards, rollout.correct, rollout.group_size, collectives.sum))
+
+    def correction(self):
+        return rollout_corrections.get(self.hparams.rollout_correction).bind(dict(self.hparams), self.hparams.piece_args)
+
+    @property
+    def corrects_rollouts(self) -> bool:
+        return rollout_corrections.get(self.hparams.rollout_correction).name != "none"
+
+    def _check_piece_combination(self) -> None:
+        h, objective = self.hparams, self.objective
+        loss = objective.policy_loss
+        if objective.group_level and self.corrects_rollouts:
+            raise ConfigError(
+                f"model.rollout_correction={h.rollout_correction} re-weights token-level losses; "
+                f"model.policy_loss={loss.name} is group level (sequence logits): use rollout_correction=none"
+            )
+        if h.two_pass and not objective.group_level:
+            raise ConfigError(f"model.two_pass is for group-level policy losses (REAL's); {loss.name} is token level")
+        if self.corrects_rollouts and h.behaviour_logprobs == "rollout":
+            raise ConfigError(
+                f"model.rollout_correction={h.rollout_correction} corrects θ_old (trainer) against the rollout engine; "
+                "with model.behaviour_logprobs=rollout both are the engine's and every weight is 1. Use one or the other."
+            )
+
+    def update_plan(self) -> UpdatePlan:
+        h = self.hparams
+        return UpdatePlan(
+            h.mini_batches, h.ppo_epochs, h.micro_batch_size, h.max_tokens_per_micro_batch, h.logprob_chunk_tokens,
+            h.max_grad_norm, float(self.datamodule.hparams.max_response_length),
+        )  # fmt: skip
+
+    @property
+    def policy_update(self) -> PolicyUpdate:
+        """The update of this step's rollout batch (the non-finite streak carries across batches)."""
+        return PolicyUpdate(self.objective, self.update_plan(), self.nonfinite)
 
     # ---- model, engine, optimiser, configuration checks --------------------------------------
     def configure_model(self) -> None:
@@ -201,22 +291,25 @@ class RLVRModule(L.LightningModule):
                 f"{h.mini_batches} mini-batches of whole groups"
             )
         self._check_behaviour_logprobs()
-        if self.async_rollouts and getattr(h, "dynamic_sampling", False):
+        objective, G = self.objective, dm.group_size
+        if objective.needs_whole_groups and not self.update_plan().keeps_groups_whole(G):
             raise ConfigError(
-                "data.async_rollouts=1 with model.dynamic_sampling=true is not supported: dynamic sampling "
-                "decides how many prompts to generate from the rewards of the rounds before"
+                f"model.policy_loss={h.policy_loss} couples the {G} rollouts of a group, but model.micro_batch_size="
+                f"{h.micro_batch_size} would split groups: use a multiple of data.group_size={G}, or model.two_pass=true"
             )
         shapers = [type(cb).__name__ for cb in advantage_shapers(self.trainer)]
-        reason = self.token_advantages_unsupported()
-        if shapers and reason:
-            raise ConfigError(f"{', '.join(shapers)} reshape(s) token advantages, but {reason}")
+        if shapers and not objective.policy_loss["token_advantages"]:
+            raise ConfigError(
+                f"{', '.join(shapers)} reshape(s) token advantages, but model.policy_loss={h.policy_loss} does not "
+                f"honour them ({objective.policy_loss.summary}); use a token-level loss such as gspo-token or ppo-clip"
+            )
 
     def _check_behaviour_logprobs(self) -> None:
         dm, h = self.datamodule.hparams, self.hparams
         filtered = dm.top_p < 1 or dm.top_k > 0
-        uses_engine = h.tis_level != "off" or h.behaviour_logprobs == "rollout" or self.async_rollouts
+        uses_engine = self.corrects_rollouts or h.behaviour_logprobs == "rollout" or self.async_rollouts
         if filtered and uses_engine and not h.allow_filtered_rollout_logprobs:
-            what = (f"model.tis_level={h.tis_level}" if h.tis_level != "off" else
+            what = (f"model.rollout_correction={h.rollout_correction}" if self.corrects_rollouts else
                     "model.behaviour_logprobs=rollout" if h.behaviour_logprobs == "rollout" else "data.async_rollouts=1")  # fmt: skip
             raise ConfigError(
                 f"{what} uses the rollout engine's log-probs as the behaviour policy, but data.top_p={dm.top_p} / "
@@ -229,7 +322,7 @@ class RLVRModule(L.LightningModule):
         """Where θ_old's log-probs come from (`rlvr_lightning.training.behaviour`)."""
         h = self.hparams
         return behaviour_source(
-            h.behaviour_logprobs, h.mini_batches * h.ppo_epochs, h.tis_level, self.two_pass, self.async_rollouts
+            h.behaviour_logprobs, h.mini_batches * h.ppo_epochs, self.corrects_rollouts, h.two_pass, self.async_rollouts
         )
 
     @property
@@ -238,72 +331,32 @@ class RLVRModule(L.LightningModule):
         dm = getattr(self._trainer, "datamodule", None)
         return bool(getattr(getattr(dm, "hparams", None), "async_rollouts", 0))
 
-    @property
-    def two_pass(self) -> bool:
-        """Accumulate with the two-pass method (`training.update`); losses of per-sequence scalars only."""
-        return False
-
-    @property
-    def needs_whole_groups(self) -> bool:
-        """Whether `micro_batch_loss` reads a group's rollouts together (micro-batches must not split groups)."""
-        return False
-
-    def token_advantages_unsupported(self) -> str | None:
-        """Why this algorithm's loss cannot honour per-token advantages (THR/OAR), or None if it can."""
-        return None
-
-    # ---- the algorithm's hooks ---------------------------------------------------------------
-    def compute_rewards(self, rollout: Rollout) -> torch.Tensor:
-        """Scalar reward r [N] fed to the advantage estimator; default r = c (DAPO shapes it)."""
-        return rollout.rewards
-
-    def compute_advantages(self, rollout: Rollout) -> torch.Tensor:
-        """Sequence advantages [N] from `rollout.rewards` (default: group-relative)."""
-        return group_advantage(rollout.rewards, rollout.group_size, use_std=self.hparams.use_adv_std)
-
-    def policy_loss(
-        self, logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Per-token policy loss [n, T] and boolean/float per-token statistics. Subclasses define it."""
-        raise NotImplementedError
-
-    def micro_batch_loss(self, mb: LossBatch, logp: torch.Tensor, norms: StepNorms) -> tuple[torch.Tensor, dict]:
-        """Scalar loss of one micro-batch, already divided by the step's global normalisers."""
-        per_tok, stats = self.policy_loss(logp, mb.old_logp, mb.advantages, mb.loss_mask)
-        if mb.is_weight is not None:  # truncated IS re-weights the policy term only, as in verl
-            per_tok = per_tok * mb.is_weight
-        return self.aggregate(per_tok, mb.loss_mask, norms) + self.kl_loss(mb, logp, norms, stats), stats
-
-    def aggregate(self, per_tok: torch.Tensor, mask: torch.Tensor, norms: StepNorms) -> torch.Tensor:
-        return aggregate(
-            per_tok, mask, self.hparams.loss_agg, norms.num_seqs, norms.num_tokens,
-            norm_const=norms.norm_const, world_size=norms.world_size,
+    # ---- the step's context and the algorithm's own stages -----------------------------------
+    def step_context(self) -> StepContext:
+        trainer = self.trainer
+        collectives = Collectives(trainer.world_size, self.global_rank, trainer.strategy.reduce, self.device)
+        return StepContext(
+            policy=self.policy, ref_policy=self.ref_policy, engine=self.engine, tokenizer=self.datamodule.tokenizer,
+            data=self.datamodule, collectives=collectives, device=self.device, rollout_batch=self.rollout_batches,
+            policy_version=self.policy_version, total_rollout_batches=rollout_batches_total(trainer, self),
+            seed=self.datamodule.hparams.seed, scorers=tuple(rollout_callbacks(trainer)),
         )  # fmt: skip
 
-    def kl_loss(self, mb: LossBatch, logp: torch.Tensor, norms: StepNorms, stats: dict) -> torch.Tensor:
-        """β·KL(π_θ‖π_ref) inside the loss, with the same aggregator as the policy term."""
-        if self.hparams.kl_coef <= 0:
-            return logp.new_zeros(())
-        kl = kl_penalty(logp, mb.ref_logp, self.hparams.kl_estimator)
-        stats["kl"] = kl.detach()
-        return self.hparams.kl_coef * self.aggregate(kl, mb.loss_mask, norms)
+    def rewards(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        """Scalar reward r [N] fed to the advantage estimator, and its metrics; default r = the
+        verifier's reward (DAPO shapes it)."""
+        return rollout.rewards, {}
 
-    def across_ranks(self, value: int, op: Literal["min", "max"]) -> int:
-        """The min or max of `value` over all ranks (a collective: every rank must call it)."""
-        if self.trainer.world_size == 1:
-            return value
-        return int(self.trainer.strategy.reduce(torch.tensor(value, device=self.device), reduce_op=op))
-
-    def collect_rollout(self, batch: PromptBatch, timer: StageTimer) -> Rollout | None:
+    def collect_rollout(self, step: StepContext, batch: PromptBatch, timer: StageTimer) -> Rollout | None:
         """The scored rollout batch to train on, or None to skip the step. DAPO samples dynamically."""
         if self.async_rollouts:
             self.rollouts_ahead = self.rollouts_ahead or RolloutsAhead()
-            return self.rollouts_ahead.collect(self, batch, timer)
-        return generate_and_score(self, batch, timer)
+            return self.rollouts_ahead.collect(step, batch, timer)
+        return generate_and_score(step, batch, timer)
 
     def generate(self, batch: PromptBatch, sampling: SamplingConfig | None = None) -> Rollout:
         """Sample completions for a prompt batch (training sampling settings unless given)."""
-        return generate(self, batch, sampling)
+        return generate(self.step_context(), batch, sampling)
 
     # ---- one training step -------------------------------------------------------------------
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
@@ -311,7 +364,7 @@ class RLVRModule(L.LightningModule):
         if result is not None:
             old_logp = result.inputs.behaviour.old_logp_all()
             metrics = step_metrics(
-                result.rollout, result.inputs.tensors, old_logp, result.metrics, result.times,
+                result.batch, result.inputs.tensors, old_logp, result.metrics, result.times,
                 self.policy_version, self.engine_sync.probe.last_diff,
             )  # fmt: skip
             self.log_train_metrics(metrics, batch_size=len(result.rollout.batch))
@@ -324,25 +377,35 @@ class RLVRModule(L.LightningModule):
     def train_on_batch(self, batch: PromptBatch) -> StepResult | None:
         """The stages of one step on a prompt batch; None when there was nothing to learn from (e.g.
         dynamic sampling found no mixed group). Benchmarks and tests call it directly."""
-        timer = StageTimer()
-        rollout = self.collect_rollout(batch, timer)
+        step, timer, h = self.step_context(), StageTimer(), self.hparams
+        rollout = self.collect_rollout(step, batch, timer)
         if rollout is None:
             return None
-        self.engine.release_memory()  # vLLM sleep mode (data.sleep_level); the weight sync wakes it
-        rollout.metrics["policy_lag"] = float(self.policy_version - rollout.policy_version)
-        rollout.rewards = self.compute_rewards(rollout)
-        rollout.advantages = self.compute_advantages(rollout)
-        inputs, is_stats = prepare_update(self, rollout, timer)
+        step.engine.release_memory()  # vLLM sleep mode (data.sleep_level); the weight sync wakes it
+        rewards, reward_metrics = self.rewards(rollout)
+        scored = ScoredBatch(rollout, rewards, self.advantages(rewards, rollout, step.collectives))
+        shapers = advantage_shapers(self.trainer)
+        update = self.policy_update
+        inputs, correction_metrics, weights = prepare_update(
+            step, scored, update.plan, self.behaviour_source(), self.correction(), h.mask_truncated, shapers, timer
+        )
         with timer("update"):
-            update_metrics = self.policy_update.run(inputs, len(rollout.batch))
-        rollout.token_weights = compose_token_weights(rollout.token_weights, inputs.behaviour.token_weights())
+            update_metrics = update.run(inputs, len(rollout.batch), self.policy, self.optimization(), step.collectives)
+        token_weights = compose_token_weights(weights, inputs.behaviour.token_weights())
         if self.rollouts_ahead is not None:
             self.rollouts_ahead.wait(timer)  # the servers take new weights once the batch ahead is done
         with timer("weight_sync"):
-            trainer_score = partial(sequence_logprobs, self.policy, chunk_tokens=self.hparams.logprob_chunk_tokens)
-            self.engine_sync.sync(self.engine, self.policy, self.policy_version + 1, rollout, trainer_score)
+            trainer_score = partial(sequence_logprobs, self.policy, chunk_tokens=h.logprob_chunk_tokens)
+            self.engine_sync.sync(step.engine, self.policy, self.policy_version + 1, rollout, trainer_score)
             self.policy_version += 1
-        return StepResult(rollout, inputs, {**update_metrics, **is_stats}, timer.finish())
+        metrics = {
+            **update_metrics, **correction_metrics, **reward_metrics, **shaper_metrics(shapers),
+            "policy_lag": float(step.policy_version - rollout.policy_version),
+        }  # fmt: skip
+        return StepResult(scored, inputs, token_weights, metrics, timer.finish())
+
+    def optimization(self) -> Optimization:
+        return Optimization(self.optimizers(), self.lr_schedulers(), self.policy.parameters, self.manual_backward)
 
     def log_train_metrics(self, metrics: dict[str, float], batch_size: int) -> None:
         """Write one step's metrics to the loggers now, at this rollout batch, and keep them as callback
@@ -362,3 +425,5 @@ class RLVRModule(L.LightningModule):
         state = checkpoint.get("rlvr", {})
         self.policy_version = state.get("policy_version", 0)
         self.rollout_batches = state.get("rollout_batches", 0)
+
+

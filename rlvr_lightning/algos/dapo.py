@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import torch
 
-from rlvr_lightning.advantages import overlong_penalty
 from rlvr_lightning.algos.grpo import GRPO
+from rlvr_lightning.context import StepContext
 from rlvr_lightning.errors import ConfigError, check_choice
-from rlvr_lightning.losses import LossAgg
-from rlvr_lightning.rollout.dynamic_sampling import OnExhausted
+from rlvr_lightning.pieces.advantages import overlong_penalty
+from rlvr_lightning.pieces.kinds import LossAggName
 from rlvr_lightning.rollout.types import PromptBatch, Rollout
-from rlvr_lightning.training.generation import DynamicSampler
+from rlvr_lightning.training.dynamic_sampling import DynamicSampler, OnExhausted
 from rlvr_lightning.training.step_metrics import StageTimer
 
 
 class DAPO(GRPO):
+    docs = "docs/algorithms.md#dapo"
+
     def __init__(
         self,
         dynamic_sampling: bool = True,
@@ -36,7 +38,7 @@ class DAPO(GRPO):
         overlong_penalty_factor: float = 1.0,
         clip_eps_low: float = 0.2,
         clip_eps_high: float = 0.28,
-        loss_agg: LossAgg = "token-mean",
+        loss_agg: LossAggName = "token-mean",
         kl_coef: float = 0.0,
         **kwargs,
     ) -> None:
@@ -66,7 +68,6 @@ class DAPO(GRPO):
         super().__init__(
             clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, loss_agg=loss_agg, kl_coef=kl_coef, **kwargs
         )
-        self.save_hyperparameters()
         self.dynamic_sampler = DynamicSampler(gen_batch_size, max_num_gen_batches, on_exhausted, max_empty_batches)
 
     def validate_config(self) -> None:
@@ -88,13 +89,18 @@ class DAPO(GRPO):
         return h.overlong_buffer_len if h.overlong_buffer_len is not None else L_max // 5
 
     # ---- 2. dynamic sampling -----------------------------------------------------------------
-    def collect_rollout(self, batch: PromptBatch, timer: StageTimer) -> Rollout | None:
+    def collect_rollout(self, step: StepContext, batch: PromptBatch, timer: StageTimer) -> Rollout | None:
         if not self.hparams.dynamic_sampling:
-            return super().collect_rollout(batch, timer)
-        return self.dynamic_sampler.collect(self, batch, timer)
+            return super().collect_rollout(step, batch, timer)
+        collected = self.dynamic_sampler.collect(step, batch, timer)
+        if collected.rollout is None:
+            self.log_train_metrics({f"train/{k}": v for k, v in collected.empty_metrics.items()}, batch_size=len(batch))
+        if collected.stop_run:
+            self.trainer.should_stop = True
+        return collected.rollout
 
     # ---- 4. reward: ±1 correctness plus the overlong penalty ---------------------------------
-    def compute_rewards(self, rollout: Rollout) -> torch.Tensor:
+    def rewards(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         h = self.hparams
         correct = rollout.correct.float()
         reward = 2 * correct - 1 if h.signed_reward else correct
@@ -103,5 +109,5 @@ class DAPO(GRPO):
             L_max = self.datamodule.hparams.max_response_length
             penalty = overlong_penalty(rollout.response_lengths, L_max, buffer)
             reward = reward + h.overlong_penalty_factor * penalty
-            rollout.metrics["overlong_penalty_mean"] = penalty.mean().item()
-        return reward
+            return reward, {"overlong_penalty_mean": penalty.mean().item()}
+        return reward, {}

@@ -13,21 +13,23 @@ No KL (authors' code). Everything else is GRPO's.
 from __future__ import annotations
 
 from rlvr_lightning.algos.grpo import GRPO
-from rlvr_lightning.losses import LossAgg
+from rlvr_lightning.pieces.kinds import AdvantageEstimatorName, LossAggName
 
 
 class DrGRPO(GRPO):
+    docs = "docs/algorithms.md#dr-grpo"
+
     def __init__(
         self,
-        use_adv_std: bool = False,
-        loss_agg: LossAgg = "seq-mean-token-sum-norm",
+        advantage_estimator: AdvantageEstimatorName = "dr-grpo",
+        loss_agg: LossAggName = "seq-mean-token-sum-norm",
         kl_coef: float = 0.0,
         **kwargs,
     ) -> None:
         """
         Args:
-            use_adv_std: Dr. GRPO leaves advantages unscaled.
+            advantage_estimator: Dr. GRPO leaves advantages unscaled (`dr-grpo`).
             loss_agg: sum over tokens / (sequences × max_response_length).
             kl_coef: β of the KL penalty (the authors use none).
         """
-        super().__init__(use_adv_std=use_adv_std, loss_agg=loss_agg, kl_coef=kl_coef, **kwargs)
+        super().__init__(advantage_estimator=advantage_estimator, loss_agg=loss_agg, kl_coef=kl_coef, **kwargs)

@@ -16,13 +16,15 @@ tiny clip range 3e-4 / 4e-4 of the paper.
 from __future__ import annotations
 
 from rlvr_lightning.algos.grpo import GRPO
-from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.pieces.kinds import PolicyLossName
 
 
 class GSPO(GRPO):
+    docs = "docs/algorithms.md#gspo-and-gspo-token"
+
     def __init__(
         self,
-        token_level: bool = False,
+        policy_loss: PolicyLossName = "gspo",
         clip_eps_low: float = 3e-4,
         clip_eps_high: float = 4e-4,
         mini_batches: int = 4,
@@ -31,19 +33,11 @@ class GSPO(GRPO):
     ) -> None:
         """
         Args:
-            token_level: GSPO-token (needed when THR/OAR reshape token advantages) instead of GSPO.
+            policy_loss: `gspo`, or `gspo-token` (needed when THR/OAR reshape token advantages).
             clip_eps_low / clip_eps_high: clip range of the sequence ratio (paper §5.1).
             mini_batches: optimizer steps per rollout batch (K); GSPO's ratio is 1 on the first one.
         """
-        surrogate = "gspo-token" if token_level else "gspo"
-        if kwargs.pop("surrogate", surrogate) != surrogate:  # a saved checkpoint's hparams carry it too
-            raise ConfigError("GSPO chooses its surrogate with model.token_level; do not set model.surrogate")
         super().__init__(
-            surrogate=surrogate, clip_eps_low=clip_eps_low,
-            clip_eps_high=clip_eps_high, mini_batches=mini_batches, kl_coef=kl_coef, **kwargs,
+            policy_loss=policy_loss, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high,
+            mini_batches=mini_batches, kl_coef=kl_coef, **kwargs,
         )  # fmt: skip
-
-    def token_advantages_unsupported(self) -> str | None:
-        if self.surrogate == "gspo":
-            return "sequence-level GSPO averages advantages over each sequence; use model.token_level=true (GSPO-token)"
-        return None

@@ -23,8 +23,8 @@ from typing import Literal
 
 import torch
 
-from rlvr_lightning.advantages import mixed_groups
-from rlvr_lightning.losses import entropy_from_logprobs, log_softmax_at
+from rlvr_lightning.pieces.advantages import mixed_groups
+from rlvr_lightning.tensor_math import entropy_from_logprobs, log_softmax_at
 from rlvr_lightning.rollout.types import Rollout
 
 ThresholdMode = Literal["anchor", "quantile", "absolute", "all"]
@@ -132,12 +132,13 @@ class GroupScores:
 
 def rollout_thr(
     rollout: Rollout,
+    advantages: torch.Tensor,
     hidden_states: dict[int, torch.Tensor],
     lm_head: Callable[[torch.Tensor], torch.Tensor],
     chunk_size: int = 1024,
 ) -> Iterator[GroupScores]:
-    """THR of every mixed group of a scored rollout with advantages whose θ_old LM-head inputs are in
-    `hidden_states` (all of a group's sequences, or none)."""
+    """THR of every mixed group of a scored rollout, given its sequence `advantages` [N], whose θ_old
+    LM-head inputs are in `hidden_states` (all of a group's sequences, or none)."""
     G = rollout.group_size
     for group in mixed_groups(rollout.correct.float(), G).nonzero().squeeze(1).tolist():
         seqs = range(group * G, (group + 1) * G)
@@ -154,5 +155,5 @@ def rollout_thr(
         scores, entropy = group_thr_scores(
             hidden, tokens.to(device), seq, correct, lm_head, rollout.sampling.temperature, chunk_size
         )
-        thr = rollout.advantages[group * G : (group + 1) * G].to(device)[seq] * scores
+        thr = advantages[group * G : (group + 1) * G].to(device)[seq] * scores
         yield GroupScores(group, lengths, seq, correct, scores, thr, entropy)

@@ -18,13 +18,15 @@ from rlvr_lightning.rollout.types import Rollout
 
 
 def thr_sign_check(
-    policy: torch.nn.Module, rollout: Rollout, pad_id: int, lr: float = 1e-3, params: str = "all"
+    policy: torch.nn.Module, rollout: Rollout, advantages: torch.Tensor, pad_id: int, lr: float = 1e-3,
+    params: str = "all",
 ) -> dict[str, float]:
     """ΔJ after a step on the THR > 0 tokens (`positive`) and on the THR < 0 tokens (`negative`).
 
     Args:
         policy: an HF causal LM; restored to its original weights on return.
-        rollout: scored (`correct`) and with sequence `advantages`.
+        rollout: scored (`correct`).
+        advantages: its sequence advantages [N].
         pad_id: the tokenizer's pad id.
         lr: SGD step size.
         params: `all` parameters, or `head` (the output embedding only).
@@ -38,11 +40,11 @@ def thr_sign_check(
     hidden = {n: clean.lm_head_in[n, : lengths[n]] for n in range(len(lengths))}
     thr_tok = torch.zeros_like(t.response_mask)
     G = rollout.group_size
-    for gs in rollout_thr(rollout, hidden, policy.get_output_embeddings()):
+    for gs in rollout_thr(rollout, advantages, hidden, policy.get_output_embeddings()):
         for j, thr_j in enumerate(gs.per_rollout(gs.thr)):
             thr_tok[gs.group * G + j, : gs.lengths[j]] = thr_j
     correct_tok = rollout.correct.float()[:, None] * t.response_mask
-    adv_tok = rollout.advantages.float()[:, None] * t.response_mask
+    adv_tok = advantages.float()[:, None] * t.response_mask
     j0 = (logp0 * correct_tok).sum()
     weights = [policy.get_output_embeddings().weight] if params == "head" else list(policy.parameters())
     out = {}

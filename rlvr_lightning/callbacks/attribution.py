@@ -12,13 +12,12 @@ or, with one update per rollout batch, the update's own forward (no extra transf
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import lightning as L
 import torch
 from torchmetrics.functional import spearman_corrcoef
 
-from rlvr_lightning.advantages import mixed_groups
 from rlvr_lightning.attribution.oar import (
     DEFAULT_CONCLUDE,
     Readout,
@@ -30,13 +29,12 @@ from rlvr_lightning.attribution.oar import (
 )  # fmt: skip
 from rlvr_lightning.attribution.thr import ReweightMode, ThresholdMode, dominant_tokens, rollout_thr, thr_token_weights
 from rlvr_lightning.callbacks.rollout import AdvantageShaper
+from rlvr_lightning.context import ScoredBatch, StepContext
 from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.metrics import RunningStats, StreamSample
+from rlvr_lightning.pieces.advantages import mixed_groups
 from rlvr_lightning.rollout.types import Rollout
 from rlvr_lightning.seeding import OAR_NOISE_STREAM, derived_seed
-
-if TYPE_CHECKING:
-    from rlvr_lightning.algos.base import RLVRModule
 
 
 class THRAttribution(AdvantageShaper):
@@ -80,33 +78,39 @@ class THRAttribution(AdvantageShaper):
     def is_identity(self) -> bool:
         return self.p == 0.0 and self.mode == "reweight"
 
-    def hidden_rows(self, rollout: Rollout) -> torch.Tensor | None:
+    def hidden_rows(self, batch: ScoredBatch) -> torch.Tensor | None:
+        rollout = batch.rollout
         if self.is_identity:  # the base algorithm, bit for bit: no scores, no extra work
             return None
         return mixed_groups(rollout.correct.float(), rollout.group_size).repeat_interleave(rollout.group_size)
 
-    def token_weights(self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout) -> None:
+    def token_weights(self, step: StepContext, batch: ScoredBatch) -> None:
         """A new rollout batch: its THR statistics start empty. THR's weights come from θ_old's LM-head
         inputs (`weights_from_hidden`, a few groups per call); the batch's `thr/*` metrics are computed
         once, when its last mixed group has been scored, or here when no group is mixed (same keys)."""
+        self._metrics = {}
         if self.is_identity:
             return None
-        self._stats, self._sample = RunningStats(), StreamSample(seed=module.rollout_batches)  # |THR|, entropy
+        rollout = batch.rollout
+        self._stats, self._sample = RunningStats(), StreamSample(seed=step.rollout_batch)  # |THR|, entropy
         self._unscored = set(mixed_groups(rollout.correct.float(), rollout.group_size).nonzero().squeeze(1).tolist())
         if not self._unscored:
-            rollout.metrics.update(thr_metrics(self._stats, self._sample))
+            self._metrics = thr_metrics(self._stats, self._sample)
         return None
+
+    def batch_metrics(self) -> dict[str, float]:
+        return getattr(self, "_metrics", {})
 
     @torch.no_grad()
     def weights_from_hidden(
-        self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout, hidden: dict[int, torch.Tensor]
+        self, step: StepContext, batch: ScoredBatch, hidden: dict[int, torch.Tensor]
     ) -> dict[int, torch.Tensor]:
         """Weights of the mixed groups in `hidden` (a few whole groups per call)."""
-        G = rollout.group_size
+        G = batch.group_size
         weights: dict[int, torch.Tensor] = {}
-        lm_head = module.policy.get_output_embeddings()
+        lm_head = step.policy.get_output_embeddings()
         unscored_before = len(self._unscored)
-        for gs in rollout_thr(rollout, hidden, lm_head, self.chunk_size):
+        for gs in rollout_thr(batch.rollout, batch.advantages, hidden, lm_head, self.chunk_size):
             dominant = dominant_tokens(
                 gs.scores, gs.thr, gs.seq, gs.correct, self.threshold, self.beta_anchor, self.quantile, self.thr_abs
             )
@@ -117,7 +121,7 @@ class THRAttribution(AdvantageShaper):
             self._sample.add(thr.abs(), gs.entropy.float().cpu())  # jointly: the Spearman needs the pairs
             self._unscored.discard(gs.group)
         if unscored_before and not self._unscored:  # the batch's last mixed group (each arrives once)
-            rollout.metrics.update(thr_metrics(self._stats, self._sample))
+            self._metrics = thr_metrics(self._stats, self._sample)
         return weights
 
 
@@ -195,34 +199,37 @@ class OARAttribution(AdvantageShaper):
         if trainer.world_size > 1 and isinstance(trainer.strategy, L.pytorch.strategies.ModelParallelStrategy):
             raise ConfigError("OARAttribution does not support a sharded policy (FSDP) on several ranks yet; use one rank or DDP")
 
-    def token_weights(self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout) -> torch.Tensor:
-        tok = module.datamodule.tokenizer
+    def token_weights(self, step: StepContext, batch: ScoredBatch) -> torch.Tensor:
+        rollout, tok = batch.rollout, step.tokenizer
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         G, N = rollout.group_size, rollout.num_sequences
         T = max(1, int(rollout.response_lengths.max()))
         weights = torch.ones(N, T)
-        candidates = [n for n in range(N) if rollout.advantages[n] != 0]  # Â = 0: reshaping changes nothing
+        candidates = [n for n in range(N) if batch.advantages[n] != 0]  # Â = 0: reshaping changes nothing
         inputs, rows = [], []
         for n in candidates:
             seg = segment_boxed(rollout.prompt_ids[n // G], rollout.completions[n].token_ids, tok, self.conclude_template)
             if seg is not None and seg.r1 > seg.r0:
                 inputs.append(seg)
                 rows.append(n)
-        scores = self._scores(module, inputs, rows, pad_id) if inputs else []
-        stats, sample = RunningStats(), StreamSample(seed=module.rollout_batches)  # sample: the weights
+        scores = self._scores(step, inputs, rows, pad_id) if inputs else []
+        stats, sample = RunningStats(), StreamSample(seed=step.rollout_batch)  # sample: the weights
         for n, seg, a in zip(rows, inputs, scores):
             w, level = bilevel_weights(a, self.q, self.beta, self.floor, self.sum_to_len)
             weights[n, : seg.r1 - seg.r0] = w
             stats.add(weight=w, suppressed=level < 0, boosted=level > 0)
             sample.add(w)
-        rollout.metrics.update(oar_metrics(stats, sample, scored=len(rows), candidates=len(candidates)))
+        self._metrics = oar_metrics(stats, sample, scored=len(rows), candidates=len(candidates))
         return weights
 
-    def _scores(self, module: RLVRModule, inputs, rows: list[int], pad_id: int) -> list[torch.Tensor]:
-        policy = module.policy
+    def batch_metrics(self) -> dict[str, float]:
+        return getattr(self, "_metrics", {})
+
+    def _scores(self, step: StepContext, inputs, rows: list[int], pad_id: int) -> list[torch.Tensor]:
+        policy = step.policy
         if self.method == "perturbation":
             return oar_p_scores(policy, inputs, pad_id, self.readout, self.chunk_size)
-        gens = oar_noise_generators(module.datamodule.hparams.seed, module.rollout_batches, module.global_rank, rows)
+        gens = oar_noise_generators(step.seed, step.rollout_batch, step.collectives.rank, rows)
         return oar_g_saliency(policy, inputs, pad_id, self.readout, self.sigma, gens, self.chunk_size, self.saliency_baseline)
 
 

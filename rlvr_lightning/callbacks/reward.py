@@ -8,19 +8,17 @@ add zero-reward groups to training and wrong zeros to accuracy.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import lightning as L
 import torch
 
 from rlvr_lightning.callbacks.rollout import RolloutCallback
+from rlvr_lightning.context import StepContext
 from rlvr_lightning.data.sources import ProblemRecord
 from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.rewards.math import MathVerifier
 from rlvr_lightning.rollout.types import Rollout
-
-if TYPE_CHECKING:
-    from rlvr_lightning.algos.base import RLVRModule
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +113,8 @@ class RewardVerifier(RolloutCallback):
         }
         return correct, metrics
 
-    def on_rollout_generated(self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout) -> None:
+    def on_rollout_generated(self, step: StepContext, rollout: Rollout) -> None:
         correct, metrics = self.score(rollout.answers_per_sequence, rollout.texts, rollout.truncated)
         rollout.correct = correct
-        rollout.rewards = correct.clone()  # r = c; algorithms that shape rewards do so in `compute_rewards`
+        rollout.rewards = correct.clone()  # r = c; an algorithm that shapes rewards returns its own (DAPO)
         rollout.metrics.update(metrics)

@@ -2,28 +2,25 @@
 
 `RolloutCallback.on_rollout_generated` runs right after generation; the reward verifier scores the
 rollout there. An `AdvantageShaper` reweights token advantages, Â'_{n,t} = Â_n · w_{n,t}: THR and
-OAR are shapers, and any number of them compose by multiplying their weights. The module calls these
-hooks; they never call the module back except to read its policy, data module and step counter.
+OAR are shapers, and any number of them compose by multiplying their weights. The step's stages call
+these hooks with the step's context (policy, tokenizer, counters) and the scored batch; a shaper's
+metrics for the batch are read once the update is done (`batch_metrics`).
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from rlvr_lightning.context import ScoredBatch, StepContext
 from rlvr_lightning.rollout.types import Rollout
-
-if TYPE_CHECKING:
-    from rlvr_lightning.algos.base import RLVRModule
 
 
 class RolloutCallback(Callback):
     """A Lightning callback that also sees each freshly generated rollout batch."""
 
-    def on_rollout_generated(self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout) -> None:
+    def on_rollout_generated(self, step: StepContext, rollout: Rollout) -> None:
         """After generation: fill `rollout.correct` and `rollout.rewards` (the reward verifier)."""
 
 
@@ -31,27 +28,31 @@ class AdvantageShaper(RolloutCallback):
     """A callback that reweights token advantages (THR, OAR). Both hooks may be used at once.
 
     Weights are positive multipliers of the token advantages, so they never flip an advantage's sign;
-    a token no shaper weighs keeps weight 1. Per rollout batch, the module calls `token_weights` once,
+    a token no shaper weighs keeps weight 1. Per rollout batch, the step calls `token_weights` once,
     after the advantages; then, if `hidden_rows` asks for them, it hands θ_old's LM-head inputs to
     `weights_from_hidden`, read from a forward that runs anyway (the θ_old pass, or the update's own
     forward when that runs at θ_old), a few whole groups at a time, each group exactly once (so a
     shaper knows its batch is fully scored when it has seen every group it asked for).
     """
 
-    def token_weights(self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout) -> torch.Tensor | None:
+    def token_weights(self, step: StepContext, batch: ScoredBatch) -> torch.Tensor | None:
         """Weights [N, T'] of the whole rollout batch computed from it and the policy at θ_old (OAR),
         or None. Also marks the start of a rollout batch for shapers that read hidden states."""
         return None
 
-    def hidden_rows(self, rollout: Rollout) -> torch.Tensor | None:
+    def hidden_rows(self, batch: ScoredBatch) -> torch.Tensor | None:
         """Bool [N], whole groups: the sequences whose θ_old LM-head inputs `weights_from_hidden` reads."""
         return None
 
     def weights_from_hidden(
-        self, trainer: L.Trainer, module: RLVRModule, rollout: Rollout, hidden: dict[int, torch.Tensor]
+        self, step: StepContext, batch: ScoredBatch, hidden: dict[int, torch.Tensor]
     ) -> dict[int, torch.Tensor]:
         """Weights [L_n] of sequence n from its θ_old LM-head inputs `hidden[n]` [L_n, d] (THR).
         `hidden` holds whole groups of the rows `hidden_rows` asked for, a few groups per call."""
+        return {}
+
+    def batch_metrics(self) -> dict[str, float]:
+        """The last rollout batch's metrics (logged as `train/<key>`), read after its update."""
         return {}
 
 

@@ -6,7 +6,7 @@ the weights the servers hold now (version k), score and train on batch k, wait f
 generation to finish, then sync version k+1. So every rollout but the first is one version behind the
 policy it trains (`train/policy_lag` = 1); the update corrects for it with θ_old = the engine's
 log-probs (exact off-policy PPO), or with the trainer's θ_old and truncated importance sampling when
-`model.tis_level` is set. Batch k+1 is the dataloader's own batch k+1 (the prompt stream is a pure
+`model.rollout_correction` is set. Batch k+1 is the dataloader's own batch k+1 (the prompt stream is a pure
 function of the step, `ResumableBatches.batch_at`), generated one step early.
 
 A resumed run starts without a batch in flight: its first step generates synchronously.
@@ -14,12 +14,11 @@ A resumed run starts without a batch in flight: its first step generates synchro
 
 from __future__ import annotations
 
-import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from rlvr_lightning.callbacks.progress import rollout_batches_total
+from rlvr_lightning.context import StepContext
 from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.training.generation import encode_prompts, sampling_seed, score_rollout, to_rollout
 from rlvr_lightning.training.step_metrics import StageTimer
@@ -40,34 +39,33 @@ class RolloutsAhead:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
         self.in_flight: InFlight | None = None
 
-    def collect(self, module, batch: PromptBatch, timer: StageTimer) -> Rollout:
-        k = module.rollout_batches
+    def collect(self, step: StepContext, batch: PromptBatch, timer: StageTimer) -> Rollout:
+        k = step.rollout_batch
         ahead, self.in_flight = self.in_flight, None
         if ahead is not None and (ahead.index != k or ahead.batch.ids != batch.ids):
             ahead.future.cancel()  # not the batch this step got (cannot happen unless the stream moved)
             ahead = None
         if ahead is None:
-            ahead = self._start(module, batch, k)
+            ahead = self._start(step, batch, k)
         with timer("rollout_wait"):
             groups, seconds = ahead.future.result()
         timer.times["rollout"] = timer.times.get("rollout", 0.0) + seconds  # its own duration, overlapped or not
-        total = rollout_batches_total(module.trainer, module) if module.trainer is not None else math.inf
-        if k + 1 < total:  # no generation past the run's last rollout batch
-            self.in_flight = self._start(module, module.datamodule.train_batch_at(k + 1), k + 1)
-        rollout = to_rollout(module, ahead.batch, ahead.prompt_ids, ahead.sampling, groups, ahead.policy_version)
-        return score_rollout(module, rollout, timer)
+        if k + 1 < step.total_rollout_batches:  # no generation past the run's last rollout batch
+            self.in_flight = self._start(step, step.data.train_batch_at(k + 1), k + 1)
+        rollout = to_rollout(step, ahead.batch, ahead.prompt_ids, ahead.sampling, groups, ahead.policy_version)
+        return score_rollout(step, rollout, timer)
 
-    def _start(self, module, batch: PromptBatch, index: int) -> InFlight:
-        sampling = module.datamodule.sampling(seed=sampling_seed(module, rollout_batch=index))
-        prompt_ids = encode_prompts(module, batch)
-        engine = module.engine
+    def _start(self, step: StepContext, batch: PromptBatch, index: int) -> InFlight:
+        sampling = step.data.sampling(seed=sampling_seed(step, rollout_batch=index))
+        prompt_ids = encode_prompts(step, batch)
+        engine = step.engine
 
         def run():
             start = time.perf_counter()
             groups = engine.generate(prompt_ids, sampling)
             return groups, time.perf_counter() - start
 
-        return InFlight(index, batch, prompt_ids, sampling, module.policy_version, self.pool.submit(run))
+        return InFlight(index, batch, prompt_ids, sampling, step.policy_version, self.pool.submit(run))
 
     def wait(self, timer: StageTimer) -> None:
         """Block until the batch in flight is generated: the servers' weights may change only then."""

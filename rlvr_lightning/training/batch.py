@@ -1,17 +1,19 @@
 """What the update reads: a rollout batch laid out for the loss (`UpdateInputs`), one micro-batch of
-it with θ_old's log-probs always present (`LossBatch`), and the optimizer step's global counts."""
+it with θ_old's log-probs always present (`LossBatch`), and the optimizer step's global counts
+(`StepNorms`, the loss aggregators' input)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Protocol
 
 import torch
 
-from rlvr_lightning.advantages import mixed_groups
+from rlvr_lightning.context import Collectives
 from rlvr_lightning.models.forward import PolicyForward
+from rlvr_lightning.pieces.advantages import mixed_groups
+from rlvr_lightning.pieces.kinds import StepNorms
 from rlvr_lightning.rollout.types import RolloutTensors
 
 
@@ -24,7 +26,7 @@ class LossBatch:
     old_logp: torch.Tensor  # [n, T] behaviour-policy (θ_old) log-probs, 0 on padding
     ref_logp: torch.Tensor | None  # [n, T] reference log-probs when a KL term is used
     loss_mask: torch.Tensor  # [n, T] response tokens that enter the loss (truncated ones may be masked)
-    is_weight: torch.Tensor | None  # [n, T] truncated importance-sampling weights, if enabled
+    is_weight: torch.Tensor | None  # [n, T] the rollout correction's weights, if any
     correct: torch.Tensor  # [n] verifier correctness c (REAL's class labels)
     group_size: int  # G; sequences are stored group-contiguously
 
@@ -89,25 +91,7 @@ def select_loss_batch(
     )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class StepNorms:
-    """Global normalisers of one optimizer step, summed over its micro-batches and all ranks."""
-
-    num_seqs: float  # N_S
-    num_tokens: float  # T_S (loss-masked response tokens)
-    num_groups: float  # B: prompts (REAL's normaliser)
-    num_mixed_seqs: float  # M: rollouts in groups with mixed correctness (REAL-BCE's normaliser)
-    world_size: int
-    norm_const: float  # C of seq-mean-token-sum-norm: max_response_length, never an observed length
-
-
-def step_norms(
-    inputs: UpdateInputs,
-    rows: torch.Tensor,
-    reduce_sum: Callable[[torch.Tensor], torch.Tensor],
-    world_size: int,
-    norm_const: float,
-) -> StepNorms:
+def step_norms(inputs: UpdateInputs, rows: torch.Tensor, collectives: Collectives, norm_const: float) -> StepNorms:
     """The counts of the optimizer step over `rows`, summed across ranks with one all-reduce."""
     G = inputs.group_size
     mask = inputs.loss_mask[rows]
@@ -115,4 +99,4 @@ def step_norms(
     counts = torch.tensor(
         [float(mask.shape[0]), mask.sum().item(), mask.shape[0] / G, G * mixed.sum().item()], device=mask.device
     )
-    return StepNorms(*reduce_sum(counts).tolist(), world_size=world_size, norm_const=norm_const)
+    return StepNorms(*collectives.sum(counts).tolist(), world_size=collectives.world_size, norm_const=norm_const)

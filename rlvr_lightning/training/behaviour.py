@@ -25,18 +25,18 @@ BehaviourSource = Literal["trainer", "engine", "update"]
 
 
 def behaviour_source(
-    behaviour_logprobs: str, optimizer_steps_per_batch: int, tis_level: str, two_pass: bool, lagged: bool = False
+    behaviour_logprobs: str, optimizer_steps_per_batch: int, corrected: bool, two_pass: bool, lagged: bool = False
 ) -> BehaviourSource:
-    """`update` wherever it is exact: one optimizer step per rollout batch, no truncated IS (its weights
-    are needed before the update) and no two-pass loss (it scores every sequence before any forward
-    with grad). `lagged` (asynchronous rollouts, sampled by the previous policy version): the trainer's
-    weights are not the behaviour policy, so θ_old is the engine's log-probs, unless truncated IS is on,
-    which corrects the trainer's θ_old towards them."""
-    if behaviour_logprobs == "rollout" or (lagged and tis_level == "off"):
+    """`update` wherever it is exact: one optimizer step per rollout batch, no rollout correction (its
+    weights are needed before the update) and no two-pass loss (it scores every sequence before any
+    forward with grad). `lagged` (asynchronous rollouts, sampled by the previous policy version): the
+    trainer's weights are not the behaviour policy, so θ_old is the engine's log-probs, unless a rollout
+    correction (`corrected`) weighs the trainer's θ_old against them."""
+    if behaviour_logprobs == "rollout" or (lagged and not corrected):
         return "engine"
     if lagged:
         return "trainer"
-    if optimizer_steps_per_batch == 1 and tis_level == "off" and not two_pass:
+    if optimizer_steps_per_batch == 1 and not corrected and not two_pass:
         return "update"
     return "trainer"
 
@@ -135,7 +135,7 @@ def separate_pass(
 
 def _score_whole_groups(scorer: HiddenScorer, waiting: dict[int, torch.Tensor], weights: torch.Tensor) -> None:
     """Score the groups whose every row is in `waiting`, write their weights, and forget them."""
-    G = scorer.rollout.group_size
+    G = scorer.batch.group_size
     groups = sorted({n // G for n in waiting})
     ready = [n for g in groups if all(g * G + j in waiting for j in range(G)) for n in range(g * G, (g + 1) * G)]
     if not ready:

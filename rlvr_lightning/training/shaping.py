@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import lightning as L
 import torch
 
 from rlvr_lightning.callbacks.rollout import AdvantageShaper
+from rlvr_lightning.context import ScoredBatch, StepContext
 from rlvr_lightning.models.forward import response_hidden
-from rlvr_lightning.rollout.types import Rollout
 
 
 def compose_token_weights(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
@@ -19,21 +18,19 @@ def compose_token_weights(a: torch.Tensor | None, b: torch.Tensor | None) -> tor
     return pad(a) * pad(b)
 
 
-def rollout_token_weights(
-    trainer: L.Trainer, module, rollout: Rollout, shapers: list[AdvantageShaper]
-) -> torch.Tensor | None:
+def rollout_token_weights(step: StepContext, batch: ScoredBatch, shapers: list[AdvantageShaper]) -> torch.Tensor | None:
     """Every shaper's `token_weights` for a new rollout batch, composed; None when none weighs."""
     weights = None
     for shaper in shapers:
-        weights = compose_token_weights(weights, shaper.token_weights(trainer, module, rollout))
+        weights = compose_token_weights(weights, shaper.token_weights(step, batch))
     return weights
 
 
 class HiddenScorer:
     """Turns θ_old's LM-head inputs into the weights of the shapers that read them (THR)."""
 
-    def __init__(self, trainer: L.Trainer, module, rollout: Rollout, readers: list[AdvantageShaper], needed):
-        self.trainer, self.module, self.rollout, self.readers = trainer, module, rollout, readers
+    def __init__(self, step: StepContext, batch: ScoredBatch, readers: list[AdvantageShaper], needed) -> None:
+        self.step, self.batch, self.readers = step, batch, readers
         self.needed = needed  # bool [N] (host): the union of the readers' rows, whole groups
 
     def needs_any(self, rows: torch.Tensor) -> bool:
@@ -49,17 +46,22 @@ class HiddenScorer:
         weights = torch.ones(len(rows), width)
         position = {n: i for i, n in enumerate(rows)}
         for reader in self.readers:
-            for n, w in reader.weights_from_hidden(self.trainer, self.module, self.rollout, hidden).items():
+            for n, w in reader.weights_from_hidden(self.step, self.batch, hidden).items():
                 weights[position[n], : len(w)] *= w.cpu()
         return weights
 
 
-def hidden_scorer(trainer: L.Trainer, module, rollout: Rollout, shapers: list[AdvantageShaper]) -> HiddenScorer | None:
+def hidden_scorer(step: StepContext, batch: ScoredBatch, shapers: list[AdvantageShaper]) -> HiddenScorer | None:
     """The scorer for the shapers that read LM-head inputs this batch; None when none does."""
     readers, needed = [], None
     for shaper in shapers:
-        rows = shaper.hidden_rows(rollout)
+        rows = shaper.hidden_rows(batch)
         if rows is not None:
             readers.append(shaper)
             needed = rows.bool().cpu() if needed is None else needed | rows.bool().cpu()
-    return HiddenScorer(trainer, module, rollout, readers, needed) if readers else None
+    return HiddenScorer(step, batch, readers, needed) if readers else None
+
+
+def shaper_metrics(shapers: list[AdvantageShaper]) -> dict[str, float]:
+    """The shapers' metrics of the batch just updated on."""
+    return {k: v for shaper in shapers for k, v in shaper.batch_metrics().items()}

@@ -9,9 +9,10 @@ from contextlib import contextmanager
 
 import torch
 
-from rlvr_lightning.advantages import group_reward_stats
-from rlvr_lightning.losses import masked_mean
-from rlvr_lightning.rollout.types import Rollout, RolloutTensors
+from rlvr_lightning.context import ScoredBatch
+from rlvr_lightning.pieces.advantages import group_reward_stats
+from rlvr_lightning.rollout.types import RolloutTensors
+from rlvr_lightning.tensor_math import masked_mean
 
 
 class StageTimer:
@@ -85,17 +86,18 @@ class MetricAccumulator:
 
 
 def step_metrics(
-    rollout: Rollout, t: RolloutTensors, old_logp: torch.Tensor, update_metrics: dict[str, float],
+    batch: ScoredBatch, t: RolloutTensors, old_logp: torch.Tensor, update_metrics: dict[str, float],
     times: dict[str, float], policy_version: int, sync_probe_diff: float,
 ) -> dict[str, float]:  # fmt: skip
     """The `train/`, `time/` and `throughput/` metrics of one step (names as in verl/TRL where they exist)."""
+    rollout = batch.rollout
     mask = t.response_mask
     lengths = rollout.response_lengths
     log_ratio = (old_logp - t.rollout_logp) * mask  # log π_old/π_rollout per token
     mismatch = log_ratio.abs()
     valid = mask.bool()
     seq_log_ratio = log_ratio.sum(1)
-    metrics = {f"train/{k}": v for k, v in group_reward_stats(rollout.rewards, rollout.group_size).items()}
+    metrics = {f"train/{k}": v for k, v in group_reward_stats(batch.rewards, rollout.group_size).items()}
     metrics.update({f"train/{k}": v for k, v in update_metrics.items()})
     metrics.update({f"train/{k}": v for k, v in rollout.metrics.items()})
     metrics.update(

@@ -1,8 +1,11 @@
-"""Group statistics of rewards (docs/algorithms.md#group-relative-advantages). Pure tensor functions."""
+"""Advantage estimators (registered) and the group statistics of rewards they and the step use
+(docs/algorithms.md#group-relative-advantages). Pure tensor functions."""
 
 from __future__ import annotations
 
 import torch
+
+from rlvr_lightning.pieces.kinds import AdvantageInputs, advantage_estimators
 
 
 def group_advantage(r: torch.Tensor, group_size: int, use_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
@@ -20,6 +23,24 @@ def group_advantage(r: torch.Tensor, group_size: int, use_std: bool = True, eps:
     all_equal = R.max(1).values == R.min(1).values
     A = torch.where(all_equal[:, None], torch.zeros_like(A), A)
     return A.view(-1)
+
+
+@advantage_estimators.register("grpo", anchor="group-relative-advantages")
+def grpo_advantage(inputs: AdvantageInputs) -> torch.Tensor:
+    """GRPO: the group-normalised reward (r − mean) / (std + ε), unbiased std; 0 for all-equal groups."""
+    return group_advantage(inputs.rewards, inputs.group_size, use_std=True)
+
+
+@advantage_estimators.register("dr-grpo", anchor="dr-grpo")
+def dr_grpo_advantage(inputs: AdvantageInputs) -> torch.Tensor:
+    """Dr. GRPO: the group-centred reward r − mean, unscaled (no difficulty bias)."""
+    return group_advantage(inputs.rewards, inputs.group_size, use_std=False)
+
+
+@advantage_estimators.register("none", anchor="real")
+def no_advantage(inputs: AdvantageInputs) -> torch.Tensor:
+    """No advantages (zeros): for losses that read the correctness labels themselves (REAL)."""
+    return torch.zeros(inputs.rewards.shape[0])
 
 
 def group_reward_stats(r: torch.Tensor, group_size: int) -> dict[str, float]:

@@ -19,8 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from rlvr_lightning.advantages import mixed_groups
-from rlvr_lightning.rollout.types import Rollout
+from rlvr_lightning.context import StepContext
+from rlvr_lightning.pieces.advantages import mixed_groups
+from rlvr_lightning.rollout.types import PromptBatch, Rollout
+from rlvr_lightning.training.generation import generate_and_score
+from rlvr_lightning.training.step_metrics import StageTimer
 
 log = logging.getLogger(__name__)
 
@@ -108,3 +111,50 @@ def dynamic_sample(
     if n_kept > keep:
         batch = batch.select_groups(list(range(keep)))
     return batch, stats
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What a dynamically sampled rollout batch gave: the rollout to train on (None: no mixed group),
+    the batch's metrics when there is none, and whether the run should stop."""
+
+    rollout: Rollout | None
+    empty_metrics: dict[str, float]
+    stop_run: bool = False
+
+
+class DynamicSampler:
+    """DAPO's dynamic sampling as a generation stage: rounds of `gen_batch_size` prompts (the first
+    starts from the dataloader's batch) until the batch holds `data.batch_size` mixed groups; a run
+    whose batches keep holding none stops after `max_empty_batches` of them."""
+
+    def __init__(self, gen_batch_size: int | None, max_rounds: int, on_exhausted: OnExhausted, max_empty_batches: int):
+        self.gen_batch_size, self.max_rounds = gen_batch_size, max_rounds
+        self.on_exhausted, self.max_empty_batches = on_exhausted, max_empty_batches
+        self.empty_streak = 0
+
+    def collect(self, step: StepContext, batch: PromptBatch, timer: StageTimer) -> Collected:
+        gen_batch_size = self.gen_batch_size or 3 * len(batch)
+
+        def draw_round(k: int) -> Rollout:
+            # Round 0 starts from the dataloader's batch, so every prompt of an epoch is still seen.
+            prompts = batch if k == 0 else PromptBatch([], [], [])
+            missing = gen_batch_size - len(prompts)
+            if missing > 0:
+                prompts = PromptBatch.concat([prompts, step.data.extra_prompts(missing)])
+            return generate_and_score(step, prompts, timer, round_index=k)
+
+        fewest = lambda n: step.collectives.agree(n, op="min")  # noqa: E731
+        rollout, stats = dynamic_sample(draw_round, len(batch), self.max_rounds, self.on_exhausted, fewest)
+        if rollout is None:
+            self.empty_streak += 1
+            stop = self.empty_streak >= self.max_empty_batches
+            if stop:
+                log.warning(
+                    "%d consecutive rollout batches had no group with mixed correctness; stopping the run",
+                    self.empty_streak,
+                )
+            return Collected(None, stats.metrics(), stop_run=stop)
+        self.empty_streak = 0
+        rollout.metrics.update(stats.metrics())
+        return Collected(rollout, {})

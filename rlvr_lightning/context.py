@@ -1,0 +1,72 @@
+"""What the stages of a training step receive instead of the LightningModule: the step's context
+(policy, engine, tokenizer, prompt source, counters, collectives across ranks) and the scored batch
+that the algorithm's rewards and advantages turn a rollout into. Built by the module once per step;
+the stages read it and return values, and never call the module back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import torch
+
+from rlvr_lightning.rollout.engine import RolloutEngine
+from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """Reductions across the trainer's ranks. Every rank must make the same calls in the same order."""
+
+    world_size: int = 1
+    rank: int = 0
+    # strategy.reduce(tensor, reduce_op=…) of the Lightning strategy; None: a single process
+    reduce: Callable[..., torch.Tensor] | None = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def sum(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.reduce is None else self.reduce(x, reduce_op="sum")
+
+    def agree(self, value: int, op: Literal["min", "max"]) -> int:
+        """The min or max of an integer over all ranks."""
+        if self.world_size == 1 or self.reduce is None:
+            return value
+        return int(self.reduce(torch.tensor(value, device=self.device), reduce_op=op))
+
+
+class PromptSource(Protocol):
+    """The prompt stream and sampling settings (the rollout DataModule)."""
+
+    def sampling(self, **overrides: Any) -> SamplingConfig: ...
+    def extra_prompts(self, n: int) -> PromptBatch: ...
+    def train_batch_at(self, index: int) -> PromptBatch: ...
+
+
+@dataclass(frozen=True)
+class StepContext:
+    policy: torch.nn.Module
+    ref_policy: torch.nn.Module | None
+    engine: RolloutEngine
+    tokenizer: Any
+    data: PromptSource
+    collectives: Collectives
+    device: torch.device
+    rollout_batch: int  # rollout batches completed before this step: this step's index
+    policy_version: int  # weight syncs so far: the engine runs this version of the policy
+    total_rollout_batches: float  # the run's length in rollout batches (math.inf when unbounded)
+    seed: int  # the data seed every sampling and noise seed derives from
+    scorers: tuple = ()  # rollout callbacks that score a generated rollout (the reward verifier)
+
+
+@dataclass(frozen=True)
+class ScoredBatch:
+    """A generated, scored rollout with the algorithm's rewards and sequence advantages."""
+
+    rollout: Rollout
+    rewards: torch.Tensor  # [N] r fed to the advantage estimator (shaped by the algorithm, e.g. DAPO)
+    advantages: torch.Tensor  # [N] sequence advantages Â_n
+
+    @property
+    def group_size(self) -> int:
+        return self.rollout.group_size

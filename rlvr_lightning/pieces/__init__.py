@@ -1,0 +1,16 @@
+"""Algorithm pieces: advantage estimators, policy losses, loss aggregators, KL estimators and rollout
+corrections, each a pure function registered under a name (`registry`, `kinds`). Importing this
+package registers every built-in piece."""
+
+from rlvr_lightning.pieces import aggregation, kl, policy_losses as _policy_losses, real, rollout_corrections as _corrections  # noqa: F401
+from rlvr_lightning.pieces import advantages  # noqa: F401
+from rlvr_lightning.pieces.kinds import (
+    KINDS,
+    advantage_estimators,
+    kl_estimators,
+    loss_aggregators,
+    policy_losses,
+    rollout_corrections,
+)
+
+__all__ = ["KINDS", "advantage_estimators", "policy_losses", "loss_aggregators", "kl_estimators", "rollout_corrections"]

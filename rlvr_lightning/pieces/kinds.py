@@ -1,0 +1,102 @@
+"""The five kinds of algorithm pieces, their registries, and the typed inputs each kind receives.
+
+Shapes: N sequences stored group-contiguously (sequence n = b·G + j); per-token tensors are [n, T]
+over response positions, `mask` is 1 on response tokens, and padded log-probs hold 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from rlvr_lightning.pieces.registry import Registry, name_type
+
+
+def _no_reduction(x: Tensor) -> Tensor:
+    return x
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """An advantage estimator's inputs: the rollout batch's rewards, on this rank."""
+
+    rewards: Tensor  # [N] scalar rewards r
+    correct: Tensor  # [N] verifier correctness c ∈ {0, 1}
+    group_size: int  # G
+    reduce_sum: Callable[[Tensor], Tensor] = _no_reduction  # sum across ranks (a collective: every rank calls it)
+
+
+@dataclass(frozen=True)
+class TokenLossInputs:
+    """A token-level policy loss's inputs, for the sequences of one micro-batch."""
+
+    logp: Tensor  # [n, T] log π_θ, with gradient
+    old_logp: Tensor  # [n, T] log π_old (the behaviour policy), detached
+    advantages: Tensor  # [n, T] token advantages (sequence advantages broadcast, maybe reshaped by THR/OAR)
+    mask: Tensor  # [n, T] tokens that enter the loss
+
+
+@dataclass(frozen=True)
+class GroupLossInputs:
+    """A group-level policy loss's inputs: per-sequence logits of whole groups (REAL)."""
+
+    s_bar: Tensor  # [n] length-normalised log-ratio to π_old of each sequence
+    correct: Tensor  # [n] class labels c
+    group_size: int
+    normaliser: float  # the optimizer step's global count the loss is divided by (see the loss's trait)
+    world_size: int = 1  # the loss is multiplied by it, undoing the ranks' gradient averaging
+
+
+@dataclass(frozen=True)
+class StepNorms:
+    """Global normalisers of one optimizer step, summed over its micro-batches and all ranks."""
+
+    num_seqs: float  # N_S
+    num_tokens: float  # T_S (loss-masked response tokens)
+    num_groups: float  # B: prompts (REAL's normaliser)
+    num_mixed_seqs: float  # M: rollouts in groups with mixed correctness (REAL-BCE's normaliser)
+    world_size: int
+    norm_const: float  # C of seq-mean-token-sum-norm: max_response_length, never an observed length
+
+
+@dataclass(frozen=True)
+class CorrectionInputs:
+    """A rollout correction's inputs: the trainer's θ_old against the engine that sampled."""
+
+    old_logp: Tensor  # [N, T] θ_old's log-probs as the trainer computes them
+    rollout_logp: Tensor  # [N, T] the engine's log-probs of the sampled tokens
+    mask: Tensor  # [N, T]
+
+
+advantage_estimators = Registry(
+    "advantage estimator", "model.advantage_estimator",
+    "fn(AdvantageInputs, *, knobs) → sequence advantages [N]",
+)  # fmt: skip
+policy_losses = Registry(
+    "policy loss", "model.policy_loss",
+    "token level: fn(TokenLossInputs, *, knobs) → (per-token loss [n, T], per-token stats); "
+    "group level: fn(GroupLossInputs, *, knobs) → the step's loss over whole groups",
+    # level: `token` (reduced by the loss aggregator) or `group` (couples a group's rollouts; REAL).
+    # token_advantages: whether the loss honours per-token advantages (THR/OAR reshape them).
+    # normaliser (group level): `groups` (B) or `mixed_sequences` (M), the count it is divided by.
+    # grad_weights (group level): the closed-form ∂L/∂s̄ for the two-pass method, fn(GroupLossInputs, *, knobs).
+    traits={"level": "token", "token_advantages": True, "normaliser": None, "grad_weights": None},
+)  # fmt: skip
+loss_aggregators = Registry(
+    "loss aggregator", "model.loss_agg", "fn(per_token [n, T], mask [n, T], StepNorms) → the micro-batch's loss"
+)
+kl_estimators = Registry("KL estimator", "model.kl_estimator", "fn(logp [n, T], ref_logp [n, T]) → per-token KL")
+rollout_corrections = Registry(
+    "rollout correction", "model.rollout_correction",
+    "fn(CorrectionInputs, *, knobs) → (detached per-token weights [N, T] or None, statistics)",
+)  # fmt: skip
+
+KINDS = (advantage_estimators, policy_losses, loss_aggregators, kl_estimators, rollout_corrections)
+
+AdvantageEstimatorName = name_type(advantage_estimators, "AdvantageEstimatorName", __name__)
+PolicyLossName = name_type(policy_losses, "PolicyLossName", __name__)
+LossAggName = name_type(loss_aggregators, "LossAggName", __name__)
+KLEstimatorName = name_type(kl_estimators, "KLEstimatorName", __name__)
+RolloutCorrectionName = name_type(rollout_corrections, "RolloutCorrectionName", __name__)

@@ -1,0 +1,67 @@
+"""Token-level policy losses (docs/algorithms.md#shared-pieces): each returns the per-token loss
+[n, T], reduced afterwards by the loss aggregator, and detached per-token statistics (the ratio and
+boolean clip masks) that the update logs as token-weighted means."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rlvr_lightning.pieces.kinds import TokenLossInputs, policy_losses
+from rlvr_lightning.tensor_math import LOG_RATIO_CLAMP
+
+GSPO_LOG_RATIO_MAX = 10.0  # as verl's GSPO: the sequence log-ratio is clamped above before exp()
+LossAndStats = tuple[Tensor, dict[str, Tensor]]
+
+
+def clipped_objective(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> LossAndStats:
+    """−min(ratio·Â, clip(ratio, 1−ε_low, 1+ε_high)·Â) and which tokens the clip silenced."""
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1 - eps_low, 1 + eps_high)
+    per_tok = torch.maximum(unclipped, clipped)
+    with torch.no_grad():
+        # A token is "clipped" when the clipped branch is active and strictly larger (no gradient).
+        active = clipped > unclipped
+        stats = {
+            "ratio": ratio.detach(),
+            "clipped_low": active & (ratio < 1 - eps_low),
+            "clipped_high": active & (ratio > 1 + eps_high),
+        }
+    return per_tok, stats
+
+
+def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """s̄_n = (1/L_n) Σ_t mask·(logp − old_logp): the length-normalised log-ratio of each sequence."""
+    return ((logp - old_logp) * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+
+@policy_losses.register("ppo-clip", anchor="ppo-clipped-surrogate")
+def ppo_clip(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> LossAndStats:
+    """PPO's clipped surrogate with the per-token ratio π_θ/π_old (asymmetric ε = DAPO's clip-higher)."""
+    ratio = (x.logp - x.old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+    return clipped_objective(ratio, x.advantages, clip_eps_low, clip_eps_high)
+
+
+@policy_losses.register("gspo-token", anchor="gspo-and-gspo-token")
+def gspo_token(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> LossAndStats:
+    """GSPO-token: value s_n = exp(s̄_n), gradient through token t only; accepts reshaped token advantages.
+
+    s_{n,t} = sg[s_n]·π_θ(y_t)/sg[π_θ(y_t)]. With per-sequence advantages its gradient equals GSPO's.
+    """
+    seq_lr = sequence_log_ratio(x.logp, x.old_logp, x.mask).detach()
+    log_s = ((x.logp - x.logp.detach()) + seq_lr[:, None]).clamp(max=GSPO_LOG_RATIO_MAX)
+    return clipped_objective(log_s.exp(), x.advantages, clip_eps_low, clip_eps_high)
+
+
+@policy_losses.register("gspo", anchor="gspo-and-gspo-token", token_advantages=False)
+def gspo(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> LossAndStats:
+    """GSPO: one clipped term per sequence with the length-normalised sequence ratio s_n = exp(s̄_n).
+
+    The sequence term is written on every response token so that `seq-mean-token-mean` reduces it
+    to (1/N)Σ_n term_n, the paper's objective. Token advantages are averaged over the sequence
+    (identical to Â_n when they were not reshaped).
+    """
+    s = sequence_log_ratio(x.logp, x.old_logp, x.mask).clamp(max=GSPO_LOG_RATIO_MAX).exp()
+    seq_adv = (x.advantages * x.mask).sum(1) / x.mask.sum(1).clamp(min=1)
+    per_seq, stats = clipped_objective(s, seq_adv, clip_eps_low, clip_eps_high)
+    return per_seq[:, None] * x.mask, {k: v[:, None].expand_as(x.mask) for k, v in stats.items()}

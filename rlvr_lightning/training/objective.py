@@ -1,0 +1,86 @@
+"""The update's loss, composed from bound pieces: a policy loss (token- or group-level), the loss
+aggregator, the KL estimator with its coefficient. The update calls it per micro-batch, or, for
+group-level losses whose micro-batches split groups, through the two-pass method."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from rlvr_lightning.pieces.advantages import mixed_groups
+from rlvr_lightning.pieces.kinds import GroupLossInputs, StepNorms, TokenLossInputs
+from rlvr_lightning.pieces.policy_losses import sequence_log_ratio
+from rlvr_lightning.pieces.registry import Piece
+from rlvr_lightning.training.batch import LossBatch
+
+
+@dataclass(frozen=True)
+class Objective:
+    policy_loss: Piece
+    loss: Callable  # the policy loss with its knobs bound
+    aggregate: Callable  # the loss aggregator
+    kl: Callable | None  # the KL estimator; None: no KL term (and no reference policy)
+    kl_coef: float
+    two_pass: bool = False  # group-level loss over micro-batches that split groups (`training.update`)
+    grad_weights: Callable | None = None  # group level: the closed-form ∂L/∂s̄ with the knobs bound
+
+    @property
+    def group_level(self) -> bool:
+        return self.policy_loss["level"] == "group"
+
+    @property
+    def needs_whole_groups(self) -> bool:
+        """Micro-batches must hold whole groups: the one-pass loss couples a group's rollouts."""
+        return self.group_level and not self.two_pass
+
+    def micro_batch_loss(self, mb: LossBatch, logp: torch.Tensor, norms: StepNorms) -> tuple[torch.Tensor, dict]:
+        """Scalar loss of one micro-batch, already divided by the step's global normalisers."""
+        if self.group_level:
+            s_bar = sequence_log_ratio(logp, mb.old_logp, mb.loss_mask)
+            loss = self.loss(self.group_inputs(s_bar, mb.correct, mb.group_size, norms))
+            stats = self.sequence_stats(s_bar.detach(), mb.correct, mb.group_size)
+        else:
+            per_tok, stats = self.loss(TokenLossInputs(logp, mb.old_logp, mb.advantages, mb.loss_mask))
+            if mb.is_weight is not None:  # the rollout correction re-weights the policy term only, as in verl
+                per_tok = per_tok * mb.is_weight
+            loss = self.aggregate(per_tok, mb.loss_mask, norms)
+        return loss + self.kl_loss(mb, logp, norms, stats), stats
+
+    def kl_loss(self, mb: LossBatch, logp: torch.Tensor, norms: StepNorms, stats: dict) -> torch.Tensor:
+        """β·KL(π_θ‖π_ref) inside the loss, with the same aggregator as the policy term."""
+        if self.kl is None:
+            return logp.new_zeros(())
+        kl = self.kl(logp, mb.ref_logp)
+        stats["kl"] = kl.detach()
+        return self.kl_coef * self.aggregate(kl, mb.loss_mask, norms)
+
+    # ---- group-level losses (REAL) --------------------------------------------------------------
+    def group_inputs(self, s_bar: torch.Tensor, correct: torch.Tensor, G: int, norms: StepNorms) -> GroupLossInputs:
+        # B (all prompts of the step) or M (rollouts in mixed groups), by the loss's `normaliser` trait.
+        count = norms.num_mixed_seqs if self.policy_loss["normaliser"] == "mixed_sequences" else norms.num_groups
+        return GroupLossInputs(s_bar, correct, G, max(1.0, count), norms.world_size)
+
+    def sequence_loss_and_weights(
+        self, s_bar: torch.Tensor, correct: torch.Tensor, G: int, norms: StepNorms
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's loss from every s̄ of the step, and its closed-form ∂L/∂s̄ (the two-pass method)."""
+        inputs = self.group_inputs(s_bar, correct, G, norms)
+        return self.loss(inputs), self.grad_weights(inputs)
+
+    def sequence_stats(self, s_bar: torch.Tensor, correct: torch.Tensor, G: int) -> dict[str, torch.Tensor]:
+        """The loss value is constant on policy, so log what moves: the logits of each class, the share
+        of mixed groups and the per-sequence gradient weights |∂L_g/∂s̄_k| (bounded by 1/τ)."""
+        pos = correct > 0.5
+        mixed = mixed_groups(correct, G)
+        in_mixed = mixed.repeat_interleave(G)
+        weights = self.grad_weights(GroupLossInputs(s_bar, correct, G, 1.0))[in_mixed].abs()
+        return {
+            "s_bar_pos": s_bar[pos & in_mixed],
+            "s_bar_neg": s_bar[~pos & in_mixed],
+            "mixed_group_frac": mixed.float(),
+            "grad_weight_abs_mean": weights,
+            "grad_weight_abs_min": weights,
+            "grad_weight_abs_max": weights,
+        }
