@@ -11,8 +11,7 @@ from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.standalone import standalone
-from rlvr_lightning.training.behaviour import FromUpdateForward, Precomputed, behaviour_source, separate_pass
-from rlvr_lightning.training.prepare import prepare_update
+from rlvr_lightning.training.behaviour import FromUpdateForward, Precomputed, separate_pass
 from rlvr_lightning.training.step_metrics import MetricAccumulator
 
 G, MAX_LEN = 4, 8
@@ -21,7 +20,7 @@ PRESETS = {
     "dr-grpo": (DrGRPO, {}),
     "dapo": (DAPO, {}),
     "gspo": (GSPO, {}),
-    "gspo-token": (GSPO, {"token_level": True}),
+    "gspo-token": (GSPO, {"policy_loss": "gspo-token"}),
 }
 
 
@@ -58,20 +57,19 @@ def set_engine_logprobs(rollout: Rollout, per_token: torch.Tensor) -> None:
 
 
 def prepared(module, rollout):
-    rollout.rewards = module.compute_rewards(rollout)
-    rollout.advantages = module.compute_advantages(rollout)
-    inputs, _ = prepare_update(module, rollout)
-    return inputs
+    """The module's own rewards, advantages and update inputs of a scored rollout."""
+    return module.prepare(module.step_context(), rollout)[1]
 
 
-def gradient(module, inputs, micro_batch_size, acc=None, max_tokens=None):
+def gradient(module, inputs, micro_batch_size, acc=None, max_tokens=None, update=None):
     """One optimizer step's loss and accumulated gradient over every sequence of `inputs`, with
     micro-batches of `micro_batch_size` rows, or by token budget `max_tokens`."""
     module.hparams.micro_batch_size = micro_batch_size
     module.hparams.max_tokens_per_micro_batch = max_tokens
     module.policy.zero_grad(set_to_none=True)
     rows = torch.arange(inputs.correct.shape[0])
-    loss = module.policy_update.accumulate_gradients(inputs, rows, acc)
+    update = update or module.policy_update
+    loss = update.accumulate_gradients(module.step_context(), inputs, rows, module.manual_backward, acc)
     return loss, torch.cat([p.grad.flatten() for p in module.policy.parameters() if p.grad is not None])
 
 
@@ -115,7 +113,7 @@ def test_token_budget_micro_batches_give_the_same_update_as_row_micro_batches(ti
     same loss and gradient as today's layout (whole batch, full width), with KL and truncated IS on and
     an off-policy θ_old, for every aggregator; and the padding share of the update really drops."""
     cls, kwargs = PRESETS[preset]
-    kwargs = {**kwargs, "kl_coef": 0.05, "tis_level": "token"} | ({"loss_agg": loss_agg} if loss_agg else {})
+    kwargs = {**kwargs, "kl_coef": 0.05, "rollout_correction": "tis-token"} | ({"loss_agg": loss_agg} if loss_agg else {})
     module = attach(cls, tiny_policy_dir, **kwargs)
     rollout = sample_rollout(module)
     set_engine_logprobs(rollout, -1.0 - 0.1 * torch.rand(8, MAX_LEN, generator=torch.Generator().manual_seed(3)))
@@ -161,17 +159,19 @@ def test_first_mini_batch_after_a_rollout_is_exactly_on_policy(tiny_policy_dir, 
     inputs = prepared(module, rollout)
     received = torch.zeros(8, MAX_LEN)  # θ_old's log-probs as each micro-batch's loss got them
     seen = torch.zeros(8)
-    forward_of = module.policy_update.forward
+    module.hparams.micro_batch_size = 3
+    update = module.policy_update
+    forward_of = update.forward
 
-    def recording(inputs, idx, **kwargs):
-        forward, mb = forward_of(inputs, idx, **kwargs)
+    def recording(step, inputs, idx, **kwargs):
+        forward, mb = forward_of(step, inputs, idx, **kwargs)
         received[idx, : mb.old_logp.shape[1]] = mb.old_logp.detach() * mb.loss_mask
         seen[idx] += 1
         return forward, mb
 
-    module.policy_update.forward = recording
+    update.forward = recording
     acc = MetricAccumulator()
-    gradient(module, inputs, 3, acc)
+    gradient(module, inputs, 3, acc, update=update)
     assert torch.equal(seen, torch.ones(8))
     torch.testing.assert_close(received, independent_logprobs(module.policy, rollout), rtol=0, atol=1e-5)
     stats = acc.result()
@@ -206,7 +206,7 @@ def test_dapo_reward_is_signed_correctness_plus_overlong_penalty(tiny_policy_dir
     rollout = sample_rollout(module)
     lengths = rollout.response_lengths
     expected = (2 * rollout.correct - 1) + ((4 - lengths) / 4).clamp(-1, 0)  # penalty from L > 8 − 4
-    torch.testing.assert_close(module.compute_rewards(rollout), expected)
+    torch.testing.assert_close(module.rewards(rollout)[0], expected)
     assert (expected < 2 * rollout.correct - 1).any()  # the sample does contain penalised lengths
     assert attach(DAPO, tiny_policy_dir)._overlong_buffer_len() == MAX_LEN // 5
 
@@ -228,9 +228,8 @@ def test_truncated_is_scales_the_policy_gradient_by_the_capped_ratio(tiny_policy
     _, g_plain = gradient(plain, inputs, 8)
     # The engine assigned every token 1/1.5 of the trainer's probability: w = 1.5 (under the cap of 2).
     set_engine_logprobs(rollout, inputs.behaviour.old_logp_all() - torch.log(torch.tensor(1.5)))
-    tis = attach(GRPO, tiny_policy_dir, tis_level="token", tis_cap=2.0)
+    tis = attach(GRPO, tiny_policy_dir, rollout_correction="tis-token", tis_cap=2.0)
     tis.policy.load_state_dict(plain.policy.state_dict())
-    rollout.advantages = None
     tis_inputs = prepared(tis, rollout)
     torch.testing.assert_close(tis_inputs.is_weight, 1.5 * tis_inputs.loss_mask)
     _, g_tis = gradient(tis, tis_inputs, 8)
@@ -249,12 +248,12 @@ def test_behaviour_logprobs_from_the_rollout_engine(tiny_policy_dir):
 @pytest.mark.parametrize(
     "model_kwargs,data_kwargs,ok",
     [
-        ({"tis_level": "token"}, {"top_p": 0.9}, False),
-        ({"tis_level": "sequence"}, {"top_k": 20}, False),
+        ({"rollout_correction": "tis-token"}, {"top_p": 0.9}, False),
+        ({"rollout_correction": "tis-sequence"}, {"top_k": 20}, False),
         ({"behaviour_logprobs": "rollout"}, {"top_p": 0.95}, False),
-        ({"tis_level": "token", "allow_filtered_rollout_logprobs": True}, {"top_p": 0.9}, True),
+        ({"rollout_correction": "tis-token", "allow_filtered_rollout_logprobs": True}, {"top_p": 0.9}, True),
         ({}, {"top_p": 0.9}, True),  # θ_old from the trainer: the engine's log-probs are only logged
-        ({"tis_level": "token"}, {}, True),
+        ({"rollout_correction": "tis-token"}, {}, True),
         ({}, {"top_p": 0.9, "engine": "vllm-server", "async_rollouts": 1}, False),  # θ_old from the engine
     ],
 )
@@ -280,15 +279,17 @@ def test_async_rollouts_are_refused_where_they_cannot_run(tiny_policy_dir):
 
 def test_contradictory_or_invalid_settings_are_clear_errors():
     with pytest.raises(ConfigError, match="every weight is 1"):
-        GRPO(tis_level="token", behaviour_logprobs="rollout")
-    with pytest.raises(ConfigError, match="valid: ppo-clip, gspo-token, gspo"):
-        GRPO(surrogate="ppo")
-    with pytest.raises(ConfigError, match="token_level"):
-        GSPO(token_level=True, surrogate="gspo")
+        GRPO(rollout_correction="tis-token", behaviour_logprobs="rollout")
+    with pytest.raises(ConfigError, match="registered: ppo-clip, gspo-token, gspo, real-anchor"):
+        GRPO(policy_loss="ppo")
+    with pytest.raises(ConfigError, match="re-weights token-level losses"):
+        GRPO(policy_loss="real-anchor", rollout_correction="tis-token")
+    with pytest.raises(ConfigError, match="two_pass is for group-level"):
+        GRPO(two_pass=True)
     with pytest.raises(ConfigError, match="valid: error, train_partial"):
         DAPO(on_exhausted="skip")
-    assert GSPO(token_level=True).surrogate == "gspo-token" and GSPO().surrogate == "gspo"
-    assert GSPO(token_level=True, surrogate="gspo-token").surrogate == "gspo-token"  # checkpoint reload
+    assert GSPO(policy_loss="gspo-token").objective.policy_loss.name == "gspo-token"
+    assert GSPO().objective.policy_loss.name == "gspo"
 
 
 def test_several_updates_per_rollout_batch_keep_theta_old_fixed(tiny_policy_dir):
@@ -301,20 +302,6 @@ def test_several_updates_per_rollout_batch_keep_theta_old_fixed(tiny_policy_dir)
     rollout = sample_rollout(module)
     inputs = prepared(module, rollout)
     before = trainer_old_logp(module, inputs)
-    metrics = module.policy_update.run(inputs, len(rollout.batch))
+    metrics = module.policy_update.run(module.step_context(), inputs, len(rollout.batch), module.optimization())
     assert metrics["ratio_max"] > 1 + 1e-4
     torch.testing.assert_close(inputs.behaviour.old_logp_all(), before, rtol=0, atol=1e-6)
-
-
-@pytest.mark.parametrize(
-    ("behaviour_logprobs", "steps", "tis_level", "lagged", "expected"),
-    [
-        ("trainer", 1, "off", False, "update"),  # on policy, one step: the update's own forward is θ_old
-        ("trainer", 1, "off", True, "engine"),  # one version behind: only the engine knows θ_old
-        ("trainer", 4, "off", True, "engine"),
-        ("trainer", 1, "token", True, "trainer"),  # truncated IS corrects the trainer's θ_old to the engine's
-        ("rollout", 1, "off", False, "engine"),
-    ],
-)
-def test_lagged_rollouts_take_the_behaviour_policy_from_the_engine(behaviour_logprobs, steps, tis_level, lagged, expected):
-    assert behaviour_source(behaviour_logprobs, steps, tis_level, False, lagged) == expected

@@ -8,8 +8,9 @@ import logging
 import pytest
 import torch
 
-from rlvr_lightning.advantages import group_advantage, mixed_groups, overlong_penalty
-from rlvr_lightning.losses import SURROGATES, aggregate, gspo, gspo_token, sequence_log_ratio, truncated_is_weights
+from rlvr_lightning.pieces.advantages import group_advantage, mixed_groups, overlong_penalty
+from rlvr_lightning.pieces.policy_losses import sequence_log_ratio
+from tests.pieces import SURROGATES, aggregate, surrogate, truncated_is_weights
 from rlvr_lightning.training.dynamic_sampling import DynamicSamplingExhausted, dynamic_sample
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 
@@ -26,12 +27,12 @@ def off_policy_batch(seed: int = 0, N: int = 8, T: int = 7, spread: float = 0.3)
 # ---- GSPO ------------------------------------------------------------------------------------
 def test_gspo_ratio_is_the_length_normalised_sequence_ratio():
     logp, old, mask = off_policy_batch(spread=0.01)
-    _, stats = gspo(logp, old, torch.ones_like(mask), mask)
+    _, stats = surrogate("gspo", logp, old, torch.ones_like(mask), mask, 3e-4, 4e-4)
     # s_n = (π_θ(y)/π_old(y))^(1/L_n), computed here from the sequence log-likelihoods.
     expected = ((logp.detach() * mask).sum(1) - (old * mask).sum(1)).div(mask.sum(1)).exp()
     for n in range(mask.shape[0]):
         torch.testing.assert_close(stats["ratio"][n][mask[n].bool()], expected[n].expand(int(mask[n].sum())))
-    _, token_stats = gspo_token(logp, old, torch.ones_like(mask), mask)
+    _, token_stats = surrogate("gspo-token", logp, old, torch.ones_like(mask), mask, 3e-4, 4e-4)
     torch.testing.assert_close(token_stats["ratio"] * mask, stats["ratio"] * mask)
 
 
@@ -40,9 +41,9 @@ def test_gspo_token_and_gspo_give_the_same_gradient_with_sequence_advantages(spr
     logp, old, mask = off_policy_batch(seed=3, spread=spread)
     adv = group_advantage(torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1]), 4)[:, None] * mask
     grads = []
-    for fn in (gspo, gspo_token):
+    for name in ("gspo", "gspo-token"):
         logp.grad = None
-        per_tok, _ = fn(logp, old, adv, mask)
+        per_tok, _ = surrogate(name, logp, old, adv, mask, 3e-4, 4e-4)
         aggregate(per_tok, mask, "seq-mean-token-mean", mask.shape[0], mask.sum().item()).backward()
         grads.append(logp.grad.clone())
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-8)
@@ -53,7 +54,7 @@ def test_gspo_clips_whole_sequences():
     logp, old, mask = off_policy_batch(seed=1, spread=0.3)
     s_bar = sequence_log_ratio(logp.detach(), old, mask)
     adv = torch.ones_like(mask)  # Â > 0: sequences with s > 1 + ε_high are clipped, all their tokens
-    _, stats = gspo(logp, old, adv, mask)
+    _, stats = surrogate("gspo", logp, old, adv, mask, 3e-4, 4e-4)
     high = s_bar.exp() > 1 + 4e-4
     assert high.any()
     for n in range(mask.shape[0]):
@@ -61,11 +62,11 @@ def test_gspo_clips_whole_sequences():
 
 
 # ---- layout invariance of the whole surrogate + aggregator + IS-weight pipeline ------------------
-@pytest.mark.parametrize("surrogate", list(SURROGATES))
+@pytest.mark.parametrize("loss_name", SURROGATES)
 @pytest.mark.parametrize(
     "mode,C", [("seq-mean-token-mean", None), ("token-mean", None), ("seq-mean-token-sum-norm", 7)]
 )
-def test_micro_batches_and_ranks_do_not_change_the_gradient(surrogate, mode, C):
+def test_micro_batches_and_ranks_do_not_change_the_gradient(loss_name, mode, C):
     logp, old, mask = off_policy_batch(seed=2, spread=0.05)
     rollout_logp = old + 0.02 * torch.randn_like(old) * mask
     w, _ = truncated_is_weights(old, rollout_logp, mask, "token", cap=1.01)
@@ -75,7 +76,7 @@ def test_micro_batches_and_ranks_do_not_change_the_gradient(surrogate, mode, C):
     def grad_for(splits, world_size=1):
         logp.grad = None
         for idx in splits:
-            per_tok, _ = SURROGATES[surrogate](logp[idx], old[idx], adv[idx], mask[idx], 0.2, 0.28)
+            per_tok, _ = surrogate(loss_name, logp[idx], old[idx], adv[idx], mask[idx], 0.2, 0.28)
             loss = aggregate(per_tok * w[idx], mask[idx], mode, N_S, T_S, C, world_size)
             (loss / world_size).backward()  # simulated ranks: DDP/FSDP average the gradients
         return logp.grad.clone()
@@ -96,7 +97,7 @@ def test_truncated_is_weights_token_and_sequence_level():
     w_seq, _ = truncated_is_weights(old, rollout, mask, "sequence", cap=2.5)
     torch.testing.assert_close(w_seq, torch.tensor([[1.0, 1.0, 0.0], [2.5, 2.5, 2.5]]))  # products 1.0 and 3.0
     assert truncated_is_weights(old, rollout, mask, "off", cap=2.0) == (None, {})
-    with pytest.raises(ValueError, match="valid: off, token, sequence"):
+    with pytest.raises(ValueError, match="registered: none, tis-token, tis-sequence"):
         truncated_is_weights(old, rollout, mask, "tok", cap=2.0)
 
 

@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from rlvr_lightning.advantages import group_advantage, group_reward_stats
-from rlvr_lightning.losses import SURROGATES, aggregate, kl_penalty, ppo_clip
+from rlvr_lightning.pieces.advantages import group_advantage, group_reward_stats
+from tests.pieces import SURROGATES, aggregate, kl_penalty, surrogate
 
 G, LENGTHS = 4, (2, 4, 4, 6)
 T = max(LENGTHS)
@@ -28,10 +28,10 @@ def toy_batch(seed: int = 0):
 
 
 def grpo_loss(
-    logp, old_logp, mask, r, mode="seq-mean-token-mean", use_std=True, C=None, eps=(0.2, 0.2), surrogate="ppo-clip"
+    logp, old_logp, mask, r, mode="seq-mean-token-mean", use_std=True, C=None, eps=(0.2, 0.2), loss_name="ppo-clip"
 ):
     A = group_advantage(r, G, use_std=use_std)[:, None] * mask
-    per_tok, stats = SURROGATES[surrogate](logp, old_logp, A, mask, *eps)
+    per_tok, stats = surrogate(loss_name, logp, old_logp, A, mask, *eps)
     return aggregate(per_tok, mask, mode, num_seqs=mask.shape[0], num_tokens=mask.sum().item(), norm_const=C), stats
 
 
@@ -143,11 +143,11 @@ def test_off_policy_loss_and_gradient_follow_the_clipped_surrogate_and_the_norma
     assert (stats["clipped_low"] | stats["clipped_high"]).any()
 
 
-@pytest.mark.parametrize("surrogate", list(SURROGATES))
-def test_on_policy_ratio_is_one_and_nothing_is_clipped(surrogate):
+@pytest.mark.parametrize("loss_name", SURROGATES)
+def test_on_policy_ratio_is_one_and_nothing_is_clipped(loss_name):
     logp, mask = toy_batch()
     # Even GSPO's tiny 3e-4 clip range must not fire on policy.
-    _, stats = grpo_loss(logp, logp.detach(), mask, torch.tensor([1.0, 0, 0, 0]), eps=(3e-4, 4e-4), surrogate=surrogate)
+    _, stats = grpo_loss(logp, logp.detach(), mask, torch.tensor([1.0, 0, 0, 0]), eps=(3e-4, 4e-4), loss_name=loss_name)
     assert ((stats["ratio"] - 1).abs() * mask).max() < 1e-6
     assert not stats["clipped_low"].any() and not stats["clipped_high"].any()
 
@@ -168,8 +168,8 @@ def test_ppo_clip_asymmetric_branches():
     logp = torch.log(torch.tensor([[0.5, 1.5, 1.1, 0.9]]))
     old = torch.zeros(1, 4)
     mask = torch.ones(1, 4)
-    pos, stats = ppo_clip(logp, old, torch.ones(1, 4), mask, eps_low=0.2, eps_high=0.28)
-    neg, stats_neg = ppo_clip(logp, old, -torch.ones(1, 4), mask, eps_low=0.2, eps_high=0.28)
+    pos, stats = surrogate("ppo-clip", logp, old, torch.ones(1, 4), mask, eps_low=0.2, eps_high=0.28)
+    neg, stats_neg = surrogate("ppo-clip", logp, old, -torch.ones(1, 4), mask, eps_low=0.2, eps_high=0.28)
     # Â > 0: ratio capped at 1+ε_high from above; below 1−ε_low the unclipped ratio is the min.
     torch.testing.assert_close(pos, -torch.tensor([[0.5, 1.28, 1.1, 0.9]]))
     assert stats["clipped_high"].tolist() == [[False, True, False, False]]
@@ -211,7 +211,7 @@ def test_micro_batch_and_rank_layout_does_not_change_the_gradient(mode, C):
     def grad_for(splits: list[list[int]], world_size: int = 1) -> torch.Tensor:
         logp.grad = None
         for idx in splits:
-            per_tok, _ = ppo_clip(logp[idx], old[idx], A[idx], mask[idx], 0.2, 0.28)
+            per_tok, _ = surrogate("ppo-clip", logp[idx], old[idx], A[idx], mask[idx], 0.2, 0.28)
             # Simulated ranks: each rank's gradient is averaged over ranks afterwards (DDP/FSDP).
             (aggregate(per_tok, mask[idx], mode, N_S, T_S, C, world_size) / world_size).backward()
         return logp.grad.clone()
@@ -237,5 +237,5 @@ def test_padding_changes_neither_loss_nor_gradient():
 
 
 def test_unknown_aggregator_is_a_clear_error():
-    with pytest.raises(ValueError, match="valid: seq-mean-token-mean"):
+    with pytest.raises(ValueError, match="registered: seq-mean-token-mean"):
         aggregate(torch.ones(1, 1), torch.ones(1, 1), "bnpo", 1, 1)

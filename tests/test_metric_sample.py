@@ -12,7 +12,7 @@ import pytest
 import torch
 from torchmetrics.functional import spearman_corrcoef
 
-from rlvr_lightning.advantages import group_advantage
+from rlvr_lightning.pieces.advantages import group_advantage
 from rlvr_lightning.attribution.thr import dominant_tokens, rollout_thr
 from rlvr_lightning.callbacks import attribution
 from rlvr_lightning.callbacks.attribution import THRAttribution, oar_metrics, thr_metrics

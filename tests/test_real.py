@@ -10,7 +10,8 @@ import torch
 
 from rlvr_lightning.algos import REAL
 from rlvr_lightning.errors import ConfigError
-from rlvr_lightning.losses import real_grad_weights, real_loss, sequence_log_ratio
+from rlvr_lightning.pieces.policy_losses import sequence_log_ratio
+from rlvr_lightning.pieces.real import real_grad_weights, real_loss
 from tests.test_algorithms import attach, gradient, independent_logprobs, prepared, sample_rollout, with_old_logp
 
 TAU = 0.5

@@ -21,8 +21,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlvr_lightning.advantages import group_advantage
-from rlvr_lightning.losses import aggregate, ppo_clip, real_loss, sequence_log_ratio
+from rlvr_lightning.pieces.advantages import group_advantage
+from rlvr_lightning.pieces.policy_losses import sequence_log_ratio
+from rlvr_lightning.pieces.real import real_loss
+from tests.pieces import aggregate, surrogate
 from rlvr_lightning.models.forward import policy_forward
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.training.batch import UpdateInputs, select_loss_batch
@@ -86,7 +88,7 @@ class RankModule:
             normaliser = max(1.0, norms.num_mixed_seqs if variant == "bce" else norms.num_groups)
             s_bar = sequence_log_ratio(logp, mb.old_logp, mb.loss_mask)
             return real_loss(s_bar, mb.correct, G, normaliser, 0.5, variant, norms.world_size), {}
-        per_tok, stats = ppo_clip(logp, mb.old_logp, mb.advantages, mb.loss_mask, EPS_LOW, EPS_HIGH)
+        per_tok, stats = surrogate("ppo-clip", logp, mb.old_logp, mb.advantages, mb.loss_mask, EPS_LOW, EPS_HIGH)
         loss = aggregate(per_tok, mb.loss_mask, self.loss, norms.num_seqs, norms.num_tokens,
                          norm_const=norms.norm_const, world_size=norms.world_size)  # fmt: skip
         return loss, stats

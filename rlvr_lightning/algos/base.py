@@ -382,15 +382,10 @@ class RLVRModule(L.LightningModule):
         if rollout is None:
             return None
         step.engine.release_memory()  # vLLM sleep mode (data.sleep_level); the weight sync wakes it
-        rewards, reward_metrics = self.rewards(rollout)
-        scored = ScoredBatch(rollout, rewards, self.advantages(rewards, rollout, step.collectives))
-        shapers = advantage_shapers(self.trainer)
         update = self.policy_update
-        inputs, correction_metrics, weights = prepare_update(
-            step, scored, update.plan, self.behaviour_source(), self.correction(), h.mask_truncated, shapers, timer
-        )
+        scored, inputs, prepare_metrics, weights = self.prepare(step, rollout, update.plan, timer)
         with timer("update"):
-            update_metrics = update.run(inputs, len(rollout.batch), self.policy, self.optimization(), step.collectives)
+            update_metrics = update.run(step, inputs, len(rollout.batch), self.optimization())
         token_weights = compose_token_weights(weights, inputs.behaviour.token_weights())
         if self.rollouts_ahead is not None:
             self.rollouts_ahead.wait(timer)  # the servers take new weights once the batch ahead is done
@@ -399,10 +394,23 @@ class RLVRModule(L.LightningModule):
             self.engine_sync.sync(step.engine, self.policy, self.policy_version + 1, rollout, trainer_score)
             self.policy_version += 1
         metrics = {
-            **update_metrics, **correction_metrics, **reward_metrics, **shaper_metrics(shapers),
+            **update_metrics, **prepare_metrics, **shaper_metrics(advantage_shapers(self.trainer)),
             "policy_lag": float(step.policy_version - rollout.policy_version),
         }  # fmt: skip
         return StepResult(scored, inputs, token_weights, metrics, timer.finish())
+
+    def prepare(
+        self, step: StepContext, rollout: Rollout, plan: UpdatePlan | None = None, timer: StageTimer | None = None
+    ) -> tuple[ScoredBatch, UpdateInputs, dict[str, float], torch.Tensor | None]:
+        """Rewards, advantages and the update's inputs of a scored rollout: the scored batch, the inputs,
+        the reward's and rollout correction's metrics, and the shapers' weights known before the update."""
+        rewards, reward_metrics = self.rewards(rollout)
+        scored = ScoredBatch(rollout, rewards, self.advantages(rewards, rollout, step.collectives))
+        inputs, correction_metrics, weights = prepare_update(
+            step, scored, plan or self.update_plan(), self.behaviour_source(), self.correction(),
+            self.hparams.mask_truncated, advantage_shapers(self.trainer), timer,
+        )  # fmt: skip
+        return scored, inputs, {**reward_metrics, **correction_metrics}, weights
 
     def optimization(self) -> Optimization:
         return Optimization(self.optimizers(), self.lr_schedulers(), self.policy.parameters, self.manual_backward)

@@ -16,11 +16,12 @@ untouched); `max_nonfinite_steps` in a row stop the run.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 from torch.distributed.tensor import DTensor
 
-from rlvr_lightning.context import Collectives
+from rlvr_lightning.context import StepContext
 from rlvr_lightning.models.forward import policy_forward
 from rlvr_lightning.pieces.kinds import StepNorms
 from rlvr_lightning.pieces.policy_losses import sequence_log_ratio
@@ -55,19 +56,16 @@ class PolicyUpdate:
         self.objective, self.plan, self.guard = objective, plan, guard
         self.updates_since_rollout = 0  # optimizer steps taken since the rollout: 0 = θ is still θ_old
 
-    def run(
-        self, inputs: UpdateInputs, num_prompts: int, policy: torch.nn.Module, opt: Optimization,
-        collectives: Collectives,
-    ) -> dict[str, float]:  # fmt: skip
+    def run(self, step: StepContext, inputs: UpdateInputs, num_prompts: int, opt: Optimization) -> dict[str, float]:
         plan, G = self.plan, inputs.group_size
         acc = MetricAccumulator()
         self.updates_since_rollout = 0
         for _epoch in range(plan.ppo_epochs):
             # Mini-batches hold whole groups: prompt-level split, sequences stay group-contiguous.
             for prompt_idx in torch.arange(num_prompts).chunk(plan.mini_batches):
-                rows = (prompt_idx[:, None] * G + torch.arange(G)).flatten().to(collectives.device)
+                rows = (prompt_idx[:, None] * G + torch.arange(G)).flatten().to(step.device)
                 opt.optimizer.zero_grad(set_to_none=True)
-                acc.add("loss", self.accumulate_gradients(inputs, rows, policy, opt, collectives, acc))
+                acc.add("loss", self.accumulate_gradients(step, inputs, rows, opt.backward, acc))
                 grad_norm = torch.nn.utils.clip_grad_norm_(opt.parameters(), plan.max_grad_norm)
                 if isinstance(grad_norm, DTensor):  # FSDP: the norm over all shards
                     grad_norm = grad_norm.full_tensor()
@@ -86,22 +84,23 @@ class PolicyUpdate:
         return metrics
 
     def accumulate_gradients(
-        self, inputs: UpdateInputs, rows: torch.Tensor, policy: torch.nn.Module, opt: Optimization,
-        collectives: Collectives, acc: MetricAccumulator | None = None,
+        self, step: StepContext, inputs: UpdateInputs, rows: torch.Tensor, backward: Callable[[torch.Tensor], None],
+        acc: MetricAccumulator | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """Backward of one optimizer step's loss over the sequences `rows`; returns the step's loss."""
-        norms = step_norms(inputs, rows, collectives, self.plan.norm_const)
+        norms = step_norms(inputs, rows, step.collectives, self.plan.norm_const)
         if self.objective.two_pass:
-            return self._two_pass(inputs, rows, norms, policy, opt, collectives, acc)
+            return self._two_pass(step, inputs, rows, norms, backward, acc)
         reads_lm_head = inputs.behaviour.reads_lm_head
         whole_groups = reads_lm_head or self.objective.needs_whole_groups
         if reads_lm_head and not self.plan.keeps_groups_whole(inputs.group_size):
             raise RuntimeError("advantage shapers read the update's LM-head inputs, but micro-batches split groups")
-        step_loss = torch.zeros((), device=collectives.device)
-        for idx in self.plan.micro_batches(rows, inputs.lengths, collectives, inputs.group_size if whole_groups else 1):
-            forward, mb = self.forward(inputs, idx, policy, with_entropy=acc is not None, capture=reads_lm_head)
+        step_loss = torch.zeros((), device=step.device)
+        unit = inputs.group_size if whole_groups else 1
+        for idx in self.plan.micro_batches(rows, inputs.lengths, step.collectives, unit):
+            forward, mb = self.forward(step, inputs, idx, with_entropy=acc is not None, capture=reads_lm_head)
             loss, stats = self.objective.micro_batch_loss(mb, forward.logp, norms)
-            opt.backward(loss)
+            backward(loss)
             if acc is not None:
                 acc.add_tokens(stats, forward.entropy, mb.loss_mask)
                 acc.add_padding(mb.tensors.attention_mask)
@@ -109,41 +108,39 @@ class PolicyUpdate:
         return step_loss
 
     def forward(
-        self, inputs: UpdateInputs, idx: torch.Tensor, policy: torch.nn.Module, with_entropy: bool = False,
-        capture: bool = False,
-    ):  # fmt: skip
+        self, step: StepContext, inputs: UpdateInputs, idx: torch.Tensor, with_entropy: bool = False, capture: bool = False
+    ):
         """The policy's forward over the micro-batch `idx`, trimmed to its longest row, and its loss batch."""
         forward = policy_forward(
-            policy, inputs.tensors.select(idx).trimmed(), inputs.temperature, with_entropy=with_entropy,
+            step.policy, inputs.tensors.select(idx).trimmed(), inputs.temperature, with_entropy=with_entropy,
             capture_lm_head=capture, chunk_tokens=self.plan.logprob_chunk_tokens,
         )  # fmt: skip
         return forward, inputs.loss_batch(idx, forward)
 
     def _two_pass(
-        self, inputs: UpdateInputs, rows: torch.Tensor, norms: StepNorms, policy: torch.nn.Module,
-        opt: Optimization, collectives: Collectives, acc,
-    ) -> torch.Tensor:  # fmt: skip
+        self, step: StepContext, inputs: UpdateInputs, rows: torch.Tensor, norms: StepNorms, backward, acc
+    ) -> torch.Tensor:
         objective = self.objective
-        chunks = self.plan.micro_batches(rows, inputs.lengths, collectives)
+        chunks = self.plan.micro_batches(rows, inputs.lengths, step.collectives)
         # Where each micro-batch's sequences sit in `rows` (token budgets reorder them by length).
         position = torch.empty(int(rows.max()) + 1, dtype=torch.long, device=rows.device)
         position[rows] = torch.arange(len(rows), device=rows.device)
         correct, G = inputs.correct[rows], inputs.group_size
         # Pass 1: every s̄ of the step under the current θ. Groups never span ranks (each rank
         # generates its own prompts), so the local s̄ suffice; only the normaliser is global.
-        s_bar = torch.zeros(len(rows), device=collectives.device)
+        s_bar = torch.zeros(len(rows), device=step.device)
         if not (self.updates_since_rollout == 0 and inputs.behaviour.source == "trainer"):  # θ = θ_old: s̄ ≡ 0
             with torch.no_grad():
                 for idx in chunks:
-                    s_bar[position[idx]] = self.sequence_log_ratio(inputs, idx, policy)[0]
+                    s_bar[position[idx]] = self.sequence_log_ratio(step, inputs, idx)[0]
         step_loss, weights = objective.sequence_loss_and_weights(s_bar, correct, G, norms)
         # Pass 2: backpropagate sg[∂L/∂s̄_k]·s̄_k(θ) per micro-batch (× world size against gradient averaging).
         for idx in chunks:
-            s_mb, mb, forward = self.sequence_log_ratio(inputs, idx, policy, with_entropy=acc is not None)
+            s_mb, mb, forward = self.sequence_log_ratio(step, inputs, idx, with_entropy=acc is not None)
             stats: dict[str, torch.Tensor] = {}
             kl = objective.kl_loss(mb, forward.logp, norms, stats)
             surrogate = (weights[position[idx]] * s_mb).sum() * norms.world_size
-            opt.backward(surrogate + kl)
+            backward(surrogate + kl)
             step_loss = step_loss + kl.detach()
             if acc is not None:
                 acc.add_tokens(stats, forward.entropy, mb.loss_mask)
@@ -152,7 +149,7 @@ class PolicyUpdate:
             acc.add_tokens(objective.sequence_stats(s_bar, correct, G), None, inputs.loss_mask[rows])
         return step_loss
 
-    def sequence_log_ratio(self, inputs: UpdateInputs, rows: torch.Tensor, policy: torch.nn.Module, with_entropy: bool = False):
+    def sequence_log_ratio(self, step: StepContext, inputs: UpdateInputs, rows: torch.Tensor, with_entropy: bool = False):
         """s̄ [n] of the sequences `rows` under the current θ, with their loss batch and forward."""
-        forward, mb = self.forward(inputs, rows, policy, with_entropy)
+        forward, mb = self.forward(step, inputs, rows, with_entropy)
         return sequence_log_ratio(forward.logp, mb.old_logp, mb.loss_mask), mb, forward
