@@ -39,9 +39,9 @@ def main() -> None:
     parser.add_argument("--lrs", default="1e-5,1e-3")
     args = parser.parse_args()
 
-    from rlvr_lightning.pieces.advantages import mixed_groups
     from rlvr_lightning.algos import GRPO
     from rlvr_lightning.attribution.thr_check import thr_sign_check
+    from rlvr_lightning.pieces.advantages import mixed_groups
     from rlvr_lightning.training.generation import generate_and_score
     from rlvr_lightning.training.step_metrics import StageTimer
 

@@ -20,11 +20,11 @@ class UnevenRewards(RolloutCallback):
         self.out = Path(out)
         self.rounds: dict[int, list[list[str]]] = {}  # step → prompt ids of each round
 
-    def on_rollout_generated(self, trainer, module, rollout) -> None:  # after the verifier
-        rounds = self.rounds.setdefault(module.rollout_batches, [])
+    def on_rollout_generated(self, step, rollout) -> None:  # after the verifier
+        rounds = self.rounds.setdefault(step.rollout_batch, [])
         rounds.append(list(rollout.batch.ids))
         n, G = rollout.num_sequences, rollout.group_size
-        if trainer.global_rank == 0 and len(rounds) == 1:
+        if step.collectives.rank == 0 and len(rounds) == 1:
             correct = torch.zeros(n)
         else:
             correct = (torch.arange(n) % G == 0).float()  # one correct rollout per group

@@ -28,7 +28,7 @@ class ShardProbe(RolloutCallback):
                 "sharded": all(isinstance(p, DTensor) for p in params)}  # fmt: skip
         (self.out / f"rank{trainer.global_rank}_shard.json").write_text(json.dumps(info))
 
-    def on_rollout_generated(self, trainer, module, rollout) -> None:  # after the verifier scored it
+    def on_rollout_generated(self, step, rollout) -> None:  # after the verifier scored it
         # The test's 60-step warm start answers almost nothing correctly, so a step can carry no learning
         # signal at all (then nothing moves and the replay comparison proves nothing). A deterministic
         # stand-in reward, "the response has an even length", gives every step mixed groups; the replay
@@ -37,7 +37,7 @@ class ShardProbe(RolloutCallback):
         rollout.rewards = rollout.correct.clone()
         record = {k: getattr(rollout, k) for k in ("batch", "group_size", "prompt_ids", "completions", "sampling",
                                                   "texts", "correct", "rewards")}  # fmt: skip
-        torch.save(record, self.out / f"rank{trainer.global_rank}_step{module.rollout_batches}.pt")
+        torch.save(record, self.out / f"rank{step.collectives.rank}_step{step.rollout_batch}.pt")
 
     def on_train_end(self, trainer, pl_module) -> None:
         weights = dict(full_weights(pl_module.policy))  # collective: every rank gathers

@@ -61,14 +61,17 @@ def prepared(module, rollout):
     return module.prepare(module.step_context(), rollout)[1]
 
 
-def gradient(module, inputs, micro_batch_size, acc=None, max_tokens=None, update=None):
+def gradient(module, inputs, micro_batch_size, acc=None, max_tokens=None, tweak=None):
     """One optimizer step's loss and accumulated gradient over every sequence of `inputs`, with
-    micro-batches of `micro_batch_size` rows, or by token budget `max_tokens`."""
+    micro-batches of `micro_batch_size` rows, or by token budget `max_tokens`; `tweak(update)` may
+    adjust or instrument the module's update before it runs."""
     module.hparams.micro_batch_size = micro_batch_size
     module.hparams.max_tokens_per_micro_batch = max_tokens
     module.policy.zero_grad(set_to_none=True)
     rows = torch.arange(inputs.correct.shape[0])
-    update = update or module.policy_update
+    update = module.policy_update
+    if tweak is not None:
+        tweak(update)
     loss = update.accumulate_gradients(module.step_context(), inputs, rows, module.manual_backward, acc)
     return loss, torch.cat([p.grad.flatten() for p in module.policy.parameters() if p.grad is not None])
 
@@ -159,19 +162,20 @@ def test_first_mini_batch_after_a_rollout_is_exactly_on_policy(tiny_policy_dir, 
     inputs = prepared(module, rollout)
     received = torch.zeros(8, MAX_LEN)  # θ_old's log-probs as each micro-batch's loss got them
     seen = torch.zeros(8)
-    module.hparams.micro_batch_size = 3
-    update = module.policy_update
-    forward_of = update.forward
 
-    def recording(step, inputs, idx, **kwargs):
-        forward, mb = forward_of(step, inputs, idx, **kwargs)
-        received[idx, : mb.old_logp.shape[1]] = mb.old_logp.detach() * mb.loss_mask
-        seen[idx] += 1
-        return forward, mb
+    def recording(update):
+        forward_of = update.forward
 
-    update.forward = recording
+        def forward(step, inputs, idx, **kwargs):
+            forward, mb = forward_of(step, inputs, idx, **kwargs)
+            received[idx, : mb.old_logp.shape[1]] = mb.old_logp.detach() * mb.loss_mask
+            seen[idx] += 1
+            return forward, mb
+
+        update.forward = forward
+
     acc = MetricAccumulator()
-    gradient(module, inputs, 3, acc, update=update)
+    gradient(module, inputs, 3, acc, tweak=recording)
     assert torch.equal(seen, torch.ones(8))
     torch.testing.assert_close(received, independent_logprobs(module.policy, rollout), rtol=0, atol=1e-5)
     stats = acc.result()
@@ -262,10 +266,10 @@ def test_filtered_sampling_with_rollout_logprobs_is_refused_unless_opted_in(
 ):
     module = attach(GRPO, tiny_policy_dir, data_kwargs, **model_kwargs)
     if ok:
-        module._check_behaviour_logprobs()
+        module.validate_config()
     else:
         with pytest.raises(ConfigError, match="allow_filtered_rollout_logprobs"):
-            module._check_behaviour_logprobs()
+            module.validate_config()
 
 
 def test_async_rollouts_are_refused_where_they_cannot_run(tiny_policy_dir):

@@ -133,22 +133,23 @@ def test_thr_weights_of_the_module_follow_the_definition(warm_policy):
     (the logged statistics) must be those of the definition on this architecture, and each token's
     weight 1 + p·sign(Â·s), every other token's 1."""
     p = 0.3
-    module, rollout, _, _, _, read_in_update = thr_update(warm_policy, p, 4, task_like_completions)
-    assert read_in_update
+    run = thr_update(warm_policy, p, 4, task_like_completions)
+    module, rollout, advantages = run.module, run.rollout, run.advantages
+    assert run.read_in_update
     mask = rollout.tensors(0).response_mask.bool()
     s = thr_by_definition(module.policy, rollout, module.datamodule.tokenizer.pad_token_id)
-    expected = torch.where(mask, 1 + p * torch.sign(rollout.advantages.double()[:, None] * s), 1.0)
+    expected = torch.where(mask, 1 + p * torch.sign(advantages.double()[:, None] * s), 1.0)
     expected[4:] = 1.0  # group 1 has no correct rollout: no THR
-    got = rollout.token_weights[:, : mask.shape[1]]
+    got = run.weights[:, : mask.shape[1]]
     clear = s.abs() > 1e-4 * s.abs().max()  # a sign is only defined away from 0
     assert clear[:4][mask[:4]].float().mean() > 0.9
     torch.testing.assert_close(got[mask & clear], expected[mask & clear].float())
     assert (got[:4][mask[:4]] == 1 + p).any() and (got[:4][mask[:4]] == 1 - p).any()
     # The signs alone hardly depend on h and the head (s is mostly > 0); the magnitudes do.
-    thr = (rollout.advantages.double()[:, None] * s)[:4][mask[:4]].abs()
-    assert rollout.metrics["thr/tokens"] == thr.numel()
+    thr = (advantages.double()[:, None] * s)[:4][mask[:4]].abs()
+    assert run.metrics["thr/tokens"] == thr.numel()
     for key, value in (("abs_max", thr.max()), ("abs_p50", thr.quantile(0.5)), ("abs_p90", thr.quantile(0.9))):
-        assert rollout.metrics[f"thr/{key}"] == pytest.approx(value.item(), rel=1e-3), key
+        assert run.metrics[f"thr/{key}"] == pytest.approx(value.item(), rel=1e-3), key
 
 
 def test_oar_g_on_the_family_embeddings_and_cache(random_policy):

@@ -8,7 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from rlvr_lightning.callbacks.progress import rollout_batches_total
 from rlvr_lightning.callbacks.rollout import RolloutCallback
+from rlvr_lightning.context import Collectives, StepContext
 from rlvr_lightning.rollout.types import Completion, PromptBatch, SamplingConfig
 from rlvr_lightning.training.async_rollouts import RolloutsAhead
 from rlvr_lightning.training.generation import sampling_seed
@@ -33,7 +35,7 @@ class RecordingEngine:
 
 
 class AllCorrect(RolloutCallback):
-    def on_rollout_generated(self, trainer, module, rollout):
+    def on_rollout_generated(self, step, rollout):
         rollout.correct = [True] * len(rollout.completions)
         rollout.rewards = [1.0] * len(rollout.completions)
 
@@ -46,42 +48,38 @@ class Tokenizer:
         return ["x"] * len(ids)
 
 
-def module(max_steps: int, mini_batches: int, engine: RecordingEngine):
-    dm = SimpleNamespace(
-        hparams=SimpleNamespace(seed=3), tokenizer=Tokenizer(), train_batch_at=batch_at,
-        sampling=lambda seed: SamplingConfig(n=2, max_tokens=4, seed=seed),
-    )  # fmt: skip
-    trainer = SimpleNamespace(max_steps=max_steps, max_epochs=None, callbacks=[AllCorrect()])
-    return SimpleNamespace(
-        rollout_batches=0, policy_version=0, global_rank=0, engine=engine, datamodule=dm, trainer=trainer,
-        hparams=SimpleNamespace(mini_batches=mini_batches, ppo_epochs=1),
+def context(max_steps: int, mini_batches: int, engine: RecordingEngine, k: int = 0) -> StepContext:
+    """Step k's context; the run's length from max_steps as the module computes it."""
+    data = SimpleNamespace(train_batch_at=batch_at, sampling=lambda seed: SamplingConfig(n=2, max_tokens=4, seed=seed))
+    trainer = SimpleNamespace(max_steps=max_steps, max_epochs=None)
+    total = rollout_batches_total(trainer, SimpleNamespace(hparams=SimpleNamespace(mini_batches=mini_batches, ppo_epochs=1)))
+    return StepContext(
+        policy=None, ref_policy=None, engine=engine, tokenizer=Tokenizer(), data=data, collectives=Collectives(),
+        device=None, rollout_batch=k, policy_version=k, total_rollout_batches=total, seed=3, scorers=(AllCorrect(),),
     )  # fmt: skip
 
 
-def train(ahead: RolloutsAhead, m, batches: int) -> list:
-    """The training loop's view: collect batch k, 'update', then sync version k+1."""
+def train(ahead: RolloutsAhead, max_steps: int, mini_batches: int, engine: RecordingEngine, batches: int) -> list:
+    """The training loop's view: collect batch k at policy version k, 'update', then sync version k+1."""
     rollouts = []
     for k in range(batches):
-        m.rollout_batches = k
-        rollouts.append(ahead.collect(m, batch_at(k), StageTimer()))
+        rollouts.append(ahead.collect(context(max_steps, mini_batches, engine, k), batch_at(k), StageTimer()))
         ahead.wait(StageTimer())
-        m.policy_version = k + 1
     return rollouts
 
 
 def test_each_batch_is_generated_one_step_ahead_by_the_previous_policy():
     engine = RecordingEngine()
-    m = module(max_steps=4, mini_batches=1, engine=engine)
     ahead = RolloutsAhead()
     try:
-        rollouts = train(ahead, m, 4)
+        rollouts = train(ahead, 4, 1, engine, 4)
     finally:
         ahead.close()
     assert [r.batch.ids for r in rollouts] == [["p0"], ["p1"], ["p2"], ["p3"]]
     # Batch 0 is generated at step 0 by version 0; batch k ≥ 1 at step k−1, by version k−1.
     assert [r.policy_version for r in rollouts] == [0, 0, 1, 2]
     # Each batch's generation uses the seed of its own rollout batch, as the synchronous loop would.
-    seeds = [sampling_seed(m, rollout_batch=k) for k in range(4)]
+    seeds = [sampling_seed(context(4, 1, engine), rollout_batch=k) for k in range(4)]
     assert [s.seed for _, s in engine.calls] == seeds
     assert [r.correct for r in rollouts] == [[True, True]] * 4  # scored by the rollout callbacks
 
@@ -90,10 +88,9 @@ def test_each_batch_is_generated_one_step_ahead_by_the_previous_policy():
 def test_nothing_is_generated_past_the_last_rollout_batch(max_steps, mini_batches, batches):
     """`trainer.max_steps` counts optimizer steps: K per rollout batch."""
     engine = RecordingEngine()
-    m = module(max_steps=max_steps, mini_batches=mini_batches, engine=engine)
     ahead = RolloutsAhead()
     try:
-        train(ahead, m, batches)
+        train(ahead, max_steps, mini_batches, engine, batches)
         assert ahead.in_flight is None
         assert len(engine.calls) == batches
     finally:

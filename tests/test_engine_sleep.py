@@ -262,7 +262,7 @@ class ScriptedScores(RolloutCallback):
     def __init__(self) -> None:
         self.rounds = 0
 
-    def on_rollout_generated(self, trainer, module, rollout) -> None:
+    def on_rollout_generated(self, step, rollout) -> None:
         self.rounds += 1
         n = rollout.num_sequences
         correct = torch.ones(n) if self.rounds == 1 else (torch.arange(n) % 2).float()
@@ -270,10 +270,11 @@ class ScriptedScores(RolloutCallback):
 
 
 @pytest.mark.parametrize("algo", ["grpo", "dapo"])
-def test_training_step_releases_engine_memory_once_between_rollouts_and_update(tiny_policy_dir, algo):
+def test_training_step_releases_engine_memory_once_between_rollouts_and_update(tiny_policy_dir, algo, monkeypatch):
     from rlvr_lightning.algos.dapo import DAPO
     from rlvr_lightning.algos.grpo import GRPO
     from rlvr_lightning.standalone import standalone
+    from rlvr_lightning.training.update import PolicyUpdate
 
     dm = RolloutDataModule(
         model_name_or_path=str(tiny_policy_dir), engine="hf", batch_size=2, group_size=2,
@@ -283,8 +284,8 @@ def test_training_step_releases_engine_memory_once_between_rollouts_and_update(t
     try:
         calls: list[str] = []
         dm._engine = CallLog(dm.engine(module.policy), calls)
-        run = module.policy_update.run
-        module.policy_update.run = lambda *a, **k: calls.append("update") or run(*a, **k)
+        run = PolicyUpdate.run
+        monkeypatch.setattr(PolicyUpdate, "run", lambda *a, **k: calls.append("update") or run(*a, **k))
         module.train_on_batch(next(iter(dm.train_dataloader())))
         # Every generation round (DAPO's second one too) before the one release; the weight sync loads,
         # then probes the first sync with one score.

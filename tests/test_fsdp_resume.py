@@ -40,7 +40,7 @@ class ParityReward(RolloutCallback):
     number". The untrained tiny policy answers nothing correctly, so with the verifier's rewards alone
     no step would move the weights or Adam's moments, and a resume that lost them would go unnoticed."""
 
-    def on_rollout_generated(self, trainer, module, rollout) -> None:
+    def on_rollout_generated(self, step, rollout) -> None:
         rollout.correct = torch.tensor([float(sum(c.token_ids) % 2 == 0) for c in rollout.completions])
         rollout.rewards = rollout.correct.clone()
 

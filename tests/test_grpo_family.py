@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from rlvr_lightning.pieces.advantages import group_advantage, mixed_groups, overlong_penalty
-from rlvr_lightning.pieces.policy_losses import sequence_log_ratio
-from tests.pieces import SURROGATES, aggregate, surrogate, truncated_is_weights
-from rlvr_lightning.training.dynamic_sampling import DynamicSamplingExhausted, dynamic_sample
+from rlvr_lightning.pieces.token_losses import sequence_log_ratio
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
+from rlvr_lightning.training.dynamic_sampling import DynamicSamplingExhausted, dynamic_sample
+from tests.pieces import SURROGATES, aggregate, surrogate, truncated_is_weights
 
 
 def off_policy_batch(seed: int = 0, N: int = 8, T: int = 7, spread: float = 0.3):

@@ -12,11 +12,12 @@ import pytest
 import torch
 from torchmetrics.functional import spearman_corrcoef
 
-from rlvr_lightning.pieces.advantages import group_advantage
 from rlvr_lightning.attribution.thr import dominant_tokens, rollout_thr
 from rlvr_lightning.callbacks import attribution
 from rlvr_lightning.callbacks.attribution import THRAttribution, oar_metrics, thr_metrics
+from rlvr_lightning.context import ScoredBatch
 from rlvr_lightning.metrics import RunningStats, StreamSample
+from rlvr_lightning.pieces.advantages import group_advantage
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 
 THR_KEYS = {
@@ -157,7 +158,8 @@ def assert_same_metrics(got: dict[str, float], want: dict[str, float], fractions
 
 
 def thr_batch(G=4, d=6, V=13, correct=(1, 0, 0, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0), seed=0):
-    """A rollout of len(correct)/G groups with random tokens and LM-head inputs, and a stand-in module."""
+    """A scored batch of len(correct)/G groups with random tokens and LM-head inputs, and the step's
+    context as THR reads it (the policy's head, the step index)."""
     g = torch.Generator().manual_seed(seed)
     head = torch.nn.Linear(d, V, bias=False)
     with torch.no_grad():
@@ -170,42 +172,44 @@ def thr_batch(G=4, d=6, V=13, correct=(1, 0, 0, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0,
     rollout = Rollout(
         batch=PromptBatch([str(b) for b in range(B)], [""] * B, [""] * B), group_size=G, prompt_ids=[[1]] * B,
         completions=completions, sampling=SamplingConfig(n=G, temperature=0.8), policy_version=0,
-        rewards=c.clone(), correct=c, advantages=group_advantage(c, G),
+        rewards=c.clone(), correct=c,
     )  # fmt: skip
+    batch = ScoredBatch(rollout, c.clone(), group_advantage(c, G))
     hidden = {n: torch.randn(L, d, generator=g) for n, L in enumerate(lengths)}
-    module = SimpleNamespace(policy=SimpleNamespace(get_output_embeddings=lambda: head), rollout_batches=0)
-    return rollout, hidden, module, head
+    step = SimpleNamespace(policy=SimpleNamespace(get_output_embeddings=lambda: head), rollout_batch=0)
+    return batch, hidden, step, head
 
 
 def test_thr_metrics_are_computed_once_per_batch_with_the_former_keys_and_values(monkeypatch):
     calls = []
     monkeypatch.setattr(attribution, "thr_metrics", lambda *a: calls.append(a) or thr_metrics(*a))
-    rollout, hidden, module, head = thr_batch()  # groups 0, 1 and 3 mixed, group 2 all correct
+    batch, hidden, step, head = thr_batch()  # groups 0, 1 and 3 mixed, group 2 all correct
     thr = THRAttribution(p=0.2)
-    G = rollout.group_size
-    thr.token_weights(None, module, rollout)
-    rows = thr.hidden_rows(rollout)
+    G = batch.group_size
+    thr.token_weights(step, batch)
+    rows = thr.hidden_rows(batch)
     for group in (0, 1, 3):  # one whole group per call, as the θ_old pass hands them
-        assert not calls and not any(k.startswith("thr/") for k in rollout.metrics)
+        assert not calls and not thr.batch_metrics()
         group_hidden = {n: hidden[n] for n in range(group * G, (group + 1) * G) if rows[n]}
-        thr.weights_from_hidden(None, module, rollout, group_hidden)
+        thr.weights_from_hidden(step, batch, group_hidden)
     assert len(calls) == 1
     parts = [  # every scored token of the batch at once, for the former formula
         (gs.thr, dominant_tokens(gs.scores, gs.thr, gs.seq, gs.correct), gs.entropy)
-        for gs in rollout_thr(rollout, {n: h for n, h in hidden.items() if rows[n]}, head)
+        for gs in rollout_thr(batch.rollout, batch.advantages, {n: h for n, h in hidden.items() if rows[n]}, head)
     ]  # fmt: skip
     want = reference_thr_metrics(*(torch.cat(p) for p in zip(*parts)))
     fractions = ("thr/dominant_frac", "thr/positive_frac", "thr/negative_frac")
-    assert_same_metrics(rollout.metrics, want, fractions)
-    assert set(rollout.metrics) == THR_KEYS
+    assert_same_metrics(thr.batch_metrics(), want, fractions)
+    assert set(thr.batch_metrics()) == THR_KEYS
 
 
 def test_thr_without_a_mixed_group_logs_the_same_keys_at_once(monkeypatch):
     calls = []
     monkeypatch.setattr(attribution, "thr_metrics", lambda *a: calls.append(a) or thr_metrics(*a))
-    rollout, _, module, _ = thr_batch(correct=(1, 1, 1, 1, 0, 0, 0, 0))
-    THRAttribution(p=0.2).token_weights(None, module, rollout)
-    assert len(calls) == 1 and rollout.metrics == {k: 0.0 for k in THR_KEYS}
+    batch, _, step, _ = thr_batch(correct=(1, 1, 1, 1, 0, 0, 0, 0))
+    thr = THRAttribution(p=0.2)
+    thr.token_weights(step, batch)
+    assert len(calls) == 1 and thr.batch_metrics() == {k: 0.0 for k in THR_KEYS}
 
 
 # ---- OAR: same keys and values as the all-token formula -----------------------------------------------------

@@ -10,27 +10,28 @@ from rlvr_lightning.algos import GRPO
 from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.standalone import standalone
+from rlvr_lightning.training.objective import Objective
 
 
-def poison_loss(module: GRPO) -> None:
-    """Test hook: every micro-batch loss becomes NaN (what bad batch arithmetic or an overflow produces)."""
-    clean = module.micro_batch_loss
+def poison_loss(monkeypatch) -> None:
+    """Every micro-batch loss becomes NaN (what bad batch arithmetic or an overflow produces)."""
+    clean = Objective.micro_batch_loss
 
-    def nan_loss(mb, logp, norms):
-        loss, stats = clean(mb, logp, norms)
+    def nan_loss(self, mb, logp, norms):
+        loss, stats = clean(self, mb, logp, norms)
         return loss * float("nan"), stats
 
-    module.micro_batch_loss = nan_loss
+    monkeypatch.setattr(Objective, "micro_batch_loss", nan_loss)
 
 
-def test_nan_update_is_skipped_with_weights_unchanged_then_stops(tiny_policy_dir):
+def test_nan_update_is_skipped_with_weights_unchanged_then_stops(tiny_policy_dir, monkeypatch):
     dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=4, group_size=4, val_data=None,
                            max_response_length=8, engine="hf")  # fmt: skip
     module = standalone(GRPO(lr=1e-2, max_nonfinite_steps=2), dm, callbacks=[RewardVerifier(num_workers=1)])
     try:
         batch = next(iter(dm.train_dataloader()))
         before = {k: v.clone() for k, v in module.policy.state_dict().items()}
-        poison_loss(module)
+        poison_loss(monkeypatch)
         metrics = module.train_on_batch(batch).metrics
         assert metrics["skipped_updates"] == 1.0
         for name, value in module.policy.state_dict().items():

@@ -11,7 +11,6 @@ from transformers.modeling_outputs import CausalLMOutput
 
 from rlvr_lightning.attribution.oar import ScoringInput, bilevel_weights, oar_g_saliency, oar_p_scores, segment_boxed
 from rlvr_lightning.models.policy import load_tokenizer
-from rlvr_lightning.training.prepare import prepare_update
 from rlvr_lightning.training.shaping import compose_token_weights
 
 # ---- Bi-Level -------------------------------------------------------------------------------
@@ -309,10 +308,7 @@ def test_callback_weights_reasoning_tokens_only_with_mean_one(tiny_policy_dir, m
     module = attach(GRPO, tiny_policy_dir)
     module.trainer.callbacks.append(OARAttribution(method=method))
     rollout = boxed_rollout(module)
-    rollout.rewards = module.compute_rewards(rollout)
-    rollout.advantages = module.compute_advantages(rollout)
-    inputs, _ = prepare_update(module, rollout)
-    w = rollout.token_weights
+    scored, inputs, metrics, w = module.prepare(module.step_context(), rollout)
     tok = module.datamodule.tokenizer
     for n, text in enumerate(rollout.texts):
         R = len(ids(tok, text[: text.rfind("\\boxed{")])) if "\\boxed{" in text else 0
@@ -324,8 +320,9 @@ def test_callback_weights_reasoning_tokens_only_with_mean_one(tiny_policy_dir, m
             assert (w[n] == 1).all(), text
     assert (w > 0).all()
     adv = inputs.advantages
-    assert (torch.sign(adv) == torch.sign(rollout.advantages[:, None] * inputs.tensors.response_mask)).all()
-    assert rollout.metrics["oar/no_answer_span_frac"] == pytest.approx(2 / 8)  # "Answer:5" and "\boxed{3}"
+    assert (torch.sign(adv) == torch.sign(scored.advantages[:, None] * inputs.tensors.response_mask)).all()
+    oar = next(cb for cb in module.trainer.callbacks if isinstance(cb, OARAttribution))
+    assert oar.batch_metrics()["oar/no_answer_span_frac"] == pytest.approx(2 / 8)  # "Answer:5" and "\boxed{3}"
 
 
 def test_thr_and_oar_compose_multiplicatively(tiny_policy_dir):
@@ -336,11 +333,10 @@ def test_thr_and_oar_compose_multiplicatively(tiny_policy_dir):
     def weights(*callbacks):
         module = attach(GRPO, tiny_policy_dir)
         module.trainer.callbacks.extend(callbacks)
-        rollout = boxed_rollout(module)
-        rollout.advantages = module.compute_advantages(rollout)
-        inputs, _ = prepare_update(module, rollout)
-        module.policy_update.accumulate_gradients(inputs, torch.arange(8))  # THR scores in the update's forward
-        return compose_token_weights(rollout.token_weights, inputs.behaviour.token_weights())
+        step = module.step_context()
+        _, inputs, _, before_update = module.prepare(step, boxed_rollout(module))
+        module.policy_update.accumulate_gradients(step, inputs, torch.arange(8), module.manual_backward)  # THR scores in the update's forward
+        return compose_token_weights(before_update, inputs.behaviour.token_weights())
 
     thr, oar = THRAttribution(p=0.3, threshold="all"), OARAttribution(method="perturbation")
     torch.testing.assert_close(weights(thr, oar), weights(thr) * weights(oar))

@@ -130,7 +130,7 @@ def test_dapo_rounds_running_out_stop_the_run_with_one_error_line(tmp_path, tiny
 
 
 def test_filtered_sampling_with_truncated_is_is_refused_before_training(tmp_path, tiny_policy_dir):
-    args = [*preset_args(tmp_path, "grpo", tiny_policy_dir), "--data.top_p", "0.9", "--model.init_args.tis_level", "token"]
+    args = [*preset_args(tmp_path, "grpo", tiny_policy_dir), "--data.top_p", "0.9", "--model.init_args.rollout_correction", "tis-token"]
     proc = run_cli(args, tmp_path, timeout=180)
     assert proc.returncode == 2, proc.stderr[-3000:]
     err = proc.stderr.strip().splitlines()[-1]

@@ -10,8 +10,8 @@ import torch
 
 from rlvr_lightning.algos import REAL
 from rlvr_lightning.errors import ConfigError
-from rlvr_lightning.pieces.policy_losses import sequence_log_ratio
 from rlvr_lightning.pieces.real import real_grad_weights, real_loss
+from rlvr_lightning.pieces.token_losses import sequence_log_ratio
 from tests.test_algorithms import attach, gradient, independent_logprobs, prepared, sample_rollout, with_old_logp
 
 TAU = 0.5
@@ -124,7 +124,7 @@ def test_non_mixed_groups_count_in_the_prompt_normaliser(tiny_policy_dir, varian
     """Through the module's own step (it counts B, or M, itself): group 1 is all wrong, so it adds nothing
     to the sum but counts in B = 2 prompts (not 8 sequences, not 1 mixed group); M = 4 mixed rollouts. Loss
     and gradient equal the formula written out over an independent forward of the policy, off policy."""
-    module = attach(REAL, tiny_policy_dir, variant=variant, micro_batch_size=4)
+    module = attach(REAL, tiny_policy_dir, policy_loss=f"real-{variant}", micro_batch_size=4)
     rollout = sample_rollout(module)
     rollout.correct[4:] = 0.0
     rollout.rewards = rollout.correct.clone()
@@ -146,17 +146,20 @@ def test_non_mixed_groups_count_in_the_prompt_normaliser(tiny_policy_dir, varian
 # ---- the module ------------------------------------------------------------------------------
 @pytest.mark.parametrize("variant", ["anchor", "bce"])
 def test_micro_batches_of_whole_groups_and_two_pass_give_the_one_pass_gradient(tiny_policy_dir, variant):
-    module = attach(REAL, tiny_policy_dir, variant=variant)
+    module = attach(REAL, tiny_policy_dir, policy_loss=f"real-{variant}")
     inputs = prepared(module, sample_rollout(module))
     old_logp = inputs.behaviour.old_logp_all()
     inputs = with_old_logp(inputs, old_logp + 0.05 * torch.randn_like(old_logp) * inputs.tensors.response_mask)
-    module.policy_update.updates_since_rollout = 1  # off policy: the two-pass method must run its first pass
+
+    def off_policy(update):  # off policy: the two-pass method must run its first pass
+        update.updates_since_rollout = 1
+
     loss_one, g_one = gradient(module, inputs, 8)
     loss_groups, g_groups = gradient(module, inputs, 4)  # whole groups of G = 4
     torch.testing.assert_close(g_groups, g_one, rtol=1e-4, atol=1e-6)
     module.hparams.two_pass = True
     for size in (3, 1):  # micro-batches that split groups
-        loss_two, g_two = gradient(module, inputs, size)
+        loss_two, g_two = gradient(module, inputs, size, tweak=off_policy)
         torch.testing.assert_close(g_two, g_one, rtol=1e-4, atol=1e-6)
         assert loss_two.item() == pytest.approx(loss_one.item(), rel=1e-5)
     # Token budgets of ~2 rows: the two-pass method on rows sorted by length (groups split and
@@ -164,7 +167,7 @@ def test_micro_batches_of_whole_groups_and_two_pass_give_the_one_pass_gradient(t
     budget = 2 * int(inputs.lengths.max())
     for two_pass in (True, False):
         module.hparams.two_pass = two_pass
-        loss_budget, g_budget = gradient(module, inputs, 8, max_tokens=budget)
+        loss_budget, g_budget = gradient(module, inputs, 8, max_tokens=budget, tweak=off_policy)
         torch.testing.assert_close(g_budget, g_one, rtol=1e-4, atol=1e-6)
         assert loss_budget.item() == pytest.approx(loss_one.item(), rel=1e-5)
     assert g_one.abs().sum() > 0
@@ -176,9 +179,12 @@ def test_two_pass_skips_its_first_pass_on_policy(tiny_policy_dir):
     _, g_one = gradient(module, inputs, 8)
     module.hparams.two_pass = True
     calls = []
-    original = module.policy_update.sequence_log_ratio
-    module.policy_update.sequence_log_ratio = lambda *a, **k: calls.append(1) or original(*a, **k)
-    _, g_two = gradient(module, inputs, 3)
+
+    def counting(update):
+        original = update.sequence_log_ratio
+        update.sequence_log_ratio = lambda *a, **k: calls.append(1) or original(*a, **k)
+
+    _, g_two = gradient(module, inputs, 3, tweak=counting)
     torch.testing.assert_close(g_two, g_one, rtol=1e-4, atol=1e-6)
     assert len(calls) == 3  # only the second pass: one forward per micro-batch (3 + 3 + 2 sequences)
 
@@ -192,7 +198,7 @@ def test_group_splitting_micro_batches_are_refused_without_two_pass(tiny_policy_
 def test_real_config_errors():
     with pytest.raises(ConfigError, match="tau"):
         REAL(tau=0)
-    with pytest.raises(ConfigError, match="valid: anchor, bce, pairwise"):
-        REAL(variant="softmax")
-    with pytest.raises(ConfigError, match="sequence-level"):
-        REAL(tis_level="token")
+    with pytest.raises(ConfigError, match="registered: ppo-clip, gspo-token, gspo, real-anchor, real-bce"):
+        REAL(policy_loss="real-softmax")
+    with pytest.raises(ConfigError, match="group level"):
+        REAL(rollout_correction="tis-token")

@@ -3,6 +3,8 @@ hand-made values, and the callback inside the real module (p = 0 is the base alg
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pytest
 import torch
 
@@ -144,7 +146,7 @@ def test_module_captures_the_hidden_states_that_produce_old_logprobs(tiny_policy
     rollout = sample_rollout(module)
     t = rollout.tensors(module.datamodule.tokenizer.pad_token_id)
     rows = torch.tensor([True, False, True, True, False, False, False, True])
-    scorer = HiddenScorer(module.trainer, module, rollout, [], rows)
+    scorer = HiddenScorer(module.step_context(), None, [], rows)
     hidden, old = {}, []
     for mb_rows in torch.arange(8).split(3):
         forward = policy_forward(module.policy, t.select(mb_rows), 0.8, capture_lm_head=True)
@@ -160,21 +162,51 @@ def test_module_captures_the_hidden_states_that_produce_old_logprobs(tiny_policy
         torch.testing.assert_close(logp.gather(-1, targets[:, None]).squeeze(1), old[n, :L_n], rtol=1e-5, atol=1e-5)
 
 
+class THRRun(NamedTuple):
+    module: object
+    rollout: object
+    advantages: torch.Tensor  # [N] sequence advantages
+    weights: torch.Tensor  # THR's token weights
+    metrics: dict  # THR's batch metrics
+    seen: torch.Tensor  # the token advantages the micro-batch losses received
+    loss: torch.Tensor
+    grad: torch.Tensor
+    read_in_update: bool
+
+
+class RecordingObjective:
+    """The update's objective, recording the token advantages each micro-batch loss receives."""
+
+    def __init__(self, objective, seen: list) -> None:
+        self.objective, self.seen = objective, seen
+
+    def __getattr__(self, name):
+        return getattr(self.objective, name)
+
+    def micro_batch_loss(self, mb, logp, norms):
+        self.seen.append(mb.advantages)
+        return self.objective.micro_batch_loss(mb, logp, norms)
+
+
 def thr_update(tiny_policy_dir, p, micro_batch_size, rollout_edit=None):
-    """THR on GRPO through prepare_update and one update's gradient; micro_batch_size 4 (= G) reads
-    θ_old's LM-head inputs in the update's forward, 3 (splits groups) in the separate no-grad pass."""
-    module = with_thr(GRPO, tiny_policy_dir, THRAttribution(p=p, threshold="all"), micro_batch_size=micro_batch_size)
+    """THR on GRPO through the module's preparation and one update's gradient; micro_batch_size 4 (= G)
+    reads θ_old's LM-head inputs in the update's forward, 3 (splits groups) in the separate no-grad pass.
+    What it returns: `THRRun`."""
+    thr = THRAttribution(p=p, threshold="all")
+    module = with_thr(GRPO, tiny_policy_dir, thr, micro_batch_size=micro_batch_size)
     rollout = sample_rollout(module)
     if rollout_edit:
         rollout_edit(rollout)
-    inputs = prepared(module, rollout)
+    scored, inputs, _, before_update = module.prepare(module.step_context(), rollout)
     read_in_update = inputs.behaviour.reads_lm_head
     seen = []  # the token advantages each micro-batch loss received
-    loss_of = module.micro_batch_loss
-    module.micro_batch_loss = lambda mb, logp, norms: seen.append(mb.advantages) or loss_of(mb, logp, norms)
-    loss, grad = gradient(module, inputs, micro_batch_size)
-    rollout.token_weights = compose_token_weights(rollout.token_weights, inputs.behaviour.token_weights())
-    return module, rollout, torch.cat(seen), loss, grad, read_in_update
+
+    def record(update):
+        update.objective = RecordingObjective(update.objective, seen)
+
+    loss, grad = gradient(module, inputs, micro_batch_size, tweak=record)
+    weights = compose_token_weights(before_update, inputs.behaviour.token_weights())
+    return THRRun(module, rollout, scored.advantages, weights, thr.batch_metrics(), torch.cat(seen), loss, grad, read_in_update)
 
 
 def no_correct_in_group_1(rollout):
@@ -185,7 +217,7 @@ def no_correct_in_group_1(rollout):
 @pytest.mark.parametrize("micro_batch_size", [4, 3])
 @pytest.mark.parametrize("p", [0.3, -0.3])
 def test_callback_reweights_mixed_groups_only(tiny_policy_dir, p, micro_batch_size):
-    _, rollout, used, _, _, read_in_update = thr_update(tiny_policy_dir, p, micro_batch_size, no_correct_in_group_1)
+    rollout, _, _, w, metrics, used, _, _, read_in_update = thr_update(tiny_policy_dir, p, micro_batch_size, no_correct_in_group_1)
     assert read_in_update == (micro_batch_size == 4)
     mask = rollout.tensors(0).response_mask
     # The unweighted token advantages, from the verdicts by docs/algorithms.md#group-relative-advantages (r = c).
@@ -195,37 +227,36 @@ def test_callback_reweights_mixed_groups_only(tiny_policy_dir, p, micro_batch_si
     # No weight flipped a sign: every token advantage the loss received has the sign of the unweighted one.
     flipped = int((torch.sign(used) != torch.sign(unweighted)).sum())
     assert flipped == 0, f"{flipped} token advantages changed sign (or left/became 0)"
-    w = rollout.token_weights
     torch.testing.assert_close(used, unweighted * w)  # the loss received Â' = Â·w token by token
     assert (w[4:] == 1).all()
     values = w[:4][mask[:4].bool()]
     near = [torch.isclose(values, torch.tensor(v)) for v in (1 + p, 1 - p, 1.0)]
     assert (near[0] | near[1] | near[2]).all() and (near[0] | near[1]).any()
-    assert rollout.metrics["thr/dominant_frac"] == 1.0
-    assert rollout.metrics["thr/positive_frac"] + rollout.metrics["thr/negative_frac"] == pytest.approx(1.0)
+    assert metrics["thr/dominant_frac"] == 1.0
+    assert metrics["thr/positive_frac"] + metrics["thr/negative_frac"] == pytest.approx(1.0)
 
 
 def test_thr_read_in_the_update_equals_a_separate_theta_old_pass(tiny_policy_dir):
     """One update per rollout batch: THR scored from the update's own forward (no θ_old pass) gives the
     weights, metrics, loss and gradient of THR scored from a separate no-grad θ_old forward."""
-    _, r_in, in_in, loss_in, grad_in, read_in = thr_update(tiny_policy_dir, 0.3, 4)
-    _, r_sep, in_sep, loss_sep, grad_sep, read_sep = thr_update(tiny_policy_dir, 0.3, 3)
+    *_, w_in, m_in, in_in, loss_in, grad_in, read_in = thr_update(tiny_policy_dir, 0.3, 4)
+    *_, w_sep, m_sep, in_sep, loss_sep, grad_sep, read_sep = thr_update(tiny_policy_dir, 0.3, 3)
     assert read_in and not read_sep
-    assert torch.equal(r_in.token_weights, r_sep.token_weights)
-    assert (r_in.token_weights != 1).any()
+    assert torch.equal(w_in, w_sep)
+    assert (w_in != 1).any()
     torch.testing.assert_close(in_in, in_sep)  # the token advantages the losses received
     for key in ("thr/tokens", "thr/positive_frac", "thr/abs_p50", "thr/abs_max"):
-        assert r_in.metrics[key] == pytest.approx(r_sep.metrics[key], rel=1e-5)
+        assert m_in[key] == pytest.approx(m_sep[key], rel=1e-5)
     assert loss_in.item() == pytest.approx(loss_sep.item(), rel=1e-5)
     torch.testing.assert_close(grad_in, grad_sep, rtol=1e-4, atol=1e-7)
 
 
 def test_thr_composes_with_gspo_token_and_is_refused_where_it_cannot(tiny_policy_dir):
-    module = with_thr(GSPO, tiny_policy_dir, THRAttribution(p=0.2), token_level=True, mini_batches=2)
+    module = with_thr(GSPO, tiny_policy_dir, THRAttribution(p=0.2), policy_loss="gspo-token", mini_batches=2)
     module.validate_config()
-    with pytest.raises(ConfigError, match="token_level=true"):
+    with pytest.raises(ConfigError, match="policy_loss=gspo does not honour them"):
         with_thr(GSPO, tiny_policy_dir, THRAttribution(p=0.2), mini_batches=2).validate_config()
-    with pytest.raises(ConfigError, match="REAL has no advantages"):
+    with pytest.raises(ConfigError, match="policy_loss=real-anchor does not honour them"):
         with_thr(REAL, tiny_policy_dir, THRAttribution(p=0.2), micro_batch_size=4, mini_batches=1).validate_config()
 
 
@@ -252,9 +283,9 @@ def test_thr_sign_predicts_the_change_of_the_correct_likelihood(tiny_policy_dir)
     trials = 6
     for seed in range(trials):
         rollout = sample_rollout(module, seed)
-        rollout.advantages = module.compute_advantages(rollout)
+        scored = module.prepare(module.step_context(), rollout)[0]
         for params, policy in (("head", head_only), ("all", module.policy)):
-            out = thr_sign_check(policy, rollout, pad, lr=1e-3, params=params)
+            out = thr_sign_check(policy, rollout, scored.advantages, pad, lr=1e-3, params=params)
             assert out["positive_tokens"] > 0 and out["negative_tokens"] > 0
             holds[params] += (out["positive"] > 0) + (out["negative"] < 0)
     assert holds["head"] == 2 * trials

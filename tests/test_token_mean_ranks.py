@@ -6,10 +6,10 @@ N_S, and REAL's B and M) are summed over the ranks (`training.batch.step_norms`,
 the strategy's `reduce`) and each rank's loss is multiplied by the world size.
 
 The update is the real one (`PolicyUpdate.accumulate_gradients`: micro-batches, the agreed micro-batch
-count under token budgets, `step_norms`, `policy_forward`, `ppo_clip`, `aggregate`, `real_loss`). The
-policy is a constructed tiny causal LM and the module a stub of what the update reads of an `RLVRModule`
-(its `micro_batch_loss` as GRPO's and REAL's), so the spawned ranks import neither Lightning nor
-transformers and the test takes seconds on an idle machine."""
+count under token budgets, `step_norms`, `policy_forward`, and the objective the module itself
+composes from the registered pieces, `compose_objective`: PPO-clip and each aggregator, or REAL's
+losses with their normalisers). The policy is a constructed tiny causal LM, so the spawned ranks
+import neither Lightning nor transformers and the test takes seconds on an idle machine."""
 
 from __future__ import annotations
 
@@ -20,15 +20,17 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed
 
-from rlvr_lightning.pieces.advantages import group_advantage
-from rlvr_lightning.pieces.policy_losses import sequence_log_ratio
-from rlvr_lightning.pieces.real import real_loss
-from tests.pieces import aggregate, surrogate
+from rlvr_lightning.context import Collectives, StepContext
 from rlvr_lightning.models.forward import policy_forward
+from rlvr_lightning.pieces.advantages import group_advantage
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
-from rlvr_lightning.training.batch import UpdateInputs, select_loss_batch
-from rlvr_lightning.training.update import PolicyUpdate
+from rlvr_lightning.training.batch import UpdateInputs
+from rlvr_lightning.training.behaviour import Precomputed
+from rlvr_lightning.training.objective import compose_objective
+from rlvr_lightning.training.plan import UpdatePlan
+from rlvr_lightning.training.update import NonFiniteGuard, PolicyUpdate
 
 G, MAX_LEN, VOCAB, WORLD = 4, 8, 16, 2
 EPS_LOW, EPS_HIGH = 0.2, 0.28  # DAPO's clip-higher
@@ -57,53 +59,20 @@ class TinyCausalLM(torch.nn.Module):
         return SimpleNamespace(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
 
 
-class RankModule:
-    """What `PolicyUpdate` reads of an `RLVRModule`; `micro_batch_loss` is RLVRModule's (policy term,
-    `aggregate` with the step's norms) with GRPO's PPO-clip surrogate, or REAL's (one pass, whole groups)."""
-
-    def __init__(self, world_size: int, reduce, loss: str, max_tokens: int | None) -> None:
-        self.policy = TinyCausalLM()
-        self.real = loss.startswith("real-")
-        micro_batch_size = G if self.real else 3
-        self.hparams = SimpleNamespace(
-            micro_batch_size=micro_batch_size, max_tokens_per_micro_batch=max_tokens, logprob_chunk_tokens=0
-        )
-        self.trainer = SimpleNamespace(world_size=world_size, strategy=SimpleNamespace(reduce=reduce))
-        self.datamodule = SimpleNamespace(hparams=SimpleNamespace(max_response_length=MAX_LEN))
-        self.device = torch.device("cpu")
-        self.two_pass, self.needs_whole_groups = False, self.real
-        self.loss = loss
-
-    def manual_backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
-
-    def across_ranks(self, value: int, op: str) -> int:
-        if self.trainer.world_size == 1:
-            return value
-        return int(self.trainer.strategy.reduce(torch.tensor(value), reduce_op=op))
-
-    def micro_batch_loss(self, mb, logp, norms):
-        if self.real:
-            variant = self.loss.removeprefix("real-")
-            normaliser = max(1.0, norms.num_mixed_seqs if variant == "bce" else norms.num_groups)
-            s_bar = sequence_log_ratio(logp, mb.old_logp, mb.loss_mask)
-            return real_loss(s_bar, mb.correct, G, normaliser, 0.5, variant, norms.world_size), {}
-        per_tok, stats = surrogate("ppo-clip", logp, mb.old_logp, mb.advantages, mb.loss_mask, EPS_LOW, EPS_HIGH)
-        loss = aggregate(per_tok, mb.loss_mask, self.loss, norms.num_seqs, norms.num_tokens,
-                         norm_const=norms.norm_const, world_size=norms.world_size)  # fmt: skip
-        return loss, stats
-
-
-class GivenOldLogp:
-    """θ_old's log-probs known before the update (as `training.behaviour.Precomputed`)."""
-
-    source, reads_lm_head = "trainer", False
-
-    def __init__(self, old_logp: torch.Tensor) -> None:
-        self.old_logp = old_logp
-
-    def loss_batch(self, inputs, rows, forward):
-        return select_loss_batch(inputs, rows, forward.tensors, self.old_logp[rows])
+def rank_update(world_size: int, reduce, loss: str, max_tokens: int | None) -> tuple[PolicyUpdate, StepContext]:
+    """The update a module with these settings runs (GRPO's PPO-clip with DAPO's clip-higher and the
+    aggregator `loss`, or REAL's loss `loss` on micro-batches of whole groups), and its step context."""
+    real = loss.startswith("real-")
+    values = {"policy_loss": loss if real else "ppo-clip", "loss_agg": "token-mean" if real else loss,
+              "kl_estimator": "k3", "kl_coef": 0.0, "clip_eps_low": EPS_LOW, "clip_eps_high": EPS_HIGH}  # fmt: skip
+    plan = UpdatePlan(1, 1, G if real else 3, max_tokens, 0, 1.0, float(MAX_LEN))
+    rank = torch.distributed.get_rank() if world_size > 1 else 0
+    step = StepContext(
+        policy=TinyCausalLM(), ref_policy=None, engine=None, tokenizer=None, data=None,
+        collectives=Collectives(world_size, rank, reduce), device=torch.device("cpu"), rollout_batch=0,
+        policy_version=0, total_rollout_batches=1, seed=0,
+    )  # fmt: skip
+    return PolicyUpdate(compose_objective(values), plan, NonFiniteGuard(1)), step
 
 
 def rank_rollout(rank: int) -> Rollout:
@@ -124,22 +93,22 @@ def old_offset(rank: int) -> torch.Tensor:
     return 0.3 * torch.randn(len(LENGTHS[rank]), MAX_LEN, generator=torch.Generator().manual_seed(100 + rank))
 
 
-def update_inputs(module: RankModule, rollout: Rollout, offset: torch.Tensor) -> UpdateInputs:
+def update_inputs(policy: torch.nn.Module, rollout: Rollout, offset: torch.Tensor) -> UpdateInputs:
     t = rollout.tensors(pad_id=0)
     with torch.no_grad():
-        logp = policy_forward(module.policy, t, 1.0).logp
+        logp = policy_forward(policy, t, 1.0).logp
     mask = t.response_mask
     advantages = group_advantage(rollout.rewards, G)[:, None] * mask
     old = logp + offset[:, : mask.shape[1]] * mask
-    return UpdateInputs(t, advantages, None, mask, None, rollout.correct, G, 1.0, GivenOldLogp(old))
+    return UpdateInputs(t, advantages, None, mask, None, rollout.correct, G, 1.0, Precomputed(old, "trainer"))
 
 
 def step(rollout: Rollout, offset: torch.Tensor, world_size: int, reduce, loss: str, max_tokens: int | None):
     """One optimizer step's loss on this rank and its gradient after DDP's averaging over the ranks."""
-    module = RankModule(world_size, reduce, loss, max_tokens)
-    inputs = update_inputs(module, rollout, offset)
-    loss = PolicyUpdate(module).accumulate_gradients(inputs, torch.arange(rollout.num_sequences))
-    grad = torch.cat([p.grad.flatten() for p in module.policy.parameters()])
+    update, context = rank_update(world_size, reduce, loss, max_tokens)
+    inputs = update_inputs(context.policy, rollout, offset)
+    loss = update.accumulate_gradients(context, inputs, torch.arange(rollout.num_sequences), torch.Tensor.backward)
+    grad = torch.cat([p.grad.flatten() for p in context.policy.parameters()])
     if world_size > 1:
         import torch.distributed as dist
 

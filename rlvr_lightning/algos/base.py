@@ -1,22 +1,18 @@
-"""RLVRModule: the training step every RLVR algorithm shares, read top to bottom in `train_on_batch`:
+"""RLVRModule: the step every RLVR algorithm shares, read top to bottom in `train_on_batch`:
+generate → score → rewards, advantages → θ_old/reference log-probs, token weights → update → sync → log.
 
-  generate → score → rewards, advantages → behaviour/reference log-probs, token weights → update → sync → log
-
-An algorithm is a choice of registered pieces (`rlvr_lightning.pieces`): an advantage estimator, a
-policy loss, a loss aggregator, a KL estimator and a rollout correction, each selected by its config
-key on every algorithm. A subclass (one per paper) sets its paper's default pieces and knobs, and adds
-only what its paper changes in the step's structure (DAPO's reward shaping and dynamic sampling).
-The stages live in `rlvr_lightning.training` and receive the step's context (`StepContext`), never
-this module; docs/algorithms.md maps each algorithm to its pieces.
-
-Manual optimisation, because global token normalisation (DAPO) and several updates per rollout
-batch conflict with Lightning's automatic accumulation scaling.
+An algorithm is a choice of registered pieces (`rlvr_lightning.pieces`: advantage estimator, policy
+loss, loss aggregator, KL estimator, rollout correction), each selected by its config key. A subclass
+(one per paper) sets its paper's defaults and adds only what its paper changes in the step's
+structure (DAPO's reward shaping and dynamic sampling). The stages (`rlvr_lightning.training`) get
+the step's context, never this module. Manual optimisation: global token normalisation (DAPO) and
+several updates per rollout batch conflict with Lightning's automatic accumulation scaling.
 """
 
 from __future__ import annotations
 
 from functools import partial
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import lightning as L
 import torch
@@ -26,10 +22,9 @@ from rlvr_lightning.callbacks.progress import rollout_batches_total
 from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.callbacks.rollout import advantage_shapers, rollout_callbacks
 from rlvr_lightning.context import Collectives, ScoredBatch, StepContext
-from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.models.policy import load_policies
-from rlvr_lightning.pieces import advantage_estimators, kl_estimators, loss_aggregators, policy_losses, rollout_corrections
+from rlvr_lightning.pieces import advantage_estimators, rollout_corrections
 from rlvr_lightning.pieces.kinds import (
     AdvantageEstimatorName,
     AdvantageInputs,
@@ -38,35 +33,21 @@ from rlvr_lightning.pieces.kinds import (
     PolicyLossName,
     RolloutCorrectionName,
 )
-from rlvr_lightning.pieces.registry import bind_knobs
 from rlvr_lightning.rollout.engine import RolloutEngine
 from rlvr_lightning.rollout.sync import EngineSync, full_weights
 from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.training.async_rollouts import RolloutsAhead
 from rlvr_lightning.training.batch import UpdateInputs
 from rlvr_lightning.training.behaviour import BehaviourSource, behaviour_source
+from rlvr_lightning.training.checks import check_pieces, check_run, check_values
 from rlvr_lightning.training.generation import generate, generate_and_score
-from rlvr_lightning.training.objective import Objective
+from rlvr_lightning.training.objective import Objective, compose_objective
 from rlvr_lightning.training.optim import adamw_with_schedule
 from rlvr_lightning.training.plan import Optimization, UpdatePlan
 from rlvr_lightning.training.prepare import prepare_update
 from rlvr_lightning.training.shaping import compose_token_weights, shaper_metrics
-from rlvr_lightning.training.step_metrics import StageTimer, step_metrics
+from rlvr_lightning.training.step_metrics import StageTimer, StepResult, step_metrics
 from rlvr_lightning.training.update import NonFiniteGuard, PolicyUpdate
-
-
-class StepResult(NamedTuple):
-    """One trained rollout batch: what the step logs, and what tests and benchmarks inspect."""
-
-    batch: ScoredBatch  # the scored rollout with its rewards and sequence advantages
-    inputs: UpdateInputs
-    token_weights: torch.Tensor | None  # [N, T] the advantage shapers' weights, composed (None: no shaper)
-    metrics: dict[str, float]  # the update's, the rollout correction's, the reward's and the shapers' (no `train/` prefix)
-    times: dict[str, float]  # seconds per stage
-
-    @property
-    def rollout(self) -> Rollout:
-        return self.batch.rollout
 
 
 class RLVRModule(L.LightningModule):
@@ -104,49 +85,41 @@ class RLVRModule(L.LightningModule):
         fsdp_param_dtype: Literal["float32", "bfloat16"] = "float32",
         activation_checkpointing: bool = False,
     ) -> None:
-        """
+        """Every argument is a CLI flag, `--model.init_args.<name>`.
+
         Args:
-            lr: AdamW learning rate.
+            lr: AdamW's learning rate.
             weight_decay: AdamW's decoupled weight decay.
             warmup_steps: linear warm-up, in optimizer steps.
-            lr_schedule: `constant` or `cosine` (to 0 at `trainer.max_steps`) after warm-up.
+            lr_schedule: after warm-up, `constant` or `cosine` (to 0 at `trainer.max_steps`).
             max_grad_norm: gradient clipping by global norm.
             mini_batches: K optimizer steps per rollout batch; the prompts are split into K mini-batches.
             ppo_epochs: passes over the rollout batch.
             micro_batch_size: sequences per forward/backward (gradient accumulation inside a mini-batch).
-            max_tokens_per_micro_batch: micro-batches by token budget instead (micro_batch_size is then
-                unused): sequences sorted by length, packed while rows × longest row (prompt + response)
-                stays within it. Removes most padding when response lengths spread; the update is the same.
-            logprob_chunk_tokens: response tokens per LM-head chunk when computing log-probs and entropy,
-                so the [tokens × vocabulary] logits never exist whole (~0.6 GB per 1,024 tokens at a
-                151,936 vocabulary, fp32); 0 = materialise the full logits (the model's own forward).
-            advantage_estimator: registered advantage estimator (`python -m rlvr_lightning list`), or a
-                dotted path to your own.
-            policy_loss: registered policy loss (token level, reduced by `loss_agg`; or group level, REAL).
-            loss_agg: registered loss aggregator: how per-token losses are reduced.
-            kl_estimator: registered KL estimator of the penalty to the frozen initial policy.
-            rollout_correction: registered correction of the engine ≠ trainer mismatch (`none`,
-                `tis-token`, `tis-sequence`), weighing the policy term.
-            clip_eps_low / clip_eps_high: clip range [1−ε_low, 1+ε_high] of the ratio in clipped losses
-                (ε_high > ε_low is DAPO's clip-higher).
+            max_tokens_per_micro_batch: micro-batches by token budget: sequences sorted by length, packed while
+                rows × longest row stays within it (less padding, the same update).
+            logprob_chunk_tokens: response tokens per LM-head chunk, so the [tokens × vocabulary] logits never
+                exist whole (~0.6 GB per 1,024 tokens at a 151,936 vocabulary, fp32); 0 = the full logits.
+            advantage_estimator: a registered advantage estimator (`python -m rlvr_lightning list`) or a dotted path.
+            policy_loss: a registered policy loss (token level, reduced by `loss_agg`; or group level, REAL's).
+            loss_agg: a registered loss aggregator: how per-token losses are reduced.
+            kl_estimator: a registered KL estimator for the penalty to the frozen initial policy.
+            rollout_correction: a registered correction of the engine ≠ trainer mismatch (`tis-token`, …).
+            clip_eps_low: ε_low of the clip range [1−ε_low, 1+ε_high] of clipped losses.
+            clip_eps_high: ε_high (ε_high > ε_low is DAPO's clip-higher).
             kl_coef: β of the KL penalty; 0 = no KL term and no reference model.
             tis_cap: upper bound of the truncated-IS weight.
-            two_pass: group-level losses only: let micro-batches split groups, with the exact two-pass
-                gradient method (one extra forward).
-            piece_args: knobs of pieces that are not arguments of the algorithm (a user's own pieces).
-            mask_truncated: leave completions cut at max_response_length out of the loss (DAPO's
-                "overlong filtering"; TRL's mask_truncated_completions).
-            behaviour_logprobs: θ_old log-probs from the trainer (`trainer`, default: a no-grad forward, or
-                the update's own forward when it runs at θ_old) or the rollout engine's own (`rollout`:
-                saves that forward, trusts the engine's numerics).
-            allow_filtered_rollout_logprobs: permit rollout log-probs as the behaviour policy (a rollout
-                correction or behaviour_logprobs=rollout) while sampling with top-p/top-k; the engine's
-                log-probs are then those of the truncated distribution, not of the policy being trained.
+            two_pass: group-level losses only: micro-batches may split groups (the exact two-pass method).
+            piece_args: knobs of pieces that are not arguments of the algorithm (your own pieces').
+            mask_truncated: leave completions cut at max_response_length out of the loss (DAPO's overlong filtering).
+            behaviour_logprobs: θ_old log-probs from the `trainer` (a no-grad forward, or the update's own when it
+                runs at θ_old) or the `rollout` engine's own (saves that forward, trusts its numerics).
+            allow_filtered_rollout_logprobs: permit the engine's log-probs as the behaviour policy with top-p/top-k
+                sampling (they are then those of the truncated distribution).
             sync_check_tol: max |engine − trainer| log-prob on the probe sequence after a weight sync.
-            sync_check_every: probe the first sync and every N-th after it (1 = every sync).
+            sync_check_every: probe the first sync and every N-th after it.
             max_nonfinite_steps: stop after this many consecutive updates with a non-finite loss or gradient.
-            fsdp_param_dtype: under FSDP (`configs/strategy/fsdp.yaml`), `bfloat16` computes in bf16 with
-                fp32 master weights and gradient reduction; raise sync_check_tol with it.
+            fsdp_param_dtype: under FSDP, `bfloat16` computes in bf16 with fp32 master weights and reduction.
             activation_checkpointing: recompute each decoder layer's activations in the backward pass.
         """
         super().__init__()
@@ -156,27 +129,10 @@ class RLVRModule(L.LightningModule):
         effective = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.hparams.update({k: str(v) if isinstance(v, str) else v for k, v in effective.items()})
         self.automatic_optimization = False
-        for flag, value, choices in (
-            ("lr_schedule", lr_schedule, ("constant", "cosine")), ("behaviour_logprobs", behaviour_logprobs, ("trainer", "rollout")),
-            ("fsdp_param_dtype", fsdp_param_dtype, ("float32", "bfloat16")),
-        ):  # fmt: skip
-            check_choice(f"model.{flag}", value, choices)
-        if mini_batches < 1 or ppo_epochs < 1 or micro_batch_size < 1:
-            raise ConfigError("model.mini_batches, model.ppo_epochs and model.micro_batch_size must be ≥ 1")
-        if max_tokens_per_micro_batch is not None and max_tokens_per_micro_batch < 1:
-            raise ConfigError(f"model.max_tokens_per_micro_batch must be ≥ 1 (or null), got {max_tokens_per_micro_batch}")
-        if logprob_chunk_tokens < 0:
-            raise ConfigError(f"model.logprob_chunk_tokens must be ≥ 0 (0 = no chunking), got {logprob_chunk_tokens}")
-        if not (0 <= clip_eps_low < 1 and clip_eps_high >= 0):
-            raise ConfigError(f"model.clip_eps_low must be in [0, 1) and clip_eps_high ≥ 0, got {clip_eps_low}, {clip_eps_high}")
-        if tis_cap <= 0:
-            raise ConfigError(f"model.tis_cap must be > 0, got {tis_cap}")
-        if sync_check_every < 1:
-            raise ConfigError(f"model.sync_check_every must be ≥ 1, got {sync_check_every}")
+        check_values(self.hparams)
         self.objective  # noqa: B018  (resolves and binds every piece now: a bad choice fails before anything starts)
-        self._check_piece_combination()
-        self.policy: torch.nn.Module | None = None
-        self.ref_policy: torch.nn.Module | None = None
+        check_pieces(self.hparams, self.objective, self.corrects_rollouts)
+        self.policy, self.ref_policy = None, None  # built in configure_model (FSDP shards them there)
         self.policy_version = 0  # weight syncs so far: the engine runs this version of the policy
         self.rollout_batches = 0  # completed training steps (rollout batches); the x-axis of every metric
         self.latest_val: dict[str, float] = {}
@@ -187,52 +143,19 @@ class RLVRModule(L.LightningModule):
     # ---- the pieces ----------------------------------------------------------------------------
     @property
     def objective(self) -> Objective:
-        """The update's loss, from the pieces and knobs in `hparams` (read each step: tests and users
-        may change hparams between steps)."""
-        h = self.hparams
-        values, args = dict(h), h.piece_args
-        loss = policy_losses.get(h.policy_loss)
-        grad_weights = loss["grad_weights"]
-        return Objective(
-            policy_loss=loss, loss=loss.bind(values, args), aggregate=loss_aggregators.get(h.loss_agg).bind(values, args),
-            kl=kl_estimators.get(h.kl_estimator).bind(values, args) if h.kl_coef > 0 else None, kl_coef=h.kl_coef,
-            two_pass=h.two_pass,
-            grad_weights=None if grad_weights is None else bind_knobs(grad_weights, f"policy loss {loss.name!r}", values, args),
-        )  # fmt: skip
+        """The update's loss from the pieces and knobs in `hparams` (read each step, as hparams may change)."""
+        return compose_objective(self.hparams)
 
     def advantages(self, rewards: torch.Tensor, rollout: Rollout, collectives: Collectives) -> torch.Tensor:
-        estimator = advantage_estimators.get(self.hparams.advantage_estimator).bind(dict(self.hparams), self.hparams.piece_args)
-        return estimator(AdvantageInputs(rewards, rollout.correct, rollout.group_size, collectives.sum))
-
-    def correction(self):
-        return rollout_corrections.get(self.hparams.rollout_correction).bind(dict(self.hparams), self.hparams.piece_args)
+        inputs = AdvantageInputs(rewards, rollout.correct, rollout.group_size, collectives.sum)
+        return advantage_estimators.bound(self.hparams)(inputs)
 
     @property
     def corrects_rollouts(self) -> bool:
-        return rollout_corrections.get(self.hparams.rollout_correction).name != "none"
-
-    def _check_piece_combination(self) -> None:
-        h, objective = self.hparams, self.objective
-        loss = objective.policy_loss
-        if objective.group_level and self.corrects_rollouts:
-            raise ConfigError(
-                f"model.rollout_correction={h.rollout_correction} re-weights token-level losses; "
-                f"model.policy_loss={loss.name} is group level (sequence logits): use rollout_correction=none"
-            )
-        if h.two_pass and not objective.group_level:
-            raise ConfigError(f"model.two_pass is for group-level policy losses (REAL's); {loss.name} is token level")
-        if self.corrects_rollouts and h.behaviour_logprobs == "rollout":
-            raise ConfigError(
-                f"model.rollout_correction={h.rollout_correction} corrects θ_old (trainer) against the rollout engine; "
-                "with model.behaviour_logprobs=rollout both are the engine's and every weight is 1. Use one or the other."
-            )
+        return rollout_corrections.selected(self.hparams).name != "none"
 
     def update_plan(self) -> UpdatePlan:
-        h = self.hparams
-        return UpdatePlan(
-            h.mini_batches, h.ppo_epochs, h.micro_batch_size, h.max_tokens_per_micro_batch, h.logprob_chunk_tokens,
-            h.max_grad_norm, float(self.datamodule.hparams.max_response_length),
-        )  # fmt: skip
+        return UpdatePlan.of(self.hparams, norm_const=float(self.datamodule.hparams.max_response_length))
 
     @property
     def policy_update(self) -> PolicyUpdate:
@@ -243,10 +166,8 @@ class RLVRModule(L.LightningModule):
     def configure_model(self) -> None:
         if self.policy is None:
             h = self.hparams
-            self.policy, self.ref_policy = load_policies(
-                self.datamodule.policy_path, h.kl_coef > 0, self.device_mesh, h.fsdp_param_dtype,
-                h.activation_checkpointing,
-            )  # fmt: skip
+            self.policy, self.ref_policy = load_policies(self.datamodule.policy_path, h.kl_coef > 0, self.device_mesh,
+                                                         h.fsdp_param_dtype, h.activation_checkpointing)  # fmt: skip
 
     @property
     def datamodule(self):
@@ -275,48 +196,16 @@ class RLVRModule(L.LightningModule):
             self.rollouts_ahead = None
 
     def on_train_start(self) -> None:
-        # Resumed: the engine was built from the base weights. Here, not in `on_fit_start`: strategies
-        # that restore the checkpoint after setup (FSDP) restore it between the two hooks. Every rank
-        # takes part (gathering sharded weights is a collective). Servers the trainer attached to (rather
-        # than started) may hold any weights: they get the trainer's before the first rollout.
+        # Resumed (the engine has the base weights; FSDP restores between on_fit_start and here; every rank
+        # takes part in the gather), or attached servers that may hold any weights.
         if self.policy_version > 0 or getattr(self.engine, "holds_foreign_weights", False):
             self.engine.load_weights(full_weights(self.policy), version=self.policy_version)
 
     def validate_config(self) -> None:
         """Checks that need the data settings or the callbacks too; run before anything expensive starts."""
-        dm, h = self.datamodule.hparams, self.hparams
-        if dm.batch_size % h.mini_batches:
-            raise ConfigError(
-                f"data.batch_size={dm.batch_size} prompts must divide into model.mini_batches="
-                f"{h.mini_batches} mini-batches of whole groups"
-            )
-        self._check_behaviour_logprobs()
-        objective, G = self.objective, dm.group_size
-        if objective.needs_whole_groups and not self.update_plan().keeps_groups_whole(G):
-            raise ConfigError(
-                f"model.policy_loss={h.policy_loss} couples the {G} rollouts of a group, but model.micro_batch_size="
-                f"{h.micro_batch_size} would split groups: use a multiple of data.group_size={G}, or model.two_pass=true"
-            )
         shapers = [type(cb).__name__ for cb in advantage_shapers(self.trainer)]
-        if shapers and not objective.policy_loss["token_advantages"]:
-            raise ConfigError(
-                f"{', '.join(shapers)} reshape(s) token advantages, but model.policy_loss={h.policy_loss} does not "
-                f"honour them ({objective.policy_loss.summary}); use a token-level loss such as gspo-token or ppo-clip"
-            )
-
-    def _check_behaviour_logprobs(self) -> None:
-        dm, h = self.datamodule.hparams, self.hparams
-        filtered = dm.top_p < 1 or dm.top_k > 0
-        uses_engine = self.corrects_rollouts or h.behaviour_logprobs == "rollout" or self.async_rollouts
-        if filtered and uses_engine and not h.allow_filtered_rollout_logprobs:
-            what = (f"model.rollout_correction={h.rollout_correction}" if self.corrects_rollouts else
-                    "model.behaviour_logprobs=rollout" if h.behaviour_logprobs == "rollout" else "data.async_rollouts=1")  # fmt: skip
-            raise ConfigError(
-                f"{what} uses the rollout engine's log-probs as the behaviour policy, but data.top_p={dm.top_p} / "
-                f"data.top_k={dm.top_k} sample from a truncated distribution whose log-probs are not the "
-                "policy's. Sample with top_p=1 and top_k=-1, or set model.allow_filtered_rollout_logprobs=true "
-                "to accept the bias."
-            )
+        check_run(self.hparams, self.datamodule.hparams, self.objective, self.update_plan(), shapers,
+                  self.corrects_rollouts, self.async_rollouts)  # fmt: skip
 
     def behaviour_source(self) -> BehaviourSource:
         """Where θ_old's log-probs come from (`rlvr_lightning.training.behaviour`)."""
@@ -343,8 +232,7 @@ class RLVRModule(L.LightningModule):
         )  # fmt: skip
 
     def rewards(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
-        """Scalar reward r [N] fed to the advantage estimator, and its metrics; default r = the
-        verifier's reward (DAPO shapes it)."""
+        """The reward r [N] fed to the advantage estimator and its metrics; the verifier's (DAPO shapes it)."""
         return rollout.rewards, {}
 
     def collect_rollout(self, step: StepContext, batch: PromptBatch, timer: StageTimer) -> Rollout | None:
@@ -375,8 +263,7 @@ class RLVRModule(L.LightningModule):
         self.rollout_batches += 1
 
     def train_on_batch(self, batch: PromptBatch) -> StepResult | None:
-        """The stages of one step on a prompt batch; None when there was nothing to learn from (e.g.
-        dynamic sampling found no mixed group). Benchmarks and tests call it directly."""
+        """The stages of one step on a prompt batch; None when there was nothing to learn from."""
         step, timer, h = self.step_context(), StageTimer(), self.hparams
         rollout = self.collect_rollout(step, batch, timer)
         if rollout is None:
@@ -393,21 +280,18 @@ class RLVRModule(L.LightningModule):
             trainer_score = partial(sequence_logprobs, self.policy, chunk_tokens=h.logprob_chunk_tokens)
             self.engine_sync.sync(step.engine, self.policy, self.policy_version + 1, rollout, trainer_score)
             self.policy_version += 1
-        metrics = {
-            **update_metrics, **prepare_metrics, **shaper_metrics(advantage_shapers(self.trainer)),
-            "policy_lag": float(step.policy_version - rollout.policy_version),
-        }  # fmt: skip
+        metrics = {**update_metrics, **prepare_metrics, **shaper_metrics(advantage_shapers(self.trainer)),
+                   "policy_lag": float(step.policy_version - rollout.policy_version)}  # fmt: skip
         return StepResult(scored, inputs, token_weights, metrics, timer.finish())
 
     def prepare(
         self, step: StepContext, rollout: Rollout, plan: UpdatePlan | None = None, timer: StageTimer | None = None
     ) -> tuple[ScoredBatch, UpdateInputs, dict[str, float], torch.Tensor | None]:
-        """Rewards, advantages and the update's inputs of a scored rollout: the scored batch, the inputs,
-        the reward's and rollout correction's metrics, and the shapers' weights known before the update."""
+        """The scored batch, update inputs, reward and correction metrics, and pre-update shaper weights."""
         rewards, reward_metrics = self.rewards(rollout)
         scored = ScoredBatch(rollout, rewards, self.advantages(rewards, rollout, step.collectives))
         inputs, correction_metrics, weights = prepare_update(
-            step, scored, plan or self.update_plan(), self.behaviour_source(), self.correction(),
+            step, scored, plan or self.update_plan(), self.behaviour_source(), rollout_corrections.bound(self.hparams),
             self.hparams.mask_truncated, advantage_shapers(self.trainer), timer,
         )  # fmt: skip
         return scored, inputs, {**reward_metrics, **correction_metrics}, weights
@@ -416,10 +300,8 @@ class RLVRModule(L.LightningModule):
         return Optimization(self.optimizers(), self.lr_schedulers(), self.policy.parameters, self.manual_backward)
 
     def log_train_metrics(self, metrics: dict[str, float], batch_size: int) -> None:
-        """Write one step's metrics to the loggers now, at this rollout batch, and keep them as callback
-        metrics (for monitors such as EarlyStopping). Not through Lightning's deferred logging: it hands
-        a step's metrics to the loggers only after every on_train_batch_end hook, so a checkpoint saved
-        there and a kill right after it would resume past metrics that never reached MLflow."""
+        """Write one step's metrics to the loggers now (Lightning's deferred logging would reach them after a
+        checkpoint of on_train_batch_end: a kill then would lose them) and keep them as callback metrics."""
         for logger in self.loggers:
             logger.log_metrics(metrics, step=self.rollout_batches)
         self.log_dict(metrics, logger=False, on_step=True, on_epoch=False, batch_size=batch_size)

@@ -73,6 +73,11 @@ class DAPO(GRPO):
     def validate_config(self) -> None:
         super().validate_config()
         dm = self.datamodule.hparams
+        if self.async_rollouts and self.hparams.dynamic_sampling:
+            raise ConfigError(
+                "data.async_rollouts=1 with model.dynamic_sampling=true is not supported: dynamic sampling "
+                "decides how many prompts to generate from the rewards of the rounds before"
+            )
         if self.hparams.gen_batch_size is not None and self.hparams.gen_batch_size < dm.batch_size:
             raise ConfigError(
                 f"model.gen_batch_size={self.hparams.gen_batch_size} must be ≥ data.batch_size={dm.batch_size}"

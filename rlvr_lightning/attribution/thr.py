@@ -24,8 +24,8 @@ from typing import Literal
 import torch
 
 from rlvr_lightning.pieces.advantages import mixed_groups
-from rlvr_lightning.tensor_math import entropy_from_logprobs, log_softmax_at
 from rlvr_lightning.rollout.types import Rollout
+from rlvr_lightning.tensor_math import entropy_from_logprobs, log_softmax_at
 
 ThresholdMode = Literal["anchor", "quantile", "absolute", "all"]
 ReweightMode = Literal["reweight", "only"]

@@ -33,7 +33,6 @@ from rlvr_lightning.context import ScoredBatch, StepContext
 from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.metrics import RunningStats, StreamSample
 from rlvr_lightning.pieces.advantages import mixed_groups
-from rlvr_lightning.rollout.types import Rollout
 from rlvr_lightning.seeding import OAR_NOISE_STREAM, derived_seed
 
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr_lightning.tensor_math import entropy_from_logprobs, log_softmax_at
 from rlvr_lightning.models.lm_head import chunked_token_logprobs, supports_chunked_head
 from rlvr_lightning.rollout.types import RolloutTensors
+from rlvr_lightning.tensor_math import entropy_from_logprobs, log_softmax_at
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """Algorithm pieces: advantage estimators, policy losses, loss aggregators, KL estimators and rollout
 corrections, each a pure function registered under a name (`registry`, `kinds`). Importing this
-package registers every built-in piece."""
+package registers every built-in piece: `advantages`, `token_losses` and `real` (policy losses),
+`aggregation`, `kl`, `corrections`."""
 
-from rlvr_lightning.pieces import aggregation, kl, policy_losses as _policy_losses, real, rollout_corrections as _corrections  # noqa: F401
-from rlvr_lightning.pieces import advantages  # noqa: F401
+from rlvr_lightning.pieces import advantages, aggregation, corrections, kl, real, token_losses  # noqa: F401  (they register)
 from rlvr_lightning.pieces.kinds import (
     KINDS,
     advantage_estimators,

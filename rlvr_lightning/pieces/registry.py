@@ -103,6 +103,19 @@ class Registry:
 
         return add
 
+    @property
+    def key(self) -> str:
+        """The hyper-parameter that selects the piece (`policy_loss` of `model.policy_loss`)."""
+        return self.flag.rpartition(".")[2]
+
+    def selected(self, values: Mapping[str, Any]) -> Piece:
+        """The piece `values` (an algorithm's hyper-parameters) select."""
+        return self.get(values[self.key])
+
+    def bound(self, values: Mapping[str, Any]) -> Callable:
+        """The selected piece with its knobs from `values` (and `values["piece_args"]`)."""
+        return self.selected(values).bind(values, values.get("piece_args"))
+
     def names(self) -> list[str]:
         return list(self._pieces)
 

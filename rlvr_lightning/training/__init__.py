@@ -1,14 +1,23 @@
-"""The stages of one training step, each in a module of its own (`RLVRModule.training_step` calls
-them in order):
+"""The stages of one training step, each in a module of its own. A stage receives the step's context
+(`rlvr_lightning.context.StepContext`: policy, engine, tokenizer, prompt source, counters, collectives)
+and the values of earlier stages, and returns values; the algorithm's LightningModule calls them in
+order (`train_on_batch`) and is never passed to them.
 
-  generation.py   sample G completions per prompt, score them (and DAPO's dynamic sampling rounds)
-  prepare.py      lay the rollout out as tensors; behaviour (θ_old) and reference log-probs; token
-                  weights of the advantage shapers; loss mask; truncated-IS weights → `UpdateInputs`
-  behaviour.py    where θ_old's log-probs come from: a separate no-grad pass, the engine, or the
-                  update's own forward when that runs exactly at θ_old
-  update.py       mini-batches, micro-batch gradient accumulation (or the two-pass method), clipping,
-                  the non-finite guard
-  step_metrics.py what each step logs, and the stage timer
+  generation.py       sample G completions per prompt with the engine, score them (the rollout callbacks)
+  dynamic_sampling.py DAPO's rounds of generation until enough groups have mixed correctness
+  async_rollouts.py   rollout batch k+1 generated on the servers while batch k trains
+  prepare.py          lay the scored batch out as tensors; θ_old and reference log-probs; the advantage
+                      shapers' token weights; loss mask; the rollout correction's weights → `UpdateInputs`
+  behaviour.py        where θ_old's log-probs come from: a separate no-grad pass, the engine, or the
+                      update's own forward when that runs exactly at θ_old
+  shaping.py          the advantage shapers' (THR, OAR) token weights, composed
+  batch.py            `UpdateInputs`, the micro-batch `LossBatch`, and the step's global counts
+  objective.py        the loss composed from the registered pieces (`rlvr_lightning.pieces`)
+  plan.py             mini-batches, passes, micro-batch layout and clipping; the optimizer handles
+  micro_batches.py    how a step's sequences are split into micro-batches (rows or token budgets)
+  update.py           micro-batch gradient accumulation (or the two-pass method), clipping, the non-finite guard
+  step_metrics.py     what each step logs, and the stage timer
+  optim.py            AdamW with warm-up and a constant or cosine schedule
 The engine weight sync lives beside its probe (`rlvr_lightning.rollout.sync`), the forward that
 gives log-probs, entropy and LM-head inputs in `rlvr_lightning.models.forward`.
 """

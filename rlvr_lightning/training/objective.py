@@ -4,15 +4,23 @@ group-level losses whose micro-batches split groups, through the two-pass method
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from rlvr_lightning.pieces.advantages import mixed_groups
-from rlvr_lightning.pieces.kinds import GroupLossInputs, StepNorms, TokenLossInputs
-from rlvr_lightning.pieces.policy_losses import sequence_log_ratio
-from rlvr_lightning.pieces.registry import Piece
+from rlvr_lightning.pieces.kinds import (
+    GroupLossInputs,
+    StepNorms,
+    TokenLossInputs,
+    kl_estimators,
+    loss_aggregators,
+    policy_losses,
+)
+from rlvr_lightning.pieces.registry import Piece, bind_knobs
+from rlvr_lightning.pieces.token_losses import sequence_log_ratio
 from rlvr_lightning.training.batch import LossBatch
 
 
@@ -84,3 +92,17 @@ class Objective:
             "grad_weight_abs_min": weights,
             "grad_weight_abs_max": weights,
         }
+
+
+def compose_objective(values: Mapping[str, Any]) -> Objective:
+    """The objective an algorithm's hyper-parameters select: `policy_loss`, `loss_agg`, `kl_estimator`
+    (used when `kl_coef` > 0), `two_pass`, and every piece's knobs from `values` or `piece_args`."""
+    args = values.get("piece_args")
+    loss = policy_losses.selected(values)
+    grad_weights = loss["grad_weights"]
+    return Objective(
+        policy_loss=loss, loss=loss.bind(values, args), aggregate=loss_aggregators.bound(values),
+        kl=kl_estimators.bound(values) if values["kl_coef"] > 0 else None,
+        kl_coef=values["kl_coef"], two_pass=values.get("two_pass", False),
+        grad_weights=None if grad_weights is None else bind_knobs(grad_weights, f"policy loss {loss.name!r}", values, args),
+    )  # fmt: skip

@@ -3,8 +3,9 @@ optimizer handles the update steps with."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -21,6 +22,14 @@ class UpdatePlan:
     logprob_chunk_tokens: int
     max_grad_norm: float
     norm_const: float  # C of seq-mean-token-sum-norm: data.max_response_length
+
+    @staticmethod
+    def of(h: Mapping[str, Any], norm_const: float) -> UpdatePlan:
+        """The plan an algorithm's hyper-parameters give."""
+        return UpdatePlan(
+            h["mini_batches"], h["ppo_epochs"], h["micro_batch_size"], h["max_tokens_per_micro_batch"],
+            h["logprob_chunk_tokens"], h["max_grad_norm"], norm_const,
+        )  # fmt: skip
 
     @property
     def optimizer_steps(self) -> int:

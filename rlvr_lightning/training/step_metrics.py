@@ -1,4 +1,4 @@
-"""What one training step logs, the accumulator of per-token statistics over micro-batches, and the
+"""What one training step gives (`StepResult`) and logs, the accumulator of per-token statistics over micro-batches, and the
 timer of the step's stages."""
 
 from __future__ import annotations
@@ -6,13 +6,29 @@ from __future__ import annotations
 import math
 import time
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import torch
 
 from rlvr_lightning.context import ScoredBatch
 from rlvr_lightning.pieces.advantages import group_reward_stats
-from rlvr_lightning.rollout.types import RolloutTensors
+from rlvr_lightning.rollout.types import Rollout, RolloutTensors
 from rlvr_lightning.tensor_math import masked_mean
+from rlvr_lightning.training.batch import UpdateInputs
+
+
+class StepResult(NamedTuple):
+    """One trained rollout batch: what the step logs, and what tests and benchmarks inspect."""
+
+    batch: ScoredBatch  # the scored rollout with its rewards and sequence advantages
+    inputs: UpdateInputs
+    token_weights: torch.Tensor | None  # [N, T] the advantage shapers' weights, composed (None: no shaper)
+    metrics: dict[str, float]  # the update's, the rollout correction's, the reward's and the shapers' (no `train/` prefix)
+    times: dict[str, float]  # seconds per stage
+
+    @property
+    def rollout(self) -> Rollout:
+        return self.batch.rollout
 
 
 class StageTimer:

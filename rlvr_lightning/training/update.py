@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor
 from rlvr_lightning.context import StepContext
 from rlvr_lightning.models.forward import policy_forward
 from rlvr_lightning.pieces.kinds import StepNorms
-from rlvr_lightning.pieces.policy_losses import sequence_log_ratio
+from rlvr_lightning.pieces.token_losses import sequence_log_ratio
 from rlvr_lightning.training.batch import UpdateInputs, step_norms
 from rlvr_lightning.training.objective import Objective
 from rlvr_lightning.training.plan import Optimization, UpdatePlan

@@ -1,0 +1,86 @@
+"""Configuration checks of an algorithm's settings, run before anything expensive starts: which
+pieces combine (at construction), and what needs the data settings and callbacks too (at fit start).
+Each failure is a `ConfigError` that names the options and what would work."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rlvr_lightning.errors import ConfigError, check_choice
+from rlvr_lightning.training.objective import Objective
+from rlvr_lightning.training.plan import UpdatePlan
+
+
+def check_values(h: Mapping[str, Any]) -> None:
+    for flag, choices in (("lr_schedule", ("constant", "cosine")), ("behaviour_logprobs", ("trainer", "rollout")),
+                          ("fsdp_param_dtype", ("float32", "bfloat16"))):  # fmt: skip
+        check_choice(f"model.{flag}", h[flag], choices)
+    if h["mini_batches"] < 1 or h["ppo_epochs"] < 1 or h["micro_batch_size"] < 1:
+        raise ConfigError("model.mini_batches, model.ppo_epochs and model.micro_batch_size must be ≥ 1")
+    if h["max_tokens_per_micro_batch"] is not None and h["max_tokens_per_micro_batch"] < 1:
+        raise ConfigError(f"model.max_tokens_per_micro_batch must be ≥ 1 (or null), got {h['max_tokens_per_micro_batch']}")
+    if h["logprob_chunk_tokens"] < 0:
+        raise ConfigError(f"model.logprob_chunk_tokens must be ≥ 0 (0 = no chunking), got {h['logprob_chunk_tokens']}")
+    if not (0 <= h["clip_eps_low"] < 1 and h["clip_eps_high"] >= 0):
+        raise ConfigError(
+            f"model.clip_eps_low must be in [0, 1) and clip_eps_high ≥ 0, got {h['clip_eps_low']}, {h['clip_eps_high']}"
+        )
+    if h["tis_cap"] <= 0:
+        raise ConfigError(f"model.tis_cap must be > 0, got {h['tis_cap']}")
+    if h["sync_check_every"] < 1:
+        raise ConfigError(f"model.sync_check_every must be ≥ 1, got {h['sync_check_every']}")
+
+
+def check_pieces(h: Mapping[str, Any], objective: Objective, corrects_rollouts: bool) -> None:
+    loss = objective.policy_loss
+    if objective.group_level and corrects_rollouts:
+        raise ConfigError(
+            f"model.rollout_correction={h['rollout_correction']} re-weights token-level losses; "
+            f"model.policy_loss={loss.name} is group level (sequence logits): use rollout_correction=none"
+        )
+    if h["two_pass"] and not objective.group_level:
+        raise ConfigError(f"model.two_pass is for group-level policy losses (REAL's); {loss.name} is token level")
+    if corrects_rollouts and h["behaviour_logprobs"] == "rollout":
+        raise ConfigError(
+            f"model.rollout_correction={h['rollout_correction']} corrects θ_old (trainer) against the rollout "
+            "engine; with model.behaviour_logprobs=rollout both are the engine's and every weight is 1. Use one or the other."
+        )
+
+
+def check_run(
+    h: Mapping[str, Any], data: Any, objective: Objective, plan: UpdatePlan, shapers: list[str],
+    corrects_rollouts: bool, async_rollouts: bool,
+) -> None:  # fmt: skip
+    """`data`: the data module's hyper-parameters; `shapers`: the names of the advantage shapers."""
+    if data.batch_size % h["mini_batches"]:
+        raise ConfigError(
+            f"data.batch_size={data.batch_size} prompts must divide into model.mini_batches="
+            f"{h['mini_batches']} mini-batches of whole groups"
+        )
+    check_behaviour_logprobs(h, data, corrects_rollouts, async_rollouts)
+    G = data.group_size
+    if objective.needs_whole_groups and not plan.keeps_groups_whole(G):
+        raise ConfigError(
+            f"model.policy_loss={h['policy_loss']} couples the {G} rollouts of a group, but model.micro_batch_size="
+            f"{h['micro_batch_size']} would split groups: use a multiple of data.group_size={G}, or model.two_pass=true"
+        )
+    if shapers and not objective.policy_loss["token_advantages"]:
+        raise ConfigError(
+            f"{', '.join(shapers)} reshape(s) token advantages, but model.policy_loss={h['policy_loss']} does not "
+            f"honour them ({objective.policy_loss.summary}); use a token-level loss such as gspo-token or ppo-clip"
+        )
+
+
+def check_behaviour_logprobs(h: Mapping[str, Any], data: Any, corrects_rollouts: bool, async_rollouts: bool) -> None:
+    filtered = data.top_p < 1 or data.top_k > 0
+    uses_engine = corrects_rollouts or h["behaviour_logprobs"] == "rollout" or async_rollouts
+    if filtered and uses_engine and not h["allow_filtered_rollout_logprobs"]:
+        what = (f"model.rollout_correction={h['rollout_correction']}" if corrects_rollouts else
+                "model.behaviour_logprobs=rollout" if h["behaviour_logprobs"] == "rollout" else "data.async_rollouts=1")  # fmt: skip
+        raise ConfigError(
+            f"{what} uses the rollout engine's log-probs as the behaviour policy, but data.top_p={data.top_p} / "
+            f"data.top_k={data.top_k} sample from a truncated distribution whose log-probs are not the "
+            "policy's. Sample with top_p=1 and top_k=-1, or set model.allow_filtered_rollout_logprobs=true "
+            "to accept the bias."
+        )
