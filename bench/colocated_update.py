@@ -41,7 +41,6 @@ def one(engine: str) -> dict:
     from rlvr_lightning.algos import GRPO
     from rlvr_lightning.training.behaviour import FromUpdateForward
     from rlvr_lightning.training.generation import generate_and_score
-    from rlvr_lightning.training.prepare import prepare_update
     from rlvr_lightning.training.step_metrics import StageTimer
 
     module = embedded_module(GRPO(lr=3e-5, kl_coef=0.001, micro_batch_size=128), engine=engine)
@@ -50,16 +49,16 @@ def one(engine: str) -> dict:
         module.train_on_batch(next(batches))
         module.rollout_batches += 1
     torch.manual_seed(0)
-    rollout = generate_and_score(module, next(batches), StageTimer())
-    rollout.advantages = module.compute_advantages(rollout)
-    inputs, _ = prepare_update(module, rollout)
+    step = module.step_context()
+    rollout = generate_and_score(step, next(batches), StageTimer())
+    inputs = module.prepare(step, rollout)[1]
     seconds = []
     cpu0, faults0 = _thread_cpu_seconds(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(REPEATS):
         # A fresh θ_old recorder each time: every repeat reads θ_old from its own forward, as in training.
         again = inputs.with_behaviour(FromUpdateForward(inputs.tensors.response_mask.shape, module.device))
         t0 = time.perf_counter()
-        module.policy_update.run(again, len(rollout.batch))
+        module.policy_update.run(step, again, len(rollout.batch), module.optimization())
         seconds.append(time.perf_counter() - t0)
     cpu, faults = _thread_cpu_seconds() - cpu0, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
     close(module)

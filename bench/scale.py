@@ -203,7 +203,8 @@ def update_ab(args) -> dict:
         for layout in ("rows", "budget", "budget", "rows"):
             module.hparams.max_tokens_per_micro_batch = args.budget if layout == "budget" else None
             t0 = time.perf_counter()
-            metrics = module.policy_update.run(result.inputs, len(result.rollout.batch))
+            metrics = module.policy_update.run(module.step_context(), result.inputs, len(result.rollout.batch),
+                                               module.optimization())  # fmt: skip
             seconds[layout].append(round(time.perf_counter() - t0, 3))
             padding[layout] = metrics["padding_frac"]
     close(module)
@@ -232,7 +233,9 @@ def record_peaks(module) -> dict[str, float]:
 
     module.collect_rollout = after("rollout", module.collect_rollout)
     base.prepare_update = after("prepare", base.prepare_update)
-    module.policy_update.run = after("update", module.policy_update.run)
+    update_cls = base.PolicyUpdate
+    run = update_cls.run
+    update_cls.run = after("update", run)
     module.engine_sync.sync = after("weight_sync", module.engine_sync.sync)
     return peaks
 

@@ -56,14 +56,15 @@ def main() -> None:
     groups = 0
     for b in range(args.batches):
         module.rollout_batches = b
-        rollout = generate_and_score(module, next(batches), StageTimer())
+        step = module.step_context()
+        rollout = generate_and_score(step, next(batches), StageTimer())
         for group in mixed_groups(rollout.correct.float(), rollout.group_size).nonzero().squeeze(1).tolist():
             one = rollout.select_groups([group])
-            one.advantages = module.compute_advantages(one)
+            advantages = module.prepare(step, one)[0].advantages
             groups += 1
             for lr, params in runs:
                 policy = module.policy if params == "all" else head_model
-                out = thr_sign_check(policy, one, pad, lr=lr, params=params)
+                out = thr_sign_check(policy, one, advantages, pad, lr=lr, params=params)
                 key_run = f"lr={lr:g}/{params}"
                 for key, sign, held in (("positive_raises", "positive", out["positive"] > 0),
                                         ("negative_lowers", "negative", out["negative"] < 0)):  # fmt: skip

@@ -39,7 +39,15 @@ class MLflowSaveConfig(SaveConfigCallback):
                     logger.experiment.log_text(logger.run_id, text, f"config_resumed_{int(time.time())}.yaml")
                     continue
                 logger.experiment.log_text(logger.run_id, text, "config.yaml")
-                logger.log_hyperparams(flatten_config(self.config.as_dict()))
+                logger.log_hyperparams(logged_params(self.config.as_dict(), pl_module))
+
+
+def logged_params(cfg: dict, module) -> dict[str, object]:
+    """The run's parameters for MLflow: the resolved config, with the model's section replaced by the
+    values the module runs with (its effective hyper-parameters, class defaults included)."""
+    params = {k: v for k, v in flatten_config(cfg).items() if not k.startswith("model.init_args.")}
+    effective = {k: v for k, v in module.hparams.items() if not k.startswith("_")}
+    return {**params, **flatten_config({"model": {"init_args": effective}})}
 
 
 def flatten_config(cfg: dict, prefix: str = "") -> dict[str, object]:

@@ -339,3 +339,35 @@ def test_value_a_constructor_rejects_is_a_one_line_error_from_the_cli(case, tmp_
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1].startswith("error:") and message in err and "Traceback" not in err
+
+
+def test_hparams_and_logged_params_are_the_effective_values_class_defaults_included(tmp_path):
+    """A preset that leaves the pieces and knobs to its class (GSPO without policy_loss, clip range or K;
+    REAL without its loss or estimator): the module's hparams, the objective it trains with and the
+    parameters MLflow records all name the class's defaults, not a base-class default."""
+    from rlvr_lightning.cli import logged_params
+    from rlvr_lightning.pieces import advantage_estimators, loss_aggregators, policy_losses
+
+    def without(*keys):
+        return lambda cfg: [cfg["model"]["init_args"].pop(k, None) for k in keys]
+
+    gspo = preset_like(tmp_path, "gspo", without("policy_loss", "clip_eps_low", "clip_eps_high", "mini_batches", "loss_agg"))
+    real = preset_like(tmp_path, "real", without("policy_loss", "tau", "mini_batches"))
+    for path, expected in (
+        (gspo, {"policy_loss": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "mini_batches": 4,
+                "advantage_estimator": "grpo", "loss_agg": "seq-mean-token-mean"}),
+        (real, {"policy_loss": "real-anchor", "tau": 0.5, "mini_batches": 4, "advantage_estimator": "none"}),
+    ):  # fmt: skip
+        cli = make_cli(path.stem, path)
+        module, params = cli.model, logged_params(cli.config.as_dict(), cli.model)
+        for key, value in expected.items():
+            assert same(module.hparams[key], value), (path.stem, key, module.hparams[key])
+            assert same(params[f"model.init_args.{key}"], value), (path.stem, key, params[f"model.init_args.{key}"])
+        objective = module.objective
+        assert objective.policy_loss.fn is policy_losses.get(expected["policy_loss"]).fn
+        assert objective.aggregate.func is loss_aggregators.get(module.hparams.loss_agg).fn
+        if "clip_eps_low" in expected:
+            assert objective.loss.keywords == {"clip_eps_low": 3e-4, "clip_eps_high": 4e-4}
+        else:
+            assert objective.loss.keywords == {"tau": 0.5}
+        assert advantage_estimators.selected(module.hparams).name == expected["advantage_estimator"]

@@ -217,7 +217,7 @@ def no_correct_in_group_1(rollout):
 @pytest.mark.parametrize("micro_batch_size", [4, 3])
 @pytest.mark.parametrize("p", [0.3, -0.3])
 def test_callback_reweights_mixed_groups_only(tiny_policy_dir, p, micro_batch_size):
-    rollout, _, _, w, metrics, used, _, _, read_in_update = thr_update(tiny_policy_dir, p, micro_batch_size, no_correct_in_group_1)
+    _, rollout, _, w, metrics, used, _, _, read_in_update = thr_update(tiny_policy_dir, p, micro_batch_size, no_correct_in_group_1)
     assert read_in_update == (micro_batch_size == 4)
     mask = rollout.tensors(0).response_mask
     # The unweighted token advantages, from the verdicts by docs/algorithms.md#group-relative-advantages (r = c).

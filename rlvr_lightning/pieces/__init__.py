@@ -3,7 +3,8 @@ corrections, each a pure function registered under a name (`registry`, `kinds`).
 package registers every built-in piece: `advantages`, `token_losses` and `real` (policy losses),
 `aggregation`, `kl`, `corrections`."""
 
-from rlvr_lightning.pieces import advantages, aggregation, corrections, kl, real, token_losses  # noqa: F401  (they register)
+# They register in this order, the order `python -m rlvr_lightning list` and the errors show.
+from rlvr_lightning.pieces import advantages, token_losses, real, aggregation, kl, corrections  # noqa: F401  # isort: skip
 from rlvr_lightning.pieces.kinds import (
     KINDS,
     advantage_estimators,
