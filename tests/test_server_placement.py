@@ -8,18 +8,27 @@ import pytest
 from rlvr_lightning.rollout.server_process import RolloutServerError, placement
 
 
+CPU_ONLY = {"cuda_available": False}  # the machine described, whatever machine runs the test
+
+
 def test_replicas_of_one_rank_split_the_cores():
-    assert placement(2, cores=[0, 1, 2, 3, 4]) == [("0,1", None), ("2,3", None)]
+    assert placement(2, cores=[0, 1, 2, 3, 4], **CPU_ONLY) == [("0,1", None), ("2,3", None)]
 
 
 def test_ranks_on_one_machine_do_not_share_cores():
     cores = list(range(8))
-    rank0, rank1 = placement(2, 0, 2, cores=cores), placement(2, 1, 2, cores=cores)
+    rank0, rank1 = placement(2, 0, 2, cores=cores, **CPU_ONLY), placement(2, 1, 2, cores=cores, **CPU_ONLY)
     assert [b for b, _ in rank0 + rank1] == ["0,1", "2,3", "4,5", "6,7"]
 
 
 def test_fewer_cores_than_replicas_leaves_binding_to_vllm():
-    assert placement(2, 1, 2, cores=[0, 1, 2]) == [(None, None), (None, None)]
+    assert placement(2, 1, 2, cores=[0, 1, 2], **CPU_ONLY) == [(None, None), (None, None)]
+
+
+def test_a_gpu_machine_without_listed_devices_shares_the_trainers_gpu(caplog):
+    with caplog.at_level("WARNING"):
+        assert placement(2, 0, 1, cores=list(range(8)), cuda_available=True) == [(None, None), (None, None)]
+    assert "share the trainer's GPU" in caplog.text
 
 
 def test_cuda_devices_are_taken_rank_after_rank():

@@ -39,9 +39,15 @@ def test_system_metrics_are_logged_while_the_run_is_open(tmp_path):
 
     logger = MLFlowLogger(experiment_name="x", tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", system_metrics_interval_s=0.2)
     run_id = logger.run_id  # opening the run starts the monitor
-    time.sleep(1.5)
+
+    def samples():
+        return logger._mlflow_client.get_metric_history(run_id, "system/cpu_utilization_percentage")
+
+    deadline = time.monotonic() + 60  # a busy machine delays the monitor's thread, never stops it
+    while len(samples()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
     logger.finalize("success")
-    history = logger._mlflow_client.get_metric_history(run_id, "system/cpu_utilization_percentage")
+    history = samples()
     assert len(history) >= 2 and all(0 <= m.value <= 100 for m in history)
     assert "system/system_memory_usage_megabytes" in logger._mlflow_client.get_run(run_id).data.metrics
     quiet = MLFlowLogger(experiment_name="x", tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", system_metrics=False)

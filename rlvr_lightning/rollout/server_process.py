@@ -111,14 +111,16 @@ def available_cores() -> list[int]:
 
 
 def placement(
-    replicas: int, slot: int = 0, slots: int = 1, cuda_devices: list[str] | None = None, cores: list[int] | None = None
+    replicas: int, slot: int = 0, slots: int = 1, cuda_devices: list[str] | None = None, cores: list[int] | None = None,
+    cuda_available: bool | None = None,
 ) -> list[tuple[str | None, str | None]]:
     """(cores to bind, CUDA_VISIBLE_DEVICES) of each replica launched by trainer rank `slot` of the
     `slots` ranks on this machine: every launched replica of the machine gets its own share.
 
     CPU: disjoint core sets, because vLLM's `auto` binding would pin every server on a one-NUMA machine to
     the same cores; None (vLLM's default) when there are fewer cores than replicas. CUDA: `cuda_devices`
-    lists the devices of all `slots × replicas` replicas of the machine, rank after rank.
+    lists the devices of all `slots × replicas` replicas of the machine, rank after rank. `cores` and
+    `cuda_available` describe the machine (default: this process's cores, `torch.cuda.is_available()`).
     """
     total = replicas * slots
     mine = range(slot * replicas, (slot + 1) * replicas)
@@ -129,7 +131,7 @@ def placement(
                 f"machine × {replicas} replicas each need {total}, one per replica, rank after rank"
             )
         return [(None, cuda_devices[i]) for i in mine]
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() if cuda_available is None else cuda_available:
         log.warning("data.server_cuda_devices is not set: the rollout servers share the trainer's GPU (lower "
                     "data.gpu_memory_utilization, or give them GPUs of their own)")  # fmt: skip
         return [(None, None)] * replicas
