@@ -95,3 +95,105 @@ def test_nothing_is_generated_past_the_last_rollout_batch(max_steps, mini_batche
         assert len(engine.calls) == batches
     finally:
         ahead.close()
+
+
+# ---- the module's step with a batch generated ahead (HF engine, one step off policy) --------------------
+
+
+class SlowAheadServer:
+    """Stands where a rollout server would: the HF engine on its own copy of the policy, which gets the
+    trainer's weights only through `load_weights`. A generation running in the look-ahead thread takes
+    0.5 s more and records when it ends, so a weight sync that did not wait for it would be seen
+    loading weights first."""
+
+    def __init__(self, policy, tokenizer, events: list[str]) -> None:
+        import copy
+        from functools import partial
+
+        from rlvr_lightning.models.forward import sequence_logprobs
+        from rlvr_lightning.rollout.hf_engine import HFGenerateEngine
+
+        self.model, self.events = copy.deepcopy(policy), events
+        score = partial(sequence_logprobs, self.model)
+        self.engine = HFGenerateEngine(self.model, tokenizer.pad_token_id, tokenizer.eos_token_id, score)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, prompt_ids, sampling):
+        groups = self.engine.generate(prompt_ids, sampling)
+        if threading.current_thread().name.startswith("rollout-ahead"):
+            import time
+
+            time.sleep(0.5)
+            self.events.append("ahead generated")
+        return groups
+
+    def load_weights(self, weights, version=None):
+        self.events.append("load_weights")
+        self.model.load_state_dict(dict(weights), strict=False)
+
+
+@pytest.fixture
+def lagged_module(tiny_policy_dir, monkeypatch):
+    """GRPO with rollouts one step ahead (`data.async_rollouts`, which the data module allows only with
+    servers) from a `SlowAheadServer`: the step's code path is the same whatever engine generates."""
+    from rlvr_lightning.algos import GRPO
+    from rlvr_lightning.callbacks.reward import RewardVerifier
+    from rlvr_lightning.data.datamodule import RolloutDataModule
+    from rlvr_lightning.standalone import standalone
+
+    monkeypatch.setattr(GRPO, "async_rollouts", property(lambda self: True))
+
+    def build(**model_kwargs):
+        dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), engine="hf", batch_size=2, group_size=2,
+                               max_response_length=4, val_data=None)  # fmt: skip
+        return standalone(GRPO(**model_kwargs), dm, callbacks=[RewardVerifier(num_workers=1)])
+
+    built = []
+    def with_server(**kw):
+        module = build(**kw)
+        module.events = []
+        module.datamodule._engine = SlowAheadServer(module.policy, module.datamodule.tokenizer, module.events)
+        built.append(module)
+        return module
+
+    yield with_server
+    for module in built:
+        module.teardown("fit")
+        for cb in module.trainer.callbacks:
+            cb.teardown(module.trainer, module, "fit")
+        module.datamodule.teardown("fit")
+
+
+def test_a_lagged_batch_trains_on_the_engines_logprobs_and_the_sync_waits_for_the_batch_ahead(lagged_module):
+    import torch
+
+    module = lagged_module()
+    events = module.events
+    batches = iter(module.datamodule.train_dataloader())
+    first = module.train_on_batch(next(batches))
+    module.rollout_batches += 1
+    # Batch 0 (nothing was ahead yet, so generated then and waited for), then batch 1, generated ahead
+    # during step 0's update: the sync after step 0 waited for it to finish before loading new weights.
+    assert events == ["ahead generated", "ahead generated", "load_weights"]
+    second = module.train_on_batch(next(batches))
+    assert module.behaviour_source() == "engine"
+    assert (first.metrics["policy_lag"], second.metrics["policy_lag"]) == (0.0, 1.0)
+    # Batch 1 was sampled by version 0 and trained at version 1: θ_old is what the engine reported.
+    t = second.inputs.tensors
+    torch.testing.assert_close(second.inputs.behaviour.old_logp_all(), t.rollout_logp * t.response_mask)
+    assert second.rollout.policy_version == 0
+
+
+def test_a_lagged_batch_with_a_rollout_correction_weighs_the_trainers_theta_old_against_the_engine(lagged_module):
+    import torch
+
+    module = lagged_module(rollout_correction="tis-token", tis_cap=1.5)
+    assert module.behaviour_source() == "trainer"
+    result = module.train_on_batch(next(iter(module.datamodule.train_dataloader())))
+    inputs = result.inputs
+    mask = inputs.loss_mask
+    trainer_old = inputs.behaviour.old_logp_all()
+    expected = (trainer_old - inputs.tensors.rollout_logp).exp().clamp(max=1.5) * mask
+    torch.testing.assert_close(inputs.is_weight, expected)

@@ -1,0 +1,106 @@
+"""The registries of algorithm pieces: lookup by name or dotted path, knob binding, parse-time errors
+that list the registered names, a user's own piece from outside the package (the README's worked
+example, `docs/examples/my_pieces.py`), and `python -m rlvr_lightning list`."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rlvr_lightning.algos import GRPO, REAL
+from rlvr_lightning.context import Collectives
+from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.pieces import KINDS, advantage_estimators, policy_losses
+from rlvr_lightning.pieces.kinds import AdvantageInputs
+from tests.conftest import REPO
+
+EXAMPLES = REPO / "docs" / "examples"
+
+
+@pytest.fixture
+def my_pieces(monkeypatch):
+    """The README's user module, importable as a user's would be (on the path, outside the package)."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    import my_pieces
+
+    return my_pieces
+
+
+def test_unknown_names_list_the_registered_ones():
+    for registry in KINDS:
+        with pytest.raises(ConfigError, match=re.escape(f"registered: {', '.join(registry.names())}")):
+            registry.get("no-such-piece")
+    with pytest.raises(ConfigError, match="cannot import it"):
+        policy_losses.get("no_such_module.loss")
+    with pytest.raises(ConfigError, match="is not a registered policy loss"):
+        policy_losses.get("torch.nn.functional.mse_loss")
+
+
+def test_knobs_come_from_the_hyper_parameters_then_piece_args_then_defaults(my_pieces):
+    piece = advantage_estimators.get("my_pieces.rank_advantage")
+    assert piece.name == "rank" and piece.knobs == ("rank_scale",)
+    assert piece.bind({}, None).keywords == {}  # the function's own default applies
+    assert piece.bind({}, {"rank_scale": 2.0}).keywords == {"rank_scale": 2.0}
+    assert piece.bind({"rank_scale": 3.0}, {"rank_scale": 2.0}).keywords == {"rank_scale": 3.0}
+    with pytest.raises(ConfigError, match="needs the knob 'clip_eps_low'"):
+        policy_losses.get("ppo-clip").bind({}, None)
+
+
+def test_a_users_piece_by_dotted_path_is_what_the_module_trains_with(my_pieces):
+    module = GRPO(advantage_estimator="my_pieces.rank_advantage", piece_args={"rank_scale": 0.5})
+    rewards = torch.tensor([1.0, 0, 0, 1, 0.2, 0.2, 0.2, 0.2])
+    rollout = type("R", (), {"correct": rewards > 0.5, "group_size": 4})()
+    got = module.advantages(rewards, rollout, Collectives())
+    torch.testing.assert_close(got, 0.5 * torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0, 0, 0, 0]))
+    assert module.hparams.advantage_estimator == "my_pieces.rank_advantage"
+
+
+def test_the_cli_checks_piece_names_while_parsing(my_pieces, capsys, monkeypatch, tmp_path):
+    from rlvr_lightning.cli import RLVRCLI
+
+    monkeypatch.setattr(sys, "argv", ["rlvr_lightning"])
+    monkeypatch.chdir(tmp_path)
+    base = ["--config", str(REPO / "configs/base.yaml"), "--config", str(REPO / "configs/algo/grpo.yaml"),
+            "--trainer.logger", "false", "--trainer.callbacks", "[]"]  # fmt: skip
+    cli = RLVRCLI(args=[*base, "--model.init_args.advantage_estimator", "my_pieces.rank_advantage"], run=False)
+    assert cli.model.hparams.advantage_estimator == "my_pieces.rank_advantage"
+    with pytest.raises(SystemExit):
+        RLVRCLI(args=[*base, "--model.init_args.policy_loss", "ppo"], run=False)
+    err = capsys.readouterr().err
+    assert "model.policy_loss='ppo'; registered: ppo-clip, gspo-token, gspo, real-anchor" in err
+
+
+def test_group_level_losses_compose_with_any_algorithm():
+    """REAL's loss on the GRPO class: the same objective as REAL's own defaults."""
+    mixed = GRPO(policy_loss="real-bce", advantage_estimator="none", piece_args={"tau": 0.25}).objective
+    assert mixed.group_level and mixed.loss.keywords == {"tau": 0.25}
+    assert REAL(policy_loss="real-bce", tau=0.25).objective.loss.keywords == {"tau": 0.25}
+
+
+def test_list_names_every_preset_algorithm_and_piece():
+    out = subprocess.run([sys.executable, "-m", "rlvr_lightning", "list"], capture_output=True, text=True, cwd=REPO,
+                         timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    for preset in (REPO / "configs" / "algo").glob("*.yaml"):
+        assert re.search(rf"^  {re.escape(preset.stem)} ", out.stdout, re.M), preset.stem
+    import rlvr_lightning.algos as algos
+
+    for name in algos.__all__:
+        assert name == "RLVRModule" or re.search(rf"^  {name} ", out.stdout, re.M), name
+    for registry in KINDS:
+        assert f"--model.init_args.{registry.key}" in out.stdout
+        for piece in (p for p in registry.pieces() if p.fn.__module__.startswith("rlvr_lightning.")):
+            assert re.search(rf"^    {re.escape(piece.name)} .*\({re.escape(piece.docs)}\)$", out.stdout, re.M), piece.name
+
+
+def test_every_builtin_piece_names_a_docs_section_that_exists():
+    anchors = {re.sub(r"[^\w\- ]", "", h.strip("# ").lower()).replace(" ", "-")
+               for h in (REPO / "docs/algorithms.md").read_text().splitlines() if h.startswith("#")}  # fmt: skip
+    for registry in KINDS:
+        for piece in registry.pieces():
+            if piece.fn.__module__.startswith("rlvr_lightning."):
+                assert piece.anchor in anchors, (registry.kind, piece.name, piece.anchor)
