@@ -142,9 +142,45 @@ def mlflow_run_exists(tracking_uri: str | None, run_id: str) -> bool:
         return False
 
 
+# Model options that became registered pieces: old name → (new name, old value → new value).
+RENAMED = {
+    "surrogate": ("policy_loss", {"ppo-clip": "ppo-clip", "gspo": "gspo", "gspo-token": "gspo-token"}),
+    "use_adv_std": ("advantage_estimator", {True: "grpo", False: "dr-grpo"}),
+    "tis_level": ("rollout_correction", {"off": "none", "token": "tis-token", "sequence": "tis-sequence"}),
+    "token_level": ("policy_loss", {True: "gspo-token", False: "gspo"}),
+    "variant": ("policy_loss", {"anchor": "real-anchor", "bce": "real-bce", "pairwise": "real-pairwise"}),
+}
+
+
+def check_renamed(argv: list[str]) -> None:
+    """A one-line error for a model option that was renamed, in a flag or a `--config` file, naming
+    its new spelling (jsonargparse would only say that the key is unknown)."""
+    import yaml
+
+    given: list[tuple[str, object]] = []
+    for i, arg in enumerate(argv):
+        flag, _, value = arg.partition("=")
+        key = flag.removeprefix("--model.init_args.").removeprefix("--model.")
+        if flag.startswith("--model.") and key in RENAMED:
+            given.append((key, value if value else (argv[i + 1] if i + 1 < len(argv) else "")))
+        if arg == "--config" and i + 1 < len(argv) and Path(argv[i + 1]).is_file():
+            try:
+                cfg = yaml.safe_load(Path(argv[i + 1]).read_text()) or {}
+            except yaml.YAMLError:
+                continue  # jsonargparse reports it
+            init_args = ((cfg.get("model") or {}).get("init_args") or {}) if isinstance(cfg, dict) else {}
+            given += [(k, v) for k, v in init_args.items() if k in RENAMED]
+    for key, value in given:
+        new, values = RENAMED[key]
+        parsed = yaml.safe_load(value) if isinstance(value, str) else value
+        hint = f" {values[parsed]}" if parsed in values else f" ({' | '.join(map(str, dict.fromkeys(values.values())))})"
+        raise ConfigError(f"model.init_args.{key} is now a registered piece: use --model.init_args.{new}{hint}")
+
+
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
+        check_renamed(sys.argv[1:] if argv is None else argv)
         RLVRCLI(args=argv)
     except Exception as err:
         user_error = user_error_behind(err)
