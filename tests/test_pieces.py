@@ -15,7 +15,6 @@ from rlvr_lightning.algos import GRPO, REAL
 from rlvr_lightning.context import Collectives
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces import KINDS, advantage_estimators, policy_losses
-from rlvr_lightning.pieces.kinds import AdvantageInputs
 from tests.conftest import REPO
 
 EXAMPLES = REPO / "docs" / "examples"

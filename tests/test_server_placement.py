@@ -7,7 +7,6 @@ import pytest
 
 from rlvr_lightning.rollout.server_process import RolloutServerError, placement
 
-
 CPU_ONLY = {"cuda_available": False}  # the machine described, whatever machine runs the test
 
 
