@@ -36,7 +36,7 @@ def test_untrained_and_trained_models_get_different_sensible_scores(tmp_path, ti
     assert untrained.data.metrics["eval/embedded/no_answer_frac"] > 0.9
     assert trained.data.metrics["eval/embedded/no_answer_frac"] < untrained.data.metrics["eval/embedded/no_answer_frac"]
     # The 60-step test warm start formats answers but rarely gets them right; the shipped 500-step warm
-    # start scores pass@1 ≈ 0.17, greedy ≈ 0.45 on this split (`make eval`, see the README).
+    # start scores pass@1 ≈ 0.17, greedy ≈ 0.45 on this split (`make eval`, see docs/mlflow.md).
     assert trained.data.metrics["eval/embedded/no_answer_frac"] < 0.8
 
 

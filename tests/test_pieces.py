@@ -39,6 +39,15 @@ def test_unknown_names_list_the_registered_ones():
         policy_losses.get("torch.nn.functional.mse_loss")
 
 
+def test_the_errors_name_the_registry_a_user_registers_with():
+    import rlvr_lightning.pieces as pieces
+
+    for registry in KINDS:
+        assert getattr(pieces, registry.registry_name) is registry
+    with pytest.raises(ConfigError, match=r"decorate it with rlvr_lightning\.pieces\.policy_losses\.register"):
+        policy_losses.get("torch.nn.functional.mse_loss")
+
+
 def test_knobs_come_from_the_hyper_parameters_then_piece_args_then_defaults(my_pieces):
     piece = advantage_estimators.get("my_pieces.rank_advantage")
     assert piece.name == "rank" and piece.knobs == ("rank_scale",)
@@ -65,8 +74,10 @@ def test_the_cli_checks_piece_names_while_parsing(my_pieces, capsys, monkeypatch
     monkeypatch.chdir(tmp_path)
     base = ["--config", str(REPO / "configs/base.yaml"), "--config", str(REPO / "configs/algo/grpo.yaml"),
             "--trainer.logger", "false", "--trainer.callbacks", "[]"]  # fmt: skip
-    cli = RLVRCLI(args=[*base, "--model.init_args.advantage_estimator", "my_pieces.rank_advantage"], run=False)
+    cli = RLVRCLI(args=[*base, "--model.init_args.advantage_estimator", "my_pieces.rank_advantage",
+                        "--model.init_args.piece_args", "{rank_scale: 0.5}"], run=False)  # the README's command
     assert cli.model.hparams.advantage_estimator == "my_pieces.rank_advantage"
+    assert cli.model.hparams.piece_args == {"rank_scale": 0.5}
     with pytest.raises(SystemExit):
         RLVRCLI(args=[*base, "--model.init_args.policy_loss", "ppo"], run=False)
     err = capsys.readouterr().err
@@ -133,3 +144,13 @@ def test_a_renamed_option_in_a_config_file_is_reported_too(capsys, tmp_path):
     with pytest.raises(SystemExit):
         main(["fit", "--config", str(REPO / "configs/base.yaml"), "--config", str(old)])
     assert "use --model.init_args.policy_loss real-bce" in capsys.readouterr().err
+
+
+def test_the_readme_is_a_short_guide_whose_links_exist_and_whose_example_is_the_tested_file():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    assert (EXAMPLES / "my_pieces.py").read_text() in readme
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" not in target:
+                assert (page.parent / target).exists(), f"{page.name} links {target}, which does not exist"

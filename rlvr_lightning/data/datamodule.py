@@ -89,7 +89,7 @@ class RolloutDataModule(L.LightningDataModule):
             server_replicas: `vllm serve` processes the trainer launches (engine `vllm-server`); prompts are
                 spread over them. On CPU each gets its own share of the cores.
             server_urls: attach to servers already running at these URLs (started with
-                `VLLM_SERVER_DEV_MODE=1` and the flags in the README) instead of launching any.
+                `VLLM_SERVER_DEV_MODE=1` and the flags in docs/servers.md) instead of launching any.
             server_cuda_devices: CUDA_VISIBLE_DEVICES of each launched replica (e.g. ["2", "3"]), so rollouts
                 run on GPUs the trainer does not use; with several trainer ranks per machine, one entry per
                 replica of every rank, rank after rank (2 ranks × 1 replica: ["2", "3"]).

@@ -3,7 +3,7 @@
 Every problem is enumerated once (a, b ≤ 20, c ≤ 9, + or −: 8820 problems) and split into
 train/test by a seeded permutation, so the held-out set never leaks into training.
 
-The supervised warm start learns from *flawed* demonstrations (README, "The embedded default"):
+The supervised warm start learns from *flawed* demonstrations (docs/embedded-default.md):
 many end in the wrong format (`Answer:v` instead of `\\boxed{v}`) and some carry an arithmetic
 slip. The verifier only rewards a correct boxed answer, so the warm-started policy has a partial
 success rate and RL has a clear, fast signal to learn: the answer format first, then accuracy,

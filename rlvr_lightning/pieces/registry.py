@@ -144,11 +144,12 @@ class Registry:
 
     @property
     def plural(self) -> str:
-        return self.kind[:-1] + "es" if self.kind.endswith("s") else self.kind + "s"
+        return self.kind + ("es" if self.kind.endswith("s") else "s")
 
     @property
     def registry_name(self) -> str:
-        return self.plural.replace(" ", "_")
+        """The registry's name in `rlvr_lightning.pieces` (`policy_losses`)."""
+        return self.plural.lower().replace(" ", "_")
 
 
 def name_type(registry: Registry, type_name: str, module: str) -> type[str]:

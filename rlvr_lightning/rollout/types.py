@@ -62,12 +62,11 @@ class Rollout:
     sampling: SamplingConfig
     policy_version: int
     texts: list[str] = field(default_factory=list)  # decoded completions (B·G)
-    # Filled in the training step: by the reward callback, the algorithm, and the shaping stage.
-    rewards: torch.Tensor | None = None  # [N] scalar reward r fed to the advantage estimator
+    # Filled by the generation stage: the reward callback scores it; nothing writes into it afterwards
+    # (the algorithm's rewards and advantages are `rlvr_lightning.context.ScoredBatch`).
+    rewards: torch.Tensor | None = None  # [N] the verifier's reward r
     correct: torch.Tensor | None = None  # [N] verifier correctness c ∈ {0,1}
-    advantages: torch.Tensor | None = None  # [N] sequence advantages
-    token_weights: torch.Tensor | None = None  # [N,T] the advantage shapers' weights, composed
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)  # generation's and the verifier's
 
     @property
     def num_sequences(self) -> int:
@@ -89,9 +88,7 @@ class Rollout:
         return torch.tensor([len(c.token_ids) for c in self.completions], dtype=torch.float32)
 
     def select_groups(self, groups: list[int]) -> Rollout:
-        """The rollout restricted to whole groups (before advantages exist), e.g. DAPO's kept groups."""
-        if self.advantages is not None or self.token_weights is not None:
-            raise RuntimeError("select_groups must run before advantages and token weights are computed")
+        """The rollout restricted to whole groups, e.g. DAPO's kept groups."""
         G = self.group_size
         seqs = [g * G + j for g in groups for j in range(G)]
         pick = torch.tensor(seqs, dtype=torch.long)
