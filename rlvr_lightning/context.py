@@ -47,7 +47,7 @@ class PromptSource(Protocol):
 class StepContext:
     policy: torch.nn.Module
     ref_policy: torch.nn.Module | None
-    engine: RolloutEngine
+    rollout_engine: Callable[[], RolloutEngine]  # built on first use (a stage that generates nothing starts none)
     tokenizer: Any
     data: PromptSource
     collectives: Collectives
@@ -57,6 +57,10 @@ class StepContext:
     total_rollout_batches: float  # the run's length in rollout batches (math.inf when unbounded)
     seed: int  # the data seed every sampling and noise seed derives from
     scorers: tuple = ()  # rollout callbacks that score a generated rollout (the reward verifier)
+
+    @property
+    def engine(self) -> RolloutEngine:
+        return self.rollout_engine()
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ def context(max_steps: int, mini_batches: int, engine: RecordingEngine, k: int =
     trainer = SimpleNamespace(max_steps=max_steps, max_epochs=None)
     total = rollout_batches_total(trainer, SimpleNamespace(hparams=SimpleNamespace(mini_batches=mini_batches, ppo_epochs=1)))
     return StepContext(
-        policy=None, ref_policy=None, engine=engine, tokenizer=Tokenizer(), data=data, collectives=Collectives(),
+        policy=None, ref_policy=None, rollout_engine=lambda: engine, tokenizer=Tokenizer(), data=data, collectives=Collectives(),
         device=None, rollout_batch=k, policy_version=k, total_rollout_batches=total, seed=3, scorers=(AllCorrect(),),
     )  # fmt: skip
 

@@ -225,7 +225,8 @@ class RLVRModule(L.LightningModule):
         trainer = self.trainer
         collectives = Collectives(trainer.world_size, self.global_rank, trainer.strategy.reduce, self.device)
         return StepContext(
-            policy=self.policy, ref_policy=self.ref_policy, engine=self.engine, tokenizer=self.datamodule.tokenizer,
+            policy=self.policy, ref_policy=self.ref_policy, rollout_engine=lambda: self.engine,
+            tokenizer=self.datamodule.tokenizer,
             data=self.datamodule, collectives=collectives, device=self.device, rollout_batch=self.rollout_batches,
             policy_version=self.policy_version, total_rollout_batches=rollout_batches_total(trainer, self),
             seed=self.datamodule.hparams.seed, scorers=tuple(rollout_callbacks(trainer)),
