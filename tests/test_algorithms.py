@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -309,3 +311,37 @@ def test_several_updates_per_rollout_batch_keep_theta_old_fixed(tiny_policy_dir)
     metrics = module.policy_update.run(module.step_context(), inputs, len(rollout.batch), module.optimization())
     assert metrics["ratio_max"] > 1 + 1e-4
     torch.testing.assert_close(inputs.behaviour.old_logp_all(), before, rtol=0, atol=1e-6)
+
+
+def test_several_passes_over_a_rollout_batch_keep_theta_old_and_step_the_optimizer_each_time(tiny_policy_dir):
+    """ppo_epochs = 2 × mini_batches = 2: four optimizer steps on one rollout batch, θ_old from the pass
+    before the update (fixed), the later steps off policy, and the schedule advanced four times."""
+    module = attach(GRPO, tiny_policy_dir, mini_batches=2, ppo_epochs=2, lr=1e-2, micro_batch_size=8)
+    assert module.behaviour_source() == "trainer"
+    inputs = prepared(module, sample_rollout(module))
+    before = trainer_old_logp(module, inputs)
+    steps = []
+    update = module.policy_update
+    accumulate = update.accumulate_gradients
+    update.accumulate_gradients = lambda *a, **k: steps.append(update.updates_since_rollout) or accumulate(*a, **k)
+    metrics = update.run(module.step_context(), inputs, 2, module.optimization())
+    assert steps == [0, 1, 2, 3]
+    assert module.optimizers().optimizer.state_dict()["state"][0]["step"] == 4
+    assert metrics["ratio_max"] > 1 + 1e-4
+    torch.testing.assert_close(inputs.behaviour.old_logp_all(), before, rtol=0, atol=1e-6)
+
+
+def test_weight_decay_warmup_and_cosine_schedule_reach_the_optimizer(tiny_policy_dir):
+    module = attach(GRPO, tiny_policy_dir, lr=1.0, weight_decay=0.1, warmup_steps=2, lr_schedule="cosine")
+    module.trainer.fit_loop.epoch_loop.max_steps = 6  # trainer.max_steps
+    config = module.configure_optimizers()
+    opt, sched = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    assert all(group["weight_decay"] == 0.1 for group in opt.param_groups)
+    lrs = []
+    for _ in range(6):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    # Linear warm-up over 2 steps, then cosine from 1 to 0 over the remaining 4.
+    expected = [0.5, 1.0, 1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5, 0.5 * (1 + math.cos(3 * math.pi / 4))]
+    assert lrs == pytest.approx(expected)
