@@ -53,7 +53,7 @@ def replay(model_dir: Path, probe: Path, callbacks=()) -> dict[str, torch.Tensor
                 policy_version=module.policy_version, texts=[t for p in parts for t in p["texts"]],
                 correct=torch.cat([p["correct"] for p in parts]), rewards=torch.cat([p["rewards"] for p in parts]),
             )  # fmt: skip
-            module.collect_rollout = lambda batch, times, rollout=rollout: rollout
+            module.collect_rollout = lambda step, batch, timer, rollout=rollout: rollout
             module.train_on_batch(rollout.batch)
             module.rollout_batches += 1
         return {k: v.detach().clone() for k, v in module.policy.state_dict().items()}

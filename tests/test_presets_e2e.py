@@ -92,7 +92,7 @@ def test_real_presets_two_step_fit(tmp_path, quick_warm_start, algo):
     assert proc.returncode == 0, proc.stderr[-4000:]
     run, history = finished_run(tmp_path, algo)
     assert run.data.tags["algorithm"] == "REAL"
-    assert run.data.params["model.init_args.variant"] == ("bce" if algo == "real-bce" else "anchor")
+    assert run.data.params["model.init_args.policy_loss"] == ("real-bce" if algo == "real-bce" else "real-anchor")
     for key in ("train/loss", "train/entropy", "train/mixed_group_frac", "train/grad_norm", "time/update"):
         assert [m.step for m in history[key]] == [0, 1], key
     # Logged only for batches with a mixed group; the seeded warm start samples some, so it must be there.
