@@ -48,6 +48,12 @@ def test_the_errors_name_the_registry_a_user_registers_with():
         policy_losses.get("torch.nn.functional.mse_loss")
 
 
+def test_an_algorithm_resolves_every_piece_when_built():
+    for kwargs in ({"advantage_estimator": "nope"}, {"rollout_correction": "nope"}, {"loss_agg": "nope"}):
+        with pytest.raises(ConfigError, match="registered:"):
+            GRPO(**kwargs)
+
+
 def test_knobs_come_from_the_hyper_parameters_then_piece_args_then_defaults(my_pieces):
     piece = advantage_estimators.get("my_pieces.rank_advantage")
     assert piece.name == "rank" and piece.knobs == ("rank_scale",)

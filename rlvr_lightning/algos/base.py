@@ -130,7 +130,7 @@ class RLVRModule(L.LightningModule):
         self.hparams.update({k: str(v) if isinstance(v, str) else v for k, v in effective.items()})
         self.automatic_optimization = False
         check_values(self.hparams)
-        self.objective  # noqa: B018  (resolves and binds every piece now: a bad choice fails before anything starts)
+        advantage_estimators.bound(self.hparams), rollout_corrections.bound(self.hparams)  # bad pieces fail now
         check_pieces(self.hparams, self.objective, self.corrects_rollouts)
         self.policy, self.ref_policy = None, None  # built in configure_model (FSDP shards them there)
         self.policy_version = 0  # weight syncs so far: the engine runs this version of the policy

@@ -31,11 +31,6 @@ class UpdatePlan:
             h["logprob_chunk_tokens"], h["max_grad_norm"], norm_const,
         )  # fmt: skip
 
-    @property
-    def optimizer_steps(self) -> int:
-        """Optimizer steps per rollout batch."""
-        return self.mini_batches * self.ppo_epochs
-
     def keeps_groups_whole(self, group_size: int) -> bool:
         return keeps_groups_whole(self.micro_batch_size, self.max_tokens_per_micro_batch, group_size)
 
