@@ -35,20 +35,16 @@ def preset(name: str):
     return _instantiate(cfg["model"]), callbacks
 
 
-def embedded_module(
-    module, callbacks=(), engine: str = "vllm", batch_size: int = 16, group_size: int = 8, seed: int = 0,
-    max_response_length: int = 40, **data_options,
-):
+def embedded_module(module, callbacks=(), batch_size: int = 16, seed: int = 0, **rollout_options):
     """`module` wired to the embedded default data/model (configs/base.yaml's sizes) outside `fit`;
-    `data_options`: more RolloutDataModule arguments."""
+    `rollout_options`: `RolloutSettings` arguments over base.yaml's."""
     from rlvr_lightning.callbacks.reward import RewardVerifier
     from rlvr_lightning.data.datamodule import RolloutDataModule
+    from rlvr_lightning.rollout.settings import RolloutSettings
     from rlvr_lightning.standalone import standalone
 
-    dm = RolloutDataModule(
-        batch_size=batch_size, group_size=group_size, max_prompt_length=32, max_response_length=max_response_length,
-        engine=engine, seed=seed, val_data=None, **data_options,
-    )  # fmt: skip
+    rollout = RolloutSettings(**{"group_size": 8, "max_response_length": 40, **rollout_options})
+    dm = RolloutDataModule(batch_size=batch_size, max_prompt_length=32, seed=seed, val_data=None, rollout=rollout)
     torch.manual_seed(seed)
     return standalone(module, dm, callbacks=[RewardVerifier(num_workers=2, timeout_s=5.0), *callbacks])
 
@@ -56,6 +52,7 @@ def embedded_module(
 def close(module) -> None:
     for cb in module.trainer.callbacks:
         cb.teardown(module.trainer, module, "fit")
+    module.teardown("fit")  # closes the engine
     module.datamodule.teardown("fit")
 
 

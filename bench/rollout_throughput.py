@@ -56,7 +56,7 @@ def measure(path: str, prompts: int, rounds: int, compiled: bool = False) -> dic
         "vllm": VLLMEngine(path, max_model_len=32 + MAX_TOKENS, dtype="float32", seed=0),
         "hf": HFGenerateEngine(model, tok.pad_token_id, tok.eos_token_id, partial(sequence_logprobs, model)),
     }
-    if compiled:  # vLLM's compiled model (data.enforce_eager=false): start-up cost printed, not in tokens/s
+    if compiled:  # vLLM's compiled model (rollout.enforce_eager=false): start-up cost printed, not in tokens/s
         t0 = time.perf_counter()
         engines["vllm_compiled"] = VLLMEngine(path, max_model_len=32 + MAX_TOKENS, dtype="float32", seed=0, enforce_eager=False)
         print(f"vllm_compiled start-up {time.perf_counter() - t0:.1f} s", flush=True)
@@ -65,7 +65,9 @@ def measure(path: str, prompts: int, rounds: int, compiled: bool = False) -> dic
     for r in range(rounds + 1):
         for name in list(engines) if r % 2 == 0 else list(engines)[::-1]:
             t0 = time.perf_counter()
-            groups = engines[name].generate(ids, SamplingConfig(n=G, temperature=1.0, max_tokens=MAX_TOKENS, seed=r))
+            groups = engines[name].generate(
+                ids, SamplingConfig(group_size=G, temperature=1.0, max_tokens=MAX_TOKENS, seed=r)
+            )
             seconds = time.perf_counter() - t0
             tokens = [len(c.token_ids) for g in groups for c in g]
             if r > 0:  # round 0 warms both up

@@ -113,7 +113,7 @@ class PresetLengthEngine:
 
         from rlvr_lightning.rollout.vllm_engine import _to_completion
 
-        n = sampling.n
+        n = sampling.group_size
         lengths = self.lengths(len(prompt_ids) * n, self.calls)
         self.calls += 1
         params = [
@@ -255,12 +255,13 @@ def trl_fixed(args) -> dict:
     from rlvr_lightning.data.datamodule import RolloutDataModule
     from rlvr_lightning.models.synthetic import synthetic_policy_path
     from rlvr_lightning.rewards.math import MathVerifier
+    from rlvr_lightning.rollout.settings import RolloutSettings
 
     path = str(synthetic_policy_path(model_spec(V_QWEN)))
     total = args.steps
     # The prompts our side trains on, in its order (its seeded dataloader).
-    dm = RolloutDataModule(model_name_or_path=path, batch_size=args.prompts, group_size=G, max_prompt_length=MAX_PROMPT,
-                           max_response_length=args.fixed_tokens, val_data=None, seed=0)  # fmt: skip
+    dm = RolloutDataModule(model_name_or_path=path, batch_size=args.prompts, max_prompt_length=MAX_PROMPT, val_data=None,
+                           seed=0, rollout=RolloutSettings(group_size=G, max_response_length=args.fixed_tokens))  # fmt: skip
     dm.setup("fit")
     batches = iter(dm.train_dataloader())
     prompts, answers = [], []

@@ -1,7 +1,8 @@
 """Command line: `python -m rlvr_lightning fit --config configs/base.yaml --config configs/algo/grpo.yaml ...`.
 
-A LightningCLI whose model is any `RLVRModule` subclass (the algorithm) and whose data is the
-RolloutDataModule. Two additions over the stock CLI:
+A LightningCLI whose model is any `RLVRModule` subclass (the algorithm), whose data is the
+RolloutDataModule and whose `rollout:` section (`RolloutSettings`: sampling and the engine) is handed
+to the data module. Two additions over the stock CLI:
   * the MLflow run is named after the algorithm and tagged with algorithm, model and dataset;
   * the resolved config is logged to MLflow (flattened params + `config.yaml` artifact) instead of
     being written to a log directory, which the MLflow logger does not have.
@@ -10,6 +11,7 @@ User errors (bad config values, data files, model paths) print one clear message
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import sys
@@ -25,6 +27,8 @@ from rlvr_lightning.algos.base import RLVRModule
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.data.sources import DataSourceError
 from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.rollout.server_process import RolloutServerError, RolloutServerLost
+from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.training.dynamic_sampling import DynamicSamplingExhausted
 
 
@@ -75,6 +79,10 @@ class RLVRCLI(LightningCLI):
         kwargs.setdefault("save_config_callback", MLflowSaveConfig)
         kwargs.setdefault("save_config_kwargs", {"save_to_log_dir": False})
         super().__init__(RLVRModule, RolloutDataModule, *args, subclass_mode_model=True, **kwargs)
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_class_arguments(RolloutSettings, "rollout")
+        parser.link_arguments("rollout", "data.rollout", apply_on="instantiate")
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
@@ -150,31 +158,55 @@ RENAMED = {
     "token_level": ("policy_loss", {True: "gspo-token", False: "gspo"}),
     "variant": ("policy_loss", {"anchor": "real-anchor", "bce": "real-bce", "pairwise": "real-pairwise"}),
 }
+# Options that moved to another section or name: old dotted key → new dotted key (values unchanged).
+# The `rollout:` section's options were the data module's, except `batches_ahead` (`data.async_rollouts`).
+MOVED = {
+    **{f"data.{k}": f"rollout.{k}" for k in inspect.signature(RolloutSettings).parameters if k != "batches_ahead"},
+    "data.async_rollouts": "rollout.batches_ahead",
+    "model.mini_batches": "model.num_mini_batches",
+}
 
 
-def check_renamed(argv: list[str]) -> None:
-    """A one-line error for a model option that was renamed, in a flag or a `--config` file, naming
-    its new spelling (jsonargparse would only say that the key is unknown)."""
+def given_options(argv: list[str]) -> list[tuple[str, object]]:
+    """(dotted key, value) of every option in flags and `--config` files, `model.init_args.` shortened to
+    `model.`."""
     import yaml
 
     given: list[tuple[str, object]] = []
     for i, arg in enumerate(argv):
         flag, _, value = arg.partition("=")
-        key = flag.removeprefix("--model.init_args.").removeprefix("--model.")
-        if flag.startswith("--model.") and key in RENAMED:
+        if flag.startswith("--") and flag != "--config":
+            key = flag[2:].replace(".init_args.", ".")
             given.append((key, value if value else (argv[i + 1] if i + 1 < len(argv) else "")))
         if arg == "--config" and i + 1 < len(argv) and Path(argv[i + 1]).is_file():
             try:
                 cfg = yaml.safe_load(Path(argv[i + 1]).read_text()) or {}
             except yaml.YAMLError:
                 continue  # jsonargparse reports it
-            init_args = ((cfg.get("model") or {}).get("init_args") or {}) if isinstance(cfg, dict) else {}
-            given += [(k, v) for k, v in init_args.items() if k in RENAMED]
-    for key, value in given:
-        new, values = RENAMED[key]
-        parsed = yaml.safe_load(value) if isinstance(value, str) else value
-        hint = f" {values[parsed]}" if parsed in values else f" ({' | '.join(map(str, dict.fromkeys(values.values())))})"
-        raise ConfigError(f"model.init_args.{key} is now a registered piece: use --model.init_args.{new}{hint}")
+            if not isinstance(cfg, dict):
+                continue
+            for section in ("model", "data"):
+                args = cfg.get(section) or {}
+                args = (args.get("init_args") or {}) if isinstance(args, dict) and "init_args" in args else args
+                given += [(f"{section}.{k}", v) for k, v in (args.items() if isinstance(args, dict) else ())]
+    return given
+
+
+def check_renamed(argv: list[str]) -> None:
+    """A one-line error for an option that was renamed or moved, in a flag or a `--config` file, naming
+    its new spelling (jsonargparse would only say that the key is unknown)."""
+    import yaml
+
+    for key, value in given_options(argv):
+        if key in MOVED:
+            new = MOVED[key]
+            raise ConfigError(f"{key} is now {new}: use --{new.replace('model.', 'model.init_args.')} (or `{new}` in YAML)")
+        name = key.removeprefix("model.")
+        if key.startswith("model.") and name in RENAMED:
+            new, values = RENAMED[name]
+            parsed = yaml.safe_load(value) if isinstance(value, str) else value
+            hint = f" {values[parsed]}" if parsed in values else f" ({' | '.join(map(str, dict.fromkeys(values.values())))})"
+            raise ConfigError(f"model.init_args.{name} is now a registered piece: use --model.init_args.{new}{hint}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -186,17 +218,20 @@ def main(argv: list[str] | None = None) -> None:
         user_error = user_error_behind(err)
         if user_error is None:
             raise
-        print(f"error: {user_error}", file=sys.stderr)
+        resume = ""
+        if isinstance(user_error, RolloutServerLost):
+            resume = " The run stops here; `make train RESUME=checkpoints/<run id>/last.ckpt` continues it from its last checkpoint"
+        print(f"error: {user_error}{resume}", file=sys.stderr)
         sys.exit(2)
 
 
 def user_error_behind(err: BaseException) -> BaseException | None:
-    """The ConfigError, DataSourceError or DynamicSamplingExhausted that caused `err`, if any:
+    """The ConfigError, DataSourceError, RolloutServerError or DynamicSamplingExhausted that caused `err`, if any:
     jsonargparse re-raises a class's constructor error as its own ValueError while instantiating the
     config. (A run that stops on exhausted dynamic sampling resumes from its last checkpoint.)"""
     seen = set()
     while err is not None and id(err) not in seen:
-        if isinstance(err, (ConfigError, DataSourceError, DynamicSamplingExhausted)):
+        if isinstance(err, (ConfigError, DataSourceError, RolloutServerError, DynamicSamplingExhausted)):
             return err
         seen.add(id(err))
         err = err.__cause__ or err.__context__

@@ -24,6 +24,7 @@ class Collectives:
     # strategy.reduce(tensor, reduce_op=…) of the Lightning strategy; None: a single process
     reduce: Callable[..., torch.Tensor] | None = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    barrier: Callable[[], None] | None = None  # strategy.barrier; None: a single process
 
     def sum(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.reduce is None else self.reduce(x, reduce_op="sum")
@@ -36,9 +37,8 @@ class Collectives:
 
 
 class PromptSource(Protocol):
-    """The prompt stream and sampling settings (the rollout DataModule)."""
+    """The prompt stream (the rollout DataModule)."""
 
-    def sampling(self, **overrides: Any) -> SamplingConfig: ...
     def extra_prompts(self, n: int) -> PromptBatch: ...
     def train_batch_at(self, index: int) -> PromptBatch: ...
 
@@ -50,6 +50,7 @@ class StepContext:
     rollout_engine: Callable[[], RolloutEngine]  # built on first use (a stage that generates nothing starts none)
     tokenizer: Any
     data: PromptSource
+    sampling: Callable[..., SamplingConfig]  # the training sampling settings, with overrides (`rollout:`)
     collectives: Collectives
     device: torch.device
     rollout_batch: int  # rollout batches completed before this step: this step's index
@@ -61,6 +62,14 @@ class StepContext:
     @property
     def engine(self) -> RolloutEngine:
         return self.rollout_engine()
+
+    def after_engine_sync(self) -> None:
+        """Called by every rank after it handed its weights to the engine. Servers the ranks share are
+        written by rank 0 alone, so no rank samples or probes them before that write is done. (Under FSDP
+        the weight gather already orders the ranks, since rank 0 pauses the servers before it and a paused
+        server holds new requests; this keeps the order where no gather is needed.)"""
+        if getattr(self.engine, "shared_by_ranks", False) and self.collectives.barrier is not None:
+            self.collectives.barrier()
 
 
 @dataclass(frozen=True)

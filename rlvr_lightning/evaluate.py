@@ -1,5 +1,5 @@
 """Offline evaluation of a policy (an HF model directory, e.g. an `HFExport`, a Lightning `.ckpt`, or
-`embedded`) on one or more benchmarks with vLLM, recorded as an MLflow run: `eval/<bench>/mean_at_<n>`,
+`embedded`) on one or more benchmarks with vLLM, recorded as an MLflow run: `eval/<bench>/accuracy`,
 `pass_at_<k>`, `maj_at_<k>` (with `_se` standard errors), `accuracy_greedy`, the sampling settings as
 params (`eval/<bench>/temperature`, …), and a samples table per benchmark. The scoring is the
 in-training `Evaluation` callback's own (each --bench is one of its `benchmarks`).
@@ -32,6 +32,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
     from rlvr_lightning.data.datamodule import RolloutDataModule
     from rlvr_lightning.errors import ConfigError
     from rlvr_lightning.models.checkpoint import is_lightning_checkpoint, policy_from_checkpoint
+    from rlvr_lightning.rollout.settings import RolloutSettings
     from rlvr_lightning.standalone import standalone
 
     names = [bench_name(s) for s in args.bench]
@@ -52,12 +53,13 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
         context = getattr(AutoConfig.from_pretrained(resolve_policy_path(model)), "max_position_embeddings", 4096)
         args.max_prompt_length = max(1, int(context) - args.max_tokens)
     # One engine for all benchmarks; the data module's own train/val sets are not used.
+    rollout = RolloutSettings(max_response_length=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                              engine=args.engine, dtype=args.dtype, kv_cache_gib=args.kv_cache_gib)  # fmt: skip
     dm = RolloutDataModule(
         model_name_or_path=model, train_data=args.bench[0], val_data=None, train_split=args.split, batch_size=1,
         problem_field=args.problem_field, answer_field=args.answer_field, prompt_template=args.prompt_template,
-        use_chat_template=args.use_chat_template, max_prompt_length=args.max_prompt_length,
-        max_response_length=args.max_tokens, temperature=args.temperature, top_p=args.top_p, engine=args.engine,
-        dtype=args.dtype, seed=args.seed, kv_cache_gib=args.kv_cache_gib,
+        use_chat_template=args.use_chat_template, max_prompt_length=args.max_prompt_length, seed=args.seed,
+        rollout=rollout,
     )  # fmt: skip
     benchmarks = [
         Benchmark(name=name, source=source, split=args.split, problem_field=args.problem_field,
@@ -75,7 +77,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
     finally:
         for cb in module.trainer.callbacks:
             cb.teardown(module.trainer, module, "validate")
-        dm.teardown("validate")
+        module.teardown("validate")
     logger.finalize("success")
     for key, value in sorted(results.items()):
         print(f"{key:45s} {value:.4f}")

@@ -83,9 +83,9 @@ def fmt(mean: float, half: float) -> str:
 
 
 def steps_per_rollout_batch(preset: Path) -> int:
-    """Optimizer steps a preset takes per rollout batch (mini_batches × ppo_epochs, default 1 × 1)."""
+    """Optimizer steps a preset takes per rollout batch (num_mini_batches × ppo_epochs, default 1 × 1)."""
     model = (yaml.safe_load(preset.read_text()) or {}).get("model", {}).get("init_args", {})
-    return int(model.get("mini_batches", 1)) * int(model.get("ppo_epochs", 1))
+    return int(model.get("num_mini_batches", 1)) * int(model.get("ppo_epochs", 1))
 
 
 def run_name(preset: str, seed: int) -> str:

@@ -31,9 +31,9 @@ def small_run_args(tmp_path: Path, model_dir: Path) -> list[str]:
         "--trainer.logger.init_args.artifact_location", str(tmp_path / "artifacts"),
         "--data.model_name_or_path", str(model_dir),
         "--data.batch_size", "4",
-        "--data.group_size", "4",
+        "--rollout.group_size", "4",
         "--data.val_size", "8",
-        "--data.max_response_length", "16",
+        "--rollout.max_response_length", "16",
     ]  # fmt: skip
 
 
@@ -53,8 +53,8 @@ class TwoStepRuns:
         if engine not in self.procs:
             verbose = ["-v"] if engine == "hf" else []
             self.procs[engine] = run_cli([*verbose, *small_run_args(self.root, self.model_dir),
-                                          "--data.engine", engine, "--trainer.logger.init_args.run_name", f"grpo-{engine}",
+                                          "--rollout.engine", engine, "--trainer.logger.init_args.run_name", f"grpo-{engine}",
                                           # Room for the warm start's whole answers, so some are right.
-                                          "--data.max_response_length", "40",
+                                          "--rollout.max_response_length", "40",
                                           "--trainer.logger.init_args.system_metrics_interval_s", "1"], self.root)  # fmt: skip
         return self.procs[engine]

@@ -11,6 +11,7 @@ import torch
 from rlvr_lightning.algos import DAPO, GRPO, GSPO, DrGRPO
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.standalone import standalone
 from rlvr_lightning.training.behaviour import FromUpdateForward, Precomputed, separate_pass
@@ -26,12 +27,10 @@ PRESETS = {
 }
 
 
-def attach(cls, tiny_policy_dir, data_kwargs=None, **model_kwargs):
+def attach(cls, tiny_policy_dir, rollout_kwargs=None, **model_kwargs):
     """A module wired to a bare Trainer and a RolloutDataModule (tokenizer, lengths), without fitting."""
-    dm = RolloutDataModule(
-        model_name_or_path=str(tiny_policy_dir), max_response_length=MAX_LEN, batch_size=2, group_size=G,
-        **(data_kwargs or {}),
-    )  # fmt: skip
+    rollout = RolloutSettings(**{"max_response_length": MAX_LEN, "group_size": G, **(rollout_kwargs or {})})
+    dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=2, rollout=rollout)
     return standalone(cls(**model_kwargs), dm)
 
 
@@ -48,7 +47,7 @@ def sample_rollout(module, seed=0) -> Rollout:
     correct = torch.tensor([1.0, 0, 0, 1, 0, 0, 1, 0])
     return Rollout(
         batch=PromptBatch(["a", "b"], prompts, ["5", "16"]), group_size=G, prompt_ids=prompt_ids,
-        completions=completions, sampling=SamplingConfig(n=G, max_tokens=MAX_LEN), policy_version=0,
+        completions=completions, sampling=SamplingConfig(group_size=G, max_tokens=MAX_LEN), policy_version=0,
         texts=[""] * 8, rewards=correct.clone(), correct=correct,
     )  # fmt: skip
 
@@ -151,16 +150,16 @@ def independent_logprobs(policy, rollout: Rollout, grad: bool = False) -> torch.
     return out
 
 
-@pytest.mark.parametrize("mini_batches", [1, 2])  # θ_old from the update's own forward / from the no-grad pass
+@pytest.mark.parametrize("num_mini_batches", [1, 2])  # θ_old from the update's own forward / from the no-grad pass
 @pytest.mark.parametrize("preset", list(PRESETS))
-def test_first_mini_batch_after_a_rollout_is_exactly_on_policy(tiny_policy_dir, preset, mini_batches):
+def test_first_mini_batch_after_a_rollout_is_exactly_on_policy(tiny_policy_dir, preset, num_mini_batches):
     """At θ = θ_old the θ_old log-probs the loss receives are the policy's own (an independent forward),
     whichever strategy produced them, and the ratio is 1 with nothing clipped."""
     cls, kwargs = PRESETS[preset]
-    module = attach(cls, tiny_policy_dir, micro_batch_size=3, **{**kwargs, "mini_batches": mini_batches})
-    assert module.behaviour_source() == ("update" if mini_batches == 1 else "trainer")
+    module = attach(cls, tiny_policy_dir, micro_batch_size=3, **{**kwargs, "num_mini_batches": num_mini_batches})
+    assert module.behaviour_source() == ("update" if num_mini_batches == 1 else "trainer")
     rollout = sample_rollout(module)
-    rollout.sampling = SamplingConfig(n=G, max_tokens=MAX_LEN, temperature=0.7)
+    rollout.sampling = SamplingConfig(group_size=G, max_tokens=MAX_LEN, temperature=0.7)
     inputs = prepared(module, rollout)
     received = torch.zeros(8, MAX_LEN)  # θ_old's log-probs as each micro-batch's loss got them
     seen = torch.zeros(8)
@@ -252,7 +251,7 @@ def test_behaviour_logprobs_from_the_rollout_engine(tiny_policy_dir):
 
 
 @pytest.mark.parametrize(
-    "model_kwargs,data_kwargs,ok",
+    "model_kwargs,rollout_kwargs,ok",
     [
         ({"rollout_correction": "tis-token"}, {"top_p": 0.9}, False),
         ({"rollout_correction": "tis-sequence"}, {"top_k": 20}, False),
@@ -260,13 +259,13 @@ def test_behaviour_logprobs_from_the_rollout_engine(tiny_policy_dir):
         ({"rollout_correction": "tis-token", "allow_filtered_rollout_logprobs": True}, {"top_p": 0.9}, True),
         ({}, {"top_p": 0.9}, True),  # θ_old from the trainer: the engine's log-probs are only logged
         ({"rollout_correction": "tis-token"}, {}, True),
-        ({}, {"top_p": 0.9, "engine": "vllm-server", "async_rollouts": 1}, False),  # θ_old from the engine
+        ({}, {"top_p": 0.9, "engine": "vllm-server", "batches_ahead": 1}, False),  # θ_old from the engine
     ],
 )
 def test_filtered_sampling_with_rollout_logprobs_is_refused_unless_opted_in(
-    tiny_policy_dir, model_kwargs, data_kwargs, ok
+    tiny_policy_dir, model_kwargs, rollout_kwargs, ok
 ):
-    module = attach(GRPO, tiny_policy_dir, data_kwargs, **model_kwargs)
+    module = attach(GRPO, tiny_policy_dir, rollout_kwargs, **model_kwargs)
     if ok:
         module.validate_config()
     else:
@@ -274,10 +273,10 @@ def test_filtered_sampling_with_rollout_logprobs_is_refused_unless_opted_in(
             module.validate_config()
 
 
-def test_async_rollouts_are_refused_where_they_cannot_run(tiny_policy_dir):
-    with pytest.raises(ConfigError, match="async_rollouts=1 needs data.engine=vllm-server"):
-        RolloutDataModule(model_name_or_path=str(tiny_policy_dir), async_rollouts=1)
-    ahead = {"engine": "vllm-server", "async_rollouts": 1}  # no server starts: the engine is built on first use
+def test_rollouts_ahead_are_refused_where_they_cannot_run(tiny_policy_dir):
+    with pytest.raises(ConfigError, match="batches_ahead=1 needs rollout.engine=vllm-server"):
+        RolloutSettings(batches_ahead=1)
+    ahead = {"engine": "vllm-server", "batches_ahead": 1}  # no server starts: the engine is built on first use
     with pytest.raises(ConfigError, match="dynamic_sampling=true is not supported"):
         attach(DAPO, tiny_policy_dir, ahead).validate_config()
     attach(DAPO, tiny_policy_dir, ahead, dynamic_sampling=False).validate_config()
@@ -303,7 +302,7 @@ def test_several_updates_per_rollout_batch_keep_theta_old_fixed(tiny_policy_dir)
     mini-batch, taken after the first optimizer step, sees ratios ≠ 1 (off policy), while θ_old's
     log-probs are those of the policy that sampled. Reading θ_old from the update's forward here
     would make every ratio exactly 1."""
-    module = attach(GRPO, tiny_policy_dir, mini_batches=2, lr=1e-2, micro_batch_size=8)
+    module = attach(GRPO, tiny_policy_dir, num_mini_batches=2, lr=1e-2, micro_batch_size=8)
     assert module.behaviour_source() == "trainer"
     rollout = sample_rollout(module)
     inputs = prepared(module, rollout)
@@ -314,9 +313,9 @@ def test_several_updates_per_rollout_batch_keep_theta_old_fixed(tiny_policy_dir)
 
 
 def test_several_passes_over_a_rollout_batch_keep_theta_old_and_step_the_optimizer_each_time(tiny_policy_dir):
-    """ppo_epochs = 2 × mini_batches = 2: four optimizer steps on one rollout batch, θ_old from the pass
+    """ppo_epochs = 2 × num_mini_batches = 2: four optimizer steps on one rollout batch, θ_old from the pass
     before the update (fixed), the later steps off policy, and the schedule advanced four times."""
-    module = attach(GRPO, tiny_policy_dir, mini_batches=2, ppo_epochs=2, lr=1e-2, micro_batch_size=8)
+    module = attach(GRPO, tiny_policy_dir, num_mini_batches=2, ppo_epochs=2, lr=1e-2, micro_batch_size=8)
     assert module.behaviour_source() == "trainer"
     inputs = prepared(module, sample_rollout(module))
     before = trainer_old_logp(module, inputs)

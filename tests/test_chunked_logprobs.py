@@ -72,7 +72,9 @@ def laid_out(vocab=96):
     completions = [
         Completion(torch.randint(3, vocab, (L,), generator=g).tolist(), [0.0] * L, "stop") for L in (3, 11, 0, 7)
     ]
-    rollout = Rollout(PromptBatch(["a", "b"], ["", ""], ["", ""]), 2, prompts, completions, SamplingConfig(n=2), 0)
+    rollout = Rollout(
+        PromptBatch(["a", "b"], ["", ""], ["", ""]), 2, prompts, completions, SamplingConfig(group_size=2), 0
+    )
     return rollout.tensors(pad_id=0)
 
 

@@ -49,7 +49,7 @@ def test_two_step_fit_writes_an_mlflow_run(two_step_runs, engine):
     experiment = client.get_experiment(run.info.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI's training views
     assert run.data.params["model.init_args.lr"] == "3e-05"
-    assert run.data.params["data.engine"] == engine
+    assert run.data.params["rollout.engine"] == engine
     history = {k: client.get_metric_history(run.info.run_id, k) for k in run.data.metrics}
     for key in (
         "train/reward_mean", "train/reward_std", "train/frac_reward_zero_std", "train/response_length_mean",

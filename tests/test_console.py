@@ -48,10 +48,10 @@ def test_verbose_flag_is_removed_and_changes_nothing(clean_env, flag):
 
 
 @pytest.mark.parametrize(
-    "max_steps,max_epochs,mini_batches,ppo_epochs,expected",
+    "max_steps,max_epochs,num_mini_batches,ppo_epochs,expected",
     [(160, -1, 1, 1, 160), (640, -1, 4, 1, 160), (640, -1, 2, 2, 160), (-1, 2, 1, 1, 2 * 520), (-1, -1, 1, 1, math.inf)],
 )  # fmt: skip
-def test_progress_bar_counts_rollout_batches(max_steps, max_epochs, mini_batches, ppo_epochs, expected):
+def test_progress_bar_counts_rollout_batches(max_steps, max_epochs, num_mini_batches, ppo_epochs, expected):
     trainer = SimpleNamespace(max_steps=max_steps, max_epochs=max_epochs, num_training_batches=520)
-    module = SimpleNamespace(hparams=SimpleNamespace(mini_batches=mini_batches, ppo_epochs=ppo_epochs))
+    module = SimpleNamespace(hparams=SimpleNamespace(num_mini_batches=num_mini_batches, ppo_epochs=ppo_epochs))
     assert rollout_batches_total(trainer, module) == expected

@@ -37,13 +37,13 @@ def _rollout(engine, tok, sampling: SamplingConfig) -> Rollout:
     prompt_ids = [tok(p).input_ids for p in PROMPTS]
     groups = engine.generate(prompt_ids, sampling)
     batch = PromptBatch(ids=["a", "b", "c"], prompts=PROMPTS, answers=["0", "46", "x"])
-    return Rollout(batch, sampling.n, prompt_ids, [c for g in groups for c in g], sampling, 0)
+    return Rollout(batch, sampling.group_size, prompt_ids, [c for g in groups for c in g], sampling, 0)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_vllm_rollout_logprobs_match_trainer(setup, temperature):
     tok, model, engine = setup
-    rollout = _rollout(engine, tok, SamplingConfig(n=4, temperature=temperature, max_tokens=12))
+    rollout = _rollout(engine, tok, SamplingConfig(group_size=4, temperature=temperature, max_tokens=12))
     assert len(rollout.completions) == 12
     assert {c.finish_reason for c in rollout.completions} <= {"stop", "length"}
     for c in rollout.completions:
@@ -56,7 +56,7 @@ def test_vllm_rollout_logprobs_match_trainer(setup, temperature):
 def test_hf_engine_logprobs_match_trainer(setup):
     tok, model, _ = setup
     engine = HFGenerateEngine(model, tok.pad_token_id, tok.eos_token_id, partial(sequence_logprobs, model))
-    rollout = _rollout(engine, tok, SamplingConfig(n=3, temperature=1.0, max_tokens=10, seed=0))
+    rollout = _rollout(engine, tok, SamplingConfig(group_size=3, temperature=1.0, max_tokens=10, seed=0))
     logp, rollout_logp, mask = _trainer_logprobs(model, rollout, tok.pad_token_id)
     assert ((logp - rollout_logp).abs() * mask).max() < 1e-3
 
@@ -94,7 +94,7 @@ class _FrozenEngine:
 
 def test_sync_probe_detects_noop_and_divergence(setup):
     tok, _, engine = setup
-    rollout = _rollout(engine, tok, SamplingConfig(n=2, temperature=1.0, max_tokens=6))
+    rollout = _rollout(engine, tok, SamplingConfig(group_size=2, temperature=1.0, max_tokens=6))
     probe = WeightSyncProbe(tol=1e-3)
     n = len(probe_completion(rollout))
     probe.check(_FrozenEngine([-1.0] * n), lambda p, c: [-1.0] * n, rollout)  # agree: fine

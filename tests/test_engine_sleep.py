@@ -1,4 +1,4 @@
-"""vLLM sleep mode (`data.sleep_level`): the option, the CPU fallback, and the order of sleep/wake-up calls.
+"""vLLM sleep mode (`rollout.sleep_level`): the option, the CPU fallback, and the order of sleep/wake-up calls.
 
 Real sleep mode is UNVERIFIED: vLLM 0.32 supports it on CUDA/ROCm/XPU only (`ModelConfig` refuses
 `enable_sleep_mode` elsewhere, and the CPU worker's `sleep`/`wake_up` only log a warning), and this
@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlvr_lightning.callbacks.rollout import RolloutCallback
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.rollout.settings import EngineSite, RolloutSettings
 from rlvr_lightning.rollout.types import SamplingConfig
 from rlvr_lightning.rollout.vllm_engine import SleepCycle, VLLMEngine, sleep_level_for
 
@@ -35,25 +36,25 @@ ENGINE_LOG = "rlvr_lightning.rollout.vllm_engine"
 
 
 def test_bad_sleep_level_is_a_config_error_at_construction():
-    with pytest.raises(ConfigError, match=r"data\.sleep_level=3; valid: 0, 1, 2"):
-        RolloutDataModule(sleep_level=3)
-    assert RolloutDataModule(sleep_level=2).hparams.sleep_level == 2
+    with pytest.raises(ConfigError, match=r"rollout\.sleep_level=3; valid: 0, 1, 2"):
+        RolloutSettings(sleep_level=3)
+    assert RolloutDataModule(rollout=RolloutSettings(sleep_level=2)).rollout.sleep_level == 2
 
 
 def test_bad_sleep_level_is_refused_at_parse_time():
     from jsonargparse import ArgumentParser
 
     parser = ArgumentParser(exit_on_error=False)
-    parser.add_class_arguments(RolloutDataModule, "data")
-    assert parser.parse_args(["--data.sleep_level", "2"]).data.sleep_level == 2  # an int, as vLLM wants
-    with pytest.raises(ArgumentError, match="data.sleep_level"):
-        parser.parse_args(["--data.sleep_level", "3"])
+    parser.add_class_arguments(RolloutSettings, "rollout")
+    assert parser.parse_args(["--rollout.sleep_level", "2"]).rollout.sleep_level == 2  # an int, as vLLM wants
+    with pytest.raises(ArgumentError, match="rollout.sleep_level"):
+        parser.parse_args(["--rollout.sleep_level", "3"])
 
 
 def test_sleep_mode_is_off_with_a_warning_on_cpu(caplog):
     with caplog.at_level(logging.WARNING, logger=ENGINE_LOG):
         assert sleep_level_for(2, on_cuda=False) == 0
-    assert len(caplog.records) == 1 and "data.sleep_level=2 is ignored" in caplog.records[0].getMessage()
+    assert len(caplog.records) == 1 and "rollout.sleep_level=2 is ignored" in caplog.records[0].getMessage()
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=ENGINE_LOG):
         assert sleep_level_for(2, on_cuda=True) == 2
@@ -120,7 +121,7 @@ def synced_after_release(**llm_kwargs) -> tuple[RecordingLLM, VLLMEngine]:
 
 
 WEIGHTS = [("w", torch.zeros(2))]
-SAMPLING = SamplingConfig(n=1, max_tokens=2)
+SAMPLING = SamplingConfig(group_size=1, max_tokens=2)
 RELOAD = [("collective_rpc", "reload_weights"), ("reset_prefix_cache",)]
 
 
@@ -194,19 +195,18 @@ def test_partial_wake_up_is_an_error_not_a_hang():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback; on CUDA sleep mode is really on")
 def test_real_engine_on_cpu_runs_without_sleep_and_takes_the_sleep_order(tiny_policy_dir, caplog):
-    dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), sleep_level=2)
-    dm.policy_path = str(tiny_policy_dir)  # what setup() resolves; the rest of setup is not needed here
+    site = EngineSite(str(tiny_policy_dir), max_model_len=96, seed=0)
     with caplog.at_level(logging.WARNING, logger=ENGINE_LOG):
-        engine = dm._build_engine(policy=None)
+        engine = RolloutSettings(sleep_level=2).build_engine(site)
     try:
-        assert any("data.sleep_level=2 is ignored" in r.getMessage() for r in caplog.records)
+        assert any("rollout.sleep_level=2 is ignored" in r.getMessage() for r in caplog.records)
         assert engine.sleep_cycle.level == 0
         vllm_core = engine.llm.llm_engine
         tok = AutoTokenizer.from_pretrained(tiny_policy_dir)
         prompt, completion = tok("What is 3+4+5?\n").input_ids, tok("3+4=7,7+5=12.").input_ids
         engine.release_memory()  # level 0 after the fallback: vLLM is not asked to sleep
         assert not vllm_core.is_sleeping()
-        assert len(engine.generate([prompt], SamplingConfig(n=2, max_tokens=4))[0]) == 2
+        assert len(engine.generate([prompt], SamplingConfig(group_size=2, max_tokens=4))[0]) == 2
 
         # The level-2 order through the real vLLM calls (on CPU its worker keeps the memory, the rest is real).
         engine.sleep_cycle = SleepCycle(engine.llm, 2)
@@ -276,14 +276,11 @@ def test_training_step_releases_engine_memory_once_between_rollouts_and_update(t
     from rlvr_lightning.standalone import standalone
     from rlvr_lightning.training.update import PolicyUpdate
 
-    dm = RolloutDataModule(
-        model_name_or_path=str(tiny_policy_dir), engine="hf", batch_size=2, group_size=2,
-        max_response_length=4, val_data=None,
-    )  # fmt: skip
+    dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=2, val_data=None, rollout=RolloutSettings(engine="hf", group_size=2, max_response_length=4))  # fmt: skip
     module = standalone(GRPO() if algo == "grpo" else DAPO(), dm, callbacks=[ScriptedScores()])
     try:
         calls: list[str] = []
-        dm._engine = CallLog(dm.engine(module.policy), calls)
+        module._engine = CallLog(module.engine, calls)
         run = PolicyUpdate.run
         monkeypatch.setattr(PolicyUpdate, "run", lambda *a, **k: calls.append("update") or run(*a, **k))
         module.train_on_batch(next(iter(dm.train_dataloader())))
@@ -292,4 +289,4 @@ def test_training_step_releases_engine_memory_once_between_rollouts_and_update(t
         rounds = ["generate"] * (1 if algo == "grpo" else 2)
         assert calls == [*rounds, "release_memory", "update", "load_weights", "score"]
     finally:
-        dm.teardown("fit")
+        module.teardown("fit")

@@ -10,14 +10,14 @@ from rlvr_lightning.callbacks.evaluation import Benchmark, Evaluation
 from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.rollout.settings import RolloutSettings
 from tests.conftest import BENCHMARKS, needs_benchmarks
 
 
 def datamodule(model_dir, **overrides) -> RolloutDataModule:
     # The tiny policy has a byte-level tokenizer and 256 positions: only the short benchmark problems fit.
-    kwargs = dict(model_name_or_path=str(model_dir), batch_size=4, max_prompt_length=200, max_response_length=40,
-                  val_size=12)  # fmt: skip
-    dm = RolloutDataModule(**(kwargs | overrides))
+    kwargs = dict(model_name_or_path=str(model_dir), batch_size=4, max_prompt_length=200, val_size=12)
+    dm = RolloutDataModule(**(kwargs | overrides), rollout=RolloutSettings(max_response_length=40))
     dm.setup("fit")
     return dm
 
@@ -35,9 +35,10 @@ def test_each_shared_benchmark_becomes_a_task_with_its_own_sampling(tiny_policy_
     tasks = Evaluation(num_samples=8, pass_k=[1, 8], maj_k=[8], benchmarks=benchmarks).tasks(dm)
     assert [t.prefix for t in tasks] == ["val", "val/math500", "val/gsm8k", "val/aime24", "val/amc23", "val/arith"]
     by = {t.prefix: t for t in tasks}
-    assert len(by["val"].records) == 12 and by["val"].sampling.n == 8 and by["val"].pass_k == [1, 8]
+    assert len(by["val"].records) == 12 and by["val"].sampling.group_size == 8 and by["val"].pass_k == [1, 8]
     math = by["val/math500"]
-    assert (math.sampling.n, math.sampling.temperature, math.sampling.top_p, math.sampling.max_tokens) == (4, 0.6, 0.95, 40)
+    sampling = math.sampling
+    assert (sampling.group_size, sampling.temperature, sampling.top_p, sampling.max_tokens) == (4, 0.6, 0.95, 40)
     assert math.pass_k == [1] and math.maj_k == []  # the Evaluation's k above this benchmark's n are left out
     for t in tasks[1:4]:  # prompt + max_tokens must fit the engine's 240 tokens
         room = 240 - t.sampling.max_tokens
@@ -102,11 +103,11 @@ def test_benchmarks_are_scored_and_logged_under_their_names(tiny_policy_dir, tmp
     try:
         out = evaluation.evaluate(module.trainer, module)
     finally:
-        dm.teardown("validate")
+        module.teardown("validate")
         for cb in module.trainer.callbacks:
             cb.teardown(module.trainer, module, "validate")
     logger.finalize("success")
-    expected = {"val/accuracy", "val/pass_at_2", "val/accuracy_greedy", "val/gsm8k/mean_at_3", "val/gsm8k/pass_at_1",
+    expected = {"val/accuracy", "val/pass_at_2", "val/accuracy_greedy", "val/gsm8k/accuracy", "val/gsm8k/pass_at_1",
                 "val/gsm8k/pass_at_2", "val/gsm8k/accuracy_greedy", "val/gsm8k/no_answer_frac"}  # fmt: skip
     assert expected <= set(out) and 0 < out["val/gsm8k/num_problems"] <= 40
     assert all(0 <= out[k] <= 1 for k in expected)

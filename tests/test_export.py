@@ -12,6 +12,7 @@ from rlvr_lightning.algos import GRPO
 from rlvr_lightning.callbacks.export import HFExport
 from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.data.datamodule import RolloutDataModule
+from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.standalone import standalone
 
 
@@ -22,8 +23,7 @@ def test_export_reproduces_greedy_outputs_in_transformers_and_vllm(tmp_path, qui
     from rlvr_lightning.rollout.vllm_engine import VLLMEngine
 
     _, model_dir = quick_warm_start
-    dm = RolloutDataModule(model_name_or_path=str(model_dir), batch_size=8, group_size=8, max_response_length=24,
-                           val_data=None)  # fmt: skip
+    dm = RolloutDataModule(model_name_or_path=str(model_dir), batch_size=8, val_data=None, rollout=RolloutSettings(group_size=8, max_response_length=24))  # fmt: skip
     module = standalone(GRPO(lr=1e-3, micro_batch_size=16), dm, callbacks=[RewardVerifier(num_workers=1)])
     before = [p.detach().clone() for p in module.policy.parameters()]
     for batch in dm.train_dataloader():  # until a batch with a mixed group has moved the weights
@@ -31,12 +31,12 @@ def test_export_reproduces_greedy_outputs_in_transformers_and_vllm(tmp_path, qui
         module.rollout_batches += 1
         if any(not torch.equal(a, b) for a, b in zip(before, module.policy.parameters())):
             break
-    greedy = dm.sampling(n=1, temperature=0.0, max_tokens=24)
+    greedy = dm.rollout.sampling(group_size=1, temperature=0.0, max_tokens=24)
     trained = [c.token_ids for c in module.generate(batch, greedy).completions]
     out = HFExport(dirpath=str(tmp_path)).export(module.trainer, module, "final")
     for cb in module.trainer.callbacks:
         cb.teardown(module.trainer, module, "fit")
-    dm.teardown("fit")
+    module.teardown("fit")
     assert json.loads((out / "rlvr_export.json").read_text())["policy_version"] == module.policy_version
 
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()

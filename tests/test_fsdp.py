@@ -13,6 +13,7 @@ import torch
 from rlvr_lightning.algos.grpo import GRPO
 from rlvr_lightning.callbacks.attribution import THRAttribution
 from rlvr_lightning.data.datamodule import RolloutDataModule
+from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.rollout.types import PromptBatch, Rollout
 from rlvr_lightning.standalone import standalone
 from tests.cli import REPO, run_cli
@@ -33,15 +34,14 @@ def fsdp_args(tmp_path: Path, model_dir: Path, algo: str = "grpo") -> list[str]:
         "--trainer.logger.init_args.tracking_uri", f"sqlite:///{tmp_path}/mlflow.db",
         "--trainer.logger.init_args.artifact_location", str(tmp_path / "artifacts"),
         "--data.model_name_or_path", str(model_dir), "--data.batch_size", str(PROMPTS_PER_RANK),
-        "--data.group_size", str(G), "--data.val_size", "8", "--data.max_response_length", str(RESPONSE),
+        "--rollout.group_size", str(G), "--data.val_size", "8", "--rollout.max_response_length", str(RESPONSE),
         *[f"--model.init_args.{k}={v}" for k, v in HPARAMS.items()],
     ]  # fmt: skip
 
 
 def replay(model_dir: Path, probe: Path, callbacks=()) -> dict[str, torch.Tensor]:
     """The same steps in one process: both ranks' rollouts of a step form one rollout batch."""
-    dm = RolloutDataModule(model_name_or_path=str(model_dir), batch_size=2 * PROMPTS_PER_RANK, group_size=G,
-                           max_response_length=RESPONSE, val_data=None, engine="hf")  # fmt: skip
+    dm = RolloutDataModule(model_name_or_path=str(model_dir), batch_size=2 * PROMPTS_PER_RANK, val_data=None, rollout=RolloutSettings(group_size=G, max_response_length=RESPONSE, engine="hf"))  # fmt: skip
     module = standalone(GRPO(**HPARAMS), dm, callbacks=callbacks)
     try:
         for step in range(STEPS):
@@ -58,7 +58,7 @@ def replay(model_dir: Path, probe: Path, callbacks=()) -> dict[str, torch.Tensor
             module.rollout_batches += 1
         return {k: v.detach().clone() for k, v in module.policy.state_dict().items()}
     finally:
-        dm.teardown("fit")
+        module.teardown("fit")
 
 
 @pytest.mark.e2e
@@ -89,7 +89,10 @@ def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_p
     for r in (0, 1):  # each rank's engine runs the trained weights
         assert json.loads((probe / f"rank{r}_engine.json").read_text())["max_abs_diff"] < 1e-3
     gathered = torch.load(probe / "final_weights.pt", weights_only=True)
-    initial = standalone(GRPO(), RolloutDataModule(model_name_or_path=str(model_dir), val_data=None, engine="hf"))
+    initial = standalone(
+        GRPO(),
+        RolloutDataModule(model_name_or_path=str(model_dir), val_data=None, rollout=RolloutSettings(engine="hf")),
+    )
     reference = replay(model_dir, probe, [THRAttribution(p=0.2)] if algo == "thr" else [])
     moved = max((reference[k] - p).abs().max().item() for k, p in initial.policy.state_dict().items())
     assert moved > 1e-5  # the steps changed the weights, so equality below means something

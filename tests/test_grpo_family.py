@@ -148,7 +148,7 @@ def scored_rollout(correct_rows: list[list[int]], round_index: int) -> Rollout:
     correct = torch.tensor([float(c) for row in correct_rows for c in row])
     return Rollout(
         batch=PromptBatch(ids, [f"q{i}" for i in ids], ["1"] * B), group_size=G, prompt_ids=[[1, 2]] * B,
-        completions=comps, sampling=SamplingConfig(n=G), policy_version=3, texts=["t"] * (B * G),
+        completions=comps, sampling=SamplingConfig(group_size=G), policy_version=3, texts=["t"] * (B * G),
         rewards=correct.clone(), correct=correct, metrics={"verifier_timeouts_total": float(round_index)},
     )  # fmt: skip
 

@@ -32,7 +32,7 @@ def _rank(rank: int, port: int, model_dir: str, out: dict) -> None:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         shard_policy(model, init_device_mesh("cpu", (2,)))
         prompt = [[5, 6, 7, 8]]
-        greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=MAX_TOKENS)
+        greedy = SamplingConfig(group_size=1, temperature=0.0, max_tokens=MAX_TOKENS)
         # Greedy decoding is the same on both ranks: probe it (no EOS can stop it), then make rank 0's EOS
         # its first token (it stops at once) and rank 1's a token it never produces (it runs to the limit).
         score = partial(sequence_logprobs, model)

@@ -56,7 +56,9 @@ def test_trimmed_keeps_every_real_token_at_its_position():
     prompts = [[5, 6], [7, 8, 9, 10, 11]]
     comps = [Completion([20, 21, 22], [0.0] * 3, "stop"), Completion([23], [0.0], "stop"),
              Completion([24, 25, 26, 27, 28, 29], [0.0] * 6, "length"), Completion([30], [0.0], "stop")]  # fmt: skip
-    t = Rollout(PromptBatch(["a", "b"], ["", ""], ["", ""]), 2, prompts, comps, SamplingConfig(n=2), 0).tensors(0)
+    t = Rollout(
+        PromptBatch(["a", "b"], ["", ""], ["", ""]), 2, prompts, comps, SamplingConfig(group_size=2), 0
+    ).tensors(0)
     sub = t.select(torch.tensor([0, 1]))  # group 0: prompt of 2 under a width of 5, responses ≤ 3
     trimmed = sub.trimmed()
     assert trimmed.prompt_width == 2 and trimmed.response_mask.shape[1] == 3
@@ -76,7 +78,9 @@ def test_sharded_ranks_run_the_same_separate_pass_forwards_even_without_rows_to_
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=2)).eval()  # fmt: skip
     comps = [Completion([5, 6, 7], [0.0] * 3, "stop") for _ in range(4)]
-    t = Rollout(PromptBatch(["a", "b"], ["", ""], ["", ""]), 2, [[3, 4], [3]], comps, SamplingConfig(n=2), 0).tensors(0)
+    t = Rollout(
+        PromptBatch(["a", "b"], ["", ""], ["", ""]), 2, [[3, 4], [3]], comps, SamplingConfig(group_size=2), 0
+    ).tensors(0)
 
     class NothingToScore:  # this rank's groups are all unmixed
         def needs_any(self, rows):

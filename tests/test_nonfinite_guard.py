@@ -9,6 +9,7 @@ import torch
 from rlvr_lightning.algos import GRPO
 from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.data.datamodule import RolloutDataModule
+from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.standalone import standalone
 from rlvr_lightning.training.objective import Objective
 
@@ -25,8 +26,7 @@ def poison_loss(monkeypatch) -> None:
 
 
 def test_nan_update_is_skipped_with_weights_unchanged_then_stops(tiny_policy_dir, monkeypatch):
-    dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=4, group_size=4, val_data=None,
-                           max_response_length=8, engine="hf")  # fmt: skip
+    dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=4, val_data=None, rollout=RolloutSettings(group_size=4, max_response_length=8, engine="hf"))  # fmt: skip
     module = standalone(GRPO(lr=1e-2, max_nonfinite_steps=2), dm, callbacks=[RewardVerifier(num_workers=1)])
     try:
         batch = next(iter(dm.train_dataloader()))
@@ -43,4 +43,4 @@ def test_nan_update_is_skipped_with_weights_unchanged_then_stops(tiny_policy_dir
     finally:
         for cb in module.trainer.callbacks:
             cb.teardown(module.trainer, module, "fit")
-        dm.teardown("fit")
+        module.teardown("fit")

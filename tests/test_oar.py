@@ -294,7 +294,7 @@ def boxed_rollout(module):
     correct = torch.tensor([1.0, 0, 0, 0, 1, 0, 0, 1])
     return Rollout(
         batch=PromptBatch(["a", "b"], prompts, ["5", "16"]), group_size=4, prompt_ids=[ids(tok, p) for p in prompts],
-        completions=completions, sampling=SamplingConfig(n=4, max_tokens=40), policy_version=0, texts=texts,
+        completions=completions, sampling=SamplingConfig(group_size=4, max_tokens=40), policy_version=0, texts=texts,
         rewards=correct.clone(), correct=correct,
     )  # fmt: skip
 

@@ -122,36 +122,6 @@ def test_every_builtin_piece_names_a_docs_section_that_exists():
                 assert piece.anchor in anchors, (registry.kind, piece.name, piece.anchor)
 
 
-@pytest.mark.parametrize(
-    "args,expected",
-    [
-        (["--model.init_args.surrogate", "gspo"], "use --model.init_args.policy_loss gspo"),
-        (["--model.init_args.use_adv_std=false"], "use --model.init_args.advantage_estimator dr-grpo"),
-        (["--model.init_args.tis_level", "token"], "use --model.init_args.rollout_correction tis-token"),
-        (["--model.token_level", "true"], "use --model.init_args.policy_loss gspo-token"),
-        (["--model.init_args.tis_level", "tok"], "rollout_correction (none | tis-token | tis-sequence)"),
-    ],
-)
-def test_renamed_model_options_are_one_line_errors_naming_the_new_spelling(args, expected, capsys, tmp_path):
-    from rlvr_lightning.cli import main
-
-    with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", str(REPO / "configs/base.yaml"), *args])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
-
-
-def test_a_renamed_option_in_a_config_file_is_reported_too(capsys, tmp_path):
-    from rlvr_lightning.cli import main
-
-    old = tmp_path / "old_real.yaml"
-    old.write_text("model:\n  class_path: rlvr_lightning.algos.real.REAL\n  init_args:\n    variant: bce\n")
-    with pytest.raises(SystemExit):
-        main(["fit", "--config", str(REPO / "configs/base.yaml"), "--config", str(old)])
-    assert "use --model.init_args.policy_loss real-bce" in capsys.readouterr().err
-
-
 def test_the_readme_is_a_short_guide_whose_links_exist_and_whose_example_is_the_tested_file():
     readme = (REPO / "README.md").read_text()
     assert len(readme.splitlines()) <= 250

@@ -123,6 +123,7 @@ def merged(preset: dict) -> dict:
         "trainer": trainer,
         "callbacks": callbacks,
         "data": {**(base.get("data") or {}), **(preset.get("data") or {})},
+        "rollout": {**(base.get("rollout") or {}), **(preset.get("rollout") or {})},
         "model": preset["model"],
     }
 
@@ -230,6 +231,8 @@ def test_preset_instantiates_without_training(preset, offline):
     dm = cli.datamodule
     for key, value in want["data"].items():
         assert same(dm.hparams[key], value), (key, value, dm.hparams[key])
+    for key, value in want["rollout"].items():  # the `rollout:` section reaches the data module whole
+        assert same(getattr(dm.rollout, key), value), (key, value, getattr(dm.rollout, key))
     assert dm.tokenizer is None and dm.policy_path is None and dm.train_records == [] and dm.val_records == []
 
     # The trainer: base's settings with the preset's overrides (e.g. max_steps 640 for K = 4).
@@ -287,8 +290,8 @@ def test_invalid_preset_fails_at_parse_time_naming_the_key(case, capsys, tmp_pat
         err = parse_error(capsys, "grpo", grpo, overrides=("--model.init_args.loss_agg", "bogus"))
         assert '"loss_agg"' in err and "bogus" in err, err
     elif case == "bad-engine-flag":
-        err = parse_error(capsys, "grpo", grpo, overrides=("--data.engine", "sglang"))
-        assert '"data.engine"' in err and "sglang" in err, err
+        err = parse_error(capsys, "grpo", grpo, overrides=("--rollout.engine", "sglang"))
+        assert '"rollout.engine"' in err and "sglang" in err, err
     elif case == "unknown-flag":
         err = parse_error(capsys, "grpo", grpo, overrides=("--model.init_args.not_a_param", "1"))
         assert "'not_a_param' is not accepted" in err, err
@@ -306,8 +309,8 @@ def test_invalid_preset_fails_at_parse_time_naming_the_key(case, capsys, tmp_pat
 
 # A value of the right type that a constructor refuses: (preset, edit of a copy of it, the error's text).
 CONSTRUCTOR_REJECTS = {
-    "module": ("grpo", lambda c: c["model"]["init_args"].update(mini_batches=0), "model.mini_batches"),
-    "datamodule": ("grpo", lambda c: c.setdefault("data", {}).update(group_size=1), "data.group_size must be ≥ 2"),
+    "module": ("grpo", lambda c: c["model"]["init_args"].update(num_mini_batches=0), "model.num_mini_batches"),
+    "rollout": ("grpo", lambda c: c.setdefault("rollout", {}).update(group_size=1), "rollout.group_size must be ≥ 2"),
     "callback": ("thr", lambda c: c["trainer"]["callbacks+"][0]["init_args"].update(p=2.0), "THRAttribution.p=2.0"),
 }
 
@@ -351,12 +354,12 @@ def test_hparams_and_logged_params_are_the_effective_values_class_defaults_inclu
     def without(*keys):
         return lambda cfg: [cfg["model"]["init_args"].pop(k, None) for k in keys]
 
-    gspo = preset_like(tmp_path, "gspo", without("policy_loss", "clip_eps_low", "clip_eps_high", "mini_batches", "loss_agg"))
-    real = preset_like(tmp_path, "real", without("policy_loss", "tau", "mini_batches"))
+    gspo = preset_like(tmp_path, "gspo", without("policy_loss", "clip_eps_low", "clip_eps_high", "num_mini_batches", "loss_agg"))
+    real = preset_like(tmp_path, "real", without("policy_loss", "tau", "num_mini_batches"))
     for path, expected in (
-        (gspo, {"policy_loss": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "mini_batches": 4,
+        (gspo, {"policy_loss": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "num_mini_batches": 4,
                 "advantage_estimator": "grpo", "loss_agg": "seq-mean-token-mean"}),
-        (real, {"policy_loss": "real-anchor", "tau": 0.5, "mini_batches": 4, "advantage_estimator": "none"}),
+        (real, {"policy_loss": "real-anchor", "tau": 0.5, "num_mini_batches": 4, "advantage_estimator": "none"}),
     ):  # fmt: skip
         cli = make_cli(path.stem, path)
         module, params = cli.model, logged_params(cli.config.as_dict(), cli.model)

@@ -22,8 +22,8 @@ def preset_args(tmp_path: Path, algo: str, model_dir: Path, max_response_length:
         "--trainer.logger.init_args.tracking_uri", f"sqlite:///{tmp_path}/mlflow.db",
         "--trainer.logger.init_args.artifact_location", str(tmp_path / "artifacts"),
         "--data.model_name_or_path", str(model_dir),
-        "--data.batch_size", "4", "--data.group_size", "4", "--data.val_size", "8",
-        "--data.max_response_length", str(max_response_length),
+        "--data.batch_size", "4", "--rollout.group_size", "4", "--data.val_size", "8",
+        "--rollout.max_response_length", str(max_response_length),
     ]  # fmt: skip
 
 
@@ -75,7 +75,7 @@ def test_preset_two_step_fit(tmp_path, quick_warm_start, algo, cls, max_steps, e
         assert all(m.value == 0 for m in history["train/clip_frac_high"] + history["train/clip_frac_low"])
     if algo.startswith("dapo"):  # off-policy updates after the first: the ratios move
         assert max(m.value for m in history["train/ratio_max"]) > 1.001
-        assert run.data.params["model.init_args.mini_batches"] == "4"
+        assert run.data.params["model.init_args.num_mini_batches"] == "4"
     if algo == "dapo":
         assert all(m.value == 0 for m in history["train/frac_reward_zero_std"])  # only mixed groups are kept
         assert [m.step for m in history["train/dynamic_sampling_rounds"]] == [0, 1]
@@ -130,18 +130,18 @@ def test_dapo_rounds_running_out_stop_the_run_with_one_error_line(tmp_path, tiny
 
 
 def test_filtered_sampling_with_truncated_is_is_refused_before_training(tmp_path, tiny_policy_dir):
-    args = [*preset_args(tmp_path, "grpo", tiny_policy_dir), "--data.top_p", "0.9", "--model.init_args.rollout_correction", "tis-token"]
+    args = [*preset_args(tmp_path, "grpo", tiny_policy_dir), "--rollout.top_p", "0.9", "--model.init_args.rollout_correction", "tis-token"]
     proc = run_cli(args, tmp_path, timeout=180)
     assert proc.returncode == 2, proc.stderr[-3000:]
     err = proc.stderr.strip().splitlines()[-1]
-    assert err.startswith("error:") and "data.top_p=0.9" in err and "allow_filtered_rollout_logprobs" in err
+    assert err.startswith("error:") and "rollout.top_p=0.9" in err and "allow_filtered_rollout_logprobs" in err
     assert "Traceback" not in proc.stderr
 
 
 THR_ON_GSPO_TOKEN = [
     "--trainer.callbacks+=rlvr_lightning.callbacks.attribution.THRAttribution",
     "--trainer.callbacks.p=-0.2",
-    "--model.init_args.mini_batches=2",
+    "--model.init_args.num_mini_batches=2",
 ]  # the README's example, with two prompts per mini-batch for the 4-prompt test batch
 
 

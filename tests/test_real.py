@@ -190,7 +190,7 @@ def test_two_pass_skips_its_first_pass_on_policy(tiny_policy_dir):
 
 
 def test_group_splitting_micro_batches_are_refused_without_two_pass(tiny_policy_dir):
-    module = attach(REAL, tiny_policy_dir, micro_batch_size=6, mini_batches=2)  # G = 4
+    module = attach(REAL, tiny_policy_dir, micro_batch_size=6, num_mini_batches=2)  # G = 4
     with pytest.raises(ConfigError, match="two_pass"):
         module.validate_config()
 

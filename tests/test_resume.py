@@ -41,7 +41,7 @@ def args_for(run_dir: Path, model_dir: Path) -> list[str]:
         "--trainer.logger.init_args.tracking_uri", f"sqlite:///{run_dir}/mlflow.db",
         "--trainer.logger.init_args.artifact_location", str(run_dir / "artifacts"),
         "--data.model_name_or_path", str(model_dir),
-        "--data.batch_size", "4", "--data.group_size", "4", "--data.val_size", "8", "--data.max_response_length", "16",
+        "--data.batch_size", "4", "--rollout.group_size", "4", "--data.val_size", "8", "--rollout.max_response_length", "16",
         "--model.init_args.lr", "1e-3",  # large steps, so a resume that got anything wrong shows in the numbers
     ]  # fmt: skip
 

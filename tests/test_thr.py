@@ -252,12 +252,12 @@ def test_thr_read_in_the_update_equals_a_separate_theta_old_pass(tiny_policy_dir
 
 
 def test_thr_composes_with_gspo_token_and_is_refused_where_it_cannot(tiny_policy_dir):
-    module = with_thr(GSPO, tiny_policy_dir, THRAttribution(p=0.2), policy_loss="gspo-token", mini_batches=2)
+    module = with_thr(GSPO, tiny_policy_dir, THRAttribution(p=0.2), policy_loss="gspo-token", num_mini_batches=2)
     module.validate_config()
     with pytest.raises(ConfigError, match="policy_loss=gspo does not honour them"):
-        with_thr(GSPO, tiny_policy_dir, THRAttribution(p=0.2), mini_batches=2).validate_config()
+        with_thr(GSPO, tiny_policy_dir, THRAttribution(p=0.2), num_mini_batches=2).validate_config()
     with pytest.raises(ConfigError, match="policy_loss=real-anchor does not honour them"):
-        with_thr(REAL, tiny_policy_dir, THRAttribution(p=0.2), micro_batch_size=4, mini_batches=1).validate_config()
+        with_thr(REAL, tiny_policy_dir, THRAttribution(p=0.2), micro_batch_size=4, num_mini_batches=1).validate_config()
 
 
 def untied_copy(policy):

@@ -69,7 +69,7 @@ def rank_update(world_size: int, reduce, loss: str, max_tokens: int | None) -> t
     rank = torch.distributed.get_rank() if world_size > 1 else 0
     step = StepContext(
         policy=TinyCausalLM(), ref_policy=None, rollout_engine=lambda: None, tokenizer=None, data=None,
-        collectives=Collectives(world_size, rank, reduce), device=torch.device("cpu"), rollout_batch=0,
+        sampling=SamplingConfig, collectives=Collectives(world_size, rank, reduce), device=torch.device("cpu"), rollout_batch=0,
         policy_version=0, total_rollout_batches=1, seed=0,
     )  # fmt: skip
     return PolicyUpdate(compose_objective(values), plan, NonFiniteGuard(1)), step
@@ -83,7 +83,7 @@ def rank_rollout(rank: int) -> Rollout:
     correct = torch.tensor(CORRECT[rank], dtype=torch.float32)
     return Rollout(
         batch=PromptBatch([f"r{rank}p0", f"r{rank}p1"], ["", ""], ["1", "2"]), group_size=G, prompt_ids=PROMPTS[rank],
-        completions=completions, sampling=SamplingConfig(n=G, max_tokens=MAX_LEN), policy_version=0,
+        completions=completions, sampling=SamplingConfig(group_size=G, max_tokens=MAX_LEN), policy_version=0,
         rewards=correct.clone(), correct=correct,
     )  # fmt: skip
 

@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.rollout.engine import WeightSyncError
-from rlvr_lightning.rollout.server_process import RolloutServerError, ServerSpec
+from rlvr_lightning.rollout.server_process import RolloutServerError, RolloutServerLost, ServerSpec
+from rlvr_lightning.rollout.settings import EngineSite, RolloutSettings
 from rlvr_lightning.rollout.sync import full_weights
 from rlvr_lightning.rollout.types import SamplingConfig
 from rlvr_lightning.rollout.vllm_server import VLLMServerEngine
@@ -71,7 +72,7 @@ def policy(tiny_policy_dir):
 def test_token_id_generation_matches_the_trainer_and_the_in_process_engine(servers, policy, tiny_policy_dir):
     tok, model = policy
     prompt_ids = [tok(p).input_ids for p in PROMPTS]
-    groups = servers.generate(prompt_ids, SamplingConfig(n=4, temperature=1.0, max_tokens=12, seed=7))
+    groups = servers.generate(prompt_ids, SamplingConfig(group_size=4, temperature=1.0, max_tokens=12, seed=7))
     assert [len(g) for g in groups] == [4, 4, 4]
     from rlvr_lightning.rollout.vllm_engine import VLLMEngine
 
@@ -87,7 +88,7 @@ def test_token_id_generation_matches_the_trainer_and_the_in_process_engine(serve
     finally:
         in_process.close()
     # Per-request seeds: the same request gives the same samples, whatever else the servers ran.
-    again = servers.generate(prompt_ids, SamplingConfig(n=4, temperature=1.0, max_tokens=12, seed=7))
+    again = servers.generate(prompt_ids, SamplingConfig(group_size=4, temperature=1.0, max_tokens=12, seed=7))
     assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in groups]
 
 
@@ -103,7 +104,7 @@ def test_weight_sync_reaches_every_replica(servers, policy):
     assert max(abs(a - b) for a, b in zip(after, trainer)) < 1e-3
     assert max(abs(a - b) for a, b in zip(before, after)) > 1e-2  # the perturbation is visible
     # Every generated sample carries the synced version (checked against the engine's own count).
-    groups = servers.generate([prompt], SamplingConfig(n=2, max_tokens=4))
+    groups = servers.generate([prompt], SamplingConfig(group_size=2, max_tokens=4))
     assert len(groups[0]) == 2
     servers.load_weights(full_weights(model), version=4)  # back to the base weights for the other tests
 
@@ -116,7 +117,7 @@ def test_a_killed_replica_is_restarted_with_the_current_weights(servers, policy)
     old_group = victim.proc.pid
     os.killpg(old_group, signal.SIGKILL)
     victim.proc.wait()
-    groups = servers.generate([tok(p).input_ids for p in PROMPTS], SamplingConfig(n=2, max_tokens=8))
+    groups = servers.generate([tok(p).input_ids for p in PROMPTS], SamplingConfig(group_size=2, max_tokens=8))
     assert [len(g) for g in groups] == [2, 2, 2]  # prompt 1 went to the dead replica: restarted and retried
     assert victim.alive() and victim.proc.pid != old_group
     assert servers.weight_versions() == ["4", "4"]
@@ -141,7 +142,7 @@ def test_attaching_to_running_servers_leaves_them_running(servers, policy):
     attached = VLLMServerEngine(servers.spec, urls=[r.url + "/" for r in servers.replicas])
     try:
         assert attached.holds_foreign_weights  # the trainer syncs its weights before the first rollout
-        groups = attached.generate([tok(p).input_ids for p in PROMPTS], SamplingConfig(n=2, max_tokens=6))
+        groups = attached.generate([tok(p).input_ids for p in PROMPTS], SamplingConfig(group_size=2, max_tokens=6))
         assert [len(g) for g in groups] == [2, 2, 2]
     finally:
         attached.close()
@@ -154,6 +155,21 @@ def test_a_server_that_does_not_start_is_a_clear_error(tmp_path):
     spec = ServerSpec(str(tmp_path), max_model_len=64, start_timeout_s=300)
     with pytest.raises(RolloutServerError, match=r"exited with code .* while starting; last lines of"):
         VLLMServerEngine(spec, replicas=1)
+
+
+def test_server_args_and_start_timeout_reach_the_launched_servers(tiny_policy_dir):
+    """`rollout.server_args` go on every replica's command line (vLLM refuses an unknown flag, and the
+    error's log tail shows it), and `rollout.server_start_timeout_s` bounds the wait for health."""
+    site = EngineSite(str(tiny_policy_dir), max_model_len=64, seed=0)
+    bad_flag = RolloutSettings(engine="vllm-server", server_args=["--not-a-vllm-flag"])
+    with pytest.raises(RolloutServerError, match=r"(?s)while starting.*not-a-vllm-flag"):
+        bad_flag.build_engine(site)
+    impatient = RolloutSettings(engine="vllm-server", server_start_timeout_s=0.5)
+    start = time.monotonic()
+    with pytest.raises(RolloutServerError, match=r"not healthy after 0 s \(rollout.server_start_timeout_s\)"):
+        impatient.build_engine(site)
+    assert time.monotonic() - start < 60  # it did not wait for vLLM to come up
+    assert serve_processes(tiny_policy_dir) == []
 
 
 def serve_processes(model_dir) -> list[int]:
@@ -177,15 +193,15 @@ def test_cli_run_on_two_replicas_one_step_off_policy(tmp_path, tiny_policy_dir):
     from tests.cli import run_cli, small_run_args
 
     model_dir = shutil.copytree(tiny_policy_dir, tmp_path / "policy")  # its own path: its servers are told apart
-    args = [*small_run_args(tmp_path, model_dir), "--trainer.max_steps", "3", "--data.engine", "vllm-server",
-            "--data.server_replicas", "2", "--data.async_rollouts", "1", "--model.init_args.sync_check_every", "1"]  # fmt: skip
+    args = [*small_run_args(tmp_path, model_dir), "--trainer.max_steps", "3", "--rollout.engine", "vllm-server",
+            "--rollout.server_replicas", "2", "--rollout.batches_ahead", "1", "--model.init_args.sync_check_every", "1"]  # fmt: skip
     proc = run_cli(args, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
     history = lambda key: [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]  # noqa: E731
     # The first batch is generated before any update; every later one while the previous batch trained.
-    assert history("train/policy_lag") == [(0, 0.0), (1, 1.0), (2, 1.0)]
+    assert history("train/batches_ahead") == [(0, 0.0), (1, 1.0), (2, 1.0)]
     assert [s for s, _ in history("time/rollout_wait")] == [0, 1, 2]
     assert max(v for _, v in history("train/sync_probe_max_abs_diff")) < 1e-3  # probed after every sync
     assert run.data.tags["engine"] == "vllm-server"
@@ -200,8 +216,8 @@ def test_an_attached_server_that_dies_stops_the_run_with_how_to_resume(servers, 
         victim = servers.replicas[0].process
         os.killpg(victim.proc.pid, signal.SIGKILL)
         victim.proc.wait()
-        with pytest.raises(RolloutServerError, match=r"failed twice .*RESUME=checkpoints/<run id>/last.ckpt"):
-            attached.generate([tok(PROMPTS[0]).input_ids], SamplingConfig(n=2, max_tokens=4))
+        with pytest.raises(RolloutServerLost, match=r"failed twice .*rollout.server_urls"):
+            attached.generate([tok(PROMPTS[0]).input_ids], SamplingConfig(group_size=2, max_tokens=4))
     finally:
         attached.close()
 
@@ -220,8 +236,8 @@ def test_two_fsdp_ranks_share_attached_servers(tmp_path, quick_warm_start):
     launcher = VLLMServerEngine(ServerSpec(str(model_dir), max_model_len=256, dtype="float32"), replicas=1)
     try:
         url = launcher.replicas[0].url
-        args = [*fsdp_args(tmp_path, model_dir), "--data.engine", "vllm-server", "--data.server_urls", f"[{url}]",
-                "--data.async_rollouts", "1", "--model.init_args.sync_check_every", "1"]  # fmt: skip
+        args = [*fsdp_args(tmp_path, model_dir), "--rollout.engine", "vllm-server", "--rollout.server_urls", f"[{url}]",
+                "--rollout.batches_ahead", "1", "--model.init_args.sync_check_every", "1"]  # fmt: skip
         proc = run_cli(args, tmp_path, timeout=600)
         assert proc.returncode == 0, proc.stderr[-4000:]
         assert launcher.replicas[0].process.alive()  # attached: the trainer left it running
@@ -231,7 +247,7 @@ def test_two_fsdp_ranks_share_attached_servers(tmp_path, quick_warm_start):
             assert json.loads((tmp_path / "probe" / f"rank{r}_engine.json").read_text())["max_abs_diff"] < 1e-3
         client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
         (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
-        lags = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/policy_lag"))
+        lags = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/batches_ahead"))
         assert lags == [(0, 0.0), *((s, 1.0) for s in range(1, STEPS))]
         assert max(m.value for m in client.get_metric_history(run.info.run_id, "train/sync_probe_max_abs_diff")) < 1e-3
     finally:

@@ -34,9 +34,9 @@ from rlvr_lightning.pieces.kinds import (
     RolloutCorrectionName,
 )
 from rlvr_lightning.rollout.engine import RolloutEngine
+from rlvr_lightning.rollout.settings import EngineSite
 from rlvr_lightning.rollout.sync import EngineSync, full_weights
 from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
-from rlvr_lightning.training.async_rollouts import RolloutsAhead
 from rlvr_lightning.training.batch import UpdateInputs
 from rlvr_lightning.training.behaviour import BehaviourSource, behaviour_source
 from rlvr_lightning.training.checks import check_pieces, check_run, check_values
@@ -45,6 +45,7 @@ from rlvr_lightning.training.objective import Objective, compose_objective
 from rlvr_lightning.training.optim import adamw_with_schedule
 from rlvr_lightning.training.plan import Optimization, UpdatePlan
 from rlvr_lightning.training.prepare import prepare_update
+from rlvr_lightning.training.rollouts_ahead import RolloutsAhead
 from rlvr_lightning.training.shaping import compose_token_weights, shaper_metrics
 from rlvr_lightning.training.step_metrics import StageTimer, StepResult, step_metrics
 from rlvr_lightning.training.update import NonFiniteGuard, PolicyUpdate
@@ -60,7 +61,7 @@ class RLVRModule(L.LightningModule):
         warmup_steps: int = 0,
         lr_schedule: Literal["constant", "cosine"] = "constant",
         max_grad_norm: float = 1.0,
-        mini_batches: int = 1,
+        num_mini_batches: int = 1,
         ppo_epochs: int = 1,
         micro_batch_size: int = 64,
         max_tokens_per_micro_batch: int | None = None,
@@ -93,7 +94,7 @@ class RLVRModule(L.LightningModule):
             warmup_steps: linear warm-up, in optimizer steps.
             lr_schedule: after warm-up, `constant` or `cosine` (to 0 at `trainer.max_steps`).
             max_grad_norm: gradient clipping by global norm.
-            mini_batches: K optimizer steps per rollout batch; the prompts are split into K mini-batches.
+            num_mini_batches: K optimizer steps per rollout batch; the prompts are split into K mini-batches.
             ppo_epochs: passes over the rollout batch.
             micro_batch_size: sequences per forward/backward (gradient accumulation inside a mini-batch).
             max_tokens_per_micro_batch: micro-batches by token budget: sequences sorted by length, packed while
@@ -138,7 +139,8 @@ class RLVRModule(L.LightningModule):
         self.latest_val: dict[str, float] = {}
         self.engine_sync = EngineSync(tol=sync_check_tol, check_every=sync_check_every)
         self.nonfinite = NonFiniteGuard(max_nonfinite_steps)
-        self.rollouts_ahead: RolloutsAhead | None = None  # data.async_rollouts: the batch generated ahead
+        self.rollouts_ahead: RolloutsAhead | None = None  # rollout.batches_ahead: the batch generated ahead
+        self._engine: RolloutEngine | None = None  # built on first use, from the `rollout:` section
 
     # ---- the pieces ----------------------------------------------------------------------------
     @property
@@ -155,7 +157,7 @@ class RLVRModule(L.LightningModule):
         return rollout_corrections.selected(self.hparams).name != "none"
 
     def update_plan(self) -> UpdatePlan:
-        return UpdatePlan.of(self.hparams, norm_const=float(self.datamodule.hparams.max_response_length))
+        return UpdatePlan.of(self.hparams, norm_const=float(self.datamodule.rollout.max_response_length))
 
     @property
     def policy_update(self) -> PolicyUpdate:
@@ -175,7 +177,15 @@ class RLVRModule(L.LightningModule):
 
     @property
     def engine(self) -> RolloutEngine:
-        return self.datamodule.engine(self.policy)
+        """The rollout engine (`rollout.engine`), built on first use for this rank."""
+        if self._engine is None:
+            dm, trainer = self.datamodule, self.trainer
+            self._engine = dm.rollout.build_engine(EngineSite(
+                dm.policy_path, dm.max_model_len(), dm.hparams.seed, self.policy,
+                partial(sequence_logprobs, self.policy), dm.tokenizer, trainer.global_rank, trainer.world_size,
+                trainer.local_rank, trainer.num_devices,
+            ))  # fmt: skip
+        return self._engine
 
     def configure_callbacks(self) -> list[Callback]:
         # The reward is part of the algorithm: add the default verifier unless the user configured one.
@@ -191,43 +201,52 @@ class RLVRModule(L.LightningModule):
         _ = self.engine  # built now, so its start-up cost is not charged to the first step
 
     def teardown(self, stage: str) -> None:
-        if self.rollouts_ahead is not None:  # before the datamodule's teardown closes the engine
+        if self.rollouts_ahead is not None:  # its generation runs on the engine: stop it first
             self.rollouts_ahead.close()
             self.rollouts_ahead = None
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
 
     def on_train_start(self) -> None:
         # Resumed (the engine has the base weights; FSDP restores between on_fit_start and here; every rank
         # takes part in the gather), or attached servers that may hold any weights.
         if self.policy_version > 0 or getattr(self.engine, "holds_foreign_weights", False):
             self.engine.load_weights(full_weights(self.policy), version=self.policy_version)
+            self.step_context().after_engine_sync()
 
     def validate_config(self) -> None:
         """Checks that need the data settings or the callbacks too; run before anything expensive starts."""
         shapers = [type(cb).__name__ for cb in advantage_shapers(self.trainer)]
-        check_run(self.hparams, self.datamodule.hparams, self.objective, self.update_plan(), shapers,
-                  self.corrects_rollouts, self.async_rollouts)  # fmt: skip
+        check_run(self.hparams, self.datamodule.hparams.batch_size, self.datamodule.rollout, self.objective,
+                  self.update_plan(), shapers, self.corrects_rollouts, self.generates_ahead)  # fmt: skip
 
     def behaviour_source(self) -> BehaviourSource:
         """Where θ_old's log-probs come from (`rlvr_lightning.training.behaviour`)."""
         h = self.hparams
         return behaviour_source(
-            h.behaviour_logprobs, h.mini_batches * h.ppo_epochs, self.corrects_rollouts, h.two_pass, self.async_rollouts
+            h.behaviour_logprobs,
+            h.num_mini_batches * h.ppo_epochs,
+            self.corrects_rollouts,
+            h.two_pass,
+            self.generates_ahead,
         )
 
     @property
-    def async_rollouts(self) -> bool:
-        """Whether rollouts are generated one step ahead (`data.async_rollouts`), hence one version behind."""
+    def generates_ahead(self) -> bool:
+        """Whether rollouts are generated one batch ahead (`rollout.batches_ahead`), hence one version behind."""
         dm = getattr(self._trainer, "datamodule", None)
-        return bool(getattr(getattr(dm, "hparams", None), "async_rollouts", 0))
+        return bool(getattr(getattr(dm, "rollout", None), "batches_ahead", 0))
 
     # ---- the step's context and the algorithm's own stages -----------------------------------
     def step_context(self) -> StepContext:
         trainer = self.trainer
-        collectives = Collectives(trainer.world_size, self.global_rank, trainer.strategy.reduce, self.device)
+        strategy = trainer.strategy
+        collectives = Collectives(trainer.world_size, self.global_rank, strategy.reduce, self.device, strategy.barrier)
         return StepContext(
             policy=self.policy, ref_policy=self.ref_policy, rollout_engine=lambda: self.engine,
-            tokenizer=self.datamodule.tokenizer,
-            data=self.datamodule, collectives=collectives, device=self.device, rollout_batch=self.rollout_batches,
+            tokenizer=self.datamodule.tokenizer, data=self.datamodule, sampling=self.datamodule.rollout.sampling,
+            collectives=collectives, device=self.device, rollout_batch=self.rollout_batches,
             policy_version=self.policy_version, total_rollout_batches=rollout_batches_total(trainer, self),
             seed=self.datamodule.hparams.seed, scorers=tuple(rollout_callbacks(trainer)),
         )  # fmt: skip
@@ -238,7 +257,7 @@ class RLVRModule(L.LightningModule):
 
     def collect_rollout(self, step: StepContext, batch: PromptBatch, timer: StageTimer) -> Rollout | None:
         """The scored rollout batch to train on, or None to skip the step. DAPO samples dynamically."""
-        if self.async_rollouts:
+        if self.generates_ahead:
             self.rollouts_ahead = self.rollouts_ahead or RolloutsAhead()
             return self.rollouts_ahead.collect(step, batch, timer)
         return generate_and_score(step, batch, timer)
@@ -269,7 +288,7 @@ class RLVRModule(L.LightningModule):
         rollout = self.collect_rollout(step, batch, timer)
         if rollout is None:
             return None
-        step.engine.release_memory()  # vLLM sleep mode (data.sleep_level); the weight sync wakes it
+        step.engine.release_memory()  # vLLM sleep mode (rollout.sleep_level); the weight sync wakes it
         update = self.policy_update
         scored, inputs, prepare_metrics, weights = self.prepare(step, rollout, update.plan, timer)
         with timer("update"):
@@ -280,9 +299,10 @@ class RLVRModule(L.LightningModule):
         with timer("weight_sync"):
             trainer_score = partial(sequence_logprobs, self.policy, chunk_tokens=h.logprob_chunk_tokens)
             self.engine_sync.sync(step.engine, self.policy, self.policy_version + 1, rollout, trainer_score)
+            step.after_engine_sync()
             self.policy_version += 1
         metrics = {**update_metrics, **prepare_metrics, **shaper_metrics(advantage_shapers(self.trainer)),
-                   "policy_lag": float(step.policy_version - rollout.policy_version)}  # fmt: skip
+                   "batches_ahead": float(step.policy_version - rollout.policy_version)}  # fmt: skip
         return StepResult(scored, inputs, token_weights, metrics, timer.finish())
 
     def prepare(

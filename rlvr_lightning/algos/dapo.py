@@ -57,7 +57,7 @@ class DAPO(GRPO):
                 without a single mixed group: the policy has nothing left to learn from this data.
             signed_reward: correctness as +1/−1 (paper) rather than 1/0; with std-scaled advantages the
                 two only differ once the overlong penalty is added.
-            overlong_buffer_len: L_cache, the last tokens before data.max_response_length over which the
+            overlong_buffer_len: L_cache, the last tokens before rollout.max_response_length over which the
                 penalty ramps to −1; default 20% of max_response_length (the paper's 4096 of 20480);
                 0 turns the shaping off.
             overlong_penalty_factor: scale of the overlong penalty.
@@ -72,25 +72,25 @@ class DAPO(GRPO):
 
     def validate_config(self) -> None:
         super().validate_config()
-        dm = self.datamodule.hparams
-        if self.async_rollouts and self.hparams.dynamic_sampling:
+        dm, rollout = self.datamodule.hparams, self.datamodule.rollout
+        if self.generates_ahead and self.hparams.dynamic_sampling:
             raise ConfigError(
-                "data.async_rollouts=1 with model.dynamic_sampling=true is not supported: dynamic sampling "
+                "rollout.batches_ahead=1 with model.dynamic_sampling=true is not supported: dynamic sampling "
                 "decides how many prompts to generate from the rewards of the rounds before"
             )
         if self.hparams.gen_batch_size is not None and self.hparams.gen_batch_size < dm.batch_size:
             raise ConfigError(
                 f"model.gen_batch_size={self.hparams.gen_batch_size} must be ≥ data.batch_size={dm.batch_size}"
             )
-        if self._overlong_buffer_len() > dm.max_response_length:
+        if self._overlong_buffer_len() > rollout.max_response_length:
             raise ConfigError(
                 f"model.overlong_buffer_len={self.hparams.overlong_buffer_len} exceeds "
-                f"data.max_response_length={dm.max_response_length}"
+                f"rollout.max_response_length={rollout.max_response_length}"
             )
 
     def _overlong_buffer_len(self) -> int:
         h = self.hparams
-        L_max = self.datamodule.hparams.max_response_length
+        L_max = self.datamodule.rollout.max_response_length
         return h.overlong_buffer_len if h.overlong_buffer_len is not None else L_max // 5
 
     # ---- 2. dynamic sampling -----------------------------------------------------------------
@@ -111,7 +111,7 @@ class DAPO(GRPO):
         reward = 2 * correct - 1 if h.signed_reward else correct
         buffer = self._overlong_buffer_len()
         if buffer > 0 and h.overlong_penalty_factor:
-            L_max = self.datamodule.hparams.max_response_length
+            L_max = self.datamodule.rollout.max_response_length
             penalty = overlong_penalty(rollout.response_lengths, L_max, buffer)
             reward = reward + h.overlong_penalty_factor * penalty
             return reward, {"overlong_penalty_mean": penalty.mean().item()}

@@ -27,7 +27,7 @@ class GSPO(GRPO):
         policy_loss: PolicyLossName = "gspo",
         clip_eps_low: float = 3e-4,
         clip_eps_high: float = 4e-4,
-        mini_batches: int = 4,
+        num_mini_batches: int = 4,
         kl_coef: float = 0.0,
         **kwargs,
     ) -> None:
@@ -35,9 +35,9 @@ class GSPO(GRPO):
         Args:
             policy_loss: `gspo`, or `gspo-token` (needed when THR/OAR reshape token advantages).
             clip_eps_low / clip_eps_high: clip range of the sequence ratio (paper §5.1).
-            mini_batches: optimizer steps per rollout batch (K); GSPO's ratio is 1 on the first one.
+            num_mini_batches: optimizer steps per rollout batch (K); GSPO's ratio is 1 on the first one.
         """
         super().__init__(
             policy_loss=policy_loss, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high,
-            mini_batches=mini_batches, kl_coef=kl_coef, **kwargs,
+            num_mini_batches=num_mini_batches, kl_coef=kl_coef, **kwargs,
         )  # fmt: skip

@@ -33,7 +33,7 @@ class REAL(RLVRModule):
         policy_loss: PolicyLossName = "real-anchor",
         advantage_estimator: AdvantageEstimatorName = "none",
         two_pass: bool = False,
-        mini_batches: int = 4,
+        num_mini_batches: int = 4,
         kl_coef: float = 0.0,
         **kwargs,
     ) -> None:
@@ -43,12 +43,12 @@ class REAL(RLVRModule):
             policy_loss: `real-anchor` (REAL), `real-bce` (REAL-BCE) or `real-pairwise` (anchor-free ablation).
             advantage_estimator: `none`: REAL's loss reads the correctness labels, not advantages.
             two_pass: allow micro-batches that split a group, with the exact two-pass gradient method.
-            mini_batches: optimizer steps per rollout batch (the authors' recipe: 4).
+            num_mini_batches: optimizer steps per rollout batch (the authors' recipe: 4).
             kl_coef: β of an optional KL penalty to the initial policy (off in the paper).
         """
         if tau <= 0:
             raise ConfigError(f"model.tau must be > 0, got {tau}")
         super().__init__(
             policy_loss=policy_loss, advantage_estimator=advantage_estimator, two_pass=two_pass,
-            mini_batches=mini_batches, kl_coef=kl_coef, **kwargs,
+            num_mini_batches=num_mini_batches, kl_coef=kl_coef, **kwargs,
         )  # fmt: skip

@@ -11,7 +11,7 @@ sample completions (prompt, completion, parsed answer, gold, reward) as the MLfl
 `samples/<prefix>_step_<N>.json`.
 
 `benchmarks` adds named benchmarks (MATH-500, AIME24, … by path or HF name), each with its own
-sampling settings: `val/<name>/mean_at_<n>`, `val/<name>/pass_at_<k>`, `val/<name>/maj_at_<k>`,
+sampling settings: `val/<name>/accuracy`, `val/<name>/pass_at_<k>`, `val/<name>/maj_at_<k>`,
 `val/<name>/accuracy_greedy`, with the settings recorded as MLflow params `val/<name>/temperature`, ….
 Not a Lightning validation loop: evaluation needs the engine and the verifier, not `validation_step`.
 Under several ranks (FSDP) each rank scores its share of every set and the metrics are reduced over ranks.
@@ -41,7 +41,7 @@ class Benchmark:
     """A named held-out benchmark with its own sampling settings; its metrics go to `val/<name>/…`.
 
     Unset sampling fields take the Evaluation's value (`n` = num_samples, `pass_k`, `maj_k`) or the
-    data module's (`temperature`, `top_p`, `max_tokens` = data.max_response_length).
+    `rollout:` section's (`temperature`, `top_p`, `max_tokens` = rollout.max_response_length).
     """
 
     name: str
@@ -73,7 +73,7 @@ class _Task:
     def params(self) -> dict[str, object]:
         s = self.sampling
         return {f"{self.prefix}/{k}": v for k, v in dict(
-            source=self.source, problems=len(self.records), n=s.n, temperature=s.temperature, top_p=s.top_p,
+            source=self.source, problems=len(self.records), n=s.group_size, temperature=s.temperature, top_p=s.top_p,
             top_k=s.top_k, max_tokens=s.max_tokens, seed=s.seed,
         ).items()}  # fmt: skip
 
@@ -143,24 +143,24 @@ class Evaluation(Callback):
         def usable(records: list[ProblemRecord], where: str) -> list[ProblemRecord]:
             return verifier.drop_unparseable_golds(records, where) if verifier is not None else records
 
-        h = dm.hparams
-        temperature = self.temperature if self.temperature is not None else h.temperature
+        h, r = dm.hparams, dm.rollout
+        temperature = self.temperature if self.temperature is not None else r.temperature
         tasks = []
         if dm.val_records:
-            sampling = dm.sampling(n=self.num_samples, temperature=temperature, seed=0)
+            sampling = r.sampling(group_size=self.num_samples, temperature=temperature, seed=0)
             records = usable(dm.val_records, "data.val_data")
             tasks.append(_Task(self.prefix, str(h.val_data), records, sampling, self.pass_k, self.maj_k))
         for b in self.benchmarks:
             n = b.n or self.num_samples
-            sampling = dm.sampling(
-                n=n, temperature=b.temperature if b.temperature is not None else temperature,
-                top_p=b.top_p if b.top_p is not None else h.top_p, max_tokens=b.max_tokens or h.max_response_length, seed=0,
+            sampling = r.sampling(
+                group_size=n, temperature=b.temperature if b.temperature is not None else temperature,
+                top_p=b.top_p if b.top_p is not None else r.top_p, max_tokens=b.max_tokens or r.max_response_length, seed=0,
             )  # fmt: skip
             room = dm.max_model_len() - sampling.max_tokens  # the engine holds prompt + response
             if room < 1:
                 raise ConfigError(
                     f"Evaluation.benchmarks[{b.name}]: max_tokens={sampling.max_tokens} leaves no room for a prompt in "
-                    f"the engine's {dm.max_model_len()} tokens (data.max_prompt_length + data.max_response_length)"
+                    f"the engine's {dm.max_model_len()} tokens (data.max_prompt_length + rollout.max_response_length)"
                 )
             fields = {k: v for k, v in asdict(b).items() if k in ("split", "problem_field", "answer_field", "id_field", "limit")}
             records = usable(dm.load_records(b.source, max_prompt_tokens=room, **fields), f"benchmark {b.name}")
@@ -251,14 +251,17 @@ class Evaluation(Callback):
             rollout = pl_module.generate(batch, sampling)
             c, m = verifier.score(rollout.answers_per_sequence, rollout.texts, rollout.truncated)
             correct.append(c)
-            per_problem = c.view(len(batch), sampling.n)  # completions are grouped per problem
+            per_problem = c.view(len(batch), sampling.group_size)  # completions are grouped per problem
             for metric in pass_metrics.values():
                 metric.update(per_problem)
             answers = [extract_prediction(t) for t in rollout.texts]
             for metric in maj_metrics.values():
-                metric.update([answers[i * sampling.n : (i + 1) * sampling.n] for i in range(len(batch))], per_problem)
+                metric.update(
+                    [answers[i * sampling.group_size : (i + 1) * sampling.group_size] for i in range(len(batch))],
+                    per_problem,
+                )
             for i in range(len(batch)):  # the first sample of each problem
-                n = i * sampling.n
+                n = i * sampling.group_size
                 row = (batch.prompts[i], rollout.texts[n], answers[n], batch.answers[i], float(c[n]))
                 for key, value in zip(samples, row):
                     samples[key].append(value)
@@ -279,7 +282,6 @@ class Evaluation(Callback):
             out[f"maj_at_{k}_se"] = metric.standard_error().item()
         return out | {
             "accuracy": correct_sum / count,
-            f"mean_at_{sampling.n}": correct_sum / count,  # the papers' name for the same average
             "response_length_mean": length_sum / count,
             "no_answer_frac": no_answer / count,
             "num_problems": n_problems,

@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 def rollout_batches_total(trainer, module) -> int | float:
     """Rollout batches the run will train: max_steps / (optimizer steps per rollout batch), else
     max_epochs passes over the prompts; inf when neither bounds the run."""
-    per_batch = module.hparams.mini_batches * module.hparams.ppo_epochs
+    per_batch = module.hparams.num_mini_batches * module.hparams.ppo_epochs
     if trainer.max_steps and trainer.max_steps > 0:
         return math.ceil(trainer.max_steps / per_batch)
     if trainer.max_epochs and trainer.max_epochs > 0 and trainer.num_training_batches != math.inf:

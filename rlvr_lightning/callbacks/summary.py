@@ -81,7 +81,7 @@ def run_tags(trainer: L.Trainer, module) -> dict[str, str]:
     config = module.policy.config
     params = sum(p.numel() for p in module.policy.parameters())
     tags = {"model_family": str(getattr(config, "model_type", "?")), "params": f"{params / 1e6:.1f}M",
-            "engine": str(trainer.datamodule.hparams.engine), "devices": str(trainer.world_size)}  # fmt: skip
+            "engine": str(trainer.datamodule.rollout.engine), "devices": str(trainer.world_size)}  # fmt: skip
     commit = git_commit()
     return tags | ({"git_commit": commit} if commit else {})
 

@@ -1,4 +1,4 @@
-"""RolloutDataModule: prompt batches for RL, the held-out problems, the tokenizer and the rollout engine.
+"""RolloutDataModule: prompt batches for RL, the held-out problems and the tokenizer.
 
 The dataloader yields *prompts* only. Completions are generated inside the training step
 (`rlvr_lightning.training.generation`): Lightning fetches the next batch before the current step runs, so generating in a
@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import logging
 import warnings
-from functools import partial
-from typing import Literal
 
 import lightning as L
 import torch
@@ -18,11 +16,11 @@ from torch.utils.data import DataLoader
 
 from rlvr_lightning.data.batches import ResumableBatches
 from rlvr_lightning.data.sources import ProblemRecord, embedded_records, load_problems
-from rlvr_lightning.errors import ConfigError, check_choice
+from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.models.policy import load_tokenizer
 from rlvr_lightning.models.warm_start import EMBEDDED, resolve_policy_path
-from rlvr_lightning.rollout.engine import RolloutEngine
-from rlvr_lightning.rollout.types import PromptBatch, SamplingConfig
+from rlvr_lightning.rollout.settings import RolloutSettings
+from rlvr_lightning.rollout.types import PromptBatch
 
 log = logging.getLogger(__name__)
 
@@ -41,27 +39,10 @@ class RolloutDataModule(L.LightningDataModule):
         prompt_template: str = "{problem}",
         use_chat_template: bool = False,
         batch_size: int = 16,
-        group_size: int = 8,
         max_prompt_length: int = 64,
-        max_response_length: int = 32,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = -1,
         val_size: int | None = 200,
-        engine: Literal["vllm", "vllm-server", "hf"] = "vllm",
-        dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32",
-        kv_cache_gib: float = 1.0,
-        gpu_memory_utilization: float = 0.3,
-        enforce_eager: bool = True,
-        sleep_level: Literal[0, 1, 2] = 0,
         seed: int = 0,
-        server_replicas: int = 1,
-        server_urls: list[str] | None = None,
-        server_cuda_devices: list[str] | None = None,
-        server_start_timeout_s: float = 600.0,
-        server_args: list[str] | None = None,
-        weight_transfer: Literal["auto", "snapshot", "nccl"] = "auto",
-        async_rollouts: Literal[0, 1] = 0,
+        rollout: RolloutSettings = None,  # not `| None`: jsonargparse links only into a plain class type
     ) -> None:
         """
         Args:
@@ -74,56 +55,19 @@ class RolloutDataModule(L.LightningDataModule):
             problem_field / answer_field / id_field: column names; auto-detected when null.
             prompt_template: Python format string applied to each problem (`{problem}`).
             use_chat_template: wrap the templated prompt in the tokenizer's chat template.
-            batch_size: prompts per rollout batch (B). Each prompt gets `group_size` completions (G).
+            batch_size: prompts per rollout batch (B); each gets `rollout.group_size` completions.
             max_prompt_length: prompts longer than this (in tokens) are dropped, with a count.
-            max_response_length: generation limit; completions that hit it count as truncated.
-            engine: `vllm` (default: an in-process engine on the trainer's device), `vllm-server` (`vllm serve`
-                replicas, launched on loopback or attached to `server_urls`) or `hf` (the transformers
-                `generate` fallback).
-            dtype: the vLLM engine's weights and compute (`auto`: the checkpoint's).
-            kv_cache_gib: vLLM KV cache on CPU, in GiB (`VLLM_CPU_KVCACHE_SPACE`).
-            gpu_memory_utilization: vLLM's share of GPU memory when colocated with training.
-            sleep_level: vLLM sleep mode during the policy update (CUDA only; ignored with a warning on
-                CPU): 0 off, 1 weights copied to host memory and KV cache freed, 2 both freed (the
-                weight sync reloads them). The engine wakes itself for the sync and for generation.
-            server_replicas: `vllm serve` processes the trainer launches (engine `vllm-server`); prompts are
-                spread over them. On CPU each gets its own share of the cores.
-            server_urls: attach to servers already running at these URLs (started with
-                `VLLM_SERVER_DEV_MODE=1` and the flags in docs/servers.md) instead of launching any.
-            server_cuda_devices: CUDA_VISIBLE_DEVICES of each launched replica (e.g. ["2", "3"]), so rollouts
-                run on GPUs the trainer does not use; with several trainer ranks per machine, one entry per
-                replica of every rank, rank after rank (2 ranks × 1 replica: ["2", "3"]).
-            server_start_timeout_s: how long a launched server may take to become healthy.
-            server_args: extra `vllm serve` flags for every launched replica.
-            weight_transfer: `snapshot` (safetensors in shared memory, loaded with vLLM's `reload_weights`;
-                servers on this machine), `nccl` (vLLM's NCCL weight transfer; GPU, untested here) or
-                `auto` (nccl on CUDA, else snapshot).
-            async_rollouts: 1 generates rollout batch k+1 while the trainer updates on batch k (one step
-                off policy, engine `vllm-server`); 0 alternates generation and update.
+            val_size: held-out problems used (the first ones; null: all).
+            seed: the prompt order's seed, and the seed every sampling seed of the run derives from.
+            rollout: the `rollout:` section (sampling and engine settings); LightningCLI passes it in.
         """
         super().__init__()
-        self.save_hyperparameters()
-        check_choice("data.engine", engine, ("vllm", "vllm-server", "hf"))
-        check_choice("data.weight_transfer", weight_transfer, ("auto", "snapshot", "nccl"))
-        check_choice("data.async_rollouts", async_rollouts, (0, 1))
-        if async_rollouts and engine != "vllm-server":
-            raise ConfigError(
-                f"data.async_rollouts=1 needs data.engine=vllm-server (got {engine}): the rollouts of the next "
-                "batch run on the servers while this process updates the policy"
-            )
-        if engine == "vllm-server" and not server_urls and server_replicas < 1:
-            raise ConfigError(f"data.server_replicas must be ≥ 1, got {server_replicas}")
-        check_choice("data.dtype", dtype, ("float32", "bfloat16", "float16", "auto"))
-        check_choice("data.sleep_level", sleep_level, (0, 1, 2))
-        if group_size < 2:
-            raise ConfigError(f"data.group_size must be ≥ 2 (group-relative advantages), got {group_size}")
-        if temperature <= 0:
-            raise ConfigError(f"data.temperature must be > 0 for RL sampling, got {temperature}")
+        self.save_hyperparameters(ignore=["rollout"])
+        self.rollout = rollout if rollout is not None else RolloutSettings()
         self.tokenizer = None
         self.policy_path: str | None = None
         self.train_records: list[ProblemRecord] = []
         self.val_records: list[ProblemRecord] = []
-        self._engine: RolloutEngine | None = None
         self.train_batches: ResumableBatches | None = None  # the stream behind train_dataloader
         # Position in the stream of extra prompts (DAPO's dynamic sampling); part of the state dict.
         self._extra_epoch = 0
@@ -154,10 +98,11 @@ class RolloutDataModule(L.LightningDataModule):
 
         limit = getattr(AutoConfig.from_pretrained(self.policy_path), "max_position_embeddings", None)
         h = self.hparams
-        if limit is not None and h.max_prompt_length + h.max_response_length > limit:
+        if limit is not None and self.max_model_len() > limit:
             raise ConfigError(
-                f"data.max_prompt_length={h.max_prompt_length} + data.max_response_length={h.max_response_length} "
-                f"exceeds the {limit} positions of {h.model_name_or_path}; lower one of them"
+                f"data.max_prompt_length={h.max_prompt_length} + rollout.max_response_length="
+                f"{self.rollout.max_response_length} exceeds the {limit} positions of {h.model_name_or_path}; "
+                "lower one of them"
             )
 
     def _load(self, source: str, split: str, train: bool) -> list[ProblemRecord]:
@@ -261,75 +206,4 @@ class RolloutDataModule(L.LightningDataModule):
 
     def max_model_len(self) -> int:
         """Prompt + response tokens the engine is built for."""
-        return self.hparams.max_prompt_length + self.hparams.max_response_length
-
-    # ---- sampling and the engine -------------------------------------------------------------
-    def sampling(self, **overrides) -> SamplingConfig:
-        h = self.hparams
-        base = dict(
-            n=h.group_size, temperature=h.temperature, top_p=h.top_p, top_k=h.top_k, max_tokens=h.max_response_length
-        )
-        return SamplingConfig(**{**base, **overrides})
-
-    def engine(self, policy: torch.nn.Module) -> RolloutEngine:
-        """The rollout engine, built on first use (the HF fallback samples with `policy` itself)."""
-        if self._engine is None:
-            self._engine = self._build_engine(policy)
-        return self._engine
-
-    def _build_engine(self, policy: torch.nn.Module) -> RolloutEngine:
-        h = self.hparams
-        if h.engine == "hf":
-            from rlvr_lightning.models.forward import sequence_logprobs
-            from rlvr_lightning.rollout.hf_engine import HFGenerateEngine
-
-            if h.sleep_level:
-                log.warning("data.sleep_level=%d is ignored: data.engine=hf has no memory of its own", h.sleep_level)
-            scorer = partial(sequence_logprobs, policy)
-            return HFGenerateEngine(policy, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, scorer)
-        # Each rank gets its own engine and its own seed, so ranks do not sample identical completions.
-        rank = self.trainer.global_rank if self.trainer is not None else 0
-        if h.engine == "vllm-server":
-            return self._build_server_engine(rank)
-        from rlvr_lightning.rollout.vllm_engine import VLLMEngine
-
-        return VLLMEngine(
-            self.policy_path,
-            max_model_len=self.max_model_len(),
-            dtype=h.dtype,
-            seed=h.seed + rank,
-            kv_cache_gib=h.kv_cache_gib,
-            gpu_memory_utilization=h.gpu_memory_utilization,
-            enforce_eager=h.enforce_eager,
-            sleep_level=h.sleep_level,
-        )
-
-    def _build_server_engine(self, rank: int) -> RolloutEngine:
-        from rlvr_lightning.rollout.server_process import ServerSpec
-        from rlvr_lightning.rollout.vllm_server import VLLMServerEngine
-
-        h = self.hparams
-        spec = ServerSpec(
-            self.policy_path, max_model_len=self.max_model_len(), dtype=h.dtype, seed=h.seed + rank,
-            kv_cache_gib=h.kv_cache_gib, gpu_memory_utilization=h.gpu_memory_utilization,
-            enforce_eager=h.enforce_eager, extra_args=list(h.server_args or []),
-            start_timeout_s=h.server_start_timeout_s,
-        )  # fmt: skip
-        world = self.trainer.world_size if self.trainer is not None else 1
-        # Launched servers belong to their rank; attached ones are shared, and rank 0 alone writes the weights.
-        role = "only" if world == 1 or not h.server_urls else ("leader" if rank == 0 else "follower")
-        return VLLMServerEngine(
-            spec, replicas=h.server_replicas, urls=h.server_urls, transport=h.weight_transfer,
-            cuda_devices=h.server_cuda_devices, sync_role=role, node_slot=self._node_slot(),
-        )  # fmt: skip
-
-    def _node_slot(self) -> tuple[int, int]:
-        """(this rank's index on its machine, the trainer ranks per machine)."""
-        if self.trainer is None:
-            return 0, 1
-        return self.trainer.local_rank, self.trainer.num_devices
-
-    def teardown(self, stage: str) -> None:
-        if self._engine is not None:
-            self._engine.close()
-            self._engine = None
+        return self.hparams.max_prompt_length + self.rollout.max_response_length

@@ -19,7 +19,7 @@ class WeightSyncError(RuntimeError):
 
 class RolloutEngine(Protocol):
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[list[Completion]]:
-        """`sampling.n` completions for every prompt, grouped per prompt, in prompt order."""
+        """`sampling.group_size` completions for every prompt, grouped per prompt, in prompt order."""
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         """Replace the engine's weights with the trainer's (HF checkpoint names): all of them, since an

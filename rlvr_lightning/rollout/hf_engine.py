@@ -1,4 +1,4 @@
-"""HF `generate` rollout engine: the explicit fallback (`--data.engine hf`).
+"""HF `generate` rollout engine: the explicit fallback (`--rollout.engine hf`).
 
 It samples with the trainer's own module, so a weight sync has nothing to copy; it is several times
 slower than vLLM (see bench/) and exists for models or platforms vLLM does not support.
@@ -51,7 +51,7 @@ class HFGenerateEngine:
                 input_ids=ids.to(device),
                 attention_mask=attn.to(device),
                 max_new_tokens=sampling.max_tokens,
-                num_return_sequences=sampling.n,
+                num_return_sequences=sampling.group_size,
                 pad_token_id=self.pad_id,
                 eos_token_id=self.eos_id,
                 output_scores=True,  # the processed (temperature-scaled, filtered) logits
@@ -65,7 +65,7 @@ class HFGenerateEngine:
         logprobs = torch.stack(out.scores, 1).float().log_softmax(-1).cpu()
         token_lp = logprobs.gather(-1, new_tokens[..., None]).squeeze(-1)
         completions = [self._cut_at_eos(new_tokens[k], token_lp[k]) for k in range(len(new_tokens))]
-        return [completions[i * sampling.n : (i + 1) * sampling.n] for i in range(len(prompt_ids))]
+        return [completions[i * sampling.group_size : (i + 1) * sampling.group_size] for i in range(len(prompt_ids))]
 
     def _cut_at_eos(self, tokens: torch.Tensor, lp: torch.Tensor) -> Completion:
         hits = (tokens == self.eos_id).nonzero()

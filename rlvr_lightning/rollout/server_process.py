@@ -29,6 +29,10 @@ class RolloutServerError(RuntimeError):
     """A rollout server did not start, died, or refused a request; the message says which and why."""
 
 
+class RolloutServerLost(RolloutServerError):
+    """A server that had been serving this run failed for good, mid-run (the run can resume later)."""
+
+
 def log_tail(path: Path, lines: int = 40) -> str:
     try:
         text = path.read_text(errors="replace").splitlines()
@@ -127,13 +131,13 @@ def placement(
     if cuda_devices is not None:
         if len(cuda_devices) != total:
             raise RolloutServerError(
-                f"data.server_cuda_devices has {len(cuda_devices)} entries; {slots} trainer rank(s) on this "
+                f"rollout.server_cuda_devices has {len(cuda_devices)} entries; {slots} trainer rank(s) on this "
                 f"machine × {replicas} replicas each need {total}, one per replica, rank after rank"
             )
         return [(None, cuda_devices[i]) for i in mine]
     if torch.cuda.is_available() if cuda_available is None else cuda_available:
-        log.warning("data.server_cuda_devices is not set: the rollout servers share the trainer's GPU (lower "
-                    "data.gpu_memory_utilization, or give them GPUs of their own)")  # fmt: skip
+        log.warning("rollout.server_cuda_devices is not set: the rollout servers share the trainer's GPU (lower "
+                    "rollout.gpu_memory_utilization, or give them GPUs of their own)")  # fmt: skip
         return [(None, None)] * replicas
     cores = available_cores() if cores is None else cores
     if len(cores) < total:
@@ -198,7 +202,7 @@ class ServerProcess:
         self.stop()
         raise RolloutServerError(
             f"vLLM server {self.index} ({self.url}) was not healthy after {self.spec.start_timeout_s:.0f} s "
-            f"(data.server_start_timeout_s); last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+            f"(rollout.server_start_timeout_s); last lines of {self.log_path}:\n{log_tail(self.log_path)}"
         )
 
     def alive(self) -> bool:

@@ -31,7 +31,7 @@ class PromptBatch:
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    n: int = 8
+    group_size: int = 8  # completions per prompt (vLLM's `n`)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # -1 = off

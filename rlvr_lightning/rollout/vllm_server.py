@@ -1,4 +1,4 @@
-"""`vllm serve` replicas as the rollout engine (`data.engine: vllm-server`).
+"""`vllm serve` replicas as the rollout engine (`rollout.engine: vllm-server`).
 
 The trainer starts N `vllm serve` processes on loopback (or attaches to servers at given URLs, e.g. on
 other nodes) and talks to them over vLLM's HTTP API:
@@ -9,7 +9,7 @@ other nodes) and talks to them over vLLM's HTTP API:
   `/reset_prefix_cache` → `/resume`, all vLLM's own RL routes (they need `VLLM_SERVER_DEV_MODE=1`).
 
 Why not the in-process `LLM`: rollouts can run on their own devices or nodes and overlap with the
-update (`data.async_rollouts`). Launched servers (`server_process.py`) are stopped on close and at
+update (`rollout.batches_ahead`). Launched servers (`server_process.py`) are stopped on close and at
 interpreter exit; a replica found dead during a rollout is restarted from the current weights and its
 prompts retried once.
 """
@@ -28,7 +28,13 @@ from pathlib import Path
 import torch
 
 from rlvr_lightning.rollout.engine import WeightSyncError
-from rlvr_lightning.rollout.server_process import RolloutServerError, ServerProcess, ServerSpec, placement
+from rlvr_lightning.rollout.server_process import (
+    RolloutServerError,
+    RolloutServerLost,
+    ServerProcess,
+    ServerSpec,
+    placement,
+)
 from rlvr_lightning.rollout.types import Completion, SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -110,9 +116,9 @@ class VLLMServerEngine:
         try:
             ok = self.session.get(f"{url}/health", timeout=10).status_code == 200
         except OSError as e:
-            raise RolloutServerError(f"cannot reach the vLLM server at {url} (data.server_urls): {e}") from e
+            raise RolloutServerError(f"cannot reach the vLLM server at {url} (rollout.server_urls): {e}") from e
         if not ok:
-            raise RolloutServerError(f"the vLLM server at {url} (data.server_urls) is not healthy")
+            raise RolloutServerError(f"the vLLM server at {url} (rollout.server_urls) is not healthy")
 
     # ---- HTTP ---------------------------------------------------------------------------------
     def post(self, url: str, route: str, timeout: float | None = None, **kwargs) -> dict:
@@ -130,12 +136,12 @@ class VLLMServerEngine:
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[list[Completion]]:
         def request(i: int) -> list[Completion]:
             params = {
-                "n": sampling.n, "temperature": sampling.temperature, "top_p": sampling.top_p,
+                "n": sampling.group_size, "temperature": sampling.temperature, "top_p": sampling.top_p,
                 "top_k": sampling.top_k if sampling.top_k > 0 else -1, "max_tokens": sampling.max_tokens,
                 "logprobs": 0, "detokenize": False,
             }  # fmt: skip
             if sampling.seed is not None:  # one stream per prompt (vLLM gives the n children seed + j)
-                params["seed"] = (sampling.seed * 1_000_003 + i * sampling.n) % (2**31)
+                params["seed"] = (sampling.seed * 1_000_003 + i * sampling.group_size) % (2**31)
             body = {"token_ids": list(prompt_ids[i]), "sampling_params": params}
             return self._generate_one(i % len(self.replicas), body)
 
@@ -150,10 +156,9 @@ class VLLMServerEngine:
             try:
                 out = self.post(self.replicas[replica].url, "/inference/v1/generate", json=body)
             except RolloutServerError as e:
-                raise RolloutServerError(
-                    f"rollout server {self.replicas[replica].url} failed twice ({e}). The run stops here; "
-                    "`make train RESUME=checkpoints/<run id>/last.ckpt` continues it from its last checkpoint, "
-                    "in the same MLflow run"
+                raise RolloutServerLost(
+                    f"rollout server {self.replicas[replica].url} failed twice ({e}); check that server (its log, "
+                    "or the URLs in rollout.server_urls)"
                 ) from e
         completions = []
         for choice in out["choices"]:
@@ -208,11 +213,11 @@ class VLLMServerEngine:
             finally:
                 for r in self.replicas:
                     self.post(r.url, "/resume")
-        if self.sync_role != "only" and torch.distributed.is_initialized():
-            # No rank samples (or probes) the shared servers before the leader's sync is done. Under FSDP
-            # the gather above already orders the ranks (the leader pauses the servers before it, and a
-            # paused server holds new requests until it resumes); this keeps it so where no gather is needed.
-            torch.distributed.barrier()
+
+    @property
+    def shared_by_ranks(self) -> bool:
+        """Several trainer ranks use these servers; rank 0 alone writes their weights."""
+        return self.sync_role != "only"
 
     def weight_versions(self) -> list[str]:
         return [self.session.get(f"{r.url}/weight_info", timeout=30).json()["weight_version"] for r in self.replicas]

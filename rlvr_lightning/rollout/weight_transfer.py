@@ -1,4 +1,4 @@
-"""How the trainer's weights reach `vllm serve` replicas (`data.weight_transfer`).
+"""How the trainer's weights reach `vllm serve` replicas (`rollout.weight_transfer`).
 
 - `snapshot` (CPU, and any machine sharing a filesystem with the servers): the weights written as
   safetensors shards to a fresh directory in shared memory (`/dev/shm`), then loaded by every replica
@@ -145,7 +145,7 @@ def resolve(kind: str) -> str:
     if kind == "auto":
         return "nccl" if torch.cuda.is_available() else "snapshot"
     if kind not in ("snapshot", "nccl"):
-        raise ValueError(f"data.weight_transfer={kind!r}; valid: auto, snapshot, nccl")
+        raise ValueError(f"rollout.weight_transfer={kind!r}; valid: auto, snapshot, nccl")
     return kind
 
 

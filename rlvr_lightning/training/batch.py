@@ -34,7 +34,7 @@ class LossBatch:
 class BehaviourLogprobs(Protocol):
     """Where a micro-batch's θ_old log-probs come from (see `training.behaviour`)."""
 
-    source: str  # "trainer", "engine" or "update"
+    source: str  # "trainer", "rollout" or "update"
     reads_lm_head: bool  # the update's forwards must capture the LM-head inputs (shapers read them there)
 
     def loss_batch(self, inputs: UpdateInputs, rows: torch.Tensor, forward: PolicyForward) -> LossBatch: ...

@@ -2,7 +2,7 @@
 
 - `trainer`: a separate no-grad forward of the trainer before the update (`separate_pass`), the default
   when a rollout batch gets several optimizer steps (θ_old must stay fixed while θ moves).
-- `engine`: the rollout engine's own log-probs (`model.behaviour_logprobs=rollout`), no extra forward.
+- `rollout`: the rollout engine's own log-probs (`model.behaviour_logprobs=rollout`), no extra forward.
 - `update`: with exactly one optimizer step per rollout batch the update runs at θ_old, so each
   micro-batch's forward gives θ_old's log-probs (detached) for free (`FromUpdateForward`); the ratio is
   exactly 1 and its gradient that of log π_θ. THR's LM-head inputs are then read there too.
@@ -21,20 +21,24 @@ from rlvr_lightning.rollout.types import RolloutTensors
 from rlvr_lightning.training.batch import LossBatch, UpdateInputs, select_loss_batch
 from rlvr_lightning.training.shaping import HiddenScorer
 
-BehaviourSource = Literal["trainer", "engine", "update"]
+BehaviourSource = Literal["trainer", "rollout", "update"]
 
 
 def behaviour_source(
-    behaviour_logprobs: str, optimizer_steps_per_batch: int, corrected: bool, two_pass: bool, lagged: bool = False
+    behaviour_logprobs: str,
+    optimizer_steps_per_batch: int,
+    corrected: bool,
+    two_pass: bool,
+    generated_ahead: bool = False,
 ) -> BehaviourSource:
     """`update` wherever it is exact: one optimizer step per rollout batch, no rollout correction (its
     weights are needed before the update) and no two-pass loss (it scores every sequence before any
-    forward with grad). `lagged` (asynchronous rollouts, sampled by the previous policy version): the
-    trainer's weights are not the behaviour policy, so θ_old is the engine's log-probs, unless a rollout
-    correction (`corrected`) weighs the trainer's θ_old against them."""
-    if behaviour_logprobs == "rollout" or (lagged and not corrected):
-        return "engine"
-    if lagged:
+    forward with grad). `generated_ahead` (`rollout.batches_ahead`: sampled by the previous policy
+    version): the trainer's weights are not the behaviour policy, so θ_old is the engine's log-probs,
+    unless a rollout correction (`corrected`) weighs the trainer's θ_old against them."""
+    if behaviour_logprobs == "rollout" or (generated_ahead and not corrected):
+        return "rollout"
+    if generated_ahead:
         return "trainer"
     if optimizer_steps_per_batch == 1 and not corrected and not two_pass:
         return "update"

@@ -1,5 +1,5 @@
 """Configuration checks of an algorithm's settings, run before anything expensive starts: which
-pieces combine (at construction), and what needs the data settings and callbacks too (at fit start).
+pieces combine (at construction), and what needs the data and rollout settings and callbacks too (at fit start).
 Each failure is a `ConfigError` that names the options and what would work."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ def check_values(h: Mapping[str, Any]) -> None:
     for flag, choices in (("lr_schedule", ("constant", "cosine")), ("behaviour_logprobs", ("trainer", "rollout")),
                           ("fsdp_param_dtype", ("float32", "bfloat16"))):  # fmt: skip
         check_choice(f"model.{flag}", h[flag], choices)
-    if h["mini_batches"] < 1 or h["ppo_epochs"] < 1 or h["micro_batch_size"] < 1:
-        raise ConfigError("model.mini_batches, model.ppo_epochs and model.micro_batch_size must be ≥ 1")
+    if h["num_mini_batches"] < 1 or h["ppo_epochs"] < 1 or h["micro_batch_size"] < 1:
+        raise ConfigError("model.num_mini_batches, model.ppo_epochs and model.micro_batch_size must be ≥ 1")
     if h["max_tokens_per_micro_batch"] is not None and h["max_tokens_per_micro_batch"] < 1:
         raise ConfigError(f"model.max_tokens_per_micro_batch must be ≥ 1 (or null), got {h['max_tokens_per_micro_batch']}")
     if h["logprob_chunk_tokens"] < 0:
@@ -49,21 +49,22 @@ def check_pieces(h: Mapping[str, Any], objective: Objective, corrects_rollouts: 
 
 
 def check_run(
-    h: Mapping[str, Any], data: Any, objective: Objective, plan: UpdatePlan, shapers: list[str],
-    corrects_rollouts: bool, async_rollouts: bool,
+    h: Mapping[str, Any], batch_size: int, rollout: Any, objective: Objective, plan: UpdatePlan, shapers: list[str],
+    corrects_rollouts: bool, generates_ahead: bool,
 ) -> None:  # fmt: skip
-    """`data`: the data module's hyper-parameters; `shapers`: the names of the advantage shapers."""
-    if data.batch_size % h["mini_batches"]:
+    """`batch_size`: prompts per rollout batch; `rollout`: the `rollout:` section (`RolloutSettings`);
+    `shapers`: the names of the advantage shapers."""
+    if batch_size % h["num_mini_batches"]:
         raise ConfigError(
-            f"data.batch_size={data.batch_size} prompts must divide into model.mini_batches="
-            f"{h['mini_batches']} mini-batches of whole groups"
+            f"data.batch_size={batch_size} prompts must divide into model.num_mini_batches="
+            f"{h['num_mini_batches']} mini-batches of whole groups"
         )
-    check_behaviour_logprobs(h, data, corrects_rollouts, async_rollouts)
-    G = data.group_size
+    check_behaviour_logprobs(h, rollout, corrects_rollouts, generates_ahead)
+    G = rollout.group_size
     if objective.needs_whole_groups and not plan.keeps_groups_whole(G):
         raise ConfigError(
             f"model.policy_loss={h['policy_loss']} couples the {G} rollouts of a group, but model.micro_batch_size="
-            f"{h['micro_batch_size']} would split groups: use a multiple of data.group_size={G}, or model.two_pass=true"
+            f"{h['micro_batch_size']} would split groups: use a multiple of rollout.group_size={G}, or model.two_pass=true"
         )
     if shapers and not objective.policy_loss["token_advantages"]:
         raise ConfigError(
@@ -72,15 +73,16 @@ def check_run(
         )
 
 
-def check_behaviour_logprobs(h: Mapping[str, Any], data: Any, corrects_rollouts: bool, async_rollouts: bool) -> None:
-    filtered = data.top_p < 1 or data.top_k > 0
-    uses_engine = corrects_rollouts or h["behaviour_logprobs"] == "rollout" or async_rollouts
-    if filtered and uses_engine and not h["allow_filtered_rollout_logprobs"]:
+def check_behaviour_logprobs(
+    h: Mapping[str, Any], rollout: Any, corrects_rollouts: bool, generates_ahead: bool
+) -> None:
+    uses_engine = corrects_rollouts or h["behaviour_logprobs"] == "rollout" or generates_ahead
+    if rollout.samples_truncated_distribution and uses_engine and not h["allow_filtered_rollout_logprobs"]:
         what = (f"model.rollout_correction={h['rollout_correction']}" if corrects_rollouts else
-                "model.behaviour_logprobs=rollout" if h["behaviour_logprobs"] == "rollout" else "data.async_rollouts=1")  # fmt: skip
+                "model.behaviour_logprobs=rollout" if h["behaviour_logprobs"] == "rollout" else "rollout.batches_ahead=1")  # fmt: skip
         raise ConfigError(
-            f"{what} uses the rollout engine's log-probs as the behaviour policy, but data.top_p={data.top_p} / "
-            f"data.top_k={data.top_k} sample from a truncated distribution whose log-probs are not the "
+            f"{what} uses the rollout engine's log-probs as the behaviour policy, but rollout.top_p={rollout.top_p} / "
+            f"rollout.top_k={rollout.top_k} sample from a truncated distribution whose log-probs are not the "
             "policy's. Sample with top_p=1 and top_k=-1, or set model.allow_filtered_rollout_logprobs=true "
             "to accept the bias."
         )

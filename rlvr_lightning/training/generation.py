@@ -11,7 +11,7 @@ from rlvr_lightning.training.step_metrics import StageTimer
 
 def generate(step: StepContext, batch: PromptBatch, sampling: SamplingConfig | None = None) -> Rollout:
     """Sample completions for a prompt batch (the training sampling settings unless given)."""
-    sampling = sampling or step.data.sampling(seed=sampling_seed(step))
+    sampling = sampling or step.sampling(seed=sampling_seed(step))
     prompt_ids = encode_prompts(step, batch)
     return to_rollout(step, batch, prompt_ids, sampling, step.engine.generate(prompt_ids, sampling), step.policy_version)
 
@@ -26,7 +26,7 @@ def to_rollout(step: StepContext, batch: PromptBatch, prompt_ids: list[list[int]
     completions = [c for group in groups for c in group]
     texts = step.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
     return Rollout(
-        batch=batch, group_size=sampling.n, prompt_ids=prompt_ids, completions=completions,
+        batch=batch, group_size=sampling.group_size, prompt_ids=prompt_ids, completions=completions,
         sampling=sampling, policy_version=policy_version, texts=texts,
     )  # fmt: skip
 
@@ -51,5 +51,5 @@ def score_rollout(step: StepContext, rollout: Rollout, timer: StageTimer) -> Rol
 def generate_and_score(step: StepContext, batch: PromptBatch, timer: StageTimer, round_index: int = 0) -> Rollout:
     """Sample G completions per prompt and run the rollout callbacks that score them."""
     with timer("rollout"):
-        rollout = generate(step, batch, step.data.sampling(seed=sampling_seed(step, round_index)))
+        rollout = generate(step, batch, step.sampling(seed=sampling_seed(step, round_index)))
     return score_rollout(step, rollout, timer)

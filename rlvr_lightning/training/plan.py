@@ -15,19 +15,19 @@ from rlvr_lightning.training.micro_batches import keeps_groups_whole, split_rows
 
 @dataclass(frozen=True)
 class UpdatePlan:
-    mini_batches: int  # K optimizer steps per pass; the prompts are split into K mini-batches
+    num_mini_batches: int  # K optimizer steps per pass; the prompts are split into K mini-batches
     ppo_epochs: int  # passes over the rollout batch
     micro_batch_size: int
     max_tokens_per_micro_batch: int | None
     logprob_chunk_tokens: int
     max_grad_norm: float
-    norm_const: float  # C of seq-mean-token-sum-norm: data.max_response_length
+    norm_const: float  # C of seq-mean-token-sum-norm: rollout.max_response_length
 
     @staticmethod
     def of(h: Mapping[str, Any], norm_const: float) -> UpdatePlan:
         """The plan an algorithm's hyper-parameters give."""
         return UpdatePlan(
-            h["mini_batches"], h["ppo_epochs"], h["micro_batch_size"], h["max_tokens_per_micro_batch"],
+            h["num_mini_batches"], h["ppo_epochs"], h["micro_batch_size"], h["max_tokens_per_micro_batch"],
             h["logprob_chunk_tokens"], h["max_grad_norm"], norm_const,
         )  # fmt: skip
 

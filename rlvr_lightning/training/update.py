@@ -1,4 +1,4 @@
-"""The policy update of one rollout batch: `ppo_epochs` passes of `mini_batches` optimizer steps, each
+"""The policy update of one rollout batch: `ppo_epochs` passes of `num_mini_batches` optimizer steps, each
 accumulating the gradient of its loss over micro-batches, then clipping and stepping.
 
 Every micro-batch loss is divided by the optimizer step's global counts (`StepNorms`), so the
@@ -62,7 +62,7 @@ class PolicyUpdate:
         self.updates_since_rollout = 0
         for _epoch in range(plan.ppo_epochs):
             # Mini-batches hold whole groups: prompt-level split, sequences stay group-contiguous.
-            for prompt_idx in torch.arange(num_prompts).chunk(plan.mini_batches):
+            for prompt_idx in torch.arange(num_prompts).chunk(plan.num_mini_batches):
                 rows = (prompt_idx[:, None] * G + torch.arange(G)).flatten().to(step.device)
                 opt.optimizer.zero_grad(set_to_none=True)
                 acc.add("loss", self.accumulate_gradients(step, inputs, rows, opt.backward, acc))

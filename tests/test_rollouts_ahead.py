@@ -12,8 +12,8 @@ from rlvr_lightning.callbacks.progress import rollout_batches_total
 from rlvr_lightning.callbacks.rollout import RolloutCallback
 from rlvr_lightning.context import Collectives, StepContext
 from rlvr_lightning.rollout.types import Completion, PromptBatch, SamplingConfig
-from rlvr_lightning.training.async_rollouts import RolloutsAhead
 from rlvr_lightning.training.generation import sampling_seed
+from rlvr_lightning.training.rollouts_ahead import RolloutsAhead
 from rlvr_lightning.training.step_metrics import StageTimer
 
 
@@ -31,7 +31,7 @@ class RecordingEngine:
     def generate(self, prompt_ids, sampling):
         with self.lock:
             self.calls.append((prompt_ids, sampling))
-        return [[Completion(token_ids=[1], logprobs=[-0.5], finish_reason="stop")] * sampling.n for _ in prompt_ids]
+        return [[Completion(token_ids=[1], logprobs=[-0.5], finish_reason="stop")] * sampling.group_size for _ in prompt_ids]
 
 
 class AllCorrect(RolloutCallback):
@@ -48,22 +48,25 @@ class Tokenizer:
         return ["x"] * len(ids)
 
 
-def context(max_steps: int, mini_batches: int, engine: RecordingEngine, k: int = 0) -> StepContext:
+def context(max_steps: int, num_mini_batches: int, engine: RecordingEngine, k: int = 0) -> StepContext:
     """Step k's context; the run's length from max_steps as the module computes it."""
-    data = SimpleNamespace(train_batch_at=batch_at, sampling=lambda seed: SamplingConfig(n=2, max_tokens=4, seed=seed))
+    data = SimpleNamespace(train_batch_at=batch_at)
     trainer = SimpleNamespace(max_steps=max_steps, max_epochs=None)
-    total = rollout_batches_total(trainer, SimpleNamespace(hparams=SimpleNamespace(mini_batches=mini_batches, ppo_epochs=1)))
+    total = rollout_batches_total(
+        trainer, SimpleNamespace(hparams=SimpleNamespace(num_mini_batches=num_mini_batches, ppo_epochs=1))
+    )
     return StepContext(
-        policy=None, ref_policy=None, rollout_engine=lambda: engine, tokenizer=Tokenizer(), data=data, collectives=Collectives(),
+        policy=None, ref_policy=None, rollout_engine=lambda: engine, tokenizer=Tokenizer(), data=data,
+        sampling=lambda seed: SamplingConfig(group_size=2, max_tokens=4, seed=seed), collectives=Collectives(),
         device=None, rollout_batch=k, policy_version=k, total_rollout_batches=total, seed=3, scorers=(AllCorrect(),),
     )  # fmt: skip
 
 
-def train(ahead: RolloutsAhead, max_steps: int, mini_batches: int, engine: RecordingEngine, batches: int) -> list:
+def train(ahead: RolloutsAhead, max_steps: int, num_mini_batches: int, engine: RecordingEngine, batches: int) -> list:
     """The training loop's view: collect batch k at policy version k, 'update', then sync version k+1."""
     rollouts = []
     for k in range(batches):
-        rollouts.append(ahead.collect(context(max_steps, mini_batches, engine, k), batch_at(k), StageTimer()))
+        rollouts.append(ahead.collect(context(max_steps, num_mini_batches, engine, k), batch_at(k), StageTimer()))
         ahead.wait(StageTimer())
     return rollouts
 
@@ -84,13 +87,13 @@ def test_each_batch_is_generated_one_step_ahead_by_the_previous_policy():
     assert [r.correct for r in rollouts] == [[True, True]] * 4  # scored by the rollout callbacks
 
 
-@pytest.mark.parametrize("max_steps, mini_batches, batches", [(4, 1, 4), (8, 2, 4), (6, 3, 2)])
-def test_nothing_is_generated_past_the_last_rollout_batch(max_steps, mini_batches, batches):
+@pytest.mark.parametrize("max_steps, num_mini_batches, batches", [(4, 1, 4), (8, 2, 4), (6, 3, 2)])
+def test_nothing_is_generated_past_the_last_rollout_batch(max_steps, num_mini_batches, batches):
     """`trainer.max_steps` counts optimizer steps: K per rollout batch."""
     engine = RecordingEngine()
     ahead = RolloutsAhead()
     try:
-        train(ahead, max_steps, mini_batches, engine, batches)
+        train(ahead, max_steps, num_mini_batches, engine, batches)
         assert ahead.in_flight is None
         assert len(engine.calls) == batches
     finally:
@@ -136,25 +139,27 @@ class SlowAheadServer:
 
 @pytest.fixture
 def lagged_module(tiny_policy_dir, monkeypatch):
-    """GRPO with rollouts one step ahead (`data.async_rollouts`, which the data module allows only with
+    """GRPO with rollouts one step ahead (`rollout.batches_ahead`, which the data module allows only with
     servers) from a `SlowAheadServer`: the step's code path is the same whatever engine generates."""
     from rlvr_lightning.algos import GRPO
     from rlvr_lightning.callbacks.reward import RewardVerifier
     from rlvr_lightning.data.datamodule import RolloutDataModule
+    from rlvr_lightning.rollout.settings import RolloutSettings
     from rlvr_lightning.standalone import standalone
 
-    monkeypatch.setattr(GRPO, "async_rollouts", property(lambda self: True))
+    monkeypatch.setattr(GRPO, "generates_ahead", property(lambda self: True))
 
     def build(**model_kwargs):
-        dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), engine="hf", batch_size=2, group_size=2,
-                               max_response_length=4, val_data=None)  # fmt: skip
+        rollout = RolloutSettings(engine="hf", group_size=2, max_response_length=4)
+        dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=2, val_data=None, rollout=rollout)
         return standalone(GRPO(**model_kwargs), dm, callbacks=[RewardVerifier(num_workers=1)])
 
     built = []
+
     def with_server(**kw):
         module = build(**kw)
         module.events = []
-        module.datamodule._engine = SlowAheadServer(module.policy, module.datamodule.tokenizer, module.events)
+        module._engine = SlowAheadServer(module.policy, module.datamodule.tokenizer, module.events)
         built.append(module)
         return module
 
@@ -163,7 +168,6 @@ def lagged_module(tiny_policy_dir, monkeypatch):
         module.teardown("fit")
         for cb in module.trainer.callbacks:
             cb.teardown(module.trainer, module, "fit")
-        module.datamodule.teardown("fit")
 
 
 def test_a_lagged_batch_trains_on_the_engines_logprobs_and_the_sync_waits_for_the_batch_ahead(lagged_module):
@@ -178,8 +182,8 @@ def test_a_lagged_batch_trains_on_the_engines_logprobs_and_the_sync_waits_for_th
     # during step 0's update: the sync after step 0 waited for it to finish before loading new weights.
     assert events == ["ahead generated", "ahead generated", "load_weights"]
     second = module.train_on_batch(next(batches))
-    assert module.behaviour_source() == "engine"
-    assert (first.metrics["policy_lag"], second.metrics["policy_lag"]) == (0.0, 1.0)
+    assert module.behaviour_source() == "rollout"
+    assert (first.metrics["batches_ahead"], second.metrics["batches_ahead"]) == (0.0, 1.0)
     # Batch 1 was sampled by version 0 and trained at version 1: θ_old is what the engine reported.
     t = second.inputs.tensors
     torch.testing.assert_close(second.inputs.behaviour.old_logp_all(), t.rollout_logp * t.response_mask)

@@ -1,10 +1,10 @@
-"""One-step-off-policy rollouts (`data.async_rollouts: 1`): rollout batch k+1 is generated on the
+"""Rollouts one batch ahead (`rollout.batches_ahead: 1`): rollout batch k+1 is generated on the
 rollout servers while this process updates the policy on batch k.
 
 Step k: take batch k's rollout (started during step k−1, by policy version k−1), start batch k+1 with
 the weights the servers hold now (version k), score and train on batch k, wait for batch k+1's
 generation to finish, then sync version k+1. So every rollout but the first is one version behind the
-policy it trains (`train/policy_lag` = 1); the update corrects for it with θ_old = the engine's
+policy it trains (`train/batches_ahead` = 1); the update corrects for it with θ_old = the engine's
 log-probs (exact off-policy PPO), or with the trainer's θ_old and truncated importance sampling when
 `model.rollout_correction` is set. Batch k+1 is the dataloader's own batch k+1 (the prompt stream is a pure
 function of the step, `ResumableBatches.batch_at`), generated one step early.
@@ -56,7 +56,7 @@ class RolloutsAhead:
         return score_rollout(step, rollout, timer)
 
     def _start(self, step: StepContext, batch: PromptBatch, index: int) -> InFlight:
-        sampling = step.data.sampling(seed=sampling_seed(step, rollout_batch=index))
+        sampling = step.sampling(seed=sampling_seed(step, rollout_batch=index))
         prompt_ids = encode_prompts(step, batch)
         engine = step.engine
 

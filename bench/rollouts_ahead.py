@@ -1,9 +1,9 @@
-"""Synchronous vs one-step-off-policy rollouts (`data.async_rollouts` 0 vs 1) on `vllm serve` replicas:
+"""Synchronous vs one-step-off-policy rollouts (`rollout.batches_ahead` 0 vs 1) on `vllm serve` replicas:
 the embedded default GRPO step, side by side, each mode in a fresh process with its own servers. Reports
 the median step time of each mode, their ratio, and the overlap achieved: the share of generation time
 the asynchronous step did not wait for (1 − rollout_wait / rollout), next to the update time it could hide.
 
-    .venv/bin/python bench/async_rollouts.py [--steps 8] [--replicas 1]
+    .venv/bin/python bench/rollouts_ahead.py [--steps 8] [--replicas 1]
 """
 
 from __future__ import annotations
@@ -18,28 +18,27 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import embedded_module, median, prompt_batches, run_child, write  # noqa: E402
 
 
-def one(async_rollouts: int, steps: int, replicas: int) -> dict:
+def one(batches_ahead: int, steps: int, replicas: int) -> dict:
     from rlvr_lightning.algos import GRPO
 
     module = embedded_module(GRPO(lr=3e-5, kl_coef=0.001, micro_batch_size=128), engine="vllm-server",
-                             async_rollouts=async_rollouts, server_replicas=replicas)  # fmt: skip
+                             batches_ahead=batches_ahead, server_replicas=replicas)  # fmt: skip
     batches = prompt_batches(module)
-    times, lags = [], []
+    times, ahead = [], []
     try:
         for i in range(2 + steps):  # 2 warm-up steps: servers, allocator and optimizer state as in training
             result = module.train_on_batch(next(batches))
             module.rollout_batches += 1
             if i >= 2:
                 times.append(result.times)
-                lags.append(result.rollout.metrics["policy_lag"])
+                ahead.append(result.metrics["batches_ahead"])
     finally:
         module.teardown("fit")
-        module.datamodule.teardown("fit")
     stage = lambda k: median([t.get(k, 0.0) for t in times])  # noqa: E731
     return {
         "step_s": stage("step"), "rollout_s": stage("rollout"), "rollout_wait_s": stage("rollout_wait"),
         "reward_s": stage("reward"), "update_s": stage("update"), "weight_sync_s": stage("weight_sync"),
-        "policy_lag": sorted(set(lags)),
+        "batches_ahead": sorted(set(ahead)),
     }  # fmt: skip
 
 
@@ -59,12 +58,12 @@ def main() -> None:
     for mode in (0, 1, 1, 0):  # A B B A: drift on a shared machine hits both modes alike
         result, err = run_child(__file__, "--one", str(mode), *common)
         if result is None:
-            raise SystemExit(f"async_rollouts={mode} failed:\n{err}")
+            raise SystemExit(f"batches_ahead={mode} failed:\n{err}")
         runs[mode].append(result)
-    summary = {m: {k: median([r[k] for r in rs]) for k in rs[0] if k != "policy_lag"} | {"policy_lag": rs[0]["policy_lag"]}
+    summary = {m: {k: median([r[k] for r in rs]) for k in rs[0] if k != "batches_ahead"} | {"batches_ahead": rs[0]["batches_ahead"]}
                for m, rs in runs.items()}  # fmt: skip
     sync, asyn = summary[0], summary[1]
-    write("async_rollouts", {
+    write("rollouts_ahead", {
         "workload": f"embedded default GRPO step (16 prompts × 8 samples, 40 tokens), {args.replicas} vllm serve "
                     f"replica(s) on this machine's cores, median of {args.steps} steps after 2 warm-up, 2 processes per mode",
         "sync": sync, "async": asyn,

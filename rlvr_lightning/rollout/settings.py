@@ -1,0 +1,185 @@
+"""The `rollout:` config section: how completions are sampled, and the engine that samples them.
+
+The data module keeps the data (problems, prompts, batches); this section is everything about
+generation. LightningCLI builds it from `rollout:` and hands it to the data module, whose prompt
+lengths bound the engine's context; the training module builds the engine from it on first use.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from rlvr_lightning.errors import ConfigError, check_choice
+from rlvr_lightning.rollout.engine import RolloutEngine, ScoreFn
+from rlvr_lightning.rollout.types import SamplingConfig
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("vllm", "vllm-server", "hf")
+
+
+@dataclass(frozen=True)
+class EngineSite:
+    """Where an engine is built: the policy it serves and this trainer rank's place among the others."""
+
+    policy_path: str
+    max_model_len: int  # prompt + response tokens
+    seed: int  # the run's data seed; each rank samples with seed + rank
+    policy: torch.nn.Module | None = None  # the trainer's policy (the `hf` engine samples with it)
+    policy_score: ScoreFn | None = None  # the trainer's log-probs of a completion (the `hf` engine's `score`)
+    tokenizer: Any = None
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0  # this rank's index among the trainer ranks on its machine
+    ranks_per_node: int = 1
+
+
+class RolloutSettings:
+    def __init__(
+        self,
+        group_size: int = 8,
+        max_response_length: int = 32,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        engine: Literal["vllm", "vllm-server", "hf"] = "vllm",
+        dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32",
+        kv_cache_gib: float = 1.0,
+        gpu_memory_utilization: float = 0.3,
+        enforce_eager: bool = True,
+        sleep_level: Literal[0, 1, 2] = 0,
+        server_replicas: int = 1,
+        server_urls: list[str] | None = None,
+        server_cuda_devices: list[str] | None = None,
+        server_start_timeout_s: float = 600.0,
+        server_args: list[str] | None = None,
+        weight_transfer: Literal["auto", "snapshot", "nccl"] = "auto",
+        batches_ahead: Literal[0, 1] = 0,
+    ) -> None:
+        """Every argument is a CLI flag, `--rollout.<name>`.
+
+        Args:
+            group_size: completions sampled per prompt (G), the group of group-relative advantages.
+            max_response_length: generation limit in tokens; completions that hit it count as truncated.
+            temperature: sampling temperature (> 0).
+            top_p: nucleus sampling (1 = off).
+            top_k: top-k sampling (-1 = off).
+            engine: `vllm` (default: an in-process engine on the trainer's device), `vllm-server` (`vllm serve`
+                replicas, launched on loopback or attached to `server_urls`) or `hf` (the transformers
+                `generate` fallback).
+            dtype: the vLLM engine's weights and compute (`auto`: the checkpoint's).
+            kv_cache_gib: vLLM KV cache on CPU, in GiB (`VLLM_CPU_KVCACHE_SPACE`).
+            gpu_memory_utilization: vLLM's share of GPU memory when colocated with training.
+            enforce_eager: run vLLM without CUDA graphs (faster start-up, slower decoding).
+            sleep_level: vLLM sleep mode during the policy update (CUDA only; ignored with a warning on
+                CPU): 0 off, 1 weights copied to host memory and KV cache freed, 2 both freed (the
+                weight sync reloads them). The engine wakes itself for the sync and for generation.
+            server_replicas: `vllm serve` processes the trainer launches (engine `vllm-server`); prompts are
+                spread over them. On CPU each gets its own share of the cores.
+            server_urls: attach to servers already running at these URLs (started with
+                `VLLM_SERVER_DEV_MODE=1` and the flags in docs/servers.md) instead of launching any.
+            server_cuda_devices: CUDA_VISIBLE_DEVICES of each launched replica (e.g. ["2", "3"]), so rollouts
+                run on GPUs the trainer does not use; with several trainer ranks per machine, one entry per
+                replica of every rank, rank after rank (2 ranks × 1 replica: ["2", "3"]).
+            server_start_timeout_s: how long a launched server may take to become healthy.
+            server_args: extra `vllm serve` flags for every launched replica.
+            weight_transfer: `snapshot` (safetensors in shared memory, loaded with vLLM's `reload_weights`;
+                servers on this machine), `nccl` (vLLM's NCCL weight transfer; GPU, untested here) or
+                `auto` (nccl on CUDA, else snapshot).
+            batches_ahead: 1 generates rollout batch k+1 while the trainer updates on batch k (one step
+                off policy, engine `vllm-server`); 0 alternates generation and update.
+        """
+        check_choice("rollout.engine", engine, ENGINES)
+        check_choice("rollout.weight_transfer", weight_transfer, ("auto", "snapshot", "nccl"))
+        check_choice("rollout.batches_ahead", batches_ahead, (0, 1))
+        check_choice("rollout.dtype", dtype, ("float32", "bfloat16", "float16", "auto"))
+        check_choice("rollout.sleep_level", sleep_level, (0, 1, 2))
+        if batches_ahead and engine != "vllm-server":
+            raise ConfigError(
+                f"rollout.batches_ahead=1 needs rollout.engine=vllm-server (got {engine}): the rollouts of the next "
+                "batch run on the servers while this process updates the policy"
+            )
+        if engine == "vllm-server" and not server_urls and server_replicas < 1:
+            raise ConfigError(f"rollout.server_replicas must be ≥ 1, got {server_replicas}")
+        if group_size < 2:
+            raise ConfigError(f"rollout.group_size must be ≥ 2 (group-relative advantages), got {group_size}")
+        if max_response_length < 1:
+            raise ConfigError(f"rollout.max_response_length must be ≥ 1, got {max_response_length}")
+        if temperature <= 0:
+            raise ConfigError(f"rollout.temperature must be > 0 for RL sampling, got {temperature}")
+        self.group_size, self.max_response_length = group_size, max_response_length
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+        self.engine, self.dtype, self.kv_cache_gib = engine, dtype, kv_cache_gib
+        self.gpu_memory_utilization, self.enforce_eager, self.sleep_level = (
+            gpu_memory_utilization,
+            enforce_eager,
+            sleep_level,
+        )
+        self.server_replicas, self.server_urls, self.server_cuda_devices = (
+            server_replicas,
+            server_urls,
+            server_cuda_devices,
+        )
+        self.server_start_timeout_s, self.server_args = server_start_timeout_s, server_args
+        self.weight_transfer, self.batches_ahead = weight_transfer, batches_ahead
+
+    def __repr__(self) -> str:
+        return f"RolloutSettings({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+
+    @property
+    def samples_truncated_distribution(self) -> bool:
+        """Top-p/top-k sampling: the engine's log-probs are those of the truncated distribution."""
+        return self.top_p < 1 or self.top_k > 0
+
+    def sampling(self, **overrides: Any) -> SamplingConfig:
+        """The training sampling settings, with `overrides` (evaluation's, a per-batch seed)."""
+        base = dict(group_size=self.group_size, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                    max_tokens=self.max_response_length)  # fmt: skip
+        return SamplingConfig(**{**base, **overrides})
+
+    def build_engine(self, site: EngineSite) -> RolloutEngine:
+        if self.engine == "hf":
+            from rlvr_lightning.rollout.hf_engine import HFGenerateEngine
+
+            if self.sleep_level:
+                log.warning(
+                    "rollout.sleep_level=%d is ignored: rollout.engine=hf has no memory of its own", self.sleep_level
+                )
+            tok = site.tokenizer
+            return HFGenerateEngine(site.policy, tok.pad_token_id, tok.eos_token_id, site.policy_score)
+        if self.engine == "vllm-server":
+            return self._build_server_engine(site)
+        from rlvr_lightning.rollout.vllm_engine import VLLMEngine
+
+        # Each rank gets its own engine and its own seed, so ranks do not sample identical completions.
+        return VLLMEngine(
+            site.policy_path, max_model_len=site.max_model_len, dtype=self.dtype, seed=site.seed + site.rank,
+            kv_cache_gib=self.kv_cache_gib, gpu_memory_utilization=self.gpu_memory_utilization,
+            enforce_eager=self.enforce_eager, sleep_level=self.sleep_level,
+        )  # fmt: skip
+
+    def server_spec(self, site: EngineSite):
+        """What every launched `vllm serve` replica of this rank runs."""
+        from rlvr_lightning.rollout.server_process import ServerSpec
+
+        return ServerSpec(
+            site.policy_path, max_model_len=site.max_model_len, dtype=self.dtype, seed=site.seed + site.rank,
+            kv_cache_gib=self.kv_cache_gib, gpu_memory_utilization=self.gpu_memory_utilization,
+            enforce_eager=self.enforce_eager, extra_args=list(self.server_args or []),
+            start_timeout_s=self.server_start_timeout_s,
+        )  # fmt: skip
+
+    def _build_server_engine(self, site: EngineSite) -> RolloutEngine:
+        from rlvr_lightning.rollout.vllm_server import VLLMServerEngine
+
+        # Launched servers belong to their rank; attached ones are shared, and rank 0 alone writes the weights.
+        role = "only" if site.world_size == 1 or not self.server_urls else ("leader" if site.rank == 0 else "follower")
+        return VLLMServerEngine(
+            self.server_spec(site), replicas=self.server_replicas, urls=self.server_urls,
+            transport=self.weight_transfer, cuda_devices=self.server_cuda_devices, sync_role=role,
+            node_slot=(site.local_rank, site.ranks_per_node),
+        )  # fmt: skip
