@@ -215,7 +215,7 @@ class Evaluation(Callback):
             score = partial(self._score, pl_module, verifier, batches, sharded=sharded)
             metrics, samples = score(task.sampling, task.pass_k, task.maj_k)
             if self.greedy:
-                greedy, _ = score(replace(task.sampling, n=1, temperature=0.0), [], [])
+                greedy, _ = score(replace(task.sampling, group_size=1, temperature=0.0), [], [])
                 metrics["accuracy_greedy"] = greedy["accuracy"]
             metrics["seconds"] = time.perf_counter() - t0
             out |= {f"{task.prefix}/{k}": v for k, v in metrics.items()}
