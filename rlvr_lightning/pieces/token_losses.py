@@ -65,3 +65,16 @@ def gspo(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> Lo
     seq_adv = (x.advantages * x.mask).sum(1) / x.mask.sum(1).clamp(min=1)
     per_seq, stats = clipped_objective(s, seq_adv, clip_eps_low, clip_eps_high)
     return per_seq[:, None] * x.mask, {k: v[:, None].expand_as(x.mask) for k, v in stats.items()}
+
+
+@policy_losses.register("cispo", anchor="cispo")
+def cispo(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> LossAndStats:
+    """CISPO: REINFORCE on every token, weighted by the clipped, stop-gradient importance ratio.
+
+    −sg[clip(r, 1−ε_low, 1+ε_high)]·Â·log π_θ: unlike PPO's clip no token loses its gradient; the
+    band bounds the weight only (ε_low = 1: no lower bound, as in the paper).
+    """
+    ratio = (x.logp.detach() - x.old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+    weight = ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high)
+    stats = {"ratio": ratio, "clipped_low": ratio < 1 - clip_eps_low, "clipped_high": ratio > 1 + clip_eps_high}
+    return -weight * x.advantages * x.logp, stats

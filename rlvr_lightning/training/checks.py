@@ -22,9 +22,9 @@ def check_values(h: Mapping[str, Any]) -> None:
         raise ConfigError(f"model.max_tokens_per_micro_batch must be ≥ 1 (or null), got {h['max_tokens_per_micro_batch']}")
     if h["logprob_chunk_tokens"] < 0:
         raise ConfigError(f"model.logprob_chunk_tokens must be ≥ 0 (0 = no chunking), got {h['logprob_chunk_tokens']}")
-    if not (0 <= h["clip_eps_low"] < 1 and h["clip_eps_high"] >= 0):
+    if not (0 <= h["clip_eps_low"] <= 1 and h["clip_eps_high"] >= 0):  # ε_low = 1: no lower bound (CISPO)
         raise ConfigError(
-            f"model.clip_eps_low must be in [0, 1) and clip_eps_high ≥ 0, got {h['clip_eps_low']}, {h['clip_eps_high']}"
+            f"model.clip_eps_low must be in [0, 1] and clip_eps_high ≥ 0, got {h['clip_eps_low']}, {h['clip_eps_high']}"
         )
     if h["tis_cap"] <= 0:
         raise ConfigError(f"model.tis_cap must be > 0, got {h['tis_cap']}")
