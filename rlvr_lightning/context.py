@@ -27,7 +27,8 @@ class Collectives:
     barrier: Callable[[], None] | None = None  # strategy.barrier; None: a single process
 
     def sum(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.reduce is None else self.reduce(x, reduce_op="sum")
+        """The sum over ranks, on x's device (NCCL reduces CUDA tensors only: it travels on the ranks' device)."""
+        return x if self.reduce is None else self.reduce(x.to(self.device), reduce_op="sum").to(x.device)
 
     def agree(self, value: int, op: Literal["min", "max"]) -> int:
         """The min or max of an integer over all ranks."""

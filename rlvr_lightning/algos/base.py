@@ -24,15 +24,7 @@ from rlvr_lightning.callbacks.rollout import advantage_shapers, rollout_callback
 from rlvr_lightning.context import Collectives, ScoredBatch, StepContext
 from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.models.policy import load_policies
-from rlvr_lightning.pieces import advantage_estimators, rollout_corrections
-from rlvr_lightning.pieces.kinds import (
-    AdvantageEstimatorName,
-    AdvantageInputs,
-    KLEstimatorName,
-    LossAggName,
-    PolicyLossName,
-    RolloutCorrectionName,
-)
+from rlvr_lightning.pieces import advantage_estimators, kinds, rollout_corrections
 from rlvr_lightning.rollout.engine import RolloutEngine
 from rlvr_lightning.rollout.settings import EngineSite
 from rlvr_lightning.rollout.sync import EngineSync, full_weights
@@ -66,11 +58,11 @@ class RLVRModule(L.LightningModule):
         micro_batch_size: int = 64,
         max_tokens_per_micro_batch: int | None = None,
         logprob_chunk_tokens: int = 1024,
-        advantage_estimator: AdvantageEstimatorName = "grpo",
-        policy_loss: PolicyLossName = "ppo-clip",
-        loss_agg: LossAggName = "seq-mean-token-mean",
-        kl_estimator: KLEstimatorName = "k3",
-        rollout_correction: RolloutCorrectionName = "none",
+        advantage_estimator: kinds.AdvantageEstimatorName = "grpo",
+        policy_loss: kinds.PolicyLossName = "ppo-clip",
+        loss_agg: kinds.LossAggName = "seq-mean-token-mean",
+        kl_estimator: kinds.KLEstimatorName = "k3",
+        rollout_correction: kinds.RolloutCorrectionName = "none",
         clip_eps_low: float = 0.2,
         clip_eps_high: float = 0.2,
         kl_coef: float = 0.0,
@@ -97,10 +89,8 @@ class RLVRModule(L.LightningModule):
             num_mini_batches: K optimizer steps per rollout batch; the prompts are split into K mini-batches.
             ppo_epochs: passes over the rollout batch.
             micro_batch_size: sequences per forward/backward (gradient accumulation inside a mini-batch).
-            max_tokens_per_micro_batch: micro-batches by token budget: sequences sorted by length, packed while
-                rows × longest row stays within it (less padding, the same update).
-            logprob_chunk_tokens: response tokens per LM-head chunk, so the [tokens × vocabulary] logits never
-                exist whole (~0.6 GB per 1,024 tokens at a 151,936 vocabulary, fp32); 0 = the full logits.
+            max_tokens_per_micro_batch: pack length-sorted sequences into micro-batches of ≤ this many padded tokens.
+            logprob_chunk_tokens: response tokens per LM-head chunk (never the whole logits); 0 = no chunking.
             advantage_estimator: a registered advantage estimator (`python -m rlvr_lightning list`) or a dotted path.
             policy_loss: a registered policy loss (token level, reduced by `loss_agg`; or group level, REAL's).
             loss_agg: a registered loss aggregator: how per-token losses are reduced.
@@ -113,10 +103,8 @@ class RLVRModule(L.LightningModule):
             two_pass: group-level losses only: micro-batches may split groups (the exact two-pass method).
             piece_args: knobs of pieces that are not arguments of the algorithm (your own pieces').
             mask_truncated: leave completions cut at max_response_length out of the loss (DAPO's overlong filtering).
-            behaviour_logprobs: θ_old log-probs from the `trainer` (a no-grad forward, or the update's own when it
-                runs at θ_old) or the `rollout` engine's own (saves that forward, trusts its numerics).
-            allow_filtered_rollout_logprobs: permit the engine's log-probs as the behaviour policy with top-p/top-k
-                sampling (they are then those of the truncated distribution).
+            behaviour_logprobs: θ_old log-probs from the `trainer` (a no-grad forward) or the `rollout` engine's own.
+            allow_filtered_rollout_logprobs: accept the engine's log-probs as θ_old under top-p/top-k sampling.
             sync_check_tol: max |engine − trainer| log-prob on the probe sequence after a weight sync.
             sync_check_every: probe the first sync and every N-th after it.
             max_nonfinite_steps: stop after this many consecutive updates with a non-finite loss or gradient.
@@ -149,7 +137,7 @@ class RLVRModule(L.LightningModule):
         return compose_objective(self.hparams)
 
     def advantages(self, rewards: torch.Tensor, rollout: Rollout, collectives: Collectives) -> torch.Tensor:
-        inputs = AdvantageInputs(rewards, rollout.correct, rollout.group_size, collectives.sum)
+        inputs = kinds.AdvantageInputs(rewards, rollout.correct, rollout.group_size, collectives.sum, rollout.response_lengths)
         return advantage_estimators.bound(self.hparams)(inputs)
 
     @property
@@ -177,7 +165,6 @@ class RLVRModule(L.LightningModule):
 
     @property
     def engine(self) -> RolloutEngine:
-        """The rollout engine (`rollout.engine`), built on first use for this rank."""
         if self._engine is None:
             dm, trainer = self.datamodule, self.trainer
             self._engine = dm.rollout.build_engine(EngineSite(
@@ -201,12 +188,10 @@ class RLVRModule(L.LightningModule):
         _ = self.engine  # built now, so its start-up cost is not charged to the first step
 
     def teardown(self, stage: str) -> None:
-        if self.rollouts_ahead is not None:  # its generation runs on the engine: stop it first
-            self.rollouts_ahead.close()
-            self.rollouts_ahead = None
-        if self._engine is not None:
-            self._engine.close()
-            self._engine = None
+        for part in (self.rollouts_ahead, self._engine):  # the batch ahead is generated on the engine: first
+            if part is not None:
+                part.close()
+        self.rollouts_ahead, self._engine = None, None
 
     def on_train_start(self) -> None:
         # Resumed (the engine has the base weights; FSDP restores between on_fit_start and here; every rank
@@ -219,24 +204,19 @@ class RLVRModule(L.LightningModule):
         """Checks that need the data settings or the callbacks too; run before anything expensive starts."""
         shapers = [type(cb).__name__ for cb in advantage_shapers(self.trainer)]
         check_run(self.hparams, self.datamodule.hparams.batch_size, self.datamodule.rollout, self.objective,
-                  self.update_plan(), shapers, self.corrects_rollouts, self.generates_ahead)  # fmt: skip
+                  self.update_plan(), advantage_estimators.bound(self.hparams), shapers, self.corrects_rollouts,
+                  self.generates_ahead)  # fmt: skip
 
     def behaviour_source(self) -> BehaviourSource:
         """Where θ_old's log-probs come from (`rlvr_lightning.training.behaviour`)."""
         h = self.hparams
-        return behaviour_source(
-            h.behaviour_logprobs,
-            h.num_mini_batches * h.ppo_epochs,
-            self.corrects_rollouts,
-            h.two_pass,
-            self.generates_ahead,
-        )
+        steps = h.num_mini_batches * h.ppo_epochs
+        return behaviour_source(h.behaviour_logprobs, steps, self.corrects_rollouts, h.two_pass, self.generates_ahead)
 
     @property
     def generates_ahead(self) -> bool:
         """Whether rollouts are generated one batch ahead (`rollout.batches_ahead`), hence one version behind."""
-        dm = getattr(self._trainer, "datamodule", None)
-        return bool(getattr(getattr(dm, "rollout", None), "batches_ahead", 0))
+        return bool(getattr(getattr(getattr(self._trainer, "datamodule", None), "rollout", None), "batches_ahead", 0))
 
     # ---- the step's context and the algorithm's own stages -----------------------------------
     def step_context(self) -> StepContext:

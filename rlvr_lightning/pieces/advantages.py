@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces.kinds import AdvantageInputs, advantage_estimators
 
 
@@ -35,6 +38,57 @@ def grpo_advantage(inputs: AdvantageInputs) -> torch.Tensor:
 def dr_grpo_advantage(inputs: AdvantageInputs) -> torch.Tensor:
     """Dr. GRPO: the group-centred reward r − mean, unscaled (no difficulty bias)."""
     return group_advantage(inputs.rewards, inputs.group_size, use_std=False)
+
+
+@advantage_estimators.register("rloo", anchor="rloo")
+def rloo_advantage(inputs: AdvantageInputs) -> torch.Tensor:
+    """RLOO: r_j minus the mean of the group's other G−1 rewards, = G/(G−1)·(r_j − mean)."""
+    G = inputs.group_size
+    return group_advantage(inputs.rewards, G, use_std=False) * (G / (G - 1))
+
+
+@advantage_estimators.register("reinforce-pp", anchor="reinforce-baseline")
+def reinforce_pp_advantage(inputs: AdvantageInputs) -> torch.Tensor:
+    """REINFORCE++-baseline: r − the group's mean, then whitened over the batch's response tokens (all ranks).
+
+    Token-weighted: with Ã_n = r_n − mean_g(r) on each of its L_n tokens, μ = Σ L_n Ã_n / Σ L_n and
+    σ² = Σ L_n (Ã_n − μ)² / Σ L_n, so Â_n = (Ã_n − μ) / √(σ² + 1e-8).
+    """
+    centred = group_advantage(inputs.rewards, inputs.group_size, use_std=False).double()
+    L = inputs.lengths.double() if inputs.lengths is not None else torch.ones_like(centred)
+    sums = inputs.reduce_sum(torch.stack([L.sum(), (L * centred).sum(), (L * centred**2).sum()]))
+    mean = sums[1] / sums[0]
+    var = (sums[2] / sums[0] - mean**2).clamp(min=0)
+    return ((centred - mean) / (var + 1e-8).sqrt()).float()
+
+
+@advantage_estimators.register("pass-at-k", anchor="passk-advantages")
+def pass_at_k_advantage(inputs: AdvantageInputs, *, pass_at_k: int = 4) -> torch.Tensor:
+    """Pass@k training: the analytical advantage of each rollout for the group's pass@k reward.
+
+    With n of the G rollouts incorrect: R̄ = 1 − C(n, k)/C(G, k), σ = √(R̄(1−R̄)); a correct rollout gets
+    (1 − R̄)/σ, an incorrect one (1 − R̄ − C(n−1, k−1)/C(G−1, k−1))/σ; all-equal groups get 0.
+    """
+    G, k = inputs.group_size, pass_at_k
+    if not 1 <= k <= G:
+        raise ConfigError(f"pass_at_k must lie in [1, rollout.group_size={G}], got {k}")
+    wrong = inputs.correct.view(-1, G).lt(0.5).sum(1).double()  # n per group
+    mean = 1 - comb(wrong, k) / math.comb(G, k)
+    std = (mean * (1 - mean)).sqrt()
+    # P(a given incorrect rollout is in a k-subset that is all incorrect) = C(n−1, k−1)/C(G−1, k−1).
+    incorrect_share = comb(wrong - 1, k - 1) / math.comb(G - 1, k - 1)
+    pos, neg = (1 - mean) / std, (1 - mean - incorrect_share) / std
+    correct = inputs.correct.view(-1, G) > 0.5
+    adv = torch.where(correct, pos[:, None], neg[:, None])
+    return torch.where(std[:, None] > 0, adv, torch.zeros_like(adv)).float().view(-1)
+
+
+def comb(n: torch.Tensor, k: int) -> torch.Tensor:
+    """C(n, k) elementwise for a tensor n of counts (0 where n < k), in float64."""
+    out = torch.ones_like(n)
+    for i in range(k):
+        out = out * (n - i) / (i + 1)
+    return torch.where(n >= k, out, torch.zeros_like(out))
 
 
 @advantage_estimators.register("none", anchor="real")

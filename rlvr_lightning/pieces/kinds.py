@@ -26,6 +26,7 @@ class AdvantageInputs:
     correct: Tensor  # [N] verifier correctness c ∈ {0, 1}
     group_size: int  # G
     reduce_sum: Callable[[Tensor], Tensor] = _no_reduction  # sum across ranks (a collective: every rank calls it)
+    lengths: Tensor | None = None  # [N] response tokens of each sequence (for token-weighted statistics)
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,13 @@ Each failure is a `ConfigError` that names the options and what would work."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
+
 from rlvr_lightning.errors import ConfigError, check_choice
+from rlvr_lightning.pieces.kinds import AdvantageInputs
 from rlvr_lightning.training.objective import Objective
 from rlvr_lightning.training.plan import UpdatePlan
 
@@ -49,18 +52,19 @@ def check_pieces(h: Mapping[str, Any], objective: Objective, corrects_rollouts: 
 
 
 def check_run(
-    h: Mapping[str, Any], batch_size: int, rollout: Any, objective: Objective, plan: UpdatePlan, shapers: list[str],
-    corrects_rollouts: bool, generates_ahead: bool,
+    h: Mapping[str, Any], batch_size: int, rollout: Any, objective: Objective, plan: UpdatePlan,
+    estimator: Callable[[AdvantageInputs], Any], shapers: list[str], corrects_rollouts: bool, generates_ahead: bool,
 ) -> None:  # fmt: skip
     """`batch_size`: prompts per rollout batch; `rollout`: the `rollout:` section (`RolloutSettings`);
-    `shapers`: the names of the advantage shapers."""
+    `estimator`: the bound advantage estimator; `shapers`: the names of the advantage shapers."""
+    G = rollout.group_size
+    estimator(AdvantageInputs(torch.zeros(G), torch.zeros(G), G))  # its knobs may not fit G (pass@k's k)
     if batch_size % h["num_mini_batches"]:
         raise ConfigError(
             f"data.batch_size={batch_size} prompts must divide into model.num_mini_batches="
             f"{h['num_mini_batches']} mini-batches of whole groups"
         )
     check_behaviour_logprobs(h, rollout, corrects_rollouts, generates_ahead)
-    G = rollout.group_size
     if objective.needs_whole_groups and not plan.keeps_groups_whole(G):
         raise ConfigError(
             f"model.policy_loss={h['policy_loss']} couples the {G} rollouts of a group, but model.micro_batch_size="
