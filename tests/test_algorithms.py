@@ -344,3 +344,10 @@ def test_weight_decay_warmup_and_cosine_schedule_reach_the_optimizer(tiny_policy
     # Linear warm-up over 2 steps, then cosine from 1 to 0 over the remaining 4.
     expected = [0.5, 1.0, 1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5, 0.5 * (1 + math.cos(3 * math.pi / 4))]
     assert lrs == pytest.approx(expected)
+
+
+def test_an_estimator_knob_that_does_not_fit_the_group_size_stops_the_run_at_fit_start(tiny_policy_dir):
+    module = attach(GRPO, tiny_policy_dir, advantage_estimator="pass-at-k", piece_args={"pass_at_k": G + 1})
+    with pytest.raises(ConfigError, match=rf"pass_at_k must lie in \[1, rollout.group_size={G}\], got {G + 1}"):
+        module.validate_config()
+    attach(GRPO, tiny_policy_dir, advantage_estimator="pass-at-k", piece_args={"pass_at_k": G}).validate_config()
