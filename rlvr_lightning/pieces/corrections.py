@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces.kinds import CorrectionInputs, rollout_corrections
 from rlvr_lightning.tensor_math import LOG_RATIO_CLAMP, masked_mean
 
@@ -41,3 +42,34 @@ def tis_sequence(x: CorrectionInputs, *, tis_cap: float) -> Weights:
     """Truncated importance sampling per sequence: the product of the token ratios, capped, on all its tokens."""
     log_w = ((x.old_logp - x.rollout_logp) * x.mask).sum(1, keepdim=True).expand_as(x.mask)
     return _truncated(log_w, x.mask, tis_cap)
+
+
+@torch.no_grad()
+def _masked(log_w: torch.Tensor, mask: torch.Tensor, low: float, high: float) -> Weights:
+    """w = ρ inside [low, high], 0 outside: masked, not truncated (the token stays in the normaliser)."""
+    if not 0 <= low < high:
+        raise ConfigError(f"the importance-sampling band needs 0 ≤ is_mask_low < is_mask_high, got [{low}, {high}]")
+    ratio = log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+    kept = (ratio >= low) & (ratio <= high)
+    weights = torch.where(kept, ratio, torch.zeros_like(ratio)) * mask
+    stats = {"is_weight_mean": masked_mean(weights, mask).item(), "is_masked_frac": masked_mean((~kept).float(), mask).item()}
+    return weights, stats
+
+
+@rollout_corrections.register("mis-token", anchor="masked-importance-sampling-and-icepop")
+def mis_token(x: CorrectionInputs, *, is_mask_low: float = 0.0, is_mask_high: float = 2.0) -> Weights:
+    """Masked importance sampling per token: w_t = π_old/π_rollout inside [low, high], else 0 (the token is dropped)."""
+    return _masked((x.old_logp - x.rollout_logp) * x.mask, x.mask, is_mask_low, is_mask_high)
+
+
+@rollout_corrections.register("mis-sequence", anchor="masked-importance-sampling-and-icepop")
+def mis_sequence(x: CorrectionInputs, *, is_mask_low: float = 0.99, is_mask_high: float = 1.01) -> Weights:
+    """Masked importance sampling per sequence by the geometric mean of its token ratios, on all its tokens."""
+    log_w = ((x.old_logp - x.rollout_logp) * x.mask).sum(1, keepdim=True) / x.mask.sum(1, keepdim=True).clamp(min=1)
+    return _masked(log_w.expand_as(x.mask), x.mask, is_mask_low, is_mask_high)
+
+
+@rollout_corrections.register("icepop", anchor="masked-importance-sampling-and-icepop")
+def icepop(x: CorrectionInputs, *, is_mask_low: float = 0.5, is_mask_high: float = 5.0) -> Weights:
+    """IcePop: two-sided token masking, w_t = π_old/π_rollout inside [α, β] = [0.5, 5], else 0."""
+    return _masked((x.old_logp - x.rollout_logp) * x.mask, x.mask, is_mask_low, is_mask_high)

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from rlvr_lightning.errors import ConfigError, check_choice
-from rlvr_lightning.pieces.kinds import AdvantageInputs
+from rlvr_lightning.pieces import rollout_corrections
+from rlvr_lightning.pieces.kinds import AdvantageInputs, CorrectionInputs
 from rlvr_lightning.training.objective import Objective
 from rlvr_lightning.training.plan import UpdatePlan
 
@@ -37,6 +38,8 @@ def check_values(h: Mapping[str, Any]) -> None:
 
 def check_pieces(h: Mapping[str, Any], objective: Objective, corrects_rollouts: bool) -> None:
     loss = objective.policy_loss
+    one = torch.zeros(1, 1)
+    rollout_corrections.bound(h)(CorrectionInputs(one, one, torch.ones(1, 1)))  # its knobs fail now (a band)
     if objective.group_level and corrects_rollouts:
         raise ConfigError(
             f"model.rollout_correction={h['rollout_correction']} re-weights token-level losses; "
