@@ -12,9 +12,10 @@ SURROGATES = [p.name for p in policy_losses.pieces() if p["level"] == "token"]
 
 
 def surrogate(name, logp, old_logp, adv, mask, eps_low=0.2, eps_high=0.2):
-    """(per-token loss, stats) of the token-level policy loss `name`."""
-    inputs = TokenLossInputs(logp, old_logp, adv, mask)
-    return policy_losses.get(name).fn(inputs, clip_eps_low=eps_low, clip_eps_high=eps_high)
+    """(per-token loss, stats) of the token-level policy loss `name`, with the clip range if it has one
+    (its other knobs at their defaults, as the module binds them)."""
+    loss = policy_losses.get(name).bind({"clip_eps_low": eps_low, "clip_eps_high": eps_high})
+    return loss(TokenLossInputs(logp, old_logp, adv, mask))
 
 
 def aggregate(per_tok, mask, mode, num_seqs, num_tokens, norm_const=None, world_size=1) -> torch.Tensor:

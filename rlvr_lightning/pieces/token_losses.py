@@ -78,3 +78,32 @@ def cispo(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> L
     weight = ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high)
     stats = {"ratio": ratio, "clipped_low": ratio < 1 - clip_eps_low, "clipped_high": ratio > 1 + clip_eps_high}
     return -weight * x.advantages * x.logp, stats
+
+
+@policy_losses.register("gmpo", anchor="gmpo", token_advantages=False)
+def gmpo(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> LossAndStats:
+    """GMPO: the geometric mean of the token ratios, each clipped in log space to [−ε_low, ε_high] on the
+    side the sequence advantage pushes (above for Â > 0, below for Â < 0); one term per sequence."""
+    log_ratio = (x.logp - x.old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) * x.mask
+    seq_adv = (x.advantages * x.mask).sum(1) / x.mask.sum(1).clamp(min=1)
+    sign = seq_adv.sign()[:, None]
+    kept = sign * torch.minimum(sign * log_ratio, sign * log_ratio.clamp(-clip_eps_low, clip_eps_high))
+    geometric_mean = ((kept * x.mask).sum(1) / x.mask.sum(1).clamp(min=1)).exp()
+    with torch.no_grad():
+        stats = {
+            "ratio": log_ratio.exp(),
+            "clipped_low": (sign < 0) & (log_ratio < -clip_eps_low),
+            "clipped_high": (sign > 0) & (log_ratio > clip_eps_high),
+        }
+    return (-seq_adv * geometric_mean)[:, None] * x.mask, stats
+
+
+@policy_losses.register("sapo", anchor="sapo")
+def sapo(x: TokenLossInputs, *, sapo_tau_pos: float = 1.0, sapo_tau_neg: float = 1.05) -> LossAndStats:
+    """SAPO: a soft gate f(r) = (4/τ)·σ(τ(r − 1)) in place of the hard clip, −f(r)·Â per token; τ_pos for
+    Â > 0, τ_neg otherwise. Its gradient weight 4σ(1−σ)·r is 1 on policy and fades smoothly off it."""
+    ratio = (x.logp - x.old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+    tau = torch.where(x.advantages > 0, sapo_tau_pos, sapo_tau_neg)
+    gate = 4 / tau * torch.sigmoid(tau * (ratio - 1))
+    none = torch.zeros_like(x.mask, dtype=torch.bool)
+    return -gate * x.advantages, {"ratio": ratio.detach(), "clipped_low": none, "clipped_high": none}
