@@ -53,6 +53,11 @@ CLAIMS = [  # (paper claim, preset, metric column, +1: the preset should be high
     ("REAL-BCE above the GRPO baseline (the paper: above DAPO)", "real-bce", "val/accuracy", +1),
     ("OAR-P above GRPO", "oar-p", "val/accuracy", +1),
     ("OAR-G above GRPO", "oar-g", "val/accuracy", +1),
+    ("CISPO learns at least as fast as GRPO at equal updates", "cispo", "val/accuracy", +1),
+    ("Pass@k training raises pass@k", "passk", "pass@8", +1),
+    ("REINFORCE++-baseline above GRPO", "reinforce-pp", "val/accuracy", +1),
+    ("GMPO above GRPO at equal updates", "gmpo", "val/accuracy", +1),
+    ("SAPO above GRPO at equal updates", "sapo", "val/accuracy", +1),
 ]
 
 
