@@ -24,6 +24,13 @@ PRESETS = {
     "dapo": (DAPO, {}),
     "gspo": (GSPO, {}),
     "gspo-token": (GSPO, {"policy_loss": "gspo-token"}),
+    # The newer pieces on GRPO's step, with their presets' knobs (configs/algo/<name>.yaml).
+    "cispo": (GRPO, {"policy_loss": "cispo", "loss_agg": "token-mean", "clip_eps_low": 1.0, "clip_eps_high": 0.28}),
+    "gmpo": (GRPO, {"policy_loss": "gmpo", "clip_eps_low": 0.4, "clip_eps_high": 0.4}),
+    "sapo": (GRPO, {"policy_loss": "sapo"}),
+    # An estimator that reads more than the rewards (the lengths, a reduction); RLOO's and pass@k's are
+    # functions of the rewards alone, tested in test_advantage_estimators.py.
+    "reinforce-pp": (GRPO, {"advantage_estimator": "reinforce-pp", "loss_agg": "token-mean"}),
 }
 
 

@@ -27,6 +27,37 @@ def preset_args(tmp_path: Path, algo: str, model_dir: Path, max_response_length:
     ]  # fmt: skip
 
 
+COMPOSED = [
+    "--model.init_args.advantage_estimator=rloo", "--model.init_args.rollout_correction=icepop",
+    "--trainer.callbacks+=rlvr_lightning.callbacks.attribution.THRAttribution", "--trainer.callbacks.p=0.2",
+    "--model.init_args.num_mini_batches=2",
+]  # fmt: skip
+
+
+@pytest.mark.e2e
+def test_pieces_of_four_papers_compose_in_one_run(tmp_path, quick_warm_start):
+    """CISPO's loss, RLOO's advantages, IcePop's rollout correction and THR's token reweighting."""
+    _, model_dir = quick_warm_start
+    args = [*preset_args(tmp_path, "cispo", model_dir, max_response_length=40), "--trainer.max_steps", "4"]
+    proc = run_cli([*args, *COMPOSED], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run, history = finished_run(tmp_path, "cispo")
+    params = run.data.params
+    assert (params["model.init_args.policy_loss"], params["model.init_args.advantage_estimator"],
+            params["model.init_args.rollout_correction"]) == ("cispo", "rloo", "icepop")  # fmt: skip
+    for key in ("train/is_masked_frac", "train/is_weight_mean", "train/thr/dominant_frac", "train/loss"):
+        assert [m.step for m in history[key]] == [0, 1], key
+
+
+@pytest.mark.e2e
+def test_a_sequence_level_loss_under_reshaped_token_advantages_is_refused_before_training(tmp_path, tiny_policy_dir):
+    args = [*preset_args(tmp_path, "gmpo", tiny_policy_dir), *COMPOSED[2:4]]
+    proc = run_cli(args, tmp_path, timeout=180)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    err = proc.stderr.strip().splitlines()[-1]
+    assert err.startswith("error: THRAttribution reshape(s) token advantages, but model.policy_loss=gmpo"), err
+
+
 def callback_param(run, class_name: str, arg: str) -> str:
     """The logged init arg of the configured callback of that class (params are flattened by list index)."""
     params = run.data.params
