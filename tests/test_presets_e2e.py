@@ -49,15 +49,6 @@ def test_pieces_of_four_papers_compose_in_one_run(tmp_path, quick_warm_start):
         assert [m.step for m in history[key]] == [0, 1], key
 
 
-@pytest.mark.e2e
-def test_a_sequence_level_loss_under_reshaped_token_advantages_is_refused_before_training(tmp_path, tiny_policy_dir):
-    args = [*preset_args(tmp_path, "gmpo", tiny_policy_dir), *COMPOSED[2:4]]
-    proc = run_cli(args, tmp_path, timeout=180)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    err = proc.stderr.strip().splitlines()[-1]
-    assert err.startswith("error: THRAttribution reshape(s) token advantages, but model.policy_loss=gmpo"), err
-
-
 def callback_param(run, class_name: str, arg: str) -> str:
     """The logged init arg of the configured callback of that class (params are flattened by list index)."""
     params = run.data.params

@@ -258,6 +258,10 @@ def test_thr_composes_with_gspo_token_and_is_refused_where_it_cannot(tiny_policy
         with_thr(GSPO, tiny_policy_dir, THRAttribution(p=0.2), num_mini_batches=2).validate_config()
     with pytest.raises(ConfigError, match="policy_loss=real-anchor does not honour them"):
         with_thr(REAL, tiny_policy_dir, THRAttribution(p=0.2), micro_batch_size=4, num_mini_batches=1).validate_config()
+    with pytest.raises(ConfigError, match="policy_loss=gmpo does not honour them"):  # one term per sequence
+        with_thr(GRPO, tiny_policy_dir, THRAttribution(p=0.2), policy_loss="gmpo").validate_config()
+    for loss in ("cispo", "sapo"):  # per-token losses take the reshaped token advantages
+        with_thr(GRPO, tiny_policy_dir, THRAttribution(p=0.2), policy_loss=loss).validate_config()
 
 
 def untied_copy(policy):
