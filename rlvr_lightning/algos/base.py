@@ -119,7 +119,7 @@ class RLVRModule(L.LightningModule):
         self.hparams.update({k: str(v) if isinstance(v, str) else v for k, v in effective.items()})
         self.automatic_optimization = False
         check_values(self.hparams)
-        advantage_estimators.bound(self.hparams), rollout_corrections.bound(self.hparams)  # bad pieces fail now
+        advantage_estimators.bound(self.hparams)  # a bad name fails now (check_pieces tries the correction)
         check_pieces(self.hparams, self.objective, self.corrects_rollouts)
         self.policy, self.ref_policy = None, None  # built in configure_model (FSDP shards them there)
         self.policy_version = 0  # weight syncs so far: the engine runs this version of the policy

@@ -114,18 +114,10 @@ class RolloutSettings:
         self.group_size, self.max_response_length = group_size, max_response_length
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.engine, self.dtype, self.kv_cache_gib = engine, dtype, kv_cache_gib
-        self.gpu_memory_utilization, self.enforce_eager, self.sleep_level = (
-            gpu_memory_utilization,
-            enforce_eager,
-            sleep_level,
-        )
-        self.server_replicas, self.server_urls, self.server_cuda_devices = (
-            server_replicas,
-            server_urls,
-            server_cuda_devices,
-        )
-        self.server_start_timeout_s, self.server_args = server_start_timeout_s, server_args
-        self.weight_transfer, self.batches_ahead = weight_transfer, batches_ahead
+        self.gpu_memory_utilization, self.enforce_eager = gpu_memory_utilization, enforce_eager
+        self.sleep_level, self.server_replicas, self.server_urls = sleep_level, server_replicas, server_urls
+        self.server_cuda_devices, self.server_start_timeout_s = server_cuda_devices, server_start_timeout_s
+        self.server_args, self.weight_transfer, self.batches_ahead = server_args, weight_transfer, batches_ahead
 
     def __repr__(self) -> str:
         return f"RolloutSettings({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
@@ -146,9 +138,7 @@ class RolloutSettings:
             from rlvr_lightning.rollout.hf_engine import HFGenerateEngine
 
             if self.sleep_level:
-                log.warning(
-                    "rollout.sleep_level=%d is ignored: rollout.engine=hf has no memory of its own", self.sleep_level
-                )
+                log.warning("rollout.sleep_level=%d is ignored: rollout.engine=hf has no memory of its own", self.sleep_level)
             tok = site.tokenizer
             return HFGenerateEngine(site.policy, tok.pad_token_id, tok.eos_token_id, site.policy_score)
         if self.engine == "vllm-server":
