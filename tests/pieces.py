@@ -8,7 +8,9 @@ import torch
 from rlvr_lightning.pieces import kl_estimators, loss_aggregators, policy_losses, rollout_corrections
 from rlvr_lightning.pieces.kinds import CorrectionInputs, StepNorms, TokenLossInputs
 
-SURROGATES = [p.name for p in policy_losses.pieces() if p["level"] == "token"]
+# Token-level losses that read one micro-batch alone; those with a step-level token selection (Clip-Cov,
+# KL-Cov) are tested in test_covariance_losses.py and through the update in test_algorithms.py.
+SURROGATES = [p.name for p in policy_losses.pieces() if p["level"] == "token" and p["token_selection"] is None]
 
 
 def surrogate(name, logp, old_logp, adv, mask, eps_low=0.2, eps_high=0.2):

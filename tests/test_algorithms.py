@@ -31,6 +31,10 @@ PRESETS = {
     # An estimator that reads more than the rewards (the lengths, a reduction); RLOO's and pass@k's are
     # functions of the rewards alone, tested in test_advantage_estimators.py.
     "reinforce-pp": (GRPO, {"advantage_estimator": "reinforce-pp", "loss_agg": "token-mean"}),
+    # Token selections over the whole step, at shares large enough that many of the 40 tokens are taken.
+    "clip-cov": (GRPO, {"policy_loss": "clip-cov", "loss_agg": "token-mean",
+                        "piece_args": {"clip_cov_ratio": 0.3, "clip_cov_lb": 0.0, "clip_cov_ub": 100.0}}),
+    "kl-cov": (GRPO, {"policy_loss": "kl-cov", "loss_agg": "token-mean", "piece_args": {"kl_cov_ratio": 0.3}}),
 }
 
 
@@ -164,7 +168,9 @@ def test_first_mini_batch_after_a_rollout_is_exactly_on_policy(tiny_policy_dir, 
     whichever strategy produced them, and the ratio is 1 with nothing clipped."""
     cls, kwargs = PRESETS[preset]
     module = attach(cls, tiny_policy_dir, micro_batch_size=3, **{**kwargs, "num_mini_batches": num_mini_batches})
-    assert module.behaviour_source() == ("update" if num_mini_batches == 1 else "trainer")
+    # A loss that reads the whole step first (a token selection) needs θ_old before the update: its own pass.
+    one_pass = num_mini_batches == 1 and not module.objective.reads_step_first
+    assert module.behaviour_source() == ("update" if one_pass else "trainer")
     rollout = sample_rollout(module)
     rollout.sampling = SamplingConfig(group_size=G, max_tokens=MAX_LEN, temperature=0.7)
     inputs = prepared(module, rollout)
@@ -200,7 +206,7 @@ def test_old_logprobs_from_the_update_forward_equal_a_separate_pass(tiny_policy_
     cls, kwargs = PRESETS[preset]
     module = attach(cls, tiny_policy_dir, micro_batch_size=3, **kwargs)
     if module.behaviour_source() != "update":
-        pytest.skip("this preset takes several updates per rollout batch")
+        pytest.skip("this preset's θ_old does not come from the update's forward")
     inputs = prepared(module, sample_rollout(module))
     assert isinstance(inputs.behaviour, FromUpdateForward)  # the separate pass did not run
     explicit = with_old_logp(inputs, trainer_old_logp(module, inputs, 3))  # same micro-batches: same numerics

@@ -38,7 +38,10 @@ PROMPTS = ([[1, 2, 3], [4, 5]], [[6, 7, 8, 9], [10, 11]])  # two prompts per ran
 LENGTHS = ((1, 2, 1, 3, 2, 1, 1, 1), (8, 7, 8, 6, 5, 8, 7, 8))  # rank 0: 12 response tokens, rank 1: 57
 CORRECT = ((1, 0, 0, 0, 0, 1, 1, 0), (1, 1, 0, 0, 0, 0, 0, 0))  # rank 1's 2nd group: Â ≡ 0, yet counts in T_S
 AGGREGATORS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-LOSSES = AGGREGATORS + ("real-anchor", "real-bce")  # REAL: normaliser B (prompts) or M (rollouts in mixed groups)
+# REAL: normaliser B (prompts) or M (rollouts in mixed groups). Clip-Cov, KL-Cov: token selections over
+# the step (global means and counts, KL-Cov's global top share, Clip-Cov's draws keyed by global sequence).
+SELECTIONS = {"clip-cov": {"clip_cov_ratio": 0.3, "clip_cov_lb": 0.0, "clip_cov_ub": 100.0}, "kl-cov": {"kl_cov_ratio": 0.1}}
+LOSSES = AGGREGATORS + ("real-anchor", "real-bce", *SELECTIONS)
 LAYOUTS = (None, 24)  # micro-batches of 3 rows; token budgets of 24 (rank 0 needs fewer: the count is agreed)
 
 
@@ -61,10 +64,12 @@ class TinyCausalLM(torch.nn.Module):
 
 def rank_update(world_size: int, reduce, loss: str, max_tokens: int | None) -> tuple[PolicyUpdate, StepContext]:
     """The update a module with these settings runs (GRPO's PPO-clip with DAPO's clip-higher and the
-    aggregator `loss`, or REAL's loss `loss` on micro-batches of whole groups), and its step context."""
-    real = loss.startswith("real-")
-    values = {"policy_loss": loss if real else "ppo-clip", "loss_agg": "token-mean" if real else loss,
-              "kl_estimator": "k3", "kl_coef": 0.0, "clip_eps_low": EPS_LOW, "clip_eps_high": EPS_HIGH}  # fmt: skip
+    aggregator `loss`, REAL's loss `loss` on micro-batches of whole groups, or a loss with a token
+    selection, Clip-Cov or KL-Cov), and its step context."""
+    real, own_loss = loss.startswith("real-"), loss not in AGGREGATORS
+    values = {"policy_loss": loss if own_loss else "ppo-clip", "loss_agg": "token-mean" if own_loss else loss,
+              "kl_estimator": "k3", "kl_coef": 0.0, "clip_eps_low": EPS_LOW, "clip_eps_high": EPS_HIGH,
+              "piece_args": SELECTIONS.get(loss)}  # fmt: skip
     plan = UpdatePlan(1, 1, G if real else 3, max_tokens, 0, 1.0, float(MAX_LEN))
     rank = torch.distributed.get_rank() if world_size > 1 else 0
     step = StepContext(

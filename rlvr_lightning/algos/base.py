@@ -209,9 +209,9 @@ class RLVRModule(L.LightningModule):
 
     def behaviour_source(self) -> BehaviourSource:
         """Where θ_old's log-probs come from (`rlvr_lightning.training.behaviour`)."""
-        h = self.hparams
-        steps = h.num_mini_batches * h.ppo_epochs
-        return behaviour_source(h.behaviour_logprobs, steps, self.corrects_rollouts, h.two_pass, self.generates_ahead)
+        h, steps = self.hparams, self.hparams.num_mini_batches * self.hparams.ppo_epochs
+        return behaviour_source(h.behaviour_logprobs, steps, self.corrects_rollouts, self.objective.reads_step_first,
+                                self.generates_ahead)  # fmt: skip
 
     @property
     def generates_ahead(self) -> bool:

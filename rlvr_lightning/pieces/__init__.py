@@ -1,10 +1,10 @@
 """Algorithm pieces: advantage estimators, policy losses, loss aggregators, KL estimators and rollout
 corrections, each a pure function registered under a name (`registry`, `kinds`). Importing this
-package registers every built-in piece: `advantages`, `token_losses` and `real` (policy losses),
+package registers every built-in piece: `advantages`, `token_losses`, `covariance` and `real` (policy losses),
 `aggregation`, `kl`, `corrections`."""
 
 # They register in this order, the order `python -m rlvr_lightning list` and the errors show.
-from rlvr_lightning.pieces import advantages, token_losses, real, aggregation, kl, corrections  # noqa: F401  # isort: skip
+from rlvr_lightning.pieces import advantages, token_losses, covariance, real, aggregation, kl, corrections  # noqa: F401  # isort: skip
 from rlvr_lightning.pieces.kinds import (
     KINDS,
     advantage_estimators,

@@ -37,6 +37,19 @@ class TokenLossInputs:
     old_logp: Tensor  # [n, T] log π_old (the behaviour policy), detached
     advantages: Tensor  # [n, T] token advantages (sequence advantages broadcast, maybe reshaped by THR/OAR)
     mask: Tensor  # [n, T] tokens that enter the loss
+    selected: Tensor | None = None  # [n, T] bool: the tokens the loss's `token_selection` picked (Clip-Cov, KL-Cov)
+
+
+@dataclass(frozen=True)
+class TokenSelectionInputs:
+    """A token-level loss's selection over one optimizer step's tokens on this rank, made before the
+    step's first forward from θ_old's view (so it is the same for any micro-batch layout)."""
+
+    old_logp: Tensor  # [n, T] log π_old of the step's sequences
+    advantages: Tensor  # [n, T] token advantages
+    mask: Tensor  # [n, T]
+    uniform: Callable[[Tensor], Tensor]  # local rows [k] → [k, T] uniform draws keyed by (seed, step, sequence, position)
+    reduce_sum: Callable[[Tensor], Tensor] = _no_reduction  # sum across ranks (a collective: every rank calls it)
 
 
 @dataclass(frozen=True)
@@ -83,7 +96,9 @@ policy_losses = Registry(
     # token_advantages: whether the loss honours per-token advantages (THR/OAR reshape them).
     # normaliser (group level): `groups` (B) or `mixed_sequences` (M), the count it is divided by.
     # grad_weights (group level): the closed-form ∂L/∂s̄ for the two-pass method, fn(GroupLossInputs, *, knobs).
-    traits={"level": "token", "token_advantages": True, "normaliser": None, "grad_weights": None},
+    # token_selection (token level): picks tokens over the whole optimizer step before its forwards,
+    # fn(TokenSelectionInputs, *, knobs) → (bool [n, T], statistics); the loss reads it as `selected`.
+    traits={"level": "token", "token_advantages": True, "normaliser": None, "grad_weights": None, "token_selection": None},
 )  # fmt: skip
 loss_aggregators = Registry(
     "loss aggregator", "model.loss_agg", "fn(per_token [n, T], mask [n, T], StepNorms) → the micro-batch's loss"

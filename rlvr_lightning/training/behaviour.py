@@ -28,19 +28,20 @@ def behaviour_source(
     behaviour_logprobs: str,
     optimizer_steps_per_batch: int,
     corrected: bool,
-    two_pass: bool,
+    reads_step_first: bool,
     generated_ahead: bool = False,
 ) -> BehaviourSource:
     """`update` wherever it is exact: one optimizer step per rollout batch, no rollout correction (its
-    weights are needed before the update) and no two-pass loss (it scores every sequence before any
-    forward with grad). `generated_ahead` (`rollout.batches_ahead`: sampled by the previous policy
-    version): the trainer's weights are not the behaviour policy, so θ_old is the engine's log-probs,
-    unless a rollout correction (`corrected`) weighs the trainer's θ_old against them."""
+    weights are needed before the update) and no loss that reads the whole step before any forward
+    with grad (`reads_step_first`: the two-pass method, a token selection such as Clip-Cov's).
+    `generated_ahead` (`rollout.batches_ahead`: sampled by the previous policy version): the trainer's
+    weights are not the behaviour policy, so θ_old is the engine's log-probs, unless a rollout
+    correction (`corrected`) weighs the trainer's θ_old against them."""
     if behaviour_logprobs == "rollout" or (generated_ahead and not corrected):
         return "rollout"
     if generated_ahead:
         return "trainer"
-    if optimizer_steps_per_batch == 1 and not corrected and not two_pass:
+    if optimizer_steps_per_batch == 1 and not corrected and not reads_step_first:
         return "update"
     return "trainer"
 

@@ -33,24 +33,33 @@ class Objective:
     kl_coef: float
     two_pass: bool = False  # group-level loss over micro-batches that split groups (`training.update`)
     grad_weights: Callable | None = None  # group level: the closed-form ∂L/∂s̄ with the knobs bound
+    select: Callable | None = None  # token level: the loss's token selection over a step, knobs bound
 
     @property
     def group_level(self) -> bool:
         return self.policy_loss["level"] == "group"
 
     @property
+    def reads_step_first(self) -> bool:
+        """The loss reads the whole optimizer step before its first forward with grad (θ_old must be known)."""
+        return self.two_pass or self.select is not None
+
+    @property
     def needs_whole_groups(self) -> bool:
         """Micro-batches must hold whole groups: the one-pass loss couples a group's rollouts."""
         return self.group_level and not self.two_pass
 
-    def micro_batch_loss(self, mb: LossBatch, logp: torch.Tensor, norms: StepNorms) -> tuple[torch.Tensor, dict]:
-        """Scalar loss of one micro-batch, already divided by the step's global normalisers."""
+    def micro_batch_loss(
+        self, mb: LossBatch, logp: torch.Tensor, norms: StepNorms, selected: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict]:
+        """Scalar loss of one micro-batch, already divided by the step's global normalisers; `selected`:
+        the micro-batch's share of the step's token selection (losses with a `token_selection`)."""
         if self.group_level:
             s_bar = sequence_log_ratio(logp, mb.old_logp, mb.loss_mask)
             loss = self.loss(self.group_inputs(s_bar, mb.correct, mb.group_size, norms))
             stats = self.sequence_stats(s_bar.detach(), mb.correct, mb.group_size)
         else:
-            per_tok, stats = self.loss(TokenLossInputs(logp, mb.old_logp, mb.advantages, mb.loss_mask))
+            per_tok, stats = self.loss(TokenLossInputs(logp, mb.old_logp, mb.advantages, mb.loss_mask, selected))
             if mb.is_weight is not None:  # the rollout correction re-weights the policy term only, as in verl
                 per_tok = per_tok * mb.is_weight
             loss = self.aggregate(per_tok, mb.loss_mask, norms)
@@ -99,10 +108,11 @@ def compose_objective(values: Mapping[str, Any]) -> Objective:
     (used when `kl_coef` > 0), `two_pass`, and every piece's knobs from `values` or `piece_args`."""
     args = values.get("piece_args")
     loss = policy_losses.selected(values)
-    grad_weights = loss["grad_weights"]
+    grad_weights, select = loss["grad_weights"], loss["token_selection"]
     return Objective(
         policy_loss=loss, loss=loss.bind(values, args), aggregate=loss_aggregators.bound(values),
         kl=kl_estimators.bound(values) if values["kl_coef"] > 0 else None,
         kl_coef=values["kl_coef"], two_pass=values.get("two_pass", False),
         grad_weights=None if grad_weights is None else bind_knobs(grad_weights, f"policy loss {loss.name!r}", values, args),
+        select=None if select is None else bind_knobs(select, f"policy loss {loss.name!r}", values, args),
     )  # fmt: skip

@@ -23,7 +23,7 @@ from torch.distributed.tensor import DTensor
 
 from rlvr_lightning.context import StepContext
 from rlvr_lightning.models.forward import policy_forward
-from rlvr_lightning.pieces.kinds import StepNorms
+from rlvr_lightning.pieces.kinds import StepNorms, TokenSelectionInputs
 from rlvr_lightning.pieces.token_losses import sequence_log_ratio
 from rlvr_lightning.training.batch import UpdateInputs, step_norms
 from rlvr_lightning.training.objective import Objective
@@ -55,15 +55,17 @@ class PolicyUpdate:
     def __init__(self, objective: Objective, plan: UpdatePlan, guard: NonFiniteGuard) -> None:
         self.objective, self.plan, self.guard = objective, plan, guard
         self.updates_since_rollout = 0  # optimizer steps taken since the rollout: 0 = θ is still θ_old
+        self.step_key: tuple[int, ...] = (0,)  # names the optimizer step in the token selection's random draws
 
     def run(self, step: StepContext, inputs: UpdateInputs, num_prompts: int, opt: Optimization) -> dict[str, float]:
         plan, G = self.plan, inputs.group_size
         acc = MetricAccumulator()
         self.updates_since_rollout = 0
-        for _epoch in range(plan.ppo_epochs):
+        for epoch in range(plan.ppo_epochs):
             # Mini-batches hold whole groups: prompt-level split, sequences stay group-contiguous.
-            for prompt_idx in torch.arange(num_prompts).chunk(plan.num_mini_batches):
+            for mini_batch, prompt_idx in enumerate(torch.arange(num_prompts).chunk(plan.num_mini_batches)):
                 rows = (prompt_idx[:, None] * G + torch.arange(G)).flatten().to(step.device)
+                self.step_key = (step.seed, step.rollout_batch, epoch, mini_batch)
                 opt.optimizer.zero_grad(set_to_none=True)
                 acc.add("loss", self.accumulate_gradients(step, inputs, rows, opt.backward, acc))
                 grad_norm = torch.nn.utils.clip_grad_norm_(opt.parameters(), plan.max_grad_norm)
@@ -97,15 +99,49 @@ class PolicyUpdate:
             raise RuntimeError("advantage shapers read the update's LM-head inputs, but micro-batches split groups")
         step_loss = torch.zeros((), device=step.device)
         unit = inputs.group_size if whole_groups else 1
+        selected = self.select_tokens(step, inputs, rows, acc)
         for idx in self.plan.micro_batches(rows, inputs.lengths, step.collectives, unit):
             forward, mb = self.forward(step, inputs, idx, with_entropy=acc is not None, capture=reads_lm_head)
-            loss, stats = self.objective.micro_batch_loss(mb, forward.logp, norms)
+            mb_selected = None if selected is None else selected[idx, : mb.loss_mask.shape[1]]
+            loss, stats = self.objective.micro_batch_loss(mb, forward.logp, norms, mb_selected)
             backward(loss)
             if acc is not None:
                 acc.add_tokens(stats, forward.entropy, mb.loss_mask)
                 acc.add_padding(mb.tensors.attention_mask)
             step_loss += loss.detach()  # already globally normalised: the step's loss is their sum
         return step_loss
+
+    def select_tokens(
+        self, step: StepContext, inputs: UpdateInputs, rows: torch.Tensor, acc: MetricAccumulator | None
+    ) -> torch.Tensor | None:
+        """The loss's token selection over the optimizer step `rows`, [N, T] (False outside `rows`), or None.
+        θ_old's log-probs are known before the update (`Objective.reads_step_first` keeps them so)."""
+        select = self.objective.select
+        if select is None:
+            return None
+        if inputs.behaviour.source == "update":
+            raise RuntimeError("a token selection reads θ_old's log-probs before the update, not from its forwards")
+        N, T = inputs.loss_mask.shape
+        first = step.collectives.rank * N  # this rank's first sequence in the step's global numbering
+
+        def uniform(local: torch.Tensor) -> torch.Tensor:
+            # One generator per sequence, seeded by (run seed, step, global sequence): the draw of a token
+            # is the same however micro-batches and ranks are laid out. Python hashes int tuples the same
+            # in every process.
+            draws = [
+                torch.rand(T, generator=torch.Generator().manual_seed(hash((*self.step_key, first + n)) & (2**63 - 1)))
+                for n in rows[local].tolist()
+            ]
+            return torch.stack(draws).to(rows.device)
+
+        old_logp = inputs.behaviour.old_logp_all()[rows]
+        mask = inputs.loss_mask[rows]
+        chosen, stats = select(TokenSelectionInputs(old_logp, inputs.advantages[rows], mask, uniform, step.collectives.sum))
+        if acc is not None:
+            acc.add_tokens(stats, None, mask)
+        selected = torch.zeros_like(inputs.loss_mask, dtype=torch.bool)
+        selected[rows] = chosen
+        return selected
 
     def forward(
         self, step: StepContext, inputs: UpdateInputs, idx: torch.Tensor, with_entropy: bool = False, capture: bool = False

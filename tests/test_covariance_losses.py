@@ -1,0 +1,156 @@
+"""Clip-Cov and KL-Cov against their formulas on hand-checkable tensors: the per-token covariance of
+log-prob and advantage, KL-Cov's exact top share, Clip-Cov's draw inside its band at the rate that
+gives its share, each loss's gradient given a selection, and the module wiring (θ_old known before the
+update, covariance statistics logged, bad knobs refused when the module is built). The selection's
+independence of micro-batch layout and rank count is tested through the update in test_algorithms.py
+and test_token_mean_ranks.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlvr_lightning.algos.grpo import GRPO
+from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.pieces import policy_losses
+from rlvr_lightning.pieces.covariance import order_keys
+from rlvr_lightning.pieces.kinds import TokenLossInputs, TokenSelectionInputs
+from rlvr_lightning.training.step_metrics import MetricAccumulator
+from tests.pieces import aggregate, surrogate
+from tests.test_algorithms import attach, gradient, prepared, sample_rollout
+from tests.test_grpo_family import off_policy_batch
+
+
+def select(name: str, old, adv, mask, uniform=None, **knobs):
+    """The registered loss `name`'s token selection, with its knobs (defaults where not given)."""
+    fn = policy_losses.get(name)["token_selection"]
+    draws = uniform or (lambda rows: torch.rand(len(rows), mask.shape[1], generator=torch.Generator().manual_seed(0)))
+    return fn(TokenSelectionInputs(old, adv, mask, draws), **knobs)
+
+
+def random_step(seed: int, N: int = 64, T: int = 40):
+    g = torch.Generator().manual_seed(seed)
+    mask = (torch.arange(T)[None] < torch.randint(1, T + 1, (N, 1), generator=g)).float()
+    old = -3 * torch.rand(N, T, generator=g) * mask
+    adv = torch.randn(N, 1, generator=g).expand(N, T) * mask
+    return old, adv, mask
+
+
+def test_the_covariance_by_hand():
+    # Tokens (ℓ, Â): (−1, 1), (−2, 1), (−3, −1), one padding slot. Means: Â 1/3, ℓ −2.
+    old = torch.tensor([[-1.0, -2.0], [-3.0, 0.0]])
+    adv = torch.tensor([[1.0, 1.0], [-1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    _, stats = select("kl-cov", old, adv, mask, kl_cov_ratio=0.5)
+    torch.testing.assert_close(stats["cov_mean"], torch.tensor([[2 / 3, 0.0], [4 / 3, 0.0]]))
+    # Its token mean is the population covariance of (ℓ, Â) over the step's tokens.
+    assert (stats["cov_mean"] * mask).sum() / mask.sum() == pytest.approx(2 / 3)
+    assert stats["cov_max"].max().item() == pytest.approx(4 / 3)
+
+
+def test_order_keys_sort_like_the_floats():
+    x = torch.cat([torch.randn(1000) * 10 ** torch.randint(-30, 30, (1000,)).float(),
+                   torch.tensor([0.0, -0.0, 1e-42, -1e-42, float("inf"), -float("inf")])])  # fmt: skip
+    x = x[~x.isnan()].unique()  # distinct values (−0.0 and 0.0 are one value: one is dropped)
+    assert torch.equal(order_keys(x).argsort(), x.argsort())
+
+
+@pytest.mark.parametrize("share", [0.01, 0.1, 0.5])
+def test_kl_cov_takes_exactly_the_top_share_by_covariance(share):
+    old, adv, mask = random_step(seed=1)
+    selected, stats = select("kl-cov", old, adv, mask, kl_cov_ratio=share)
+    cov = stats["cov_mean"].masked_fill(~mask.bool(), -float("inf"))
+    k = int(mask.sum().item() * share)
+    top = torch.zeros(cov.numel(), dtype=torch.bool)
+    top[cov.flatten().topk(k).indices] = True
+    assert torch.equal(selected.flatten(), top)
+
+
+def test_kl_cov_takes_at_least_one_token_and_every_token_tied_with_the_last():
+    old = torch.tensor([[-1.0, -1.0, -3.0, -3.0]])
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]])
+    mask = torch.ones(1, 4)
+    # c = (Â − 0)(ℓ + 2): 1, 1, 1, 1 — four ties; one token asked for, all four taken.
+    assert select("kl-cov", old, adv, mask, kl_cov_ratio=1e-6)[0].all()
+    old[0, 0] = -0.5  # c = 1.5 for token 0 alone: the top 1e-6 is that one token
+    assert select("kl-cov", old, adv, mask, kl_cov_ratio=1e-6)[0].tolist() == [[True, False, False, False]]
+
+
+def test_clip_cov_draws_only_inside_its_band_at_the_rate_that_gives_its_share():
+    old, adv, mask = random_step(seed=2, N=400, T=60)
+    selected, stats = select("clip-cov", old, adv, mask, clip_cov_ratio=0.01, clip_cov_lb=0.5, clip_cov_ub=3.0)
+    cov = stats["cov_mean"]
+    in_band = mask.bool() & (cov > 0.5) & (cov < 3.0)
+    assert (selected <= in_band).all() and in_band.sum() > 10 * selected.sum()  # a share of the candidates
+    expected = 0.01 * mask.sum().item()  # Binomial(candidates, rate) with mean 1% of the step's tokens
+    assert abs(selected.sum().item() - expected) < 4 * expected**0.5
+    # A share larger than the band holds: every candidate.
+    assert torch.equal(select("clip-cov", old, adv, mask, clip_cov_ratio=1.0, clip_cov_lb=0.5, clip_cov_ub=3.0)[0],
+                       in_band)  # fmt: skip
+
+
+def test_clip_cov_detaches_the_selected_tokens_and_is_ppo_elsewhere():
+    logp, old, mask = off_policy_batch(seed=3, spread=0.3)
+    adv = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * mask
+    selected = (torch.rand(mask.shape, generator=torch.Generator().manual_seed(2)) < 0.3) & mask.bool()
+
+    def grad_and_loss(name, sel=None):
+        logp.grad = None
+        loss = policy_losses.get(name).bind({"clip_eps_low": 0.2, "clip_eps_high": 0.2})
+        per_tok, _ = loss(TokenLossInputs(logp, old, adv, mask, sel))
+        total = aggregate(per_tok, mask, "token-mean", mask.shape[0], mask.sum().item())
+        total.backward()
+        return logp.grad.clone(), total.item()
+
+    g_cov, loss_cov = grad_and_loss("clip-cov", selected)
+    g_ppo, loss_ppo = grad_and_loss("ppo-clip")
+    assert selected.sum() >= 5 and (g_ppo[selected] != 0).any()
+    assert (g_cov[selected] == 0).all()
+    torch.testing.assert_close(g_cov[~selected], g_ppo[~selected])
+    assert loss_cov == pytest.approx(loss_ppo)  # detached, not dropped: the loss value is PPO's
+
+
+def test_kl_cov_gradient_by_hand():
+    logp, old, mask = off_policy_batch(seed=4, spread=0.3)
+    adv = torch.randn(mask.shape, generator=torch.Generator().manual_seed(3)) * mask
+    selected = (torch.rand(mask.shape, generator=torch.Generator().manual_seed(4)) < 0.3) & mask.bool()
+    beta = 0.7
+    per_tok, stats = policy_losses.get("kl-cov").fn(TokenLossInputs(logp, old, adv, mask, selected), kl_cov_coef=beta)
+    aggregate(per_tok, mask, "token-mean", mask.shape[0], mask.sum().item()).backward()
+    ratio = (logp.detach() - old).exp()
+    # ∂/∂ℓ of −Â·r + β·|ℓ − ℓ_old|·sel = −Â·r + β·sign(ℓ − ℓ_old)·sel, unclipped, over T_S tokens.
+    expected = (-adv * ratio + beta * (logp.detach() - old).sign() * selected) * mask / mask.sum()
+    torch.testing.assert_close(logp.grad, expected)
+    far = mask.bool() & ((ratio - 1).abs() > 0.3) & (adv != 0)
+    assert far.any() and (logp.grad[far] != 0).all() and not stats["clipped_high"].any()  # no clip
+
+
+def test_the_losses_need_their_selection():
+    logp, old, mask = off_policy_batch(seed=5)
+    with pytest.raises(ValueError, match="token selection"):
+        surrogate("kl-cov", logp, old, torch.ones_like(mask), mask)
+
+
+@pytest.mark.parametrize("name", ["clip-cov", "kl-cov"])
+def test_one_update_per_batch_still_takes_theta_old_from_its_own_pass_and_logs_the_covariance(tiny_policy_dir, name):
+    """The selection reads θ_old's log-probs of the whole step before its first forward, so the module
+    computes them in the separate pass even with one update per rollout batch; the step logs the
+    covariance statistics the loss acted on."""
+    module = attach(GRPO, tiny_policy_dir, policy_loss=name, num_mini_batches=1,
+                    piece_args={"clip_cov_ratio": 0.5, "clip_cov_lb": 0.0, "clip_cov_ub": 100.0, "kl_cov_ratio": 0.2})  # fmt: skip
+    assert module.behaviour_source() == "trainer"
+    inputs = prepared(module, sample_rollout(module))
+    acc = MetricAccumulator()
+    gradient(module, inputs, 3, acc)
+    stats = acc.result()
+    assert stats["cov_selected_frac"] > 0 and stats["cov_max"] >= stats["cov_selected_mean"] > stats["cov_mean"]
+
+
+@pytest.mark.parametrize(
+    "name,knobs",
+    [("kl-cov", {"kl_cov_ratio": 0.0}), ("clip-cov", {"clip_cov_ratio": 1.5}),
+     ("clip-cov", {"clip_cov_lb": 5.0, "clip_cov_ub": 1.0})],
+)  # fmt: skip
+def test_bad_selection_knobs_fail_when_the_module_is_built(name, knobs):
+    with pytest.raises(ConfigError, match="piece_args"):
+        GRPO(policy_loss=name, piece_args=knobs)
