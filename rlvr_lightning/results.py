@@ -58,6 +58,10 @@ CLAIMS = [  # (paper claim, preset, metric column, +1: the preset should be high
     ("REINFORCE++-baseline above GRPO", "reinforce-pp", "val/accuracy", +1),
     ("GMPO above GRPO at equal updates", "gmpo", "val/accuracy", +1),
     ("SAPO above GRPO at equal updates", "sapo", "val/accuracy", +1),
+    ("Clip-Cov keeps entropy above GRPO's", "clip-cov", "entropy (last 10)", +1),
+    ("KL-Cov keeps entropy above GRPO's", "kl-cov", "entropy (last 10)", +1),
+    ("Clip-Cov above GRPO at equal updates", "clip-cov", "val/accuracy", +1),
+    ("KL-Cov above GRPO at equal updates", "kl-cov", "val/accuracy", +1),
 ]
 
 
