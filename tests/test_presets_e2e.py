@@ -80,6 +80,7 @@ def finished_run(tmp_path: Path, algo: str):
         # The tests' quick warm start answers ~2% correctly: 10 rounds may not fill the batch with mixed
         # groups (the preset then raises, tested below), so the rounds are unlimited here.
         ("dapo", "DAPO", 8, ["--model.init_args.max_num_gen_batches=0"]),
+        ("kl-cov", "GRPO", 8, []),  # a token selection over each step: θ_old's pass, the covariance logged
     ],
 )
 def test_preset_two_step_fit(tmp_path, quick_warm_start, algo, cls, max_steps, extra):
@@ -98,6 +99,10 @@ def test_preset_two_step_fit(tmp_path, quick_warm_start, algo, cls, max_steps, e
     if algo.startswith("dapo"):  # off-policy updates after the first: the ratios move
         assert max(m.value for m in history["train/ratio_max"]) > 1.001
         assert run.data.params["model.init_args.num_mini_batches"] == "4"
+    if algo == "kl-cov":
+        for key in ("train/cov_mean", "train/cov_max", "train/cov_selected_frac", "train/cov_selected_mean"):
+            assert [m.step for m in history[key]] == [0, 1], key
+        assert all(0 < m.value < 0.2 for m in history["train/cov_selected_frac"])  # about the preset's 2%
     if algo == "dapo":
         assert all(m.value == 0 for m in history["train/frac_reward_zero_std"])  # only mixed groups are kept
         assert [m.step for m in history["train/dynamic_sampling_rounds"]] == [0, 1]

@@ -28,8 +28,9 @@ Selection = tuple[Tensor, dict[str, Tensor]]
 def token_covariance(x: TokenSelectionInputs) -> tuple[Tensor, Tensor, float]:
     """(c_t [n, T], the tokens where it is defined [n, T], the step's token count on all ranks)."""
     mask = x.mask.bool()
-    # float64: token counts past 2**24 are exact, and one collective carries the count and both sums.
-    sums = torch.stack([mask.sum(), (x.advantages * mask).sum(), (x.old_logp * mask).sum()]).double()
+    # float64 sums (exact token counts past 2**24); one collective carries the count and both sums.
+    f64 = torch.float64
+    sums = torch.stack([mask.sum(dtype=f64), (x.advantages * mask).sum(dtype=f64), (x.old_logp * mask).sum(dtype=f64)])
     count, adv_sum, logp_sum = x.reduce_sum(sums).tolist()
     if count == 0:
         return torch.zeros_like(x.old_logp), mask, 0.0
