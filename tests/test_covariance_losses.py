@@ -66,14 +66,20 @@ def test_kl_cov_takes_exactly_the_top_share_by_covariance(share):
     assert torch.equal(selected.flatten(), top)
 
 
-def test_kl_cov_takes_at_least_one_token_and_every_token_tied_with_the_last():
+def test_kl_cov_takes_at_least_one_token_and_breaks_ties_at_random_to_take_exactly_its_share():
     old = torch.tensor([[-1.0, -1.0, -3.0, -3.0]])
     adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]])
     mask = torch.ones(1, 4)
-    # c = (Â − 0)(ℓ + 2): 1, 1, 1, 1 — four ties; one token asked for, all four taken.
-    assert select("kl-cov", old, adv, mask, kl_cov_ratio=1e-6)[0].all()
+    # c = (Â − 0)(ℓ + 2): 1, 1, 1, 1 — four ties; one token asked for: the one with the smallest draw.
+    draws = torch.tensor([[0.7, 0.9, 0.2, 0.5]])
+    selected, _ = select("kl-cov", old, adv, mask, lambda rows: draws[rows], kl_cov_ratio=1e-6)
+    assert selected.tolist() == [[False, False, True, False]]
     old[0, 0] = -0.5  # c = 1.5 for token 0 alone: the top 1e-6 is that one token
     assert select("kl-cov", old, adv, mask, kl_cov_ratio=1e-6)[0].tolist() == [[True, False, False, False]]
+    # A step with no advantage signal: every c is 0, and still exactly the share is taken (2 of 40).
+    old, _, _ = random_step(seed=3, N=4, T=10)
+    selected, _ = select("kl-cov", old, torch.zeros(4, 10), torch.ones(4, 10), kl_cov_ratio=0.05)
+    assert selected.sum() == 2
 
 
 def test_clip_cov_draws_only_inside_its_band_at_the_rate_that_gives_its_share():

@@ -13,6 +13,7 @@ import neither Lightning nor transformers and the test takes seconds on an idle 
 
 from __future__ import annotations
 
+import functools
 import queue
 import socket
 import traceback
@@ -25,6 +26,8 @@ import torch.distributed
 from rlvr_lightning.context import Collectives, StepContext
 from rlvr_lightning.models.forward import policy_forward
 from rlvr_lightning.pieces.advantages import group_advantage
+from rlvr_lightning.pieces.covariance import kl_cov_selection
+from rlvr_lightning.pieces.kinds import TokenSelectionInputs
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.training.batch import UpdateInputs
 from rlvr_lightning.training.behaviour import Precomputed
@@ -122,6 +125,17 @@ def step(rollout: Rollout, offset: torch.Tensor, world_size: int, reduce, loss: 
     return loss.item(), grad
 
 
+def tied_selection(rank: int | None, reduce_sum) -> torch.Tensor:
+    """KL-Cov's selection on a step without advantage signal (every covariance 0, all tied: random draws
+    by global position choose), on rank `rank`'s half of 8 sequences, or on all 8 in one process (None)."""
+    g = torch.Generator().manual_seed(7)
+    old, draws = -torch.rand(8, 6, generator=g), torch.rand(8, 6, generator=g)
+    rows = slice(None) if rank is None else slice(4 * rank, 4 * rank + 4)
+    zeros, ones = torch.zeros(8, 6)[rows], torch.ones(8, 6)[rows]
+    inputs = TokenSelectionInputs(old[rows], zeros, ones, lambda local: draws[rows][local], reduce_sum)
+    return kl_cov_selection(inputs, kl_cov_ratio=0.1)[0]
+
+
 def one_process(tensor: torch.Tensor, reduce_op: str = "mean") -> torch.Tensor:
     return tensor  # a single-device strategy's reduce
 
@@ -147,12 +161,14 @@ def _rank(rank: int, port: int, out) -> None:
             for max_tokens in LAYOUTS:
                 loss, grad = step(rank_rollout(rank), old_offset(rank), WORLD, all_ranks, name, max_tokens)
                 results[(name, max_tokens)] = (loss, grad.tolist())
+        results["tied"] = tied_selection(rank, lambda t: all_ranks(t, "sum")).tolist()
         out.put((rank, results))
         dist.destroy_process_group()
     except BaseException:
         out.put((rank, traceback.format_exc()))
 
 
+@functools.cache  # one spawn of both ranks serves every test of this file
 def two_ranks() -> dict[int, dict]:
     import torch.multiprocessing as mp
 
@@ -198,6 +214,13 @@ def test_two_ranks_with_unequal_token_counts_give_the_gradient_of_one_process_ov
             if mean_loss != pytest.approx(loss_1, rel=1e-5, abs=1e-8):
                 wrong.append(f"{key}: loss {mean_loss:.6g} over the ranks, {loss_1:.6g} in one process")
     assert not wrong, "\n".join(wrong)
+
+
+def test_kl_cov_takes_its_exact_share_of_tied_tokens_across_ranks_as_one_process_would():
+    ranks = two_ranks()
+    union = torch.cat([torch.tensor(ranks[r]["tied"]) for r in range(WORLD)])
+    one = tied_selection(None, lambda t: t)
+    assert one.sum() == int(48 * 0.1) and torch.equal(union, one)
 
 
 def test_the_union_reference_is_the_token_mean_formula_and_per_rank_means_would_differ():

@@ -93,15 +93,25 @@ def clip_cov_selection(
 
 
 def kl_cov_selection(x: TokenSelectionInputs, *, kl_cov_ratio: float = 2e-3) -> Selection:
-    """KL-Cov's tokens: the top `kl_cov_ratio` share of the step's tokens by covariance, at least one
-    (tokens tied with the last one are all taken)."""
+    """KL-Cov's tokens: exactly the top `kl_cov_ratio` share of the step's tokens by covariance, at least
+    one. Ties at the boundary are common (a step whose advantages are all 0 has c ≡ 0): a random few of
+    the tied tokens make up the count, drawn by position, so the choice does not depend on the layout."""
     _share("kl_cov_ratio", kl_cov_ratio)
     cov, valid, count = token_covariance(x)
     if count == 0:
         return torch.zeros_like(valid), covariance_stats(cov, valid, torch.zeros_like(valid))
+    k = max(1, int(count * kl_cov_ratio))
     keys = order_keys(cov)
-    threshold = kth_largest_key(keys, valid, max(1, int(count * kl_cov_ratio)), x.reduce_sum)
-    selected = valid & (keys >= threshold)
+    threshold = kth_largest_key(keys, valid, k, x.reduce_sum)
+    above, tied = valid & (keys > threshold), valid & (keys == threshold)
+    missing = k - int(x.reduce_sum(above.sum().double().reshape(1)).item())
+    if x.reduce_sum(tied.sum().double().reshape(1)).item() > missing:
+        rows = tied.any(1).nonzero().squeeze(1)
+        draws = torch.ones_like(cov)
+        draws[rows] = x.uniform(rows).to(draws)
+        draw_keys = order_keys(-draws)  # the smallest draws rank first
+        tied &= draw_keys >= kth_largest_key(draw_keys, tied, missing, x.reduce_sum)
+    selected = above | tied
     return selected, covariance_stats(cov, valid, selected)
 
 
