@@ -125,15 +125,20 @@ def step(rollout: Rollout, offset: torch.Tensor, world_size: int, reduce, loss: 
     return loss.item(), grad
 
 
+TOP = ((5, 0), (6, 2), (7, 1))  # the three tokens of highest covariance, all on rank 1
+
+
 def tied_selection(rank: int | None, reduce_sum) -> torch.Tensor:
-    """KL-Cov's selection on a step without advantage signal (every covariance 0, all tied: random draws
-    by global position choose), on rank `rank`'s half of 8 sequences, or on all 8 in one process (None)."""
-    g = torch.Generator().manual_seed(7)
-    old, draws = -torch.rand(8, 6, generator=g), torch.rand(8, 6, generator=g)
+    """KL-Cov's top 4 of 48 tokens, on rank `rank`'s half of 8 sequences or on all 8 in one process
+    (None): three tokens (Â = 1, ℓ = −0.1) lie above the rest, whose covariances are all equal
+    ((0 − Ā)(−1 − ℓ̄)), so random draws by global position choose the fourth among 45 ties."""
+    old, adv = torch.full((8, 6), -1.0), torch.zeros(8, 6)
+    for n, t in TOP:
+        old[n, t], adv[n, t] = -0.1, 1.0
+    draws = torch.rand(8, 6, generator=torch.Generator().manual_seed(7))
     rows = slice(None) if rank is None else slice(4 * rank, 4 * rank + 4)
-    zeros, ones = torch.zeros(8, 6)[rows], torch.ones(8, 6)[rows]
-    inputs = TokenSelectionInputs(old[rows], zeros, ones, lambda local: draws[rows][local], reduce_sum)
-    return kl_cov_selection(inputs, kl_cov_ratio=0.1)[0]
+    inputs = TokenSelectionInputs(old[rows], adv[rows], torch.ones(8, 6)[rows], lambda local: draws[rows][local], reduce_sum)
+    return kl_cov_selection(inputs, kl_cov_ratio=4 / 48)[0]
 
 
 def one_process(tensor: torch.Tensor, reduce_op: str = "mean") -> torch.Tensor:
@@ -220,7 +225,7 @@ def test_kl_cov_takes_its_exact_share_of_tied_tokens_across_ranks_as_one_process
     ranks = two_ranks()
     union = torch.cat([torch.tensor(ranks[r]["tied"]) for r in range(WORLD)])
     one = tied_selection(None, lambda t: t)
-    assert one.sum() == int(48 * 0.1) and torch.equal(union, one)
+    assert one.sum() == 4 and all(one[n, t] for n, t in TOP) and torch.equal(union, one)
 
 
 def test_the_union_reference_is_the_token_mean_formula_and_per_rank_means_would_differ():
