@@ -45,7 +45,10 @@ METRICS = [  # (column, metric key, summary of one run's history: the final valu
     ("s / rollout batch", "time/step", "mean"),
 ]
 BASELINES = {1: "grpo", 4: "grpo-real-baseline"}  # the GRPO run with the same optimizer steps per rollout batch
-CLAIMS = [  # (paper claim, preset, metric column, +1: the preset should be higher than its baseline)
+EQUAL_MARGIN = 0.02  # a claim of equality holds when the paired difference's interval lies within ±this
+# (paper claim, preset, metric column, +1: the preset should be higher than its baseline, 0: equal to it
+# [, the baseline when it is not the GRPO run with the same K])
+CLAIMS = [
     ("THR, p < 0 raises pass@k (exploration)", "thr-explore", "pass@8", +1),
     ("THR, p > 0 raises greedy accuracy (exploitation)", "thr", "greedy", +1),
     ("REAL is at least as good as GRPO at equal updates", "real", "val/accuracy", +1),
@@ -62,6 +65,8 @@ CLAIMS = [  # (paper claim, preset, metric column, +1: the preset should be high
     ("KL-Cov keeps entropy above GRPO's", "kl-cov", "entropy (last 10)", +1),
     ("Clip-Cov above GRPO at equal updates", "clip-cov", "val/accuracy", +1),
     ("KL-Cov above GRPO at equal updates", "kl-cov", "val/accuracy", +1),
+    # RLOO's advantage is G/(G−1) × Dr. GRPO's: AdamW is blind to that scale, up to its ε and the clip.
+    ("RLOO equals Dr. GRPO (GRPO without std, scaled)", "rloo", "val/accuracy", 0, "dr-grpo"),
 ]
 
 
@@ -76,9 +81,16 @@ def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
 
 
 def verdict(mean: float, half: float, direction: int) -> str:
-    """Whether a paired difference's interval lies on the claimed side of 0, the other side, or spans it."""
+    """Whether a paired difference's interval lies on the claimed side of 0, the other side, or spans it;
+    for a claim of equality (`direction` 0), whether it lies within ±EQUAL_MARGIN or excludes 0."""
     if math.isnan(half):
         return "one seed: no interval"
+    if direction == 0:
+        if -EQUAL_MARGIN < mean - half and mean + half < EQUAL_MARGIN:
+            return f"reproduced (equal within ±{EQUAL_MARGIN})"
+        if mean - half > 0 or mean + half < 0:
+            return "contradicted (the interval excludes 0)"
+        return f"not resolved (the interval is wider than ±{EQUAL_MARGIN})"
     lo, hi = sorted((direction * (mean - half), direction * (mean + half)))
     if lo > 0:
         return "reproduced"
@@ -209,9 +221,9 @@ def differences_table(results: dict[str, PresetRuns]) -> list[str]:
 def claims_table(results: dict[str, PresetRuns]) -> list[str]:
     lines = ["| claim | preset − baseline | metric | difference (95% interval) | seeds | at this scale |", "|---|---|---|---|---|---|"]
     by_column = {col: (key, how) for col, key, how in METRICS}
-    for claim, preset, column, direction in CLAIMS:
+    for claim, preset, column, direction, *baseline in CLAIMS:
         pr = results.get(preset)
-        base = BASELINES.get(pr.steps_per_batch) if pr else None
+        base = baseline[0] if baseline else BASELINES.get(pr.steps_per_batch) if pr else None
         if pr is None or base not in results:
             lines.append(f"| {claim} | {preset} − {base or 'its baseline'} | {column} | – | 0 | not run |")
             continue
