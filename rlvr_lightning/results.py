@@ -308,7 +308,8 @@ def write_page(args: argparse.Namespace, presets: list[Path], outcomes: dict[str
         "## The papers' claims at this scale",
         "",
         "`reproduced`: the paired difference's 95% interval lies entirely on the claimed side of 0; `contradicted`: "
-        "entirely on the other side. A 1.1M-parameter model on arithmetic with 40-token answers is far from the papers' "
+        f"entirely on the other side. A claim of equality is reproduced when the interval lies within ±{EQUAL_MARGIN}, "
+        "contradicted when it excludes 0. A 1.1M-parameter model on arithmetic with 40-token answers is far from the papers' "
         "1.5B–32B models on competition math: a claim not reproduced here is not refuted there.",
         "",
         *claims_table(results),
