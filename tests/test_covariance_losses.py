@@ -160,3 +160,9 @@ def test_one_update_per_batch_still_takes_theta_old_from_its_own_pass_and_logs_t
 def test_bad_selection_knobs_fail_when_the_module_is_built(name, knobs):
     with pytest.raises(ConfigError, match="piece_args"):
         GRPO(policy_loss=name, piece_args=knobs)
+
+
+def test_the_selection_knobs_are_the_losses_knobs():
+    """`make list` shows a piece's knobs: the selection's (set with piece_args) are the loss's too."""
+    assert policy_losses.get("clip-cov").knobs == ("clip_eps_low", "clip_eps_high", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub")
+    assert policy_losses.get("kl-cov").knobs == ("kl_cov_coef", "kl_cov_ratio")

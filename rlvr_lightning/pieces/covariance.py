@@ -123,16 +123,18 @@ def _selected(x: TokenLossInputs) -> Tensor:
 
 @policy_losses.register("clip-cov", anchor="clip-cov-and-kl-cov", token_selection=clip_cov_selection)
 def clip_cov(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> LossAndStats:
-    """Clip-Cov: PPO's clipped surrogate with the gradient of a few random high-covariance tokens detached
-    (their loss still counts, and they stay in the normaliser)."""
+    """Clip-Cov: PPO's clipped surrogate, the gradient of a few random high-covariance tokens detached.
+
+    Their loss value still counts and they stay in the normaliser; `clip_cov_selection` draws them."""
     per_tok, stats = ppo_clip(x, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high)
     return torch.where(_selected(x), per_tok.detach(), per_tok), stats
 
 
 @policy_losses.register("kl-cov", anchor="clip-cov-and-kl-cov", token_selection=kl_cov_selection)
 def kl_cov(x: TokenLossInputs, *, kl_cov_coef: float = 1.0) -> LossAndStats:
-    """KL-Cov: the unclipped surrogate −r·Â on every token, plus β·|log π_θ − log π_old| on the tokens of
-    highest covariance."""
+    """KL-Cov: the unclipped surrogate −r·Â, plus β·|log π_θ − log π_old| on the top-covariance tokens.
+
+    The top share is `kl_cov_selection`'s, made once per optimizer step."""
     log_ratio = (x.logp - x.old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = log_ratio.exp()
     penalty = kl_cov_coef * log_ratio.abs() * _selected(x)

@@ -48,8 +48,12 @@ class Piece:
 
     @property
     def knobs(self) -> tuple[str, ...]:
-        params = inspect.signature(self.fn).parameters.values()
-        return tuple(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+        """The keyword-only parameters of its function and of its function traits (a loss's token selection)."""
+        names: dict[str, None] = {}
+        for fn in (self.fn, *(v for v in self.traits.values() if callable(v))):
+            params = inspect.signature(fn).parameters.values()
+            names.update((p.name, None) for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+        return tuple(names)
 
     @property
     def docs(self) -> str:
