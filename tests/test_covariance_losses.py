@@ -15,10 +15,13 @@ from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces import policy_losses
 from rlvr_lightning.pieces.covariance import order_keys
 from rlvr_lightning.pieces.kinds import TokenLossInputs, TokenSelectionInputs
+from rlvr_lightning.seeding import keyed_uniform
 from rlvr_lightning.training.step_metrics import MetricAccumulator
 from tests.pieces import aggregate, surrogate
 from tests.test_algorithms import attach, gradient, prepared, sample_rollout
 from tests.test_grpo_family import off_policy_batch
+
+PINNED_DRAWS = [0.0909, 0.5915, 0.5089]  # keyed_uniform((0, 3, 0, 1), [5], ·)'s first draws
 
 
 def select(name: str, old, adv, mask, uniform=None, **knobs):
@@ -166,3 +169,14 @@ def test_the_selection_knobs_are_the_losses_knobs():
     """`make list` shows a piece's knobs: the selection's (set with piece_args) are the loss's too."""
     assert policy_losses.get("clip-cov").knobs == ("clip_eps_low", "clip_eps_high", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub")
     assert policy_losses.get("kl-cov").knobs == ("kl_cov_coef", "kl_cov_ratio")
+
+
+def test_keyed_draws_depend_only_on_the_key_and_the_sequence():
+    """Clip-Cov's draws and KL-Cov's tie-breaks: a sequence draws the same numbers whichever other
+    sequences share its micro-batch or rank, position t is the t-th draw at any width, and the seeds
+    are a fixed function of the integers (pinned: a run's selections reproduce in any process)."""
+    alone, together = keyed_uniform((0, 3, 0, 1), [5], 6), keyed_uniform((0, 3, 0, 1), [9, 5, 2], 10)
+    torch.testing.assert_close(together[1, :6], alone[0], rtol=0, atol=0)
+    assert not torch.equal(keyed_uniform((0, 3, 0, 2), [5], 6), alone)  # another optimizer step
+    assert keyed_uniform((0, 3, 0, 1), [], 6).shape == (0, 6)
+    assert [round(v, 4) for v in alone[0, :3].tolist()] == PINNED_DRAWS

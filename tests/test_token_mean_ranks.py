@@ -29,6 +29,7 @@ from rlvr_lightning.pieces.advantages import group_advantage
 from rlvr_lightning.pieces.covariance import kl_cov_selection
 from rlvr_lightning.pieces.kinds import TokenSelectionInputs
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
+from rlvr_lightning.seeding import keyed_uniform
 from rlvr_lightning.training.batch import UpdateInputs
 from rlvr_lightning.training.behaviour import Precomputed
 from rlvr_lightning.training.objective import compose_objective
@@ -125,20 +126,34 @@ def step(rollout: Rollout, offset: torch.Tensor, world_size: int, reduce, loss: 
     return loss.item(), grad
 
 
-TOP = ((5, 0), (6, 2), (7, 1))  # the three tokens of highest covariance, all on rank 1
+TOP = ((5, 0), (6, 2), (7, 1))  # case "ties everywhere": the three tokens of highest covariance, all on rank 1
 
 
-def tied_selection(rank: int | None, reduce_sum) -> torch.Tensor:
-    """KL-Cov's top 4 of 48 tokens, on rank `rank`'s half of 8 sequences or on all 8 in one process
-    (None): three tokens (Â = 1, ℓ = −0.1) lie above the rest, whose covariances are all equal
-    ((0 − Ā)(−1 − ℓ̄)), so random draws by global position choose the fourth among 45 ties."""
-    old, adv = torch.full((8, 6), -1.0), torch.zeros(8, 6)
-    for n, t in TOP:
-        old[n, t], adv[n, t] = -0.1, 1.0
-    draws = torch.rand(8, 6, generator=torch.Generator().manual_seed(7))
+def tied_selection(rank: int | None, reduce_sum, case: str) -> torch.Tensor:
+    """KL-Cov's top share of a step's tokens, on rank `rank`'s half of 8 sequences or on all 8 in one
+    process (None); ties at the boundary are broken by draws keyed by global sequence and position.
+    - "ties everywhere": top 4 of 48; three tokens (Â = 1, ℓ = −0.1) lie above the rest, whose
+      covariances are all equal ((0 − Ā)(−1 − ℓ̄)): the fourth is one of 45 ties on both ranks.
+    - "ties on rank 1": top 12 of 32; rank 0's 8 tokens (Â = 1, distinct ℓ near −0.1) all lie above
+      rank 1's 24 tied ones: rank 0 has no tie to draw for, yet takes part in every collective."""
+    old, adv, mask = torch.full((8, 6), -1.0), torch.zeros(8, 6), torch.ones(8, 6)
+    if case == "ties everywhere":
+        for n, t in TOP:
+            old[n, t], adv[n, t] = -0.1, 1.0
+        share = 4 / 48
+    else:
+        mask[:4, 2:] = 0
+        old[:4, :2] = -0.1 - 0.01 * torch.arange(8.0).reshape(4, 2)
+        adv[:4, :2] = 1.0
+        share = 12 / 32
     rows = slice(None) if rank is None else slice(4 * rank, 4 * rank + 4)
-    inputs = TokenSelectionInputs(old[rows], adv[rows], torch.ones(8, 6)[rows], lambda local: draws[rows][local], reduce_sum)
-    return kl_cov_selection(inputs, kl_cov_ratio=4 / 48)[0]
+    first = 0 if rank is None else 4 * rank
+    draws = lambda local: keyed_uniform((7,), (first + local).tolist(), 6)  # noqa: E731
+    inputs = TokenSelectionInputs(old[rows] * mask[rows], adv[rows] * mask[rows], mask[rows], draws, reduce_sum)
+    return kl_cov_selection(inputs, kl_cov_ratio=share)[0]
+
+
+TIE_CASES = ("ties everywhere", "ties on rank 1")
 
 
 def one_process(tensor: torch.Tensor, reduce_op: str = "mean") -> torch.Tensor:
@@ -166,7 +181,8 @@ def _rank(rank: int, port: int, out) -> None:
             for max_tokens in LAYOUTS:
                 loss, grad = step(rank_rollout(rank), old_offset(rank), WORLD, all_ranks, name, max_tokens)
                 results[(name, max_tokens)] = (loss, grad.tolist())
-        results["tied"] = tied_selection(rank, lambda t: all_ranks(t, "sum")).tolist()
+        for case in TIE_CASES:
+            results[case] = tied_selection(rank, lambda t: all_ranks(t, "sum"), case).tolist()
         out.put((rank, results))
         dist.destroy_process_group()
     except BaseException:
@@ -221,11 +237,16 @@ def test_two_ranks_with_unequal_token_counts_give_the_gradient_of_one_process_ov
     assert not wrong, "\n".join(wrong)
 
 
-def test_kl_cov_takes_its_exact_share_of_tied_tokens_across_ranks_as_one_process_would():
+@pytest.mark.parametrize("case", TIE_CASES)
+def test_kl_cov_takes_its_exact_share_of_tied_tokens_across_ranks_as_one_process_would(case):
     ranks = two_ranks()
-    union = torch.cat([torch.tensor(ranks[r]["tied"]) for r in range(WORLD)])
-    one = tied_selection(None, lambda t: t)
-    assert one.sum() == 4 and all(one[n, t] for n, t in TOP) and torch.equal(union, one)
+    union = torch.cat([torch.tensor(ranks[r][case]) for r in range(WORLD)])
+    one = tied_selection(None, lambda t: t, case)
+    if case == "ties everywhere":
+        assert one.sum() == 4 and all(one[n, t] for n, t in TOP)
+    else:
+        assert one.sum() == 12 and one[:4, :2].all() and not one[:4, 2:].any()
+    assert torch.equal(union, one)
 
 
 def test_the_union_reference_is_the_token_mean_formula_and_per_rank_means_would_differ():

@@ -106,9 +106,10 @@ def kl_cov_selection(x: TokenSelectionInputs, *, kl_cov_ratio: float = 2e-3) -> 
     above, tied = valid & (keys > threshold), valid & (keys == threshold)
     missing = k - int(x.reduce_sum(above.sum().double().reshape(1)).item())
     if x.reduce_sum(tied.sum().double().reshape(1)).item() > missing:
-        rows = tied.any(1).nonzero().squeeze(1)
+        rows = tied.any(1).nonzero().squeeze(1)  # may be none on this rank: the collectives below still run
         draws = torch.ones_like(cov)
-        draws[rows] = x.uniform(rows).to(draws)
+        if len(rows) > 0:
+            draws[rows] = x.uniform(rows).to(draws)
         draw_keys = order_keys(-draws)  # the smallest draws rank first
         tied &= draw_keys >= kth_largest_key(draw_keys, tied, missing, x.reduce_sum)
     selected = above | tied

@@ -25,6 +25,7 @@ from rlvr_lightning.context import StepContext
 from rlvr_lightning.models.forward import policy_forward
 from rlvr_lightning.pieces.kinds import StepNorms, TokenSelectionInputs
 from rlvr_lightning.pieces.token_losses import sequence_log_ratio
+from rlvr_lightning.seeding import keyed_uniform
 from rlvr_lightning.training.batch import UpdateInputs, step_norms
 from rlvr_lightning.training.objective import Objective
 from rlvr_lightning.training.plan import Optimization, UpdatePlan
@@ -122,17 +123,10 @@ class PolicyUpdate:
         if inputs.behaviour.source == "update":
             raise RuntimeError("a token selection reads θ_old's log-probs before the update, not from its forwards")
         N, T = inputs.loss_mask.shape
-        first = step.collectives.rank * N  # this rank's first sequence in the step's global numbering
+        first = step.collectives.rank * N  # this rank's first sequence in the step's global numbering (equal shares)
 
-        def uniform(local: torch.Tensor) -> torch.Tensor:
-            # One generator per sequence, seeded by (run seed, step, global sequence): the draw of a token
-            # is the same however micro-batches and ranks are laid out. Python hashes int tuples the same
-            # in every process.
-            draws = [
-                torch.rand(T, generator=torch.Generator().manual_seed(hash((*self.step_key, first + n)) & (2**63 - 1)))
-                for n in rows[local].tolist()
-            ]
-            return torch.stack(draws).to(rows.device)
+        def uniform(local: torch.Tensor) -> torch.Tensor:  # keyed by (run seed, step, global sequence)
+            return keyed_uniform(self.step_key, (first + rows[local]).tolist(), T).to(rows.device)
 
         old_logp = inputs.behaviour.old_logp_all()[rows]
         mask = inputs.loss_mask[rows]
