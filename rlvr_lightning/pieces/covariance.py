@@ -108,8 +108,7 @@ def kl_cov_selection(x: TokenSelectionInputs, *, kl_cov_ratio: float = 2e-3) -> 
     if x.reduce_sum(tied.sum().double().reshape(1)).item() > missing:
         rows = tied.any(1).nonzero().squeeze(1)  # may be none on this rank: the collectives below still run
         draws = torch.ones_like(cov)
-        if len(rows) > 0:
-            draws[rows] = x.uniform(rows).to(draws)
+        draws[rows] = x.uniform(rows).to(draws)
         draw_keys = order_keys(-draws)  # the smallest draws rank first
         tied &= draw_keys >= kth_largest_key(draw_keys, tied, missing, x.reduce_sum)
     selected = above | tied

@@ -48,7 +48,7 @@ class TokenSelectionInputs:
     old_logp: Tensor  # [n, T] log π_old of the step's sequences
     advantages: Tensor  # [n, T] token advantages
     mask: Tensor  # [n, T]
-    uniform: Callable[[Tensor], Tensor]  # local rows [k] → [k, T] uniform draws keyed by (seed, step, sequence, position)
+    uniform: Callable[[Tensor], Tensor]  # local rows [k] (k ≥ 0) → [k, T] uniform draws keyed by (seed, step, sequence, position)
     reduce_sum: Callable[[Tensor], Tensor] = _no_reduction  # sum across ranks (a collective: every rank calls it)
 
 
