@@ -23,7 +23,7 @@ def keyed_uniform(key: tuple[int, ...], sequences: list[int], length: int) -> to
     integers, the same in every process and Python version (unlike `hash`)."""
     rows = []
     for n in sequences:
-        digest = hashlib.blake2b(repr((*key, n)).encode(), digest_size=8).digest()
+        digest = hashlib.blake2b(repr(tuple(int(k) for k in (*key, n))).encode(), digest_size=8).digest()
         generator = torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
         rows.append(torch.rand(length, generator=generator))
     return torch.stack(rows) if rows else torch.empty(0, length)

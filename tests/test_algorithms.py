@@ -148,6 +148,22 @@ def test_token_budget_micro_batches_give_the_same_update_as_row_micro_batches(ti
     assert budget_acc.result()["padding_frac"] < rows_acc.result()["padding_frac"]
 
 
+def test_kl_cov_on_policy_adds_nothing_whatever_the_layout(tiny_policy_dir):
+    """On a rollout batch's first step θ = θ_old, but θ_old comes from the separate pass, laid out
+    otherwise: |log-ratio| is rounding noise there, and its gradient must not act (it would be ±β on
+    every selected token, different for every micro-batch size)."""
+    cls, kwargs = PRESETS["kl-cov"]
+    module = attach(cls, tiny_policy_dir, **{**kwargs, "num_mini_batches": 2})
+    inputs = prepared(module, sample_rollout(module))
+    assert inputs.behaviour.source == "trainer"
+    _, g_whole = gradient(module, inputs, 8)
+    _, g_split = gradient(module, inputs, 3)
+    module.hparams.piece_args = {**kwargs["piece_args"], "kl_cov_coef": 0.0}
+    _, g_no_penalty = gradient(module, inputs, 3)
+    torch.testing.assert_close(g_split, g_whole, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(g_split, g_no_penalty, rtol=0, atol=0)
+
+
 def independent_logprobs(policy, rollout: Rollout, grad: bool = False) -> torch.Tensor:
     """[N, MAX_LEN] log π(y_t | prompt, y_<t) at the rollout's temperature, 0 on padding: every sequence
     alone, unpadded, from the model's full logits (no `policy_forward`, layout, chunked head or θ_old strategy)."""

@@ -180,3 +180,21 @@ def test_keyed_draws_depend_only_on_the_key_and_the_sequence():
     assert not torch.equal(keyed_uniform((0, 3, 0, 2), [5], 6), alone)  # another optimizer step
     assert keyed_uniform((0, 3, 0, 1), [], 6).shape == (0, 6)
     assert [round(v, 4) for v in alone[0, :3].tolist()] == PINNED_DRAWS
+
+
+def test_minus_zero_is_zero_so_a_step_without_signal_breaks_ties_by_the_draws_alone():
+    """With Â ≡ 0 every c_t is ±0.0 by the side of the mean log-prob its token is on: one value, tied."""
+    assert order_keys(torch.tensor([-0.0])) == order_keys(torch.tensor([0.0]))
+    old = torch.tensor([[-0.1, -0.2, -3.0, -4.0]])  # tokens 2, 3 lie below the mean: c = −0.0
+    draws = torch.tensor([[0.9, 0.8, 0.1, 0.2]])
+    selected, _ = select("kl-cov", old, torch.zeros(1, 4), torch.ones(1, 4), lambda rows: draws[rows], kl_cov_ratio=0.5)
+    assert selected.tolist() == [[False, False, True, True]]
+
+
+def test_a_token_with_a_non_finite_input_is_left_out_not_every_token():
+    old, adv, mask = random_step(seed=4)
+    reference, _ = select("kl-cov", old, adv, mask, kl_cov_ratio=0.1)
+    n, t = reference.nonzero()[0].tolist()
+    old[n, t] = -float("inf")
+    selected, stats = select("kl-cov", old, adv, mask, kl_cov_ratio=0.1)
+    assert not selected[n, t] and selected.sum() >= reference.sum() - 1 and stats["cov_mean"].isfinite().all()

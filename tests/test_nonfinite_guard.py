@@ -18,8 +18,8 @@ def poison_loss(monkeypatch) -> None:
     """Every micro-batch loss becomes NaN (what bad batch arithmetic or an overflow produces)."""
     clean = Objective.micro_batch_loss
 
-    def nan_loss(self, mb, logp, norms, selected=None):
-        loss, stats = clean(self, mb, logp, norms, selected)
+    def nan_loss(self, mb, logp, norms, *rest):
+        loss, stats = clean(self, mb, logp, norms, *rest)
         return loss * float("nan"), stats
 
     monkeypatch.setattr(Objective, "micro_batch_loss", nan_loss)

@@ -183,9 +183,9 @@ class RecordingObjective:
     def __getattr__(self, name):
         return getattr(self.objective, name)
 
-    def micro_batch_loss(self, mb, logp, norms, selected=None):
+    def micro_batch_loss(self, mb, logp, norms, *rest):
         self.seen.append(mb.advantages)
-        return self.objective.micro_batch_loss(mb, logp, norms, selected)
+        return self.objective.micro_batch_loss(mb, logp, norms, *rest)
 
 
 def thr_update(tiny_policy_dir, p, micro_batch_size, rollout_edit=None):

@@ -26,16 +26,19 @@ Selection = tuple[Tensor, dict[str, Tensor]]
 
 @torch.no_grad()
 def token_covariance(x: TokenSelectionInputs) -> tuple[Tensor, Tensor, float]:
-    """(c_t [n, T], the tokens where it is defined [n, T], the step's token count on all ranks)."""
-    mask = x.mask.bool()
+    """(c_t [n, T], the tokens where it is defined [n, T], the step's token count on all ranks). A token
+    whose log-prob or advantage is not finite is left out (it would make every c_t NaN)."""
+    mask = x.mask.bool() & x.old_logp.isfinite() & x.advantages.isfinite()
     # float64 sums (exact token counts past 2**24); one collective carries the count and both sums.
     f64 = torch.float64
-    sums = torch.stack([mask.sum(dtype=f64), (x.advantages * mask).sum(dtype=f64), (x.old_logp * mask).sum(dtype=f64)])
+    sums = torch.stack([mask.sum(dtype=f64), torch.where(mask, x.advantages, 0.0).sum(dtype=f64),
+                        torch.where(mask, x.old_logp, 0.0).sum(dtype=f64)])  # fmt: skip
     count, adv_sum, logp_sum = x.reduce_sum(sums).tolist()
     if count == 0:
         return torch.zeros_like(x.old_logp), mask, 0.0
-    cov = ((x.advantages - adv_sum / count) * (x.old_logp - logp_sum / count)).float() * mask
-    return cov, mask & cov.isfinite(), count
+    centred = (x.advantages - adv_sum / count) * (x.old_logp - logp_sum / count)
+    cov = torch.where(mask, centred, 0.0).float()
+    return cov, mask, count
 
 
 def covariance_stats(cov: Tensor, valid: Tensor, selected: Tensor) -> dict[str, Tensor]:
@@ -49,8 +52,9 @@ def covariance_stats(cov: Tensor, valid: Tensor, selected: Tensor) -> dict[str, 
 
 
 def order_keys(x: Tensor) -> Tensor:
-    """int64 keys ordered as the float32 values `x` (IEEE bits, negatives' magnitude bits flipped)."""
-    bits = x.float().view(torch.int32).to(torch.int64)
+    """int64 keys ordered as the float32 values `x` (IEEE bits, negatives' magnitude bits flipped); −0.0
+    and +0.0 get one key (a product of a zero advantage is either, and they are the same value)."""
+    bits = (x.float() + 0.0).view(torch.int32).to(torch.int64)
     return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
 
 
@@ -137,6 +141,8 @@ def kl_cov(x: TokenLossInputs, *, kl_cov_coef: float = 1.0) -> LossAndStats:
     The top share is `kl_cov_selection`'s, made once per optimizer step."""
     log_ratio = (x.logp - x.old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = log_ratio.exp()
-    penalty = kl_cov_coef * log_ratio.abs() * _selected(x)
+    # On policy |log-ratio| is 0 (no gradient); θ_old from another forward leaves rounding noise whose
+    # sign would give every selected token a full ±β gradient, different for every micro-batch layout.
+    penalty = 0.0 if x.on_policy else kl_cov_coef * log_ratio.abs() * _selected(x)
     none = torch.zeros_like(x.mask, dtype=torch.bool)
     return -x.advantages * ratio + penalty, {"ratio": ratio.detach(), "clipped_low": none, "clipped_high": none}

@@ -38,6 +38,9 @@ class TokenLossInputs:
     advantages: Tensor  # [n, T] token advantages (sequence advantages broadcast, maybe reshaped by THR/OAR)
     mask: Tensor  # [n, T] tokens that enter the loss
     selected: Tensor | None = None  # [n, T] bool: the tokens the loss's `token_selection` picked (Clip-Cov, KL-Cov)
+    # θ is θ_old (a rollout batch's first optimizer step, θ_old from the trainer): the ratio is 1 up to the
+    # rounding of two forwards laid out differently, which a loss non-smooth at ratio 1 must not act on.
+    on_policy: bool = False
 
 
 @dataclass(frozen=True)

@@ -50,16 +50,18 @@ class Objective:
         return self.group_level and not self.two_pass
 
     def micro_batch_loss(
-        self, mb: LossBatch, logp: torch.Tensor, norms: StepNorms, selected: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, dict]:
+        self, mb: LossBatch, logp: torch.Tensor, norms: StepNorms, selected: torch.Tensor | None = None,
+        on_policy: bool = False,
+    ) -> tuple[torch.Tensor, dict]:  # fmt: skip
         """Scalar loss of one micro-batch, already divided by the step's global normalisers; `selected`:
-        the micro-batch's share of the step's token selection (losses with a `token_selection`)."""
+        the micro-batch's share of the step's token selection (losses with a `token_selection`);
+        `on_policy`: θ is θ_old (`TokenLossInputs.on_policy`)."""
         if self.group_level:
             s_bar = sequence_log_ratio(logp, mb.old_logp, mb.loss_mask)
             loss = self.loss(self.group_inputs(s_bar, mb.correct, mb.group_size, norms))
             stats = self.sequence_stats(s_bar.detach(), mb.correct, mb.group_size)
         else:
-            per_tok, stats = self.loss(TokenLossInputs(logp, mb.old_logp, mb.advantages, mb.loss_mask, selected))
+            per_tok, stats = self.loss(TokenLossInputs(logp, mb.old_logp, mb.advantages, mb.loss_mask, selected, on_policy))
             if mb.is_weight is not None:  # the rollout correction re-weights the policy term only, as in verl
                 per_tok = per_tok * mb.is_weight
             loss = self.aggregate(per_tok, mb.loss_mask, norms)

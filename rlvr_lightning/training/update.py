@@ -104,13 +104,17 @@ class PolicyUpdate:
         for idx in self.plan.micro_batches(rows, inputs.lengths, step.collectives, unit):
             forward, mb = self.forward(step, inputs, idx, with_entropy=acc is not None, capture=reads_lm_head)
             mb_selected = None if selected is None else selected[idx, : mb.loss_mask.shape[1]]
-            loss, stats = self.objective.micro_batch_loss(mb, forward.logp, norms, mb_selected)
+            loss, stats = self.objective.micro_batch_loss(mb, forward.logp, norms, mb_selected, self.at_theta_old(inputs))
             backward(loss)
             if acc is not None:
                 acc.add_tokens(stats, forward.entropy, mb.loss_mask)
                 acc.add_padding(mb.tensors.attention_mask)
             step_loss += loss.detach()  # already globally normalised: the step's loss is their sum
         return step_loss
+
+    def at_theta_old(self, inputs: UpdateInputs) -> bool:
+        """θ is still the θ_old of the loss's log-probs: no step since the rollout, and θ_old is the trainer's."""
+        return self.updates_since_rollout == 0 and inputs.behaviour.source in ("trainer", "update")
 
     def select_tokens(
         self, step: StepContext, inputs: UpdateInputs, rows: torch.Tensor, acc: MetricAccumulator | None
@@ -123,7 +127,10 @@ class PolicyUpdate:
         if inputs.behaviour.source == "update":
             raise RuntimeError("a token selection reads θ_old's log-probs before the update, not from its forwards")
         N, T = inputs.loss_mask.shape
-        first = step.collectives.rank * N  # this rank's first sequence in the step's global numbering (equal shares)
+        # This rank's first sequence in the step's global numbering: the sequences of the ranks before it.
+        shares = torch.zeros(step.collectives.world_size, dtype=torch.float64)
+        shares[step.collectives.rank] = N
+        first = int(step.collectives.sum(shares)[: step.collectives.rank].sum())
 
         def uniform(local: torch.Tensor) -> torch.Tensor:  # keyed by (run seed, step, global sequence)
             return keyed_uniform(self.step_key, (first + rows[local]).tolist(), T).to(rows.device)
@@ -159,7 +166,7 @@ class PolicyUpdate:
         # Pass 1: every s̄ of the step under the current θ. Groups never span ranks (each rank
         # generates its own prompts), so the local s̄ suffice; only the normaliser is global.
         s_bar = torch.zeros(len(rows), device=step.device)
-        if not (self.updates_since_rollout == 0 and inputs.behaviour.source == "trainer"):  # θ = θ_old: s̄ ≡ 0
+        if not self.at_theta_old(inputs):  # θ = θ_old: s̄ ≡ 0
             with torch.no_grad():
                 for idx in chunks:
                     s_bar[position[idx]] = self.sequence_log_ratio(step, inputs, idx)[0]
