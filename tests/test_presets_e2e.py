@@ -72,8 +72,8 @@ def finished_run(tmp_path: Path, algo: str):
     "algo,cls,max_steps,extra",
     [
         ("dr-grpo", "DrGRPO", 2, []),
-        ("gspo", "GSPO", 8, []),  # K = 4 optimizer steps per rollout batch
-        ("gspo-token", "GSPO", 8, []),
+        ("gspo", "GSPO", 8, []),  # K = 4 optimizer steps per rollout batch (gspo-token: the same class and
+        # preset but for its loss, which the module's update tests cover)
         # K = 4, as the papers' recipes: from the second update on the ratio leaves 1, so clip-higher
         # can act (with one update per batch the ratio is exactly 1 and ε_high changes nothing).
         ("dapo-real-baseline", "GRPO", 8, []),
