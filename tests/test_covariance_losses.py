@@ -158,7 +158,7 @@ def test_one_update_per_batch_still_takes_theta_old_from_its_own_pass_and_logs_t
 @pytest.mark.parametrize(
     "name,knobs",
     [("kl-cov", {"kl_cov_ratio": 0.0}), ("clip-cov", {"clip_cov_ratio": 1.5}),
-     ("clip-cov", {"clip_cov_lb": 5.0, "clip_cov_ub": 1.0})],
+     ("clip-cov", {"clip_cov_lb": 5.0, "clip_cov_ub": 1.0}), ("kl-cov", {"kl_cov_coef": -1.0})],
 )  # fmt: skip
 def test_bad_selection_knobs_fail_when_the_module_is_built(name, knobs):
     with pytest.raises(ConfigError, match="piece_args"):

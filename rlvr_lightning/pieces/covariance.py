@@ -139,6 +139,8 @@ def kl_cov(x: TokenLossInputs, *, kl_cov_coef: float = 1.0) -> LossAndStats:
     """KL-Cov: the unclipped surrogate −r·Â, plus β·|log π_θ − log π_old| on the top-covariance tokens.
 
     The top share is `kl_cov_selection`'s, made once per optimizer step."""
+    if kl_cov_coef < 0:
+        raise ConfigError(f"piece_args.kl_cov_coef is the penalty's β ≥ 0; got {kl_cov_coef}")
     log_ratio = (x.logp - x.old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = log_ratio.exp()
     # On policy |log-ratio| is 0 (no gradient); θ_old from another forward leaves rounding noise whose

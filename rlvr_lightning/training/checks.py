@@ -11,7 +11,7 @@ import torch
 
 from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.pieces import rollout_corrections
-from rlvr_lightning.pieces.kinds import AdvantageInputs, CorrectionInputs, TokenSelectionInputs
+from rlvr_lightning.pieces.kinds import AdvantageInputs, CorrectionInputs, TokenLossInputs, TokenSelectionInputs
 from rlvr_lightning.training.objective import Objective
 from rlvr_lightning.training.plan import UpdatePlan
 
@@ -42,6 +42,8 @@ def check_pieces(h: Mapping[str, Any], objective: Objective, corrects_rollouts: 
     rollout_corrections.bound(h)(CorrectionInputs(one, one, torch.ones(1, 1)))  # its knobs fail now (a band)
     if objective.select is not None:  # the loss's token selection: its knobs fail now (a share out of range)
         objective.select(TokenSelectionInputs(one, one, torch.ones(1, 1), lambda rows: torch.ones(len(rows), 1)))
+    if not objective.group_level:  # the token loss itself on one token: its knobs fail now (a negative β)
+        objective.loss(TokenLossInputs(one, one, one, torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.bool)))
     if objective.group_level and corrects_rollouts:
         raise ConfigError(
             f"model.rollout_correction={h['rollout_correction']} re-weights token-level losses; "
