@@ -51,6 +51,11 @@ def covariance_stats(cov: Tensor, valid: Tensor, selected: Tensor) -> dict[str, 
     }
 
 
+def global_counts(reduce_sum, *masks: Tensor) -> list[int]:
+    """How many tokens each mask holds over all ranks, in one collective."""
+    return [int(c) for c in reduce_sum(torch.stack([m.sum(dtype=torch.float64) for m in masks])).tolist()]
+
+
 def order_keys(x: Tensor) -> Tensor:
     """int64 keys ordered as the float32 values `x` (IEEE bits, negatives' magnitude bits flipped); −0.0
     and +0.0 get one key (a product of a zero advantage is either, and they are the same value)."""
@@ -65,7 +70,7 @@ def kth_largest_key(keys: Tensor, valid: Tensor, k: int, reduce_sum) -> int:
     lo, hi = -(2**31), 2**31  # at least k keys are ≥ lo; fewer than k are ≥ hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if reduce_sum(((keys >= mid) & valid).sum().double().reshape(1)).item() >= k:
+        if global_counts(reduce_sum, (keys >= mid) & valid)[0] >= k:
             lo = mid
         else:
             hi = mid
@@ -87,10 +92,10 @@ def clip_cov_selection(
         raise ConfigError(f"piece_args.clip_cov_lb < clip_cov_ub is needed; got {clip_cov_lb}, {clip_cov_ub}")
     cov, valid, count = token_covariance(x)
     candidates = valid & (cov > clip_cov_lb) & (cov < clip_cov_ub)
-    num_candidates = x.reduce_sum(candidates.sum().double().reshape(1)).item()
+    (num_candidates,) = global_counts(x.reduce_sum, candidates)
     selected = torch.zeros_like(candidates)
-    rows = candidates.any(1).nonzero().squeeze(1)
-    if num_candidates > 0 and len(rows) > 0:
+    rows = candidates.any(1).nonzero().squeeze(1)  # may be none on this rank (the draws take an empty request)
+    if num_candidates > 0:
         rate = min(1.0, clip_cov_ratio * count / num_candidates)
         selected[rows] = candidates[rows] & (x.uniform(rows) < rate)
     return selected, covariance_stats(cov, valid, selected)
@@ -108,8 +113,9 @@ def kl_cov_selection(x: TokenSelectionInputs, *, kl_cov_ratio: float = 2e-3) -> 
     keys = order_keys(cov)
     threshold = kth_largest_key(keys, valid, k, x.reduce_sum)
     above, tied = valid & (keys > threshold), valid & (keys == threshold)
-    missing = k - int(x.reduce_sum(above.sum().double().reshape(1)).item())
-    if x.reduce_sum(tied.sum().double().reshape(1)).item() > missing:
+    num_above, num_tied = global_counts(x.reduce_sum, above, tied)
+    missing = k - num_above
+    if num_tied > missing:
         rows = tied.any(1).nonzero().squeeze(1)  # may be none on this rank: the collectives below still run
         draws = torch.ones_like(cov)
         draws[rows] = x.uniform(rows).to(draws)
