@@ -13,6 +13,10 @@ preset taking K optimizer steps per batch (DAPO, GSPO, REAL and the REAL tables'
 K × rollout_batches `trainer.max_steps`, so every preset sees the same prompts and samples for a seed.
 Paired differences compare a preset with `grpo` (K = 1) or `grpo-real-baseline` (K = 4) at the same
 seed: the same warm start, prompts order and held-out problems, so seed-to-seed noise largely cancels.
+
+Each finished run is also written as a run record (`docs/results/runs/<run>.json`, `rlvr_lightning/run_records.py`)
+and the page is built from those: commit them with the page, and `--resume` or `--skip-training` works
+from a fresh clone without the MLflow store.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from pathlib import Path
 
 import yaml
 
-from rlvr_lightning.compare import PLOTS, RunHistory, load_history, plot, summary
+from rlvr_lightning.compare import PLOTS, RunHistory, plot, summary
+from rlvr_lightning.run_records import RunRecord, read_records, record_from_mlflow, write_record
 
 METRICS = [  # (column, metric key, summary of one run's history: the final value or the mean of the last 10)
     ("val/accuracy", "val/accuracy", "last"),
@@ -169,19 +174,39 @@ def paired_difference(preset: PresetRuns, baseline: PresetRuns, key: str, how: s
     return (*t_interval(diffs), len(diffs))
 
 
-def load_presets(client, experiment_id: str, presets: list[Path], seeds: list[int]) -> dict[str, PresetRuns]:
-    """The latest finished run of every (preset, seed) in the experiment."""
-    latest: dict[str, object] = {}
-    for run in client.search_runs([experiment_id], order_by=["attributes.start_time DESC"], max_results=5000):
-        if run.info.status == "FINISHED":
-            latest.setdefault(run.info.run_name, run)
+def load_presets(records: dict[str, RunRecord], presets: list[Path], args: argparse.Namespace) -> dict[str, PresetRuns]:
+    """Every (preset, seed)'s recorded run at this invocation's budget and model."""
     out = {}
     for preset in presets:
-        runs = {s: load_history(client, latest[run_name(preset.stem, s)], METRICS)
-                for s in seeds if run_name(preset.stem, s) in latest}  # fmt: skip
+        budget = args.rollout_batches * steps_per_rollout_batch(preset)
+        runs = {s: rec.run for s in args.seed_list
+                if (rec := records.get(run_name(preset.stem, s))) and rec.matches(budget, args.model)}  # fmt: skip
         if runs:
             out[preset.stem] = PresetRuns(preset.stem, steps_per_rollout_batch(preset), runs)
     return out
+
+
+def records_dir(args: argparse.Namespace) -> Path:
+    """docs/RESULTS.md → docs/results/runs: the page's records beside its figures."""
+    return args.out.parent / args.out.stem.lower() / "runs"
+
+
+def record_finished_runs(args: argparse.Namespace, names: set[str]) -> None:
+    """Write the record of the latest finished MLflow run of each of `names` that is newer than its record."""
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=args.tracking_uri)
+    exp = client.get_experiment_by_name(args.experiment)
+    if exp is None:
+        return
+    records = read_records(records_dir(args))
+    latest: dict[str, object] = {}
+    for run in client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"], max_results=5000):
+        if run.info.status == "FINISHED" and run.info.run_name in names:
+            latest.setdefault(run.info.run_name, run)
+    for name, run in latest.items():
+        if name not in records or records[name].start_time < run.info.start_time:
+            write_record(record_from_mlflow(client, run, METRICS), records_dir(args))
 
 
 def metric_cell(pr: PresetRuns, key: str, how: str) -> str:
@@ -258,11 +283,7 @@ def update_readme(readme: Path, lines: list[str]) -> None:
 
 
 def write_page(args: argparse.Namespace, presets: list[Path], outcomes: dict[str, tuple[int, float]]) -> Path:
-    import mlflow
-
-    client = mlflow.tracking.MlflowClient(tracking_uri=args.tracking_uri)
-    exp = client.get_experiment_by_name(args.experiment)
-    results = load_presets(client, exp.experiment_id, presets, args.seed_list) if exp else {}
+    results = load_presets(read_records(records_dir(args)), presets, args)
     figures = args.out.parent / args.out.stem.lower()  # docs/RESULTS.md → docs/results/: one folder per page
     figures.mkdir(parents=True, exist_ok=True)
     curves = [pr.mean_history() for pr in results.values()]
@@ -338,14 +359,15 @@ def open_comparison_run(args: argparse.Namespace):
 
 
 def finished_runs(args: argparse.Namespace) -> set[tuple[str, str]]:
-    """(run name, trainer.max_steps) of the experiment's finished runs on `args.model`."""
+    """(run name, trainer.max_steps) of the runs on `args.model` that the records or the experiment hold."""
     import mlflow
 
     client = mlflow.tracking.MlflowClient(tracking_uri=args.tracking_uri)
     exp = client.get_experiment_by_name(args.experiment)
     runs = client.search_runs([exp.experiment_id], max_results=5000) if exp else []
-    return {(r.info.run_name, r.data.params.get("trainer.max_steps")) for r in runs
+    done = {(r.info.run_name, r.data.params.get("trainer.max_steps")) for r in runs
             if r.info.status == "FINISHED" and r.data.params.get("data.model_name_or_path") == args.model}  # fmt: skip
+    return done | {(name, rec.max_steps) for name, rec in read_records(records_dir(args)).items() if rec.model == args.model}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -392,6 +414,9 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"[results] training {name} …", flush=True)
                 outcomes[name] = train(preset, seed, args)
                 print(f"[results] {name}: exit {outcomes[name][0]} in {outcomes[name][1] / 60:.1f} min", flush=True)
+                record_finished_runs(args, {name})  # at once: an interrupted invocation keeps what it finished
+    # Runs finished in this store by an earlier invocation (or before records existed) that lack a record.
+    record_finished_runs(args, {run_name(q.stem, s) for q in presets for s in args.seed_list})
     page = write_page(args, presets, outcomes)
     client.log_artifact(args.parent_run_id, str(page))
     client.log_artifacts(args.parent_run_id, str(page.parent / page.stem.lower()), page.stem.lower())

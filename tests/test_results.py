@@ -46,6 +46,12 @@ def test_paired_difference_pairs_by_seed_and_skips_unpaired_seeds():
     assert unpaired_half > 0.4  # what comparing the means without pairing would have to allow
 
 
+def log_budget(client, run, max_steps: str, model: str) -> None:
+    """The two params every `make results` run logs (its config) that decide whether it counts."""
+    client.log_param(run.info.run_id, "trainer.max_steps", max_steps)
+    client.log_param(run.info.run_id, "data.model_name_or_path", model)
+
+
 def test_page_from_a_real_mlflow_store(tmp_path):
     import mlflow
 
@@ -58,6 +64,7 @@ def test_page_from_a_real_mlflow_store(tmp_path):
             commit = "aaaa" if seed < 2 else "bbbb"  # a resumed `make results`: seed 2 trained at a later commit
             tags = {"algorithm": "GRPO"} | ({"git_commit": commit} if preset != "oar-g" else {})
             run = client.create_run(exp, run_name=f"{preset}-seed{seed}", tags=tags, start_time=1_000)
+            log_budget(client, run, "60", "embedded")
             for key in ("val/accuracy", "val/pass_at_8", "val/accuracy_greedy"):
                 client.log_metric(run.info.run_id, key, 0.15, step=0)
                 client.log_metric(run.info.run_id, key, final, step=60)
@@ -101,8 +108,7 @@ def test_resume_trains_only_what_the_experiment_lacks(tmp_path, monkeypatch):
                                            ("grpo-seed2", "60", "embedded-balanced", True),  # another model
                                            ("thr-seed0", "60", "embedded", False)]:  # killed
         run = client.create_run(exp, run_name=name)
-        client.log_param(run.info.run_id, "trainer.max_steps", max_steps)
-        client.log_param(run.info.run_id, "data.model_name_or_path", model)
+        log_budget(client, run, max_steps, model)
         if finish:
             client.set_terminated(run.info.run_id)
     trained, parents = [], set()
@@ -120,3 +126,51 @@ def test_resume_trains_only_what_the_experiment_lacks(tmp_path, monkeypatch):
     assert parents == {parent.info.run_id} and parent.info.status == "FINISHED"
     assert "R.md" in {a.path for a in client.list_artifacts(parent.info.run_id)}  # the page, on the parent run
     assert parent.data.tags["mlflow.note.content"] == (tmp_path / "R.md").read_text()
+
+
+def test_records_rebuild_the_page_and_resume_without_the_store(tmp_path, monkeypatch):
+    """A fresh clone has the committed run records but no MLflow store: the page comes out the same and
+    --resume trains only what no record holds at this budget and model."""
+    import shutil
+
+    import mlflow
+
+    import rlvr_lightning.results as results
+
+    uri = f"sqlite:///{tmp_path}/store/mlflow.db"
+    (tmp_path / "store").mkdir()
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("results", artifact_location=str(tmp_path / "store" / "artifacts"))
+    for name, final, max_steps, model, start in [("grpo-seed0", 0.20, "60", "embedded", 1_000),
+                                                  ("grpo-seed0", 0.90, "60", "embedded", 500),  # older: not the one
+                                                  ("grpo-seed1", 0.25, "60", "embedded", 1_000),
+                                                  ("thr-seed0", 0.30, "30", "embedded", 1_000),  # another budget
+                                                  ("thr-seed1", 0.35, "60", "embedded-balanced", 1_000)]:  # model
+        run = client.create_run(exp, run_name=name, tags={"algorithm": "GRPO", "git_commit": "cafe"}, start_time=start)
+        log_budget(client, run, max_steps, model)
+        client.log_metric(run.info.run_id, "val/accuracy", 0.15, step=0)
+        client.log_metric(run.info.run_id, "val/accuracy", final, step=60)
+        client.set_terminated(run.info.run_id, end_time=start + 60_000)
+    out = tmp_path / "docs" / "RESULTS.md"
+    argv = ["--algos", "grpo", "thr", "--seeds", "2", "--out", str(out), "--log-dir", str(tmp_path / "logs")]
+    main(["--skip-training", "--tracking-uri", uri, *argv])
+    records = sorted(p.name for p in (tmp_path / "docs" / "results" / "runs").glob("*"))
+    assert records == ["grpo-seed0.json", "grpo-seed1.json", "thr-seed0.json", "thr-seed1.json"]
+    page = out.read_text()
+    assert "| grpo | GRPO | 1 | 2 | 0.150 → 0.225 ± 0.318 |" in page  # seed 0's later run (0.20), seed 1's 0.25
+    assert "| thr |" not in page  # its runs have another budget or model
+
+    shutil.rmtree(tmp_path / "store")  # a fresh clone: records only
+    fresh = f"sqlite:///{tmp_path}/fresh.db"
+    stale = mlflow.tracking.MlflowClient(tracking_uri=fresh)  # this machine's store has an older grpo-seed0
+    run = stale.create_run(stale.create_experiment("results", artifact_location=str(tmp_path / "a2")),
+                           run_name="grpo-seed0", tags={"algorithm": "GRPO"}, start_time=10)  # fmt: skip
+    log_budget(stale, run, "60", "embedded")
+    stale.log_metric(run.info.run_id, "val/accuracy", 0.99, step=60)
+    stale.set_terminated(run.info.run_id, end_time=70)
+    main(["--skip-training", "--tracking-uri", fresh, *argv])
+    assert out.read_text() == page.replace(uri, fresh)  # the command it names is the only difference
+    trained = []
+    monkeypatch.setattr(results, "train", lambda preset, seed, args: (trained.append(results.run_name(preset.stem, seed)), (0, 1.0))[1])
+    main(["--resume", "--tracking-uri", fresh, *argv])
+    assert trained == ["thr-seed0", "thr-seed1"]
