@@ -48,6 +48,18 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     )
 
 
+def checkpoint_layers(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer's activations in the backward pass (PyTorch's composable, non-reentrant
+    `checkpoint`; it composes with `fully_shard` applied after it).
+
+    Not transformers' `gradient_checkpointing_enable`: that acts only in train mode, and the policy stays
+    in eval mode (no dropout, so trainer log-probs equal the engine's), where it silently did nothing."""
+    from torch.distributed._composable import checkpoint
+
+    for layer in decoder_layers(model):
+        checkpoint(layer)
+
+
 def shard_policy(
     model: torch.nn.Module, mesh, param_dtype: str = "float32", activation_checkpointing: bool = False
 ) -> torch.nn.Module:
@@ -60,8 +72,8 @@ def shard_policy(
 
     check_choice("model.fsdp_param_dtype", param_dtype, ("float32", "bfloat16"))
     policy = MixedPrecisionPolicy(param_dtype=getattr(torch, param_dtype), reduce_dtype=torch.float32)
-    if activation_checkpointing:  # transformers' own, non-reentrant: composes with fully_shard
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if activation_checkpointing:
+        checkpoint_layers(model)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)

@@ -29,8 +29,14 @@ def policy_forward(
     with_entropy: bool = False,
     capture_lm_head: bool = False,
     chunk_tokens: int = 0,
+    unpadded: bool = False,
 ) -> PolicyForward:
     """log_softmax(logits / T) in fp32 gathered at the sampled tokens (grad flows if enabled).
+
+    `unpadded`: the caller vouches that every response position is a real token (one unpadded
+    sequence, or the planner's worst case), so the chunked head skips selecting the real tokens: a
+    data-dependent selection, one device-to-host sync, and one that tensors without data (the
+    planner's fake tensors) cannot run.
 
     With `chunk_tokens` > 0 (and a plain linear LM head, see `supports_chunked_head`) the logits are
     never materialised: the model's LM head is swapped, for this forward only, for one that computes the
@@ -38,7 +44,7 @@ def policy_forward(
     model's own forward, so wrappers that gather the head's weight around it (FSDP) still do."""
     T = t.response_mask.shape[1]
     if chunk_tokens > 0 and supports_chunked_head(model) is None:
-        return _chunked_forward(model, t, temperature, with_entropy, capture_lm_head, chunk_tokens)
+        return _chunked_forward(model, t, temperature, with_entropy, capture_lm_head, chunk_tokens, unpadded)
     with lm_head_inputs(model, enabled=capture_lm_head) as grabbed:
         out = _run(model, t, T)
     logp_all = log_softmax_at(out.logits[:, :-1], temperature)  # position P−1+t predicts response token t
@@ -58,19 +64,29 @@ def _run(model: torch.nn.Module, t: RolloutTensors, T: int):
     )  # fmt: skip
 
 
-def _chunked_forward(model, t: RolloutTensors, temperature, with_entropy, capture_lm_head, chunk_tokens) -> PolicyForward:
+def _chunked_forward(
+    model, t: RolloutTensors, temperature, with_entropy, capture_lm_head, chunk_tokens, unpadded
+) -> PolicyForward:
     head = model.get_output_embeddings()
-    valid = t.response_mask.bool()
-    targets = t.input_ids[:, t.prompt_width :][valid]
+    valid = None if unpadded else t.response_mask.bool()
+    targets = t.input_ids[:, t.prompt_width :]
+    targets = targets.flatten() if valid is None else targets[valid]
     found: dict[str, torch.Tensor | None] = {}
+
+    def as_rows(per_token: torch.Tensor) -> torch.Tensor:  # [M] real tokens → [n, T], 0 on padding
+        if valid is None:
+            return per_token.view(t.response_mask.shape).clone()  # FSDP2 warns of a view as the output
+        return torch.zeros(valid.shape, device=per_token.device).masked_scatter(valid, per_token)
 
     def response_logprobs(hidden: torch.Tensor) -> torch.Tensor:  # hidden [n, T+1, d]
         found["lm_head_in"] = hidden.detach() if capture_lm_head else None
+        rows = hidden[:, :-1]
         logp, entropy = chunked_token_logprobs(
-            hidden[:, :-1][valid], head.weight, targets, temperature, chunk_tokens, with_entropy
-        )  # only the real response tokens: padding costs no LM-head work
-        found["entropy"] = None if entropy is None else torch.zeros(valid.shape, device=entropy.device).masked_scatter(valid, entropy)
-        return torch.zeros(valid.shape, device=logp.device).masked_scatter(valid, logp)
+            rows.flatten(0, 1) if valid is None else rows[valid], head.weight, targets, temperature, chunk_tokens,
+            with_entropy,
+        )  # only the real response tokens: padding costs no LM-head work  # fmt: skip
+        found["entropy"] = None if entropy is None else as_rows(entropy)
+        return as_rows(logp)
 
     head.forward = response_logprobs  # the model returns these [n, T] log-probs as its "logits"
     try:
@@ -94,7 +110,7 @@ def sequence_logprobs(
     t = RolloutTensors(
         ids, ones, torch.arange(P + L, device=device)[None], ones[:, P:], torch.zeros(1, L, device=device), P
     )
-    return policy_forward(model, t, 1.0, chunk_tokens=chunk_tokens).logp[0].tolist()
+    return policy_forward(model, t, 1.0, chunk_tokens=chunk_tokens, unpadded=True).logp[0].tolist()
 
 
 def response_hidden(

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from rlvr_lightning.errors import ConfigError
-from rlvr_lightning.parallel import shard_policy
+from rlvr_lightning.parallel import checkpoint_layers, shard_policy
 
 
 def load_policies(
@@ -39,7 +39,7 @@ def load_policies(
         if reference is not None:
             shard_policy(reference, dp_mesh, param_dtype)
     elif activation_checkpointing:
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_layers(policy)
     return policy, reference
 
 
