@@ -27,6 +27,8 @@ from rlvr_lightning.algos.base import RLVRModule
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.data.sources import DataSourceError
 from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.planner.preflight import preflight
+from rlvr_lightning.planner.settings import PlanSettings
 from rlvr_lightning.rollout.server_process import RolloutServerError, RolloutServerLost
 from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.training.dynamic_sampling import DynamicSamplingExhausted
@@ -82,10 +84,13 @@ class RLVRCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_class_arguments(RolloutSettings, "rollout")
+        parser.add_class_arguments(PlanSettings, "plan")
         parser.link_arguments("rollout", "data.rollout", apply_on="instantiate")
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
+        if self.subcommand == "fit":
+            preflight(cfg)  # before any weights, engine or process group: a run that cannot fit stops here
         use_rollout_progress_bar(cfg.trainer)
         logger = cfg.trainer.logger
         if not (isinstance(logger, Namespace) and logger.class_path.endswith("MLFlowLogger")):

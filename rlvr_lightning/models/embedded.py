@@ -52,10 +52,10 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
-def build_tiny_qwen2(tokenizer: PreTrainedTokenizerFast, spec: TinyQwen2Spec, seed: int) -> Qwen2ForCausalLM:
+def tiny_qwen2_config(tokenizer: PreTrainedTokenizerFast, spec: TinyQwen2Spec) -> Qwen2Config:
     # The vocabulary is padded to a multiple of 64 so that every kernel sees aligned shapes.
     vocab_size = (len(tokenizer) + 63) // 64 * 64
-    config = Qwen2Config(
+    return Qwen2Config(
         vocab_size=vocab_size,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.eos_token_id,
@@ -65,6 +65,10 @@ def build_tiny_qwen2(tokenizer: PreTrainedTokenizerFast, spec: TinyQwen2Spec, se
         torch_dtype="float32",
         **spec.as_dict(),
     )
+
+
+def build_tiny_qwen2(tokenizer: PreTrainedTokenizerFast, spec: TinyQwen2Spec, seed: int) -> Qwen2ForCausalLM:
+    config = tiny_qwen2_config(tokenizer, spec)
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(config)
 

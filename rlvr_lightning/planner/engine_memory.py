@@ -1,0 +1,77 @@
+"""The rollout engine's share of a device, and the step's rollout tensors on the trainer's device.
+
+vLLM on a GPU takes `gpu_memory_utilization` × the device's memory when it starts (its weights, the
+activations of its profiling forward, and a KV cache filling the rest); sleep mode gives it back during
+the update (level 1 offloads the weights to host memory and drops the KV cache; level 2 drops both).
+These are vLLM's own rules; the figures below follow them from the model's configuration. On the CPU
+the KV cache is `rollout.kv_cache_gib` (VLLM_CPU_KVCACHE_SPACE) beside the weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlvr_lightning.planner.hardware import GIB
+from rlvr_lightning.planner.run_spec import RunSpec
+
+SLEEPING_GIB = 0.5  # what a sleeping vLLM engine keeps on the GPU (its CUDA context and allocator pool): an assumption
+PROFILE_TOKENS = 8192  # vLLM's default max_num_batched_tokens: the size of its profiling forward
+
+
+@dataclass(frozen=True)
+class EngineShare:
+    awake_gib: float  # on the trainer's device while generating (0 for servers on other GPUs)
+    asleep_gib: float  # on the trainer's device during the update
+    weights_gib: float
+    kv_cache_gib: float
+    kv_bytes_per_token: int
+    note: str
+
+    @property
+    def kv_tokens(self) -> int:
+        return int(self.kv_cache_gib * GIB // max(1, self.kv_bytes_per_token))
+
+
+def dtype_bytes(dtype: str, config) -> int:
+    if dtype == "auto":
+        dtype = str(getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or "float32")
+    return 4 if "32" in dtype else 2
+
+
+def kv_bytes_per_token(config, nbytes: int) -> int:
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * nbytes  # K and V, every layer
+
+
+def engine_share(spec: RunSpec, parameters: int) -> EngineShare:
+    config, hw = spec.model_config, spec.hardware
+    nbytes = dtype_bytes(spec.engine_dtype, config)
+    per_token = kv_bytes_per_token(config, nbytes)
+    weights = parameters * nbytes / GIB
+    if spec.engine == "hf":
+        # Generation with the trainer's own policy: the KV cache of every sequence of the rank at once.
+        kv = spec.sequences_per_rank * (spec.max_prompt_length + spec.max_response_length) * kv_bytes_per_token(config, 4) / GIB
+        return EngineShare(kv, 0.0, 0.0, kv, kv_bytes_per_token(config, 4), "HF engine: the policy generates; its KV cache (fp32)")
+    if not hw.gpu:
+        return EngineShare(weights + spec.kv_cache_gib, weights + spec.kv_cache_gib, weights, spec.kv_cache_gib, per_token,
+                           "vLLM on CPU: weights + rollout.kv_cache_gib, held all run")  # fmt: skip
+    total = spec.gpu_memory_utilization * hw.memory_gib
+    intermediate = getattr(config, "intermediate_size", 4 * config.hidden_size)
+    profile = PROFILE_TOKENS * (2 * intermediate + 4 * config.hidden_size) * nbytes / GIB
+    kv = max(0.0, total - weights - profile)
+    if spec.engine_elsewhere:
+        return EngineShare(0.0, 0.0, weights, kv, per_token, "vLLM servers on other GPUs (rollout.server_cuda_devices / server_urls)")
+    asleep = total if spec.sleep_level == 0 else SLEEPING_GIB
+    note = f"vLLM colocated: {spec.gpu_memory_utilization:.2f} × {hw.memory_gib:.1f} GiB" + (
+        f", asleep during the update (level {spec.sleep_level})" if spec.sleep_level else ", held during the update (sleep_level 0)")
+    return EngineShare(total, asleep, weights, kv, per_token, note)
+
+
+def rollout_buffers_bytes(spec: RunSpec) -> int:
+    """The rank's rollout tensors the step keeps on the device (`training.prepare`): ids, attention mask and
+    positions (int64) over prompt + response; the response mask, engine log-probs, advantages, θ_old and
+    reference log-probs and the entropy (fp32) over the response."""
+    N, P, T = spec.sequences_per_rank, spec.max_prompt_length, spec.max_response_length
+    return N * (P + T) * 3 * 8 + N * T * 6 * 4

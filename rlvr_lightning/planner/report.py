@@ -1,0 +1,74 @@
+"""The plan as a table for people and as JSON for tools."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlvr_lightning.planner.planner import Plan
+
+
+def as_dict(plan: Plan) -> dict:
+    spec, hw = plan.spec, plan.spec.hardware
+    return {
+        "model": spec.model,
+        "parameters": plan.trainer.parameters,
+        "hardware": hw.name,
+        "devices": spec.devices,
+        "nodes": spec.nodes,
+        "fsdp": spec.fsdp,
+        "peak_gib_per_rank": round(plan.peak_gib, 3),
+        "peak_stage": plan.peak_stage,
+        "device_gib": round(plan.device_gib, 3),
+        "fits": plan.fits,
+        "breakdown": {k: round(v, 3) for k, v in plan.breakdown().items()},
+        "stages_gib": {k: round(v, 3) for k, v in plan.stages.items()},
+        "engine": {"awake_gib": round(plan.engine.awake_gib, 3), "asleep_gib": round(plan.engine.asleep_gib, 3),
+                   "weights_gib": round(plan.engine.weights_gib, 3), "kv_cache_gib": round(plan.engine.kv_cache_gib, 3),
+                   "kv_tokens": plan.engine.kv_tokens, "note": plan.engine.note},  # fmt: skip
+        "step_s_estimate": round(plan.step.total, 2),
+        "step_s_by_stage": {k: round(v, 3) for k, v in plan.step.stages.items()},
+        "assumptions": plan.step.assumptions,
+        "layout": {"sequences_per_rank": spec.sequences_per_rank, "rows_per_forward": spec.rows_per_forward,
+                   "tokens_per_row": spec.max_prompt_length + spec.max_response_length},  # fmt: skip
+        "fixes": [{"change": change, "peak_gib_per_rank": round(p.peak_gib, 3)} for change, p in plan.fixes],
+    }
+
+
+def as_text(plan: Plan) -> str:
+    spec, hw = plan.spec, plan.spec.hardware
+    lines = [
+        f"Plan: {spec.model} ({_count(plan.trainer.parameters)} parameters) on {spec.nodes} × {spec.devices} {hw.name}"
+        f" ({plan.device_gib:.1f} GiB each){', FSDP2' if spec.fsdp else ''}",
+        f"  per rank: {spec.prompts_per_rank} prompts × {spec.group_size} samples = {spec.sequences_per_rank} sequences of up to "
+        f"{spec.max_prompt_length} + {spec.max_response_length} tokens; forwards of {spec.rows_per_forward} rows",
+        "",
+        "  memory per rank at each stage's peak (GiB):",
+    ]
+    lines += [f"    {name:<32} {gib:8.2f}" + ("   ← peak" if name == plan.peak_stage else "") for name, gib in plan.stages.items()]
+    lines += ["", f"  at the peak ({plan.peak_stage}):"]
+    lines += [f"    {name:<32} {gib:8.2f}" for name, gib in plan.breakdown().items() if gib >= 0.005]
+    verdict = "fits" if plan.fits else "DOES NOT FIT"
+    lines += ["", f"  peak {plan.peak_gib:.2f} GiB of {plan.device_gib:.1f} GiB: {verdict}", f"  engine: {plan.engine.note}"]
+    if plan.engine.kv_tokens:
+        lines.append(f"  engine KV cache: {plan.engine.kv_cache_gib:.2f} GiB = {plan.engine.kv_tokens:,} tokens")
+    lines += ["", f"  step time, estimated: {plan.step.total:.1f} s per rollout batch"]
+    lines += [f"    {name:<32} {s:8.2f} s" for name, s in plan.step.stages.items()]
+    lines += [f"    ({a})" for a in plan.step.assumptions]
+    if not plan.fits:
+        lines.append("")
+        if plan.fixes:
+            lines.append("  changes that fit (each re-planned):")
+            lines += [f"    {change}   → peak {p.peak_gib:.2f} GiB" for change, p in plan.fixes]
+        else:
+            lines.append("  no single change tried fits: more devices, a shorter response or a smaller model")
+    return "\n".join(lines)
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
+def write_json(plan: Plan, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(as_dict(plan), indent=2) + "\n")

@@ -1,0 +1,94 @@
+"""What a plan needs to know about a run, read off exactly the configuration `make train` parses."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+
+from rlvr_lightning.planner.hardware import Hardware
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    model: str  # data.model_name_or_path
+    model_config: object  # its transformers PretrainedConfig
+    hardware: Hardware
+    devices: int  # trainer.devices (per node)
+    nodes: int  # trainer.num_nodes
+    fsdp: bool  # the FSDP2 strategy shards the policy over every rank
+    precision: str  # trainer.precision
+    fsdp_param_dtype: str
+    activation_checkpointing: bool
+    micro_batch_size: int
+    max_tokens_per_micro_batch: int | None
+    chunk_tokens: int  # model.logprob_chunk_tokens
+    kl_coef: float
+    num_mini_batches: int
+    ppo_epochs: int
+    separate_old_pass: bool  # θ_old from the trainer's own no-grad pass (behaviour source `trainer`)
+    prompts_per_rank: int  # data.batch_size
+    group_size: int
+    max_prompt_length: int
+    max_response_length: int
+    engine: str  # rollout.engine
+    engine_dtype: str  # rollout.dtype
+    gpu_memory_utilization: float
+    sleep_level: int
+    kv_cache_gib: float  # the CPU engine's KV cache
+    engine_elsewhere: bool  # servers on GPUs the trainer does not use (server_cuda_devices / server_urls)
+    batches_ahead: int
+    thr: bool  # THR attribution reads the LM head's inputs in the update
+    oar: bool
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.nodes
+
+    @property
+    def sequences_per_rank(self) -> int:
+        return self.prompts_per_rank * self.group_size
+
+    @property
+    def rows_per_forward(self) -> int:
+        """Sequences in the largest forward: a micro-batch at the worst case (every sequence at the longest
+        prompt + response), never more than a mini-batch holds."""
+        per_mini_batch = max(1, self.sequences_per_rank // self.num_mini_batches)
+        rows = self.micro_batch_size
+        if self.max_tokens_per_micro_batch is not None:
+            rows = max(1, self.max_tokens_per_micro_batch // (self.max_prompt_length + self.max_response_length))
+        return min(rows, per_mini_batch)
+
+    def changed(self, **changes) -> RunSpec:
+        return dataclasses.replace(self, **changes)
+
+
+def run_spec(cfg, hardware: Hardware) -> RunSpec:
+    """The RunSpec of a parsed `make train` configuration (a jsonargparse Namespace, not instantiated)."""
+    from rlvr_lightning.planner.models import model_config
+    from rlvr_lightning.training.behaviour import behaviour_source
+
+    module_path, _, name = cfg.model.class_path.rpartition(".")
+    module = getattr(importlib.import_module(module_path), name)(**dict(cfg.model.init_args))  # light: no weights
+    h, rollout, data, trainer = module.hparams, cfg.rollout, cfg.data, cfg.trainer
+    callbacks = [c.class_path.rsplit(".", 1)[-1] for c in (trainer.callbacks or []) if hasattr(c, "class_path")]
+    strategy = trainer.strategy
+    strategy = strategy if isinstance(strategy, str) else getattr(strategy, "class_path", "")
+    devices = trainer.devices
+    devices = 1 if devices in ("auto", None) else len(devices) if isinstance(devices, list) else int(devices)
+    source = behaviour_source(h.behaviour_logprobs, h.num_mini_batches * h.ppo_epochs, module.corrects_rollouts,
+                              module.objective.reads_step_first, bool(rollout.batches_ahead))  # fmt: skip
+    return RunSpec(
+        model=data.model_name_or_path, model_config=model_config(data.model_name_or_path), hardware=hardware,
+        devices=devices, nodes=int(trainer.num_nodes or 1), fsdp=strategy.endswith("FSDP2Strategy"),
+        precision=str(trainer.precision), fsdp_param_dtype=h.fsdp_param_dtype,
+        activation_checkpointing=h.activation_checkpointing, micro_batch_size=h.micro_batch_size,
+        max_tokens_per_micro_batch=h.max_tokens_per_micro_batch, chunk_tokens=h.logprob_chunk_tokens,
+        kl_coef=h.kl_coef, num_mini_batches=h.num_mini_batches, ppo_epochs=h.ppo_epochs,
+        separate_old_pass=source == "trainer", prompts_per_rank=data.batch_size, group_size=rollout.group_size,
+        max_prompt_length=data.max_prompt_length, max_response_length=rollout.max_response_length,
+        engine=rollout.engine, engine_dtype=rollout.dtype, gpu_memory_utilization=rollout.gpu_memory_utilization,
+        sleep_level=rollout.sleep_level, kv_cache_gib=rollout.kv_cache_gib,
+        engine_elsewhere=bool(rollout.server_urls or rollout.server_cuda_devices), batches_ahead=rollout.batches_ahead,
+        thr="THRAttribution" in callbacks, oar="OARAttribution" in callbacks,
+    )  # fmt: skip

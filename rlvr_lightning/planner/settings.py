@@ -1,0 +1,25 @@
+"""The `plan:` section of `make train` and `make plan`: which device to plan for, and whether
+`make train` checks the plan before it builds anything heavy."""
+
+from __future__ import annotations
+
+from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.planner.hardware import CHOICES
+
+
+class PlanSettings:
+    def __init__(self, check: bool = True, hardware: str | None = None, device_gib: float | None = None) -> None:
+        """Every argument is a CLI flag, `--plan.<name>`.
+
+        Args:
+            check: `make train` plans the run first: on a GPU it refuses a run predicted not to fit (naming the
+                first change that does), on the CPU it warns. `false` skips the plan.
+            hardware: the device to plan for (h100, h200, a100-80g, a100-40g, l40s, cpu); default: the
+                machine's own (its GPU's memory as CUDA reports it, or the CPU).
+            device_gib: the device's memory in GiB, instead of the hardware's.
+        """
+        if hardware is not None and hardware not in CHOICES:
+            raise ConfigError(f"plan.hardware: unknown hardware {hardware!r}; valid: {', '.join(CHOICES)}")
+        if device_gib is not None and device_gib <= 0:
+            raise ConfigError(f"plan.device_gib must be > 0, got {device_gib}")
+        self.check, self.hardware, self.device_gib = check, hardware, device_gib
