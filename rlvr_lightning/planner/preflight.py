@@ -5,6 +5,7 @@ the CPU it warns when the prediction exceeds the memory available. `--plan.check
 from __future__ import annotations
 
 import logging
+import os
 
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.planner.hardware import Hardware, hardware
@@ -35,18 +36,24 @@ def machine_hardware(name: str | None, device_gib: float | None) -> Hardware:
     return dataclasses.replace(hw, memory_gib=device_gib) if device_gib else hw
 
 
-def plan_config(cfg, with_fixes: bool = False) -> Plan:
+def plan_config(cfg, with_fixes: bool = False, estimate_time: bool = True) -> Plan:
     settings = cfg.plan
     spec = run_spec(cfg, machine_hardware(settings.hardware, settings.device_gib))
-    return plan_with_fixes(spec) if with_fixes else plan_run(spec)
+    return plan_with_fixes(spec) if with_fixes else plan_run(spec, estimate_time)
+
+
+def _spawned_by_lightning() -> bool:
+    """A rank Lightning's launcher started (it sets LOCAL_RANK for its children, torchrun also sets
+    TORCHELASTIC_RUN_ID): the launching process planned the run already."""
+    return "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" not in os.environ
 
 
 def preflight(cfg) -> None:
     """Plan the run `cfg` configures; refuse (GPU) or warn (CPU) when it is predicted not to fit."""
-    if not cfg.plan.check:
+    if not cfg.plan.check or _spawned_by_lightning():
         return
     try:
-        plan = plan_config(cfg)
+        plan = plan_config(cfg, estimate_time=False)
     except ConfigError:
         raise
     except Exception as err:  # the plan must never stop a run it cannot reason about

@@ -13,14 +13,15 @@ Two modelling choices, both stated in the plan's output:
     the worst case has no padding, so no mask is lost. On the CPU the model's own attention runs.
   - Memory and FLOPs at a fixed sequence length are affine in the rows of a forward (activations and
     the gathered hidden states grow with them; parameters, optimizer state and the LM head's chunk
-    buffers do not), so a forward of R > 2 rows is measured at 1 and 2 rows and extrapolated
-    (`tests/test_plan.py` holds the extrapolation to full runs). This keeps a 7B plan to seconds.
+    buffers do not, once there are a few chunks), so a large forward is measured at two small ones and
+    extrapolated (`tests/test_plan.py` holds it to full runs). This keeps a 7B plan to seconds.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -76,23 +77,25 @@ class TrainerMemory:
 
 
 def measure_trainer(setup: TrainerSetup, with_flops: bool = True) -> TrainerMemory:
-    """The trainer's memory (and FLOPs, or 0) per rank, per stage; R > 2 rows extrapolated from 1 and 2."""
-    if setup.rows <= 2:
+    """The trainer's memory (and FLOPs, or 0) per rank, per stage; a forward of many rows extrapolated from
+    two smaller ones (r and 2r rows, r the fewest rows that give the LM head three chunks: below that its
+    chunk buffers still grow with the rows)."""
+    r = 1 if setup.chunk_tokens <= 0 else max(1, math.ceil(3 * setup.chunk_tokens / setup.response_tokens))
+    if setup.rows <= 2 * r:
         return _measured(setup, with_flops)
-    one = _measured(dataclasses.replace(setup, rows=1), with_flops)
-    two = _measured(dataclasses.replace(setup, rows=2), with_flops)
-    R = setup.rows
+    a = _measured(dataclasses.replace(setup, rows=r), with_flops)
+    b = _measured(dataclasses.replace(setup, rows=2 * r), with_flops)
+    t = (setup.rows - r) / r  # 0 at r rows, 1 at 2r
+
+    def at(x: int, y: int) -> int:
+        return round(x + (y - x) * t)
+
     stages = [
-        StagePeak(b.stage, _affine(a.peak_bytes, b.peak_bytes, R),
-                  {k: _affine(a.breakdown.get(k, 0), b.breakdown.get(k, 0), R) for k in b.breakdown},
-                  _affine(a.flops, b.flops, R))
-        for a, b in zip(one.stages, two.stages, strict=True)
+        StagePeak(sb.stage, at(sa.peak_bytes, sb.peak_bytes),
+                  {k: at(sa.breakdown.get(k, 0), sb.breakdown.get(k, 0)) for k in sb.breakdown}, at(sa.flops, sb.flops))
+        for sa, sb in zip(a.stages, b.stages, strict=True)
     ]  # fmt: skip
-    return TrainerMemory(stages, two.parameters)
-
-
-def _affine(at_one: int, at_two: int, rows: int) -> int:
-    return at_one + (at_two - at_one) * (rows - 1)
+    return TrainerMemory(stages, b.parameters)
 
 
 _MEASURED: dict[tuple, TrainerMemory] = {}  # a plan's fixes re-use the runs that differ only in rows

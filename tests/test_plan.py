@@ -1,0 +1,159 @@
+"""The planner: its accounting on fake tensors against PyTorch's own on real ones, the row extrapolation
+against full runs, the shipped model configurations, the pre-flight refusal and its bad-input errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.models.forward import policy_forward
+from rlvr_lightning.parallel import checkpoint_layers
+from rlvr_lightning.planner.models import model_config, shipped_models
+from rlvr_lightning.planner.trainer_memory import TrainerSetup, _measured, measure_trainer
+from rlvr_lightning.rollout.types import RolloutTensors
+
+BASE = ["--config", "configs/base.yaml", "--config", "configs/algo/grpo.yaml"]
+
+
+def tiny_config(vocab: int) -> Qwen2Config:
+    return Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+
+
+def setup_for(config, rows: int, response: int, chunk: int, checkpointing: bool, **kw) -> TrainerSetup:
+    return TrainerSetup(config, 1, False, "float32", "32-true", checkpointing, rows, 32, response, chunk,
+                        with_reference=False, separate_old_pass=False, capture_lm_head=False, **kw)  # fmt: skip
+
+
+def real_peak_bytes(config, rows: int, response: int, chunk: int, checkpointing: bool) -> int:
+    """PyTorch's MemTracker on real tensors over one steady training step (after the step that creates
+    AdamW's state), through the trainer's own padded path. One prompt is a token shorter, as in every real
+    batch: with no padding at all, transformers would drop the attention mask for SDPA's causal kernel, which
+    it cannot decide on tensors without data (the plan's worst case keeps the mask, as a padded batch does)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    torch.manual_seed(0)
+    policy = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    if checkpointing:
+        checkpoint_layers(policy)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+    n, P, T = rows, 32, response
+    ids = torch.randint(0, config.vocab_size, (n, P + T))
+    attention = torch.ones(n, P + T, dtype=torch.long)
+    attention[0, 0] = 0
+    positions = (attention.cumsum(1) - 1).clamp(min=0)
+    batch = RolloutTensors(ids, attention, positions, torch.ones(n, T), torch.zeros(n, T), P)
+
+    def step():
+        out = policy_forward(policy, batch, 1.0, with_entropy=True, chunk_tokens=chunk)
+        out.logp.sum().backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    tracker = MemTracker()
+    tracker.track_external(policy, optimizer)
+    with tracker:
+        step()
+    return next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"]
+
+
+@pytest.mark.parametrize(
+    "vocab,rows,response,chunk,checkpointing",
+    [(1024, 4, 256, 0, False), (151_936, 4, 256, 256, False), (151_936, 8, 128, 256, True), (1024, 8, 512, 128, True)],
+)  # fmt: skip
+def test_planned_peak_equals_pytorchs_own_accounting(vocab, rows, response, chunk, checkpointing):
+    config = tiny_config(vocab)
+    planned = measure_trainer(setup_for(config, rows, response, chunk, checkpointing), with_flops=False).peak.peak_bytes
+    real = real_peak_bytes(config, rows, response, chunk, checkpointing)
+    assert planned == pytest.approx(real, rel=0.10), (planned / 2**20, real / 2**20)
+
+
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_rows_extrapolate_to_the_full_run(fsdp):
+    """A forward of R > 2 rows is planned from runs of 1 and 2 rows: equal to running R rows."""
+    setup = dataclasses.replace(setup_for(tiny_config(151_936), 6, 256, 256, True), fsdp=fsdp, world_size=2 if fsdp else 1)
+    extrapolated = measure_trainer(setup)
+    full = _measured(setup, with_flops=True)
+    for a, b in zip(extrapolated.stages, full.stages, strict=True):
+        assert a.peak_bytes == pytest.approx(b.peak_bytes, rel=0.01), a.stage
+        assert a.flops == pytest.approx(b.flops, rel=0.01), a.stage
+
+
+def test_activation_checkpointing_leaves_a_fraction_of_the_activations_under_fsdp():
+    config = model_config("Qwen/Qwen2.5-Math-1.5B")
+    planned = {}
+    for checkpointing in (False, True):
+        setup = TrainerSetup(config, 8, True, "bfloat16", "32-true", checkpointing, 1, 512, 1536, 1024, False, False, False, True)
+        planned[checkpointing] = measure_trainer(setup, with_flops=False).peak.breakdown["activations"]
+    assert planned[True] < planned[False] / 5, {k: v / 2**30 for k, v in planned.items()}
+
+
+@pytest.mark.parametrize(
+    "name,billions",
+    [("Qwen/Qwen2.5-Math-1.5B", 1.54), ("Qwen/Qwen2.5-Math-7B", 7.62), ("Qwen/Qwen3-0.6B", 0.60), ("Qwen/Qwen3-1.7B", 1.72),
+     ("Qwen/Qwen3-4B", 4.02), ("Qwen/Qwen3-8B", 8.19), ("meta-llama/Llama-3.1-8B", 8.03)],
+)  # fmt: skip
+def test_shipped_configurations_have_the_published_sizes(name, billions):
+    assert name in shipped_models()
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(model_config(name))
+    assert sum(p.numel() for p in model.parameters()) / 1e9 == pytest.approx(billions, abs=0.01)
+
+
+def test_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
+    from rlvr_lightning.plan import main
+
+    monkeypatch.setattr(sys, "argv", ["plan"])
+    for argv, message in [(["--hardware", "tpu-v5"], "plan.hardware: unknown hardware 'tpu-v5'"),
+                          (["--data.model_name_or_path", str(tmp_path)], "is a directory without a config.json"),
+                          (["--data.model_name_or_path", "nobody/no-such-model"], "no model configuration for 'nobody/no-such-model'")]:  # fmt: skip
+        with pytest.raises(SystemExit) as exit_info:
+            main([*BASE, *argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_info.value.code == 2 and len(err) == 1 and message in err[0], err
+
+
+def parsed(*argv: str):
+    from rlvr_lightning.plan import parse
+
+    return parse([*BASE, *argv])[0]
+
+
+def test_preflight_refuses_on_a_gpu_and_names_the_first_change_that_fits(monkeypatch):
+    from rlvr_lightning.planner.preflight import preflight
+
+    monkeypatch.setattr(sys, "argv", ["plan"])
+    cfg = parsed("--plan.hardware", "h100", "--plan.device_gib", "4", "--rollout.max_response_length", "1024")
+    with pytest.raises(ConfigError) as err:
+        preflight(cfg)
+    message = str(err.value)
+    assert "predicted peak" in message and "against 4.0 GiB" in message, message
+    assert "the first change that fits: --model.init_args.micro_batch_size 16" in message, message
+    preflight(parsed("--plan.hardware", "h100", "--plan.device_gib", "4", "--rollout.max_response_length", "1024",
+                     "--model.init_args.micro_batch_size", "16"))  # the change it named: no error  # fmt: skip
+    preflight(parsed("--plan.hardware", "h100", "--plan.device_gib", "4", "--rollout.max_response_length", "1024",
+                     "--plan.check", "false"))  # fmt: skip
+
+
+def test_preflight_on_the_cpu_warns(monkeypatch, caplog):
+    from rlvr_lightning.planner.preflight import preflight
+
+    monkeypatch.setattr(sys, "argv", ["plan"])
+    with caplog.at_level(logging.WARNING):
+        preflight(parsed("--plan.hardware", "cpu", "--plan.device_gib", "0.5"))
+    assert any("the run may swap or be killed" in r.getMessage() for r in caplog.records)
+
+
+def test_unknown_hardware_is_refused_at_parse_time():
+    from rlvr_lightning.planner.settings import PlanSettings
+
+    with pytest.raises(ConfigError, match="unknown hardware 'b200'"):
+        PlanSettings(hardware="b200")
