@@ -12,11 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from rlvr_lightning.errors import ConfigError
-from rlvr_lightning.models.forward import policy_forward
-from rlvr_lightning.parallel import checkpoint_layers
+from rlvr_lightning.planner.measure import real_step_peak_bytes
 from rlvr_lightning.planner.models import model_config, shipped_models
 from rlvr_lightning.planner.trainer_memory import TrainerSetup, _measured, measure_trainer
-from rlvr_lightning.rollout.types import RolloutTensors
 
 BASE = ["--config", "configs/base.yaml", "--config", "configs/algo/grpo.yaml"]
 
@@ -31,49 +29,26 @@ def setup_for(config, rows: int, response: int, chunk: int, checkpointing: bool,
                         with_reference=False, separate_old_pass=False, capture_lm_head=False, **kw)  # fmt: skip
 
 
-def real_peak_bytes(config, rows: int, response: int, chunk: int, checkpointing: bool) -> int:
-    """PyTorch's MemTracker on real tensors over one steady training step (after the step that creates
-    AdamW's state), through the trainer's own padded path. One prompt is a token shorter, as in every real
-    batch: with no padding at all, transformers would drop the attention mask for SDPA's causal kernel, which
-    it cannot decide on tensors without data (the plan's worst case keeps the mask, as a padded batch does)."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    torch.manual_seed(0)
-    policy = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    if checkpointing:
-        checkpoint_layers(policy)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
-    n, P, T = rows, 32, response
-    ids = torch.randint(0, config.vocab_size, (n, P + T))
-    attention = torch.ones(n, P + T, dtype=torch.long)
-    attention[0, 0] = 0
-    positions = (attention.cumsum(1) - 1).clamp(min=0)
-    batch = RolloutTensors(ids, attention, positions, torch.ones(n, T), torch.zeros(n, T), P)
-
-    def step():
-        out = policy_forward(policy, batch, 1.0, with_entropy=True, chunk_tokens=chunk)
-        out.logp.sum().backward()
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    step()
-    tracker = MemTracker()
-    tracker.track_external(policy, optimizer)
-    with tracker:
-        step()
-    return next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"]
-
-
 @pytest.mark.parametrize(
     "vocab,rows,response,chunk,checkpointing",
     [(1024, 4, 256, 0, False), (151_936, 4, 256, 256, False), (151_936, 8, 128, 256, True), (1024, 8, 512, 128, True)],
 )  # fmt: skip
 def test_planned_peak_equals_pytorchs_own_accounting(vocab, rows, response, chunk, checkpointing):
+    """The plan's trainer peak against PyTorch's MemTracker on a real step (`planner.measure`)."""
     config = tiny_config(vocab)
-    planned = measure_trainer(setup_for(config, rows, response, chunk, checkpointing), with_flops=False).peak.peak_bytes
-    real = real_peak_bytes(config, rows, response, chunk, checkpointing)
+    setup = setup_for(config, rows, response, chunk, checkpointing)
+    planned = measure_trainer(setup, with_flops=False).peak.peak_bytes
+    real = real_step_peak_bytes(setup)
     assert planned == pytest.approx(real, rel=0.10), (planned / 2**20, real / 2**20)
+
+
+def test_the_old_pass_and_the_lm_head_inputs_are_accounted():
+    """The θ_old pass and THR's captured LM-head inputs. (KL's reference model is checked by the RSS of real
+    runs, bench/plan_accuracy.py: MemTracker fails on a second model's forward in one step.)"""
+    setup = dataclasses.replace(setup_for(tiny_config(151_936), 4, 256, 256, False), separate_old_pass=True,
+                                capture_lm_head=True)  # fmt: skip
+    planned = measure_trainer(setup, with_flops=False).peak.peak_bytes
+    assert planned == pytest.approx(real_step_peak_bytes(setup), rel=0.10)
 
 
 @pytest.mark.parametrize("fsdp", [False, True])
