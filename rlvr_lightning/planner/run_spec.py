@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 from dataclasses import dataclass
 
 from rlvr_lightning.planner.hardware import Hardware
@@ -58,6 +59,10 @@ class RunSpec:
         if self.max_tokens_per_micro_batch is not None:
             rows = max(1, self.max_tokens_per_micro_batch // (self.max_prompt_length + self.max_response_length))
         return min(rows, per_mini_batch)
+
+    @property
+    def micro_batches_per_step(self) -> int:
+        return math.ceil(max(1, self.sequences_per_rank // self.num_mini_batches) / self.rows_per_forward)
 
     def changed(self, **changes) -> RunSpec:
         return dataclasses.replace(self, **changes)

@@ -56,6 +56,7 @@ class TrainerSetup:
     separate_old_pass: bool  # θ_old from a no-grad forward before the update
     capture_lm_head: bool  # THR reads the LM head's inputs in the update's forward
     fused_attention: bool = False  # plan attention as a GPU's fused kernel (see the module's docstring)
+    accumulates: bool = False  # several micro-batches per optimizer step: later ones run with gradients held
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ def _run_fake_step(setup: TrainerSetup, count_flops: bool) -> TrainerMemory:
             gc.collect()  # free the last stage's autograd graph now
             tracker.reset_mod_stats()  # per-module statistics are per forward; FSDP's tracker insists
             entry = _snapshot(tracker, "current")
-            with tracker, FlopCounterMode(display=False) if count_flops else nullcontext() as flops:
+            with tracker, FlopCounterMode(display=False, custom_mapping=_CPU_ATTENTION_FLOPS) if count_flops else nullcontext() as flops:
                 run()
             if count_flops:
                 peaks.append(StagePeak(name, 0, {}, flops.get_total_flops()))
@@ -197,6 +198,27 @@ def _with_whole_reference(peaks: list[StagePeak], reference_bytes: int) -> list[
     if no_grad is None:  # no θ_old pass: the reference forward is the update's forward without autograd
         return out
     return [*out[:1], dataclasses.replace(no_grad, stage="reference log-probs (no grad)"), *out[1:]]
+
+
+def _attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """Forward FLOPs of SDPA's CPU flash kernel (absent from PyTorch's FLOP formulas): QKᵀ and PV, 2 FLOPs per
+    multiply-add, half of it under a causal mask (what the GPU's kernels compute too)."""
+    b, h, s_q, d = query_shape
+    s_k = key_shape[-2]
+    is_causal = bool(args[1]) if len(args) > 1 else bool(kwargs.get("is_causal", False))
+    return int(4 * b * h * s_q * s_k * d * (0.5 if is_causal else 1.0))
+
+
+def _attention_backward_flops(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """Backward: five matmuls of the forward's two (PyTorch's own SDPA backward formula, 2.5×)."""
+    is_causal = bool(args[3]) if len(args) > 3 else bool(kwargs.get("is_causal", False))
+    return int(2.5 * _attention_flops(query_shape, key_shape, value_shape, 0.0, is_causal))
+
+
+_CPU_ATTENTION_FLOPS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _attention_flops,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _attention_backward_flops,
+}
 
 
 def _fused_causal_attention() -> str:
@@ -241,7 +263,10 @@ def _step_stages(policy, reference, optimizer, setup: TrainerSetup) -> list[tupl
         stages.append(("θ_old log-probs (no grad)", lambda: forward(policy, grad=False)))
     if reference is not None:
         stages.append(("reference log-probs (no grad)", lambda: forward(reference, grad=False)))
-    return [*stages, ("update forward + backward", forward_backward), ("optimizer step", optimizer_step)]
+    stages.append(("update forward + backward", forward_backward))
+    if setup.accumulates:  # the next micro-batch's pass, with the first one's gradients held
+        stages.append(("update forward + backward, gradients held", forward_backward))
+    return [*stages, ("optimizer step", optimizer_step)]
 
 
 def _which_pass(stage: str, tracker, policy) -> str:
@@ -256,7 +281,8 @@ def _which_pass(stage: str, tracker, policy) -> str:
             peak[name.split()[1]] = max(next(iter(shot.values()), {}).get("Total", 0) for shot in shots)
     if len(peak) < 2:
         return stage
-    return "update forward" if peak["Forward"] >= peak["Backward"] else "update backward"
+    which = "forward" if peak["Forward"] >= peak["Backward"] else "backward"
+    return stage.replace("forward + backward", which)
 
 
 def _autocast(setup: TrainerSetup):
