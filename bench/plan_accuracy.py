@@ -13,6 +13,8 @@ random-init synthetic Qwen2 of `rlvr_lightning.models.synthetic` (hidden 256, 2 
     plan's worst-case micro-batch) against the planner's figure for the same step (without the KL
     reference, which MemTracker cannot run; the RSS comparison includes it).
 An untrained model rarely samples EOS, so responses run to the limit: the plan's worst case is the run.
+The engine probe measures what the planner's CPU engine constants come from: the resident memory an
+in-process vLLM engine adds at start-up, beyond its weights and KV cache, at both vocabularies.
 
     .venv/bin/python bench/plan_accuracy.py [--configs v1k-t256-mb4-vllm-grpo,...]
 """
@@ -117,6 +119,28 @@ def trainer_tensors(args: list[str]) -> dict:
             "ratio": round(plan / real, 3), "within_10pct": abs(plan / real - 1) <= 0.10}  # fmt: skip
 
 
+ENGINE_PROBE = """
+import os, sys, psutil
+from vllm import LLM
+me = psutil.Process()
+before = me.memory_info().rss
+LLM(model=sys.argv[1], dtype="float32", enforce_eager=True, max_model_len=1056, seed=0)
+print(me.memory_info().rss - before)
+"""
+
+
+def engine_probe(vocab: int) -> dict:
+    """Resident bytes an in-process vLLM engine adds at start-up (after its import), and the part beyond its
+    weights and KV cache."""
+    proc = subprocess.run([sys.executable, "-c", ENGINE_PROBE, model_dir(vocab)], capture_output=True, text=True, env=env())
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    added = int(proc.stdout.strip().splitlines()[-1])
+    weights = json.loads((Path(model_dir(vocab)) / "synthetic.json").read_text())["parameters"] * 4
+    kv = float(env()["VLLM_CPU_KVCACHE_SPACE"]) * GIB
+    return {"added_gib": round(added / GIB, 3), "beyond_weights_and_kv_gib": round((added - weights - kv) / GIB, 3)}
+
+
 def one(name: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -143,9 +167,10 @@ def main() -> None:
         print(f"plan_accuracy: {name} …", file=sys.stderr, flush=True)
         results[name] = one(name)
         print(f"plan_accuracy: {name}: {json.dumps(results[name])}", file=sys.stderr, flush=True)
+    probe = {f"vocab_{v}": engine_probe(v) for v in (1024, 151_936)}
     rss_ok = sum(r["within_20pct"] for r in results.values())
     tensors_ok = sum(r["trainer_tensors"]["within_10pct"] for r in results.values())
-    write("plan_accuracy", {"configs": results, "summary": {
+    write("plan_accuracy", {"configs": results, "engine_probe": probe, "summary": {
         "peak_rss_within_20pct": f"{rss_ok}/{len(results)}", "trainer_tensors_within_10pct": f"{tensors_ok}/{len(results)}"}})  # fmt: skip
 
 

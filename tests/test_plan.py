@@ -42,11 +42,12 @@ def test_planned_peak_equals_pytorchs_own_accounting(vocab, rows, response, chun
     assert planned == pytest.approx(real, rel=0.10), (planned / 2**20, real / 2**20)
 
 
-def test_the_old_pass_and_the_lm_head_inputs_are_accounted():
-    """The θ_old pass and THR's captured LM-head inputs. (KL's reference model is checked by the RSS of real
-    runs, bench/plan_accuracy.py: MemTracker fails on a second model's forward in one step.)"""
+def test_the_old_pass_the_lm_head_inputs_and_held_gradients_are_accounted():
+    """The θ_old pass, THR's captured LM-head inputs, and a second micro-batch with the first's gradients
+    held. (KL's reference model is checked by the RSS of real runs, bench/plan_accuracy.py: MemTracker
+    fails on a second model's forward in one step.)"""
     setup = dataclasses.replace(setup_for(tiny_config(151_936), 4, 256, 256, False), separate_old_pass=True,
-                                capture_lm_head=True)  # fmt: skip
+                                capture_lm_head=True, accumulates=True)  # fmt: skip
     planned = measure_trainer(setup, with_flops=False).peak.peak_bytes
     assert planned == pytest.approx(real_step_peak_bytes(setup), rel=0.10)
 

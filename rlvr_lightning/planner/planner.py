@@ -36,6 +36,15 @@ class Plan:
         return out
 
     @property
+    def warnings(self) -> list[str]:
+        """What stops this run before memory does."""
+        from rlvr_lightning.data.datamodule import context_length_problem
+
+        spec = self.spec
+        problem = context_length_problem(spec.model_config, spec.max_prompt_length, spec.max_response_length, spec.model)
+        return [f"{problem} (the run is refused at start)"] if problem else []
+
+    @property
     def peak_stage(self) -> str:
         return max(self.stages, key=self.stages.get)
 
@@ -117,6 +126,20 @@ def candidate_changes(spec: RunSpec) -> list[tuple[str, dict]]:
     return out
 
 
+REDUCES = {  # what a change can lower, at most: a change that cannot fit even if that fell to 0 is not tried alone
+    "activation_checkpointing": ("activations",),
+    "sleep_level": ("engine",),
+    "micro_batch_size": ("activations", "temporaries"),
+    "chunk_tokens": ("temporaries",),
+    "devices": ("parameters", "gradients", "optimizer_state", "reference", "communication"),
+}
+
+
+def could_fit(plan: Plan, change: dict) -> bool:
+    reducible = sum(plan.breakdown().get(c, 0.0) for c in REDUCES[next(iter(change))])
+    return plan.peak_gib - reducible <= plan.device_gib
+
+
 def plan_with_fixes(spec: RunSpec, limit: int = 3) -> Plan:
     """The plan; when it does not fit, up to `limit` single changes that make it fit (each re-planned; of the
     micro-batch sizes, the largest that fits), or, when none does alone, the changes taken in order, each
@@ -127,7 +150,7 @@ def plan_with_fixes(spec: RunSpec, limit: int = 3) -> Plan:
     candidates = candidate_changes(spec)
     seen_micro = False
     for description, change in candidates:
-        if seen_micro and "micro_batch_size" in change:
+        if (seen_micro and "micro_batch_size" in change) or not could_fit(plan, change):
             continue
         trial = plan_run(spec.changed(**change), estimate_time=False)
         if trial.fits:

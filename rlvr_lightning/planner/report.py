@@ -32,6 +32,7 @@ def as_dict(plan: Plan) -> dict:
         "layout": {"sequences_per_rank": spec.sequences_per_rank, "rows_per_forward": spec.rows_per_forward,
                    "tokens_per_row": spec.max_prompt_length + spec.max_response_length},  # fmt: skip
         "fixes": [{"change": change, "peak_gib_per_rank": round(p.peak_gib, 3)} for change, p in plan.fixes],
+        "warnings": plan.warnings,
     }
 
 
@@ -55,6 +56,7 @@ def as_text(plan: Plan) -> str:
     lines += ["", f"  step time, estimated: {plan.step.total:.1f} s per rollout batch"]
     lines += [f"    {name:<32} {s:8.2f} s" for name, s in plan.step.stages.items()]
     lines += [f"    ({a})" for a in plan.step.assumptions]
+    lines += [f"  warning: {w}" for w in plan.warnings]
     if not plan.fits:
         lines.append("")
         if plan.fixes:

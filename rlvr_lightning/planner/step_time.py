@@ -14,14 +14,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rlvr_lightning.planner.engine_memory import EngineShare, dtype_bytes
+from rlvr_lightning.planner.engine_memory import EngineShare, dtype_bytes, vllm_batch_limits
 from rlvr_lightning.planner.run_spec import RunSpec
 from rlvr_lightning.planner.trainer_memory import TrainerMemory
 
 TRAINER_EFFICIENCY = 0.4  # share of dense peak FLOP/s a trainer's matmuls sustain (typical FSDP MFU: 0.3–0.5)
 PREFILL_EFFICIENCY = 0.5
 DECODE_EFFICIENCY = 0.7  # share of peak memory bandwidth a decode step sustains
-MAX_NUM_SEQS = 256  # vLLM's default cap on sequences in flight
 
 
 @dataclass(frozen=True)
@@ -68,11 +67,12 @@ def estimate_step(spec: RunSpec, trainer: TrainerMemory, engine: EngineShare) ->
 
 def generation_seconds(spec: RunSpec, parameters: int, engine: EngineShare) -> float:
     """Prefill of every prompt, then max_response_length decode steps per round of sequences in flight
-    (as many as the KV cache and MAX_NUM_SEQS allow)."""
+    (as many as the KV cache and vLLM's max_num_seqs allow)."""
     hw, cfg = spec.hardware, spec.model_config
     P, T, N = spec.max_prompt_length, spec.max_response_length, spec.sequences_per_rank
     nbytes = dtype_bytes(spec.engine_dtype, cfg)
-    in_flight = max(1, min(N, MAX_NUM_SEQS, engine.kv_tokens // (P + T) if engine.kv_tokens else N))
+    max_num_seqs = vllm_batch_limits(hw)[0] if spec.engine != "hf" else N
+    in_flight = max(1, min(N, max_num_seqs, engine.kv_tokens // (P + T) if engine.kv_tokens else N))
     rounds = math.ceil(N / in_flight)
     prefill = 2 * parameters * P * N / (hw.tflops * 1e12 * PREFILL_EFFICIENCY)
     bandwidth = hw.memory_tb_s * 1e12 * DECODE_EFFICIENCY
