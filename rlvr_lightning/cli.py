@@ -87,10 +87,13 @@ class RLVRCLI(LightningCLI):
         parser.add_class_arguments(PlanSettings, "plan")
         parser.link_arguments("rollout", "data.rollout", apply_on="instantiate")
 
+    def after_instantiate_classes(self) -> None:
+        super().after_instantiate_classes()
+        if self.subcommand == "fit":  # after every constructor's own checks, before any weights, engine or process group
+            preflight(self.config["fit"])
+
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
-        if self.subcommand == "fit":
-            preflight(cfg)  # before any weights, engine or process group: a run that cannot fit stops here
         use_rollout_progress_bar(cfg.trainer)
         logger = cfg.trainer.logger
         if not (isinstance(logger, Namespace) and logger.class_path.endswith("MLFlowLogger")):
