@@ -133,3 +133,18 @@ def test_unknown_hardware_is_refused_at_parse_time():
 
     with pytest.raises(ConfigError, match="unknown hardware 'b200'"):
         PlanSettings(hardware="b200")
+
+
+def test_make_train_refuses_a_run_that_will_not_fit_in_one_line(tmp_path, capsys, monkeypatch):
+    """The pre-flight in `make train`'s own command line, before any weights or engine (the CLI's tests
+    skip it with --plan.check=false)."""
+    from rlvr_lightning.cli import main
+
+    monkeypatch.setenv("RLVR_CACHE_DIR", str(tmp_path / "cache"))  # nothing may be built there
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *BASE, "--trainer.logger.init_args.tracking_uri", f"sqlite:///{tmp_path}/mlflow.db",
+              "--plan.hardware", "h100", "--plan.device_gib", "4", "--rollout.max_response_length", "1024"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and err[-1].startswith("error: plan: predicted peak") and "Traceback" not in "".join(err)
+    assert "--model.init_args.micro_batch_size 16" in err[-1]
+    assert not (tmp_path / "cache").exists()  # the embedded warm start was not built
