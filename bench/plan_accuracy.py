@@ -45,7 +45,7 @@ CONFIGS = {  # name → (vocabulary, response tokens, micro-batch, engine, prese
     "v1k-t1024-mb8-hf-grpo": (1024, 1024, 8, "hf", "grpo"),
     "v152k-t256-mb8-vllm-real": (151_936, 256, 8, "vllm", "real"),
     "v152k-t256-mb4-vllm-thr": (151_936, 256, 4, "vllm", "thr"),
-    "v152k-t1024-mb4-hf-thr": (151_936, 1024, 4, "hf", "thr"),
+    "v1k-t256-mb4-hf-thr": (1024, 256, 4, "hf", "thr"),
 }
 
 
