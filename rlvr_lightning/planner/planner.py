@@ -140,11 +140,11 @@ def could_fit(plan: Plan, change: dict) -> bool:
     return plan.peak_gib - reducible <= plan.device_gib
 
 
-def plan_with_fixes(spec: RunSpec, limit: int = 3) -> Plan:
+def plan_with_fixes(spec: RunSpec, limit: int = 3, estimate_time: bool = True) -> Plan:
     """The plan; when it does not fit, up to `limit` single changes that make it fit (each re-planned; of the
     micro-batch sizes, the largest that fits), or, when none does alone, the changes taken in order, each
     kept if it lowers the peak, until the run fits."""
-    plan = plan_run(spec)
+    plan = plan_run(spec, estimate_time)
     if plan.fits:
         return plan
     candidates = candidate_changes(spec)

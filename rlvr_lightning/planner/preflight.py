@@ -64,6 +64,6 @@ def preflight(cfg) -> None:
     if not plan.spec.hardware.gpu:
         log.warning("plan: %s available on this machine: the run may swap or be killed (`make plan` shows why)", summary)
         return
-    fixed = plan_with_fixes(plan.spec)
+    fixed = plan_with_fixes(plan.spec, estimate_time=False)  # the refusal needs no step time: no FLOP-counting run
     first = f"; the first change that fits: {fixed.fixes[0][0]}" if fixed.fixes else ""
     raise ConfigError(f"plan: {summary}: the run will not fit{first} (`make plan` shows the breakdown; --plan.check false skips this check)")
