@@ -84,12 +84,12 @@ def planned(args: list[str]) -> dict:
         return json.loads(Path(out.name).read_text())
 
 
-def measured_rss(args: list[str], workdir: Path) -> tuple[int, float]:
+def measured_rss(args: list[str], workdir: Path, extra_env: dict | None = None) -> tuple[int, float]:
     """(peak resident bytes of the training process, wall seconds)."""
     t0 = time.perf_counter()
     with open(workdir / "train.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "rlvr_lightning", "fit", *args, "--plan.check", "false"],
-                                stdout=log, stderr=subprocess.STDOUT, env=env(), cwd=workdir)  # fmt: skip
+                                stdout=log, stderr=subprocess.STDOUT, env={**env(), **(extra_env or {})}, cwd=workdir)  # fmt: skip
         me, peak = psutil.Process(proc.pid), 0
         while proc.poll() is None:
             try:
@@ -148,12 +148,18 @@ def one(name: str) -> dict:
         plan = planned(args)
         rss, wall = measured_rss(args, workdir)
         predicted = plan["peak_gib_per_rank"] * GIB
+        fixed_threshold = {}
+        if CONFIGS[name][3] == "hf":  # the same run with glibc's mmap threshold fixed: large blocks go back at once
+            fixed, _ = measured_rss(args, workdir, {"MALLOC_MMAP_THRESHOLD_": "131072"})
+            fixed_threshold = {"measured_peak_rss_gib_mmap_threshold_128k": round(fixed / GIB, 3),
+                               "ratio_mmap_threshold_128k": round(predicted / fixed, 3)}  # fmt: skip
         return {
             "config": dict(zip(["vocab", "response_tokens", "micro_batch", "engine", "preset"], CONFIGS[name], strict=True)),
             "predicted_peak_gib": plan["peak_gib_per_rank"], "peak_stage": plan["peak_stage"],
             "measured_peak_rss_gib": round(rss / GIB, 3), "ratio": round(predicted / rss, 3),
             "within_20pct": abs(predicted / rss - 1) <= 0.20, "breakdown_gib": plan["breakdown"],
             "trainer_tensors": trainer_tensors(args), "train_wall_s": round(wall, 1),
+            "measured_on": time.strftime("%Y-%m-%d"), **fixed_threshold,
         }  # fmt: skip
 
 
@@ -161,9 +167,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--probe-only", action="store_true", help="re-measure the engine probe into the existing JSON")
+    p.add_argument("--update", action="store_true", help="re-measure --configs into the existing JSON, keeping the others")
     args = p.parse_args()
+    path = Path(__file__).resolve().parent / "results" / "plan_accuracy.json"
     if args.probe_only:
-        path = Path(__file__).resolve().parent / "results" / "plan_accuracy.json"
         payload = json.loads(path.read_text())
         payload["engine_probe"] = {f"vocab_{v}": engine_probe(v) for v in (1024, 151_936)}
         path.write_text(json.dumps(payload, indent=2))
@@ -175,7 +182,11 @@ def main() -> None:
         print(f"plan_accuracy: {name} …", file=sys.stderr, flush=True)
         results[name] = one(name)
         print(f"plan_accuracy: {name}: {json.dumps(results[name])}", file=sys.stderr, flush=True)
-    probe = {f"vocab_{v}": engine_probe(v) for v in (1024, 151_936)}
+    if args.update:
+        kept = json.loads(path.read_text())
+        results, probe = {**kept["configs"], **results}, kept["engine_probe"]
+    else:
+        probe = {f"vocab_{v}": engine_probe(v) for v in (1024, 151_936)}
     rss_ok = sum(r["within_20pct"] for r in results.values())
     tensors_ok = sum(r["trainer_tensors"]["within_10pct"] for r in results.values())
     write("plan_accuracy", {"configs": results, "engine_probe": probe, "summary": {

@@ -53,10 +53,12 @@ def test_vllm_rollout_logprobs_match_trainer(setup, temperature):
     assert ((logp - rollout_logp).abs() * mask).max() < 1e-3
 
 
-def test_hf_engine_logprobs_match_trainer(setup):
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_hf_engine_logprobs_match_trainer(setup, temperature):
+    """At 0.7 the log-probs are of the tempered distribution the tokens are drawn from, as the trainer's."""
     tok, model, _ = setup
     engine = HFGenerateEngine(model, tok.pad_token_id, tok.eos_token_id, partial(sequence_logprobs, model))
-    rollout = _rollout(engine, tok, SamplingConfig(group_size=3, temperature=1.0, max_tokens=10, seed=0))
+    rollout = _rollout(engine, tok, SamplingConfig(group_size=3, temperature=temperature, max_tokens=10, seed=0))
     logp, rollout_logp, mask = _trainer_logprobs(model, rollout, tok.pad_token_id)
     assert ((logp - rollout_logp).abs() * mask).max() < 1e-3
 

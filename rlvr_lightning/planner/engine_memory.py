@@ -20,6 +20,10 @@ SLEEPING_GIB = 0.5  # what a sleeping vLLM engine keeps on the GPU (its CUDA con
 # sampler's [max_num_seqs, vocabulary] fp32 logits (bench/plan_accuracy.py's engine probe re-measures it:
 # 0.07 GiB + 3.7 copies in the committed run, within 0.1 GiB of these).
 CPU_ENGINE_FIXED_GIB = 0.18
+# A decoding step of `generate` holds up to seven [sequences, vocabulary] fp32 tensors at once (the model's
+# logits, their fp32 copy, the warpers' outputs, the engine's log-softmax, the sampler's probabilities, …):
+# PyTorch's profiler counts 7 with temperature and top-k warpers, 6 without (tests/test_hf_engine_memory.py).
+HF_STEP_LOGITS_COPIES = 7
 SAMPLER_COPIES = 3.5
 
 
@@ -75,9 +79,9 @@ def engine_share(spec: RunSpec, parameters: int) -> EngineShare:
     per_token = kv_bytes_per_token(config, nbytes)
     weights = parameters * nbytes / GIB
     if spec.engine == "hf":
-        # Generation with the trainer's own policy: the KV cache of every sequence of the rank at once.
         kv = spec.sequences_per_rank * (spec.max_prompt_length + spec.max_response_length) * kv_bytes_per_token(config, 4) / GIB
-        return EngineShare(kv, 0.0, 0.0, kv, kv_bytes_per_token(config, 4), "HF engine: the policy generates; its KV cache (fp32)")
+        return EngineShare(kv + hf_decode_step_bytes(spec) / GIB, 0.0, 0.0, kv, kv_bytes_per_token(config, 4),
+                           "HF engine: the policy generates; its KV cache (fp32) and the last decoding step's tensors")  # fmt: skip
     if not hw.gpu:
         held = weights + spec.kv_cache_gib + CPU_ENGINE_FIXED_GIB + SAMPLER_COPIES * 256 * config.vocab_size * 4 / GIB
         return EngineShare(held, held, weights, spec.kv_cache_gib, per_token,
@@ -90,6 +94,21 @@ def engine_share(spec: RunSpec, parameters: int) -> EngineShare:
     note = f"vLLM colocated: {spec.gpu_memory_utilization:.2f} × {hw.memory_gib:.1f} GiB" + (
         f", asleep during the update (level {spec.sleep_level})" if spec.sleep_level else ", held during the update (sleep_level 0)")
     return EngineShare(total, asleep, weights, kv, per_token, note)
+
+
+def hf_decode_step_bytes(spec: RunSpec) -> int:
+    """What `generate` (rollout.engine hf) holds beside the KV cache at its last decoding step, the longest:
+    the larger of its attention's and its sampling's working tensors, and the log-probs kept so far.
+    Attention: one layer's keys and values repeated to every head (transformers' SDPA path copies them
+    when left-padded prompts need a mask and the model groups its KV heads) and the layer's newly
+    concatenated keys and values. Sampling: HF_STEP_LOGITS_COPIES [sequences, vocabulary] fp32 tensors."""
+    config, N, T = spec.model_config, spec.sequences_per_rank, spec.max_prompt_length + spec.max_response_length
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    attention = (2 * N * heads * T * head_dim * 4 if kv_heads < heads else 0) + 2 * N * kv_heads * T * head_dim * 4
+    sampling = HF_STEP_LOGITS_COPIES * N * config.vocab_size * 4
+    return max(attention, sampling) + N * spec.max_response_length * 4
 
 
 def rollout_buffers_bytes(spec: RunSpec) -> int:
