@@ -48,7 +48,8 @@ def group_thr_scores(
         tokens: [n] the sampled token ids.
         seq: [n] index (0..G−1) of the rollout each token belongs to.
         correct: [G] bool, the verifier's verdicts.
-        lm_head: [c, d] → [c, |V|] logits (the policy's output embedding).
+        lm_head: [c, d] → [c, |V|] logits (the policy's output embedding and its family's transform:
+            `models.lm_head.PolicyHead`).
         temperature: the rollout temperature T_roll.
         chunk_size: tokens per LM-head call.
     """

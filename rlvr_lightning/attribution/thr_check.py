@@ -14,6 +14,7 @@ import torch
 
 from rlvr_lightning.attribution.thr import rollout_thr
 from rlvr_lightning.models.forward import policy_forward
+from rlvr_lightning.models.lm_head import PolicyHead
 from rlvr_lightning.rollout.types import Rollout
 
 
@@ -40,7 +41,7 @@ def thr_sign_check(
     hidden = {n: clean.lm_head_in[n, : lengths[n]] for n in range(len(lengths))}
     thr_tok = torch.zeros_like(t.response_mask)
     G = rollout.group_size
-    for gs in rollout_thr(rollout, advantages, hidden, policy.get_output_embeddings()):
+    for gs in rollout_thr(rollout, advantages, hidden, PolicyHead(policy)):
         for j, thr_j in enumerate(gs.per_rollout(gs.thr)):
             thr_tok[gs.group * G + j, : gs.lengths[j]] = thr_j
     correct_tok = rollout.correct.float()[:, None] * t.response_mask

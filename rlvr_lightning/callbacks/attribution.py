@@ -32,6 +32,7 @@ from rlvr_lightning.callbacks.rollout import AdvantageShaper
 from rlvr_lightning.context import ScoredBatch, StepContext
 from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.metrics import RunningStats, StreamSample
+from rlvr_lightning.models.lm_head import PolicyHead
 from rlvr_lightning.pieces.advantages import mixed_groups
 from rlvr_lightning.seeding import OAR_NOISE_STREAM, derived_seed
 
@@ -107,7 +108,7 @@ class THRAttribution(AdvantageShaper):
         """Weights of the mixed groups in `hidden` (a few whole groups per call)."""
         G = batch.group_size
         weights: dict[int, torch.Tensor] = {}
-        lm_head = step.policy.get_output_embeddings()
+        lm_head = PolicyHead(step.policy)  # the logits the policy's forward returns, its family's transform included
         unscored_before = len(self._unscored)
         for gs in rollout_thr(batch.rollout, batch.advantages, hidden, lm_head, self.chunk_size):
             dominant = dominant_tokens(

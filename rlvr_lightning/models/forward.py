@@ -9,7 +9,12 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr_lightning.models.lm_head import chunked_token_logprobs, supports_chunked_head
+from rlvr_lightning.models.lm_head import (
+    chunked_token_logprobs,
+    head_transform,
+    supports_chunked_head,
+    untransformed_head_output,
+)
 from rlvr_lightning.rollout.types import RolloutTensors
 from rlvr_lightning.tensor_math import entropy_from_logprobs, log_softmax_at
 
@@ -67,7 +72,7 @@ def _run(model: torch.nn.Module, t: RolloutTensors, T: int):
 def _chunked_forward(
     model, t: RolloutTensors, temperature, with_entropy, capture_lm_head, chunk_tokens, unpadded
 ) -> PolicyForward:
-    head = model.get_output_embeddings()
+    head, transform = model.get_output_embeddings(), head_transform(model.config)
     valid = None if unpadded else t.response_mask.bool()
     targets = t.input_ids[:, t.prompt_width :]
     targets = targets.flatten() if valid is None else targets[valid]
@@ -83,14 +88,15 @@ def _chunked_forward(
         rows = hidden[:, :-1]
         logp, entropy = chunked_token_logprobs(
             rows.flatten(0, 1) if valid is None else rows[valid], head.weight, targets, temperature, chunk_tokens,
-            with_entropy,
+            with_entropy, transform,
         )  # only the real response tokens: padding costs no LM-head work  # fmt: skip
         found["entropy"] = None if entropy is None else as_rows(entropy)
         return as_rows(logp)
 
     head.forward = response_logprobs  # the model returns these [n, T] log-probs as its "logits"
     try:
-        out = _run(model, t, t.response_mask.shape[1])
+        with untransformed_head_output(model):
+            out = _run(model, t, t.response_mask.shape[1])
     finally:
         del head.forward
     return PolicyForward(out.logits, found["entropy"], found["lm_head_in"], t)
