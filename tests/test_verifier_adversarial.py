@@ -207,6 +207,54 @@ def test_strict_mode_drops_golds_it_could_never_match(strict_verifier):
         assert lenient.parseable_golds(golds) == [True, True]
 
 
+# Physics and chemistry answers, as (gold, completions that equal it, completions that do not). A subscripted
+# E or e and a number ending in a point have no token in math-verify's grammar; they are read as math on both
+# sides, so an equivalent form counts too (math-verify alone compares them as text only).
+STRICT_MATH_FORMS = [
+    ("\\frac{dM}{dt}=-kM", ["\\frac{dM}{dt}=-kM", "\\frac{d M}{d t} = -k M"],
+     ["\\frac{dM}{dt}=-kM+1", "\\frac{dM}{dt}=-M", "\\frac{d^2M}{dt^2}=-kM"]),
+    ("\\frac{\\hbar^2}{2m}", ["\\frac{\\hbar^2}{2m}", "\\frac{\\hbar^{2}}{2 m}"],
+     ["\\frac{\\hbar^2}{m}", "\\frac{\\hbar}{2m}"]),
+    ("E_{1},E_{2}", ["E_{1},E_{2}", "E_2, E_1"], ["E_{1},E_{3}", "E_{1}", "E_{1},E_{2},E_{3}"]),
+    ("-1./3", ["-1./3", "-\\frac{1}{3}"], ["-1./4", "1./3", "-1"]),
+    ("E_n=\\frac{n^2\\pi^2\\hbar^2}{2mL^2}", ["E_n=\\frac{n^2\\pi^2\\hbar^2}{2mL^2}", "E_{n} = \\frac{\\pi^2 \\hbar^2 n^2}{2 m L^2}"],
+     ["E_n=\\frac{n\\pi^2\\hbar^2}{2mL^2}", "E_n=\\frac{n^2\\pi^2\\hbar}{2mL^2}"]),
+    # math-verify alone reads the gold as its part -1/2, which would reward that part.
+    ("-\\frac{1}{2} E_{0}", ["-\\frac{1}{2} E_{0}", "-\\frac{E_0}{2}"], ["-\\frac{1}{2}", "\\frac{1}{2} E_{0}"]),
+    ("3E_1", ["3 E_{1}"], ["3"]),  # filled in before normalisation, \text{E}_1 would be dropped as a unit
+    ("\\vec{E_1}", ["\\vec{E_1}"], ["\\vec{E_2}"]),  # an accent's content is read as it was
+    ("1.e-3", [], ["e-3"]),  # a point before a letter stays: "1e-3" would read as 1*e - 3
+]  # fmt: skip
+
+
+def test_strict_mode_reads_physics_notation_as_math(strict_verifier):
+    golds, completions, expected = [], [], []
+    for gold, right, wrong in STRICT_MATH_FORMS:
+        for answers, reward in ((right, 1.0), (wrong, 0.0)):
+            golds += [gold] * len(answers)
+            completions += [f"so \\boxed{{{a}}}" for a in answers]
+            expected += [reward] * len(answers)
+    rewards = strict_verifier.verify(golds, completions).rewards
+    assert [(g, c, r) for g, c, r, e in zip(golds, completions, rewards, expected) if r != e] == []
+    # Such golds are kept when the training data is filtered; one math-verify cannot read stays out.
+    assert strict_verifier.parseable_golds(["E_{1}, E_{2}", "-1./3", "\\{\\text{a}\\}"]) == [True, True, False]
+
+
+# Code (most of it worth 42 if it were run) scores 0 against the gold 42.
+CODE_PAYLOADS = [
+    "(lambda: 42)()", "__import__('os').system('x')", "print(42)", "sum([40,2])", "int('42')", "eval('6*7')",
+    "max(42, 0)", "`42`", "42 # the answer", "x := 42", "return 42;", "def f(): return 42", "/* x */ 42",
+    "console.log(42)", "[42][0]", "42 if True else 0", "np.int64(42)",
+    "E_{(lambda: 42)()}", "int(42.)", "42.real",  # code around the two spellings strict mode fills in
+]  # fmt: skip
+
+
+def test_strict_mode_rejects_code(strict_verifier):
+    completions = [f"\\boxed{{{c}}}" for c in CODE_PAYLOADS]
+    rewards = strict_verifier.verify(["42"] * len(completions), completions).rewards
+    assert [c for c, r in zip(CODE_PAYLOADS, rewards) if r != 0.0] == []
+
+
 def test_reward_callback_is_strict_unless_configured():
     # The default, of both; no pool is started.
     assert MathVerifier().strict is True and RewardVerifier(num_workers=1)._ensure_verifier().strict is True

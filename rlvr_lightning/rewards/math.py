@@ -28,7 +28,12 @@ sympy strings of digits, operators and spaces (see its ``ExprExtractionConfig`` 
 
 Strict mode (``MathVerifier(strict=True)``, see `_parse_strict`) closes a reward-hacking surface of
 math-verify's leniency: when a box does not parse, ``parse()`` goes on to read any number or LaTeX
-fragment it finds inside it, so ``\\boxed{(lambda: 42)()}`` scores as 42.
+fragment it finds inside it, so ``\\boxed{(lambda: 42)()}`` scores as 42. Strict mode reads the whole
+answer as LaTeX or gives no reward: code (``lambda``, ``__import__``, calls such as ``print(42)``) and
+hedging in words are never read whole as the gold's value. Mathematics that math-verify's grammar has
+no token for is read, in golds and predictions and in both modes (`_parse`, `_fill_grammar_gaps`): a
+subscripted E or e (``E_{1}, E_{2}``) and a number whose point ends it (``-1./3``), which math-verify
+alone keeps only as text, or reads in part (the -1/2 of ``-\\frac{1}{2} E_{0}``).
 """
 
 from __future__ import annotations
@@ -55,6 +60,19 @@ _THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _INTEGER = re.compile(r"[+-]?\d+")
 # A whole gold written in math delimiters, "$2$" (OlympiadBench); "\$36" (an escaped dollar) is not one.
 _IN_DOLLARS = re.compile(r"\$+([^$]*)\$+")
+# Two spellings of mathematics that math-verify's LaTeX grammar cannot read (see `_fill_grammar_gaps`),
+# found in one pass; a \text{...} span is matched whole first, so nothing inside one changes.
+_GRAMMAR_GAPS = re.compile(
+    r"(?P<text>\\text\s*\{[^{}]*\})"
+    # A lone E or e (not the end of a command or a word) with a subscript: the grammar lexes it as Euler's
+    # number, a token that takes no subscript, so "E_{1}" and "e_x" are syntax errors.
+    r"|(?<![\\A-Za-z])(?P<e>[Ee])(?=\s*_)"
+    # A number whose decimal point ends it ("-1./3", "2."): the grammar's numbers need a digit after the
+    # point. Only where an operator, a separator, a closing bracket or the end follows, never a digit, a
+    # letter or a command: "1.e-3" would read as 1*e - 3 (e is Euler's number), "0.\overline{3}" is a
+    # repeating decimal.
+    r"|(?<![\d.])(?P<integer>\d+)\.(?=\s*(?:[-+*/,;:=<>|&)\]}]|\\(?:times|cdot|div|\\)(?![A-Za-z])|$))"
+)
 
 
 # --------------------------------------------------------------------------- extraction
@@ -228,6 +246,14 @@ def _gold_or_none(answer) -> str | None:
 def _parse(text: str, timeout_s: int | None) -> list:
     from math_verify import parse
 
+    # The whole text read as strict mode reads a prediction comes first. Where math-verify's grammar cannot
+    # read all of it, parse() reads a part: the -1/2 of "-\frac{1}{2} E_{0}" (it has no token for a
+    # subscripted E, see `_fill_grammar_gaps`), and a gold read so would reward that part; "E_{1}, E_{2}" it
+    # keeps only as text, which a strict prediction, always math, could never meet.
+    try:
+        whole = _parse_strict(text, timeout_s)
+    except Exception:  # not LaTeX as a whole; a timeout (a BaseException) propagates, as below
+        whole = []
     # A bare answer ("\frac{1}{2}", "(3,4]", "18") is not found by math-verify's extractors
     # unless it sits in a box or in math delimiters. The box comes first because its
     # extraction takes the whole content (a "$...$" match may pick a sub-expression).
@@ -236,8 +262,30 @@ def _parse(text: str, timeout_s: int | None) -> list:
     for wrapped in (f"\\boxed{{{text}}}", f"${text}$"):
         parsed = parse(wrapped, parsing_timeout=timeout_s, raise_on_error=True)
         if parsed:
-            return parsed
-    return []
+            break
+    # With the whole reading, parse()'s string of the text stays: lenient mode compares it with a
+    # prediction that is only text, as before.
+    return [*whole, *(p for p in parsed if isinstance(p, str))] if whole else parsed
+
+
+def _fill_grammar_gaps(latex: str) -> str:
+    """Normalised LaTeX with two spellings math-verify's grammar cannot read rewritten into ones it reads as
+    the same mathematics: a subscripted E or e becomes ``\\text{E}_...``, the symbol math-verify also makes
+    of ``\\mathrm{E}_1`` ("E_{1}, E_{2}" is the set {e_1, e_2}), and a point that ends a number is dropped
+    ("-1./3" is -1/3).
+
+    Applied to normalised text only (before normalisation, ``\\text{E}`` would be taken for a unit and
+    removed: "2\\text{E}_1" would read as 2), and only to text the grammar has already failed to read
+    (`_parse_strict`), so no answer it reads changes meaning: the grammar also reads the content of
+    ``\\vec{E_1}`` and other accents as a symbol name.
+    """
+
+    def fill(m: re.Match) -> str:
+        if m["e"]:
+            return f"\\text{{{m['e']}}}"
+        return m["integer"] or m[0]  # a \text{...} span is kept as it is
+
+    return _GRAMMAR_GAPS.sub(fill, latex)
 
 
 def _parse_strict(text: str, timeout_s: int | None) -> list:
@@ -246,12 +294,17 @@ def _parse_strict(text: str, timeout_s: int | None) -> list:
     This is the path math-verify's ``parse()`` takes for a box (``extract_latex`` on its boxed match):
     its normalisation (units, a trailing ``\\text{...}``, ``\\left``/``\\right``, ``\\dfrac``, ``$``,
     quotes, ...), then the ANTLR grammar, whose error listener raises on the first token it cannot
-    read. What strict mode leaves out are ``parse()``'s fallbacks, each of which reads a part of the
+    read; where it does, once more with `_fill_grammar_gaps` (a subscripted E, a number ending in a point).
+    What strict mode leaves out are ``parse()``'s fallbacks, each of which reads a part of the
     text and skips the rest: the other extraction patterns tried when the box does not parse (any
     plain number, ``$...$`` span, ``\\frac{a}{b}`` or "final answer is ..." inside it), the retry on
     the part after the last "=" (``get_last_eq``), the unparsed string itself as an answer (compared
     by string equality), and `_parse`'s second try with the text in ``$...$``. The text is not put in
     a box either: math-verify's box scanner counts escaped braces, so it could cut ``42\\} junk`` short.
+    So code is rejected because it is not LaTeX as a whole (``(lambda: 42)()`` is a syntax error), or
+    because what the grammar makes of it is not the gold's value (``print(42)`` reads as a product of
+    the symbols p, r, i, n and a function t applied to 42), not by a list of forbidden words, which
+    would also have to tell ``\\lambda`` from ``lambda``.
     """
     from dataclasses import replace
 
@@ -262,10 +315,19 @@ def _parse_strict(text: str, timeout_s: int | None) -> list:
 
     config = replace(LatexExtractionConfig().normalization_config, boxed="none")
 
+    def to_sympy(latex: str):
+        return latex2sympy(latex, is_real=not should_treat_as_complex(latex), normalization_config=None)
+
     @timeout(timeout_seconds=timeout_s)
     def read() -> list:
         latex = normalize_latex(text.strip(), config)
-        return [latex2sympy(latex, is_real=not should_treat_as_complex(latex), normalization_config=None)]
+        try:
+            return [to_sympy(latex)]
+        except Exception:
+            filled = _fill_grammar_gaps(latex)
+            if filled == latex:
+                raise
+            return [to_sympy(filled)]
 
     return read()
 
@@ -274,7 +336,8 @@ def verify_answer(gold: str, prediction: str | None, *, timeout_s: int | None = 
     """True iff `prediction` is mathematically equivalent to `gold` (math-verify).
 
     `strict`: the prediction must be read whole as LaTeX (`_parse_strict`); the gold, which is
-    data and not model output, is always read leniently.
+    data and not model output, is always read leniently (`_parse`: whole if it can be, else as
+    math-verify's ``parse()`` reads it).
     `timeout_s` is math-verify's own SIGALRM timeout per parse / comparison (whole
     seconds; None or 0 disables it). Meant to run in a pool worker's main thread; called
     from another thread it runs without those timeouts, as SIGALRM cannot be used there.
