@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlvr_lightning.models.forward import policy_forward, sequence_logprobs
 from rlvr_lightning.rollout.engine import WeightSyncError
 from rlvr_lightning.rollout.hf_engine import HFGenerateEngine
-from rlvr_lightning.rollout.sync import WeightSyncProbe
+from rlvr_lightning.rollout.sync import WeightSyncProbe, default_sync_tol
 from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.rollout.vllm_engine import VLLMEngine
 
@@ -90,7 +90,7 @@ class _FrozenEngine:
     def __init__(self, scores):
         self.scores = scores
 
-    def score(self, prompt_ids, completion_ids):
+    def score(self, prompt_ids, completion_ids, agreement_tol=1e-3):
         return list(self.scores)
 
 
@@ -104,6 +104,22 @@ def test_sync_probe_detects_noop_and_divergence(setup):
         probe.check(_FrozenEngine([-1.0] * n), lambda p, c: [-1.0 + 1e-5] * n, rollout)
     with pytest.raises(WeightSyncError, match="differ from the trainer"):
         WeightSyncProbe(tol=1e-3).check(_FrozenEngine([-1.0] * n), lambda p, c: [-2.0] * n, rollout)
+
+
+def test_the_default_probe_tolerance_follows_the_precision(setup):
+    """fp32 on both sides: a sync 5e-4 off (a part of the model left behind) fails the probe, which a fixed
+    1e-3 let through; bf16 on either side: rounding-sized differences (0.01) pass."""
+    tok, _, engine = setup
+    rollout = _rollout(engine, tok, SamplingConfig(group_size=2, temperature=1.0, max_tokens=6))
+    n = len(probe_completion(rollout))
+    with pytest.raises(WeightSyncError, match="differ from the trainer"):
+        WeightSyncProbe(default_sync_tol("float32", "float32")).check(
+            _FrozenEngine([-1.0] * n), lambda p, c: [-1.0005] * n, rollout
+        )
+    for engine_dtype, trainer_dtype in [("bfloat16", "float32"), ("float32", "bfloat16"), ("float16", "float16")]:
+        WeightSyncProbe(default_sync_tol(engine_dtype, trainer_dtype)).check(
+            _FrozenEngine([-1.0] * n), lambda p, c: [-1.01] * n, rollout
+        )
 
 
 def probe_completion(rollout: Rollout) -> list[int]:

@@ -16,7 +16,7 @@ from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.rollout.engine import WeightSyncError
 from rlvr_lightning.rollout.server_process import RolloutServerError, RolloutServerLost, ServerSpec
 from rlvr_lightning.rollout.settings import EngineSite, RolloutSettings
-from rlvr_lightning.rollout.sync import full_weights
+from rlvr_lightning.rollout.sync import FP32_SYNC_TOL, WeightSyncProbe, full_weights
 from rlvr_lightning.rollout.types import SamplingConfig
 from rlvr_lightning.rollout.vllm_server import VLLMServerEngine
 
@@ -53,12 +53,12 @@ def servers(tiny_policy_dir):
     assert not any(group_members(g) for g in groups), [group_members(g) for g in groups]
 
 
-def perturbed(model):
+def perturbed(model, scale: float = 0.05):
     """A copy of `model` with every weight moved by noise: other weights, visibly other log-probs."""
     moved = AutoModelForCausalLM.from_pretrained(model.name_or_path, dtype=torch.float32).eval()
     with torch.no_grad():
         for p in moved.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+            p.add_(scale * torch.randn_like(p))
     return moved
 
 
@@ -137,6 +137,27 @@ def test_a_replica_holding_other_weights_fails_the_probe(servers, policy):
         servers.load_weights(full_weights(model), version=5)
 
 
+def test_the_replicas_agree_within_the_probes_tolerance(servers, policy):
+    """A replica a little off (between fp32's default tolerance and the former fixed 1e-3) fails a probe at
+    fp32's tolerance: the replicas are held to the probe's tolerance, not a fixed one."""
+    tok, model = policy
+    prompt, completion = tok("What is 2+5?\n").input_ids, tok("7\n").input_ids
+    moved = perturbed(model, scale=2e-5)
+    off = max(
+        abs(a - b)
+        for a, b in zip(sequence_logprobs(model, prompt, completion), sequence_logprobs(moved, prompt, completion))
+    )
+    assert FP32_SYNC_TOL < off < 1e-3, off
+    servers.transport.load(servers.replicas[1], servers.transport.write(full_weights(moved), version=98))
+    probe = WeightSyncProbe(tol=FP32_SYNC_TOL)
+    probe.probe = (prompt, completion)
+    try:
+        with pytest.raises(WeightSyncError, match="disagrees"):
+            probe.check(servers, lambda p, c: sequence_logprobs(model, p, c), rollout=None)
+    finally:
+        servers.load_weights(full_weights(model), version=8)
+
+
 def test_attaching_to_running_servers_leaves_them_running(servers, policy):
     tok, model = policy
     attached = VLLMServerEngine(servers.spec, urls=[r.url + "/" for r in servers.replicas])
@@ -200,7 +221,9 @@ def test_cli_run_on_two_replicas_one_step_off_policy(tmp_path, tiny_policy_dir):
     assert proc.returncode == 0, proc.stderr[-4000:]
     client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
-    history = lambda key: [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]  # noqa: E731
+    def history(key):
+        return [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]
+
     # The first batch is generated before any update; every later one while the previous batch trained.
     assert history("train/batches_ahead") == [(0, 0.0), (1, 1.0), (2, 1.0)]
     assert [s for s, _ in history("time/rollout_wait")] == [0, 1, 2]

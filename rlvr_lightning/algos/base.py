@@ -27,7 +27,7 @@ from rlvr_lightning.models.policy import load_policies
 from rlvr_lightning.pieces import advantage_estimators, kinds, rollout_corrections
 from rlvr_lightning.rollout.engine import RolloutEngine
 from rlvr_lightning.rollout.settings import EngineSite
-from rlvr_lightning.rollout.sync import EngineSync, full_weights
+from rlvr_lightning.rollout.sync import FP32_SYNC_TOL, EngineSync, default_sync_tol, full_weights
 from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.training.batch import UpdateInputs
 from rlvr_lightning.training.behaviour import BehaviourSource, behaviour_source
@@ -72,7 +72,7 @@ class RLVRModule(L.LightningModule):
         mask_truncated: bool = False,
         behaviour_logprobs: Literal["trainer", "rollout"] = "trainer",
         allow_filtered_rollout_logprobs: bool = False,
-        sync_check_tol: float = 1e-3,
+        sync_check_tol: float | None = None,
         sync_check_every: int = 10,
         max_nonfinite_steps: int = 10,
         fsdp_param_dtype: Literal["float32", "bfloat16"] = "float32",
@@ -105,7 +105,9 @@ class RLVRModule(L.LightningModule):
             mask_truncated: leave completions cut at max_response_length out of the loss (DAPO's overlong filtering).
             behaviour_logprobs: θ_old log-probs from the `trainer` (a no-grad forward) or the `rollout` engine's own.
             allow_filtered_rollout_logprobs: accept the engine's log-probs as θ_old under top-p/top-k sampling.
-            sync_check_tol: max |engine − trainer| log-prob on the probe sequence after a weight sync.
+            sync_check_tol: max |engine − trainer| log-prob on the probe sequence after a weight sync, and
+                between `vllm serve` replicas; None follows the precision (`rollout.sync.default_sync_tol`:
+                1e-4 when the engine and the trainer both compute in fp32, else 0.05).
             sync_check_every: probe the first sync and every N-th after it.
             max_nonfinite_steps: stop after this many consecutive updates with a non-finite loss or gradient.
             fsdp_param_dtype: under FSDP, `bfloat16` computes in bf16 with fp32 master weights and reduction.
@@ -125,7 +127,9 @@ class RLVRModule(L.LightningModule):
         self.policy_version = 0  # weight syncs so far: the engine runs this version of the policy
         self.rollout_batches = 0  # completed training steps (rollout batches); the x-axis of every metric
         self.latest_val: dict[str, float] = {}
-        self.engine_sync = EngineSync(tol=sync_check_tol, check_every=sync_check_every)
+        self.engine_sync = EngineSync(
+            tol=FP32_SYNC_TOL if sync_check_tol is None else sync_check_tol, check_every=sync_check_every
+        )
         self.nonfinite = NonFiniteGuard(max_nonfinite_steps)
         self.rollouts_ahead: RolloutsAhead | None = None  # rollout.batches_ahead: the batch generated ahead
         self._engine: RolloutEngine | None = None  # built on first use, from the `rollout:` section
@@ -137,7 +141,9 @@ class RLVRModule(L.LightningModule):
         return compose_objective(self.hparams)
 
     def advantages(self, rewards: torch.Tensor, rollout: Rollout, collectives: Collectives) -> torch.Tensor:
-        inputs = kinds.AdvantageInputs(rewards, rollout.correct, rollout.group_size, collectives.sum, rollout.response_lengths)
+        inputs = kinds.AdvantageInputs(
+            rewards, rollout.correct, rollout.group_size, collectives.sum, rollout.response_lengths
+        )
         return advantage_estimators.bound(self.hparams)(inputs)
 
     @property
@@ -172,7 +178,30 @@ class RLVRModule(L.LightningModule):
                 partial(sequence_logprobs, self.policy), dm.tokenizer, trainer.global_rank, trainer.world_size,
                 trainer.local_rank, trainer.num_devices,
             ))  # fmt: skip
+            if self.hparams.sync_check_tol is None:
+                self.engine_sync.probe.tol = default_sync_tol(self.engine_dtype(), self.trainer_dtype())
         return self._engine
+
+    def engine_dtype(self) -> str:
+        """The dtype the rollout engine computes in (`rollout.dtype`, `auto` being the checkpoint's)."""
+        rollout = self.datamodule.rollout
+        if rollout.engine == "hf":
+            return self.trainer_dtype()  # the trainer's own module generates
+        if rollout.dtype != "auto":
+            return rollout.dtype
+        config = self.policy.config
+        return str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32").removeprefix(
+            "torch."
+        )
+
+    def trainer_dtype(self) -> str:
+        """The dtype the trainer's forwards compute in: the precision plugin's, or FSDP2's parameter dtype."""
+        precision = str(self.trainer.precision)
+        if precision.startswith("bf16") or (
+            self.device_mesh is not None and self.hparams.fsdp_param_dtype == "bfloat16"
+        ):
+            return "bfloat16"
+        return "float16" if precision.startswith("16") else "float32"
 
     def configure_callbacks(self) -> list[Callback]:
         # The reward is part of the algorithm: add the default verifier unless the user configured one.
@@ -316,5 +345,3 @@ class RLVRModule(L.LightningModule):
         state = checkpoint.get("rlvr", {})
         self.policy_version = state.get("policy_version", 0)
         self.rollout_batches = state.get("rollout_batches", 0)
-
-

@@ -30,7 +30,8 @@ class RolloutEngine(Protocol):
         """Free the engine's device memory for the policy update (a no-op unless it supports sleeping);
         the next `load_weights`, `generate` or `score` takes back what it needs."""
 
-    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
-        """Engine log-probs (temperature 1) of a given completion: used to probe weight syncs."""
+    def score(self, prompt_ids: list[int], completion_ids: list[int], agreement_tol: float = 1e-3) -> list[float]:
+        """Engine log-probs (temperature 1) of a given completion: used to probe weight syncs. An engine of
+        several replicas also checks that they agree within `agreement_tol` (the probe's tolerance)."""
 
     def close(self) -> None: ...

@@ -114,7 +114,7 @@ class HFGenerateEngine:
     def release_memory(self) -> None:
         """Nothing to free: the trainer's own module is the engine."""
 
-    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+    def score(self, prompt_ids: list[int], completion_ids: list[int], agreement_tol: float = 1e-3) -> list[float]:
         return self.scorer(prompt_ids, completion_ids)
 
     def close(self) -> None:

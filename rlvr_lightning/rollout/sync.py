@@ -19,6 +19,19 @@ from torch.distributed.tensor import DTensor
 from rlvr_lightning.rollout.engine import RolloutEngine, ScoreFn, WeightSyncError
 from rlvr_lightning.rollout.types import Rollout
 
+# The probe's default tolerance follows the precision the two sides compute in. In fp32 a correct sync agrees
+# to ~1e-5 (at most 1.6e-5 over the probes of the embedded model's `make results` runs on CPU), so 1e-4 still
+# catches a sync that leaves a small part of the model behind (a norm weight, one layer); bf16 or fp16 on
+# either side differs by rounding alone by up to a few hundredths.
+FP32_SYNC_TOL = 1e-4
+LOW_PRECISION_SYNC_TOL = 0.05
+
+
+def default_sync_tol(engine_dtype: str, trainer_dtype: str) -> float:
+    """The probe's tolerance when `model.sync_check_tol` is not set, for the engine's dtype (`rollout.dtype`,
+    resolved when `auto`) and the dtype the trainer computes in."""
+    return FP32_SYNC_TOL if engine_dtype == trainer_dtype == "float32" else LOW_PRECISION_SYNC_TOL
+
 
 class WeightSyncProbe:
     def __init__(self, tol: float = 1e-3) -> None:
@@ -33,7 +46,7 @@ class WeightSyncProbe:
             self.probe = _pick_probe(rollout)
         if self.probe is None:
             return
-        engine_lp = engine.score(*self.probe)
+        engine_lp = engine.score(*self.probe, agreement_tol=self.tol)
         trainer_lp = trainer_score(*self.probe)
         self.last_diff = max(abs(a - b) for a, b in zip(engine_lp, trainer_lp))
         if self.last_diff > self.tol:
@@ -76,7 +89,12 @@ class EngineSync:
 
     @torch.no_grad()
     def sync(
-        self, engine: RolloutEngine, policy: torch.nn.Module, policy_version: int, rollout: Rollout, trainer_score: ScoreFn
+        self,
+        engine: RolloutEngine,
+        policy: torch.nn.Module,
+        policy_version: int,
+        rollout: Rollout,
+        trainer_score: ScoreFn,
     ) -> None:
         """Load the weights of `policy`, which become version `policy_version` (counted from 1);
         `trainer_score` scores the probe with `policy` itself."""

@@ -201,7 +201,7 @@ class VLLMEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
         self.llm.reset_prefix_cache()
 
-    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+    def score(self, prompt_ids: list[int], completion_ids: list[int], agreement_tol: float = 1e-3) -> list[float]:
         from vllm import SamplingParams
 
         self.sleep_cycle.before_use()

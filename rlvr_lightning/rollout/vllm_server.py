@@ -225,9 +225,9 @@ class VLLMServerEngine:
     def release_memory(self) -> None:
         """Nothing to release: the servers hold their own memory, on their own devices."""
 
-    def score(self, prompt_ids: list[int], completion_ids: list[int], tol: float = 1e-3) -> list[float]:
-        """Replica 0's log-probs of the completion; every other replica must agree within `tol`, so the
-        sync probe covers them all."""
+    def score(self, prompt_ids: list[int], completion_ids: list[int], agreement_tol: float = 1e-3) -> list[float]:
+        """Replica 0's log-probs of the completion; every other replica must agree within `agreement_tol`
+        (the sync probe's tolerance), so the probe covers them all."""
         ids = list(prompt_ids) + list(completion_ids)
         body = {"token_ids": ids, "sampling_params": {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0,
                                                        "detokenize": False}}  # fmt: skip
@@ -239,9 +239,9 @@ class VLLMServerEngine:
         scores = list(self.pool.map(on, self.replicas))
         for r, other in zip(self.replicas[1:], scores[1:]):
             diff = max((abs(a - b) for a, b in zip(scores[0], other)), default=0.0)
-            if diff > tol:
+            if diff > agreement_tol:
                 raise WeightSyncError(f"replica {r.url} disagrees with {self.replicas[0].url} by {diff:.2e} "
-                                      "on the sync probe: they do not hold the same weights")  # fmt: skip
+                                      f"(> {agreement_tol:.0e}) on the sync probe: they do not hold the same weights")  # fmt: skip
         return scores[0]
 
     def close(self) -> None:
