@@ -5,8 +5,9 @@ from __future__ import annotations
 import socket
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on now (the OS picks it; a race with another process is possible but rare)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on now at `host` (the OS picks it; a race with another process is possible
+    but rare)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]

@@ -57,7 +57,10 @@ class RolloutSettings:
         server_cuda_devices: list[str] | None = None,
         server_start_timeout_s: float = 600.0,
         server_args: list[str] | None = None,
+        server_request_timeout_s: float = 3600.0,
         weight_transfer: Literal["auto", "snapshot", "nccl"] = "auto",
+        weight_transfer_host: str | None = None,
+        weight_transfer_timeout_s: float = 120.0,
         batches_ahead: Literal[0, 1] = 0,
     ) -> None:
         """Every argument is a CLI flag, `--rollout.<name>`.
@@ -87,9 +90,16 @@ class RolloutSettings:
                 replica of every rank, rank after rank (2 ranks × 1 replica: ["2", "3"]).
             server_start_timeout_s: how long a launched server may take to become healthy.
             server_args: extra `vllm serve` flags for every launched replica.
+            server_request_timeout_s: how long one request to a server may take (a prompt's generation, a
+                weight load or update); past it, the error names the server and the request.
             weight_transfer: `snapshot` (safetensors in shared memory, loaded with vLLM's `reload_weights`;
-                servers on this machine), `nccl` (vLLM's NCCL weight transfer; GPU, untested here) or
-                `auto` (nccl on CUDA, else snapshot).
+                servers on this machine), `nccl` (vLLM's NCCL weight transfer; GPU, not run by this
+                project yet) or `auto` (nccl on CUDA, else snapshot).
+            weight_transfer_host: `nccl`: the address of this machine at which the servers' workers reach
+                the trainer (default: `VLLM_HOST_IP` if set, else the local address of the route to each
+                server).
+            weight_transfer_timeout_s: `nccl`: how long the rendezvous with a server's workers may take;
+                past it, the error names the address and port they were to reach.
             batches_ahead: 1 generates rollout batch k+1 while the trainer updates on batch k (one step
                 off policy, engine `vllm-server`); 0 alternates generation and update.
         """
@@ -109,6 +119,10 @@ class RolloutSettings:
             raise ConfigError(f"rollout.group_size must be ≥ 2 (group-relative advantages), got {group_size}")
         if max_response_length < 1:
             raise ConfigError(f"rollout.max_response_length must be ≥ 1, got {max_response_length}")
+        for name, seconds in (("server_request_timeout_s", server_request_timeout_s),
+                              ("weight_transfer_timeout_s", weight_transfer_timeout_s)):  # fmt: skip
+            if seconds <= 0:
+                raise ConfigError(f"rollout.{name} must be > 0 seconds, got {seconds}")
         if temperature <= 0:
             raise ConfigError(f"rollout.temperature must be > 0 for RL sampling, got {temperature}")
         self.group_size, self.max_response_length = group_size, max_response_length
@@ -118,6 +132,8 @@ class RolloutSettings:
         self.sleep_level, self.server_replicas, self.server_urls = sleep_level, server_replicas, server_urls
         self.server_cuda_devices, self.server_start_timeout_s = server_cuda_devices, server_start_timeout_s
         self.server_args, self.weight_transfer, self.batches_ahead = server_args, weight_transfer, batches_ahead
+        self.server_request_timeout_s, self.weight_transfer_host = server_request_timeout_s, weight_transfer_host
+        self.weight_transfer_timeout_s = weight_transfer_timeout_s
 
     def __repr__(self) -> str:
         return f"RolloutSettings({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
@@ -138,7 +154,9 @@ class RolloutSettings:
             from rlvr_lightning.rollout.hf_engine import HFGenerateEngine
 
             if self.sleep_level:
-                log.warning("rollout.sleep_level=%d is ignored: rollout.engine=hf has no memory of its own", self.sleep_level)
+                log.warning(
+                    "rollout.sleep_level=%d is ignored: rollout.engine=hf has no memory of its own", self.sleep_level
+                )
             tok = site.tokenizer
             return HFGenerateEngine(site.policy, tok.pad_token_id, tok.eos_token_id, site.policy_score)
         if self.engine == "vllm-server":
@@ -171,5 +189,6 @@ class RolloutSettings:
         return VLLMServerEngine(
             self.server_spec(site), replicas=self.server_replicas, urls=self.server_urls,
             transport=self.weight_transfer, cuda_devices=self.server_cuda_devices, sync_role=role,
-            node_slot=(site.local_rank, site.ranks_per_node),
+            node_slot=(site.local_rank, site.ranks_per_node), request_timeout_s=self.server_request_timeout_s,
+            transfer_host=self.weight_transfer_host, transfer_timeout_s=self.weight_transfer_timeout_s,
         )  # fmt: skip

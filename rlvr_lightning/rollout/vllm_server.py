@@ -47,6 +47,24 @@ class Replica:
     restarts: int = 0
 
 
+def post(session, url: str, route: str, timeout: float, **kwargs) -> dict:
+    """POST to `route` of the server at `url`; a refusal, a lost connection or no answer within `timeout`
+    seconds is a `RolloutServerError` naming the server and the route."""
+    import requests
+
+    try:
+        resp = session.post(f"{url}{route}", timeout=timeout, **kwargs)
+    except requests.Timeout as e:
+        raise RolloutServerError(
+            f"rollout server {url}: {route} got no answer within {timeout:g} s (rollout.server_request_timeout_s)"
+        ) from e
+    except requests.ConnectionError as e:
+        raise RolloutServerError(f"rollout server {url}: {route} failed: {e}") from e
+    if resp.status_code != 200:
+        raise RolloutServerError(f"rollout server {url}: {route} answered {resp.status_code}: {resp.text[:2000]}")
+    return resp.json() if resp.content else {}
+
+
 class VLLMServerEngine:
     """The rollout engine over `vllm serve` replicas (see the module docstring)."""
 
@@ -60,19 +78,25 @@ class VLLMServerEngine:
         request_timeout_s: float = 3600.0,
         sync_role: str = "only",
         node_slot: tuple[int, int] = (0, 1),
+        transfer_host: str | None = None,
+        transfer_timeout_s: float = 120.0,
     ) -> None:
         """`urls`: attach to these servers instead of launching `replicas` of them. `node_slot`: (this
         trainer rank's index among the ranks on its machine, their number), so the replicas every rank
         launches get cores or GPUs of their own. `cuda_devices`: CUDA_VISIBLE_DEVICES of each replica
         launched on this machine, rank after rank (see `placement`). `sync_role` (several trainer ranks sharing
         attached servers): `leader` writes the weights, `follower` only takes part in gathering them,
-        `only` is a single trainer."""
+        `only` is a single trainer. `request_timeout_s`: how long any one request to a server may take
+        (`rollout.server_request_timeout_s`). `transfer_host`, `transfer_timeout_s`: the NCCL transport's
+        address of this trainer and bound on its rendezvous (`rollout.weight_transfer_host`,
+        `rollout.weight_transfer_timeout_s`)."""
         import requests
 
         from rlvr_lightning.rollout.weight_transfer import make_transport, server_args
 
         spec = replace(spec, extra_args=[*spec.extra_args, *server_args(transport)])  # the caller's stays as given
         self.spec, self.request_timeout_s, self.sync_role = spec, request_timeout_s, sync_role
+        self.transfer_host, self.transfer_timeout_s = transfer_host, transfer_timeout_s
         self.session = requests.Session()
         # One connection per concurrent request (the client pool's threads), not requests' default 10.
         self.session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64))
@@ -122,15 +146,7 @@ class VLLMServerEngine:
 
     # ---- HTTP ---------------------------------------------------------------------------------
     def post(self, url: str, route: str, timeout: float | None = None, **kwargs) -> dict:
-        import requests
-
-        try:
-            resp = self.session.post(f"{url}{route}", timeout=timeout or self.request_timeout_s, **kwargs)
-        except requests.ConnectionError as e:
-            raise RolloutServerError(f"{url}{route}: {e}") from e
-        if resp.status_code != 200:
-            raise RolloutServerError(f"{url}{route} answered {resp.status_code}: {resp.text[:2000]}")
-        return resp.json() if resp.content else {}
+        return post(self.session, url, route, timeout or self.request_timeout_s, **kwargs)
 
     # ---- RolloutEngine ------------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[list[Completion]]:
