@@ -137,6 +137,23 @@ def test_a_replica_holding_other_weights_fails_the_probe(servers, policy):
         servers.load_weights(full_weights(model), version=5)
 
 
+def test_a_failing_transport_is_named_with_the_way_to_choose_another(servers, policy, tmp_path):
+    """The snapshot transport cannot write its shards (its directory is a file): the error names the
+    transport and the setting that picks another, and the replicas keep their weights and serve."""
+    tok, model = policy
+    root, blocked = servers.transport.root, tmp_path / "not-a-directory"
+    blocked.write_text("")
+    servers.transport.root = blocked
+    try:
+        with pytest.raises(WeightSyncError, match=r"by the snapshot transport .*--rollout.weight_transfer nccl"):
+            servers.load_weights(full_weights(model), version=9)
+    finally:
+        servers.transport.root = root
+    groups = servers.generate([tok("What is 1+2?\n").input_ids], SamplingConfig(group_size=2, max_tokens=4))
+    assert len(groups[0]) == 2  # resumed after the failed sync
+    servers.load_weights(full_weights(model), version=10)
+
+
 def test_the_replicas_agree_within_the_probes_tolerance(servers, policy):
     """A replica a little off (between fp32's default tolerance and the former fixed 1e-3) fails a probe at
     fp32's tolerance: the replicas are held to the probe's tolerance, not a fixed one."""

@@ -49,16 +49,18 @@ class WeightSyncProbe:
         engine_lp = engine.score(*self.probe, agreement_tol=self.tol)
         trainer_lp = trainer_score(*self.probe)
         self.last_diff = max(abs(a - b) for a, b in zip(engine_lp, trainer_lp))
+        path = getattr(engine, "sync_path", None)  # the engine's way of receiving weights, where it has several
+        by = f" (the weights went by {path})" if path else ""
         if self.last_diff > self.tol:
             raise WeightSyncError(
                 f"after the weight sync the engine's log-probs differ from the trainer's by {self.last_diff:.2e} "
-                f"(> model.sync_check_tol={self.tol}); the engine is not running the trained weights"
+                f"(> model.sync_check_tol={self.tol}); the engine is not running the trained weights{by}"
             )
         trainer_moved = self.last_trainer is not None and trainer_lp != self.last_trainer
         if trainer_moved and engine_lp == self.last_engine:
             raise WeightSyncError(
                 "the trainer's weights changed but the engine's log-probs are bit-identical to before the sync: "
-                "the weight sync did nothing"
+                f"the weight sync did nothing{by}"
             )
         self.last_engine, self.last_trainer = engine_lp, trainer_lp
 

@@ -213,8 +213,9 @@ class VLLMServerEngine:
             r.restarts += 1
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
-        """All the policy's weights, as version `version` (the trainer's count of syncs)."""
-        self.version = self.version + 1 if version is None else version
+        """All the policy's weights, as version `version` (the trainer's count of syncs). A sync that fails
+        leaves the engine at its previous version, which the servers still hold."""
+        previous, self.version = self.version, self.version + 1 if version is None else version
         if self.sync_role == "follower":  # the leader writes; this rank only helps gather the shards
             for _ in named_tensors:
                 pass
@@ -222,13 +223,27 @@ class VLLMServerEngine:
             for r in self.replicas:
                 self.post(r.url, "/pause", params={"mode": "wait"})
             try:
-                self.transport.send(named_tensors, self.replicas)
+                try:
+                    self.transport.send(named_tensors, self.replicas)
+                except RolloutServerLost:  # a replica died: the run stops with its resume hint
+                    self.version = previous
+                    raise
+                except Exception as err:
+                    self.version = previous
+                    first = str(err).splitlines()[0] if str(err) else type(err).__name__
+                    raise WeightSyncError(f"the weight sync by {self.sync_path} failed: {first}") from err
                 for r in self.replicas:
                     self.post(r.url, "/update_weight_version", json={"new_version": str(self.version)})
                     self.post(r.url, "/reset_prefix_cache")  # cached KV blocks came from the old weights
             finally:
                 for r in self.replicas:
                     self.post(r.url, "/resume")
+
+    @property
+    def sync_path(self) -> str:
+        """How the weights reach the servers, and how to choose another way (for the sync's errors)."""
+        other = "nccl (GPUs)" if self.transport.name == "snapshot" else "snapshot (servers that share this machine's filesystem)"
+        return f"the {self.transport.name} transport (rollout.weight_transfer; another: --rollout.weight_transfer {other})"
 
     @property
     def shared_by_ranks(self) -> bool:

@@ -44,6 +44,7 @@ BUCKET_BYTES = 1 << 30  # NCCL: the wire copies held at once (vLLM's packed-tran
 
 
 class SnapshotTransport:
+    name = "snapshot"
     def __init__(self, engine) -> None:
         self.engine = engine
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory, not disk, where there is one
@@ -107,6 +108,7 @@ class NCCLTransport:
     '{"backend": "nccl"}'` (added by `extra_server_args`). `send` needs CUDA and has not run (see the
     module docstring)."""
 
+    name = "nccl"
     extra_server_args = ["--weight-transfer-config", '{"backend": "nccl"}']
 
     def __init__(self, engine) -> None:
