@@ -138,7 +138,7 @@ def test_token_budget_micro_batches_give_the_same_update_as_row_micro_batches(ti
     inputs = with_old_logp(inputs, old_logp + 0.01 * torch.randn_like(old_logp) * inputs.tensors.response_mask)
     rows_acc, budget_acc = MetricAccumulator(), MetricAccumulator()
     loss_rows, g_rows = gradient(module, inputs, 8, rows_acc)
-    lengths = inputs.lengths
+    lengths = inputs.tensors.lengths
     for budget in (int(lengths.max()), 2 * int(lengths.max()) + 3, 10_000):
         acc = MetricAccumulator() if budget != 2 * int(lengths.max()) + 3 else budget_acc
         loss_budget, g_budget = gradient(module, inputs, 8, acc, max_tokens=budget)
@@ -146,6 +146,42 @@ def test_token_budget_micro_batches_give_the_same_update_as_row_micro_batches(ti
         torch.testing.assert_close(g_budget, g_rows, rtol=1e-4, atol=1e-6)
     assert g_rows.abs().sum() > 0
     assert budget_acc.result()["padding_frac"] < rows_acc.result()["padding_frac"]
+
+
+def test_token_budget_bounds_every_forward_the_step_runs(tiny_policy_dir):
+    """A long prompt answered in a few tokens beside a short prompt answered at length: every sequence
+    has about the same real length, but two of different prompts side by side run a forward as wide as
+    the long prompt plus the long answer. Every forward the model receives, in the θ_old pass and in the
+    update, fits the budget, and the update is the row layout's."""
+    max_len = 40
+    module = attach(GRPO, tiny_policy_dir, {"max_response_length": max_len}, num_mini_batches=2)
+    tok = module.datamodule.tokenizer
+    prompts = ["Add three, four and two; take one away.\n", "1+1?\n"]
+    prompt_ids = [tok(p, add_special_tokens=False).input_ids for p in prompts]
+    long, short = len(prompt_ids[0]), len(prompt_ids[1])
+    # Real lengths long + 1 … long + 4 in both groups: a sort by length alone interleaves the two prompts.
+    responses = [1, 3, 2, 4] + [long - short + k for k in (2, 4, 1, 3)]
+    assert max(responses) <= max_len
+    g = torch.Generator().manual_seed(0)
+    completions = [Completion(torch.randint(3, 60, (n,), generator=g).tolist(), [0.0] * n, "stop") for n in responses]
+    correct = torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 0])
+    rollout = Rollout(
+        batch=PromptBatch(["a", "b"], prompts, ["8", "2"]), group_size=G, prompt_ids=prompt_ids,
+        completions=completions, sampling=SamplingConfig(group_size=G, max_tokens=max_len), policy_version=0,
+        texts=[""] * 8, rewards=correct.clone(), correct=correct,
+    )  # fmt: skip
+    t = rollout.tensors(tok.pad_token_id)
+    budget = 2 * int(t.lengths.max())  # two rows of one prompt fit; two of different prompts do not
+    assert budget == 2 * (long + 4) < 2 * (long + max(responses))
+    sizes: list[int] = []
+    module.policy.register_forward_pre_hook(lambda _m, _a, kw: sizes.append(kw["input_ids"].numel()), with_kwargs=True)
+    module.hparams.max_tokens_per_micro_batch = budget
+    inputs = prepared(module, rollout)
+    assert inputs.behaviour.source == "trainer" and len(sizes) >= 4  # the θ_old pass, by budget
+    _, g_budget = gradient(module, inputs, 8, max_tokens=budget)
+    assert len(sizes) >= 8 and max(sizes) <= budget, (budget, sizes)
+    _, g_rows = gradient(module, inputs, 8)
+    torch.testing.assert_close(g_budget, g_rows, rtol=1e-4, atol=1e-6)
 
 
 def test_kl_cov_on_policy_adds_nothing_whatever_the_layout(tiny_policy_dir):

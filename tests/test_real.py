@@ -164,7 +164,7 @@ def test_micro_batches_of_whole_groups_and_two_pass_give_the_one_pass_gradient(t
         assert loss_two.item() == pytest.approx(loss_one.item(), rel=1e-5)
     # Token budgets of ~2 rows: the two-pass method on rows sorted by length (groups split and
     # reordered), then the one-pass loss, whose micro-batches must then hold whole groups.
-    budget = 2 * int(inputs.lengths.max())
+    budget = 2 * int(inputs.tensors.lengths.max())
     for two_pass in (True, False):
         module.hparams.two_pass = two_pass
         loss_budget, g_budget = gradient(module, inputs, 8, max_tokens=budget, tweak=off_policy)

@@ -89,7 +89,7 @@ class RLVRModule(L.LightningModule):
             num_mini_batches: K optimizer steps per rollout batch; the prompts are split into K mini-batches.
             ppo_epochs: passes over the rollout batch.
             micro_batch_size: sequences per forward/backward (gradient accumulation inside a mini-batch).
-            max_tokens_per_micro_batch: pack length-sorted sequences into micro-batches of ≤ this many padded tokens.
+            max_tokens_per_micro_batch: micro-batches of ≤ this many tokens, rows × (longest prompt + longest response).
             logprob_chunk_tokens: response tokens per LM-head chunk (never the whole logits); 0 = no chunking.
             advantage_estimator: a registered advantage estimator (`python -m rlvr_lightning list`) or a dotted path.
             policy_loss: a registered policy loss (token level, reduced by `loss_agg`; or group level, REAL's).

@@ -53,7 +53,9 @@ class RunSpec:
     @property
     def rows_per_forward(self) -> int:
         """Sequences in the largest forward: a micro-batch at the worst case (every sequence at the longest
-        prompt + response), never more than a mini-batch holds."""
+        prompt + response), never more than a mini-batch holds. Under a token budget every forward's rows ×
+        (its longest prompt + its longest response) stays within the budget (a lone sequence or whole
+        group over it excepted), so no forward runs more than one row's tokens beyond this one."""
         per_mini_batch = max(1, self.sequences_per_rank // self.num_mini_batches)
         rows = self.micro_batch_size
         if self.max_tokens_per_micro_batch is not None:

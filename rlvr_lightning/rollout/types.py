@@ -212,3 +212,10 @@ class RolloutTensors:
     def lengths(self) -> torch.Tensor:
         """[N] real tokens (prompt + response) of each sequence, on the host."""
         return self.attention_mask.sum(1).cpu()
+
+    @property
+    def token_counts(self) -> torch.Tensor:
+        """[N, 2] real prompt and response tokens of each sequence, on the host: a trimmed selection of
+        rows spans its longest prompt plus its longest response (what token budgets must count)."""
+        prompt = self.attention_mask[:, : self.prompt_width].sum(1)
+        return torch.stack([prompt, self.response_mask.sum(1).to(prompt.dtype)], 1).cpu()

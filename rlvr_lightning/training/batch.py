@@ -70,9 +70,10 @@ class UpdateInputs:
         return replace(self, behaviour=behaviour)
 
     @cached_property  # read by every optimizer step's layout; one device sum and host copy per batch
-    def lengths(self) -> torch.Tensor:
-        """[N] real tokens of each sequence (host): what micro-batches by token budget pack."""
-        return self.tensors.lengths
+    def token_counts(self) -> torch.Tensor:
+        """[N, 2] real prompt and response tokens of each sequence (host): what micro-batches by token
+        budget pack."""
+        return self.tensors.token_counts
 
 
 def select_loss_batch(

@@ -110,9 +110,9 @@ def separate_pass(
     lockstep: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """One no-grad pass over the rollout batch, micro-batch by micro-batch (`micro_batches(rows,
-    whole_groups)`, each trimmed to its longest row): θ_old's log-probs [N, T] (if `with_old`), the
-    reference's (if there is a reference policy), and the `scorer`'s token weights [N, T] from θ_old's
-    LM-head inputs. With a scorer, micro-batches hold whole groups where the layout sorts rows by length
+    whole_groups)`, each trimmed to its longest prompt and response): θ_old's log-probs [N, T] (if
+    `with_old`), the reference's (if there is a reference policy), and the `scorer`'s token weights [N, T]
+    from θ_old's LM-head inputs. With a scorer, micro-batches hold whole groups where the layout sorts rows by length
     (token budgets), and each group is scored as soon as all its rows have been read, so LM-head inputs
     of at most one micro-batch and one partial group wait (in host memory). `lockstep`: several ranks
     shard the policy, so every rank runs the same forwards even where only another rank's rows need one."""

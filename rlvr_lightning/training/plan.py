@@ -35,12 +35,13 @@ class UpdatePlan:
         return keeps_groups_whole(self.micro_batch_size, self.max_tokens_per_micro_batch, group_size)
 
     def micro_batches(
-        self, rows: torch.Tensor, lengths: torch.Tensor, collectives: Collectives, unit: int = 1
+        self, rows: torch.Tensor, token_counts: torch.Tensor, collectives: Collectives, unit: int = 1
     ) -> list[torch.Tensor]:
-        """The micro-batches of `rows` (see `training.micro_batches`), the same count on every rank (the
-        largest any rank needs); `unit` = G keeps groups whole."""
+        """The micro-batches of `rows` (see `training.micro_batches`; `token_counts`: [N, 2] prompt and
+        response tokens), the same count on every rank (the largest any rank needs); `unit` = G keeps
+        groups whole."""
         return split_rows(
-            rows, lengths, self.micro_batch_size, self.max_tokens_per_micro_batch, unit,
+            rows, token_counts, self.micro_batch_size, self.max_tokens_per_micro_batch, unit,
             lambda count: collectives.agree(count, op="max"),
         )  # fmt: skip
 

@@ -35,10 +35,11 @@ def prepare_update(
     # Shapers read θ_old's LM-head inputs in the update's forward when that runs at θ_old and every
     # micro-batch holds whole groups (THR scores a group from all its responses); else in the θ_old pass.
     score_in_update = scorer is not None and source == "update" and plan.keeps_groups_whole(G)
+    counts = t.token_counts  # [N, 2] prompt and response tokens: what token budgets pack
     with timer("old_logprob"):
         old_logp, ref_logp, hidden_weights = separate_pass(
             step.policy, step.ref_policy, t, temperature,
-            lambda rows, whole_groups: plan.micro_batches(rows, t.lengths, step.collectives, G if whole_groups else 1),
+            lambda rows, whole_groups: plan.micro_batches(rows, counts, step.collectives, G if whole_groups else 1),
             plan.logprob_chunk_tokens, with_old=source == "trainer", scorer=None if score_in_update else scorer,
             lockstep=step.collectives.world_size > 1,
         )  # fmt: skip

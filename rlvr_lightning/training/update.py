@@ -101,7 +101,7 @@ class PolicyUpdate:
         step_loss = torch.zeros((), device=step.device)
         unit = inputs.group_size if whole_groups else 1
         selected = self.select_tokens(step, inputs, rows, acc)
-        for idx in self.plan.micro_batches(rows, inputs.lengths, step.collectives, unit):
+        for idx in self.plan.micro_batches(rows, inputs.token_counts, step.collectives, unit):
             forward, mb = self.forward(step, inputs, idx, with_entropy=acc is not None, capture=reads_lm_head)
             mb_selected = None if selected is None else selected[idx, : mb.loss_mask.shape[1]]
             loss, stats = self.objective.micro_batch_loss(mb, forward.logp, norms, mb_selected, self.at_theta_old(inputs))
@@ -147,7 +147,8 @@ class PolicyUpdate:
     def forward(
         self, step: StepContext, inputs: UpdateInputs, idx: torch.Tensor, with_entropy: bool = False, capture: bool = False
     ):
-        """The policy's forward over the micro-batch `idx`, trimmed to its longest row, and its loss batch."""
+        """The policy's forward over the micro-batch `idx`, trimmed to its longest prompt and longest
+        response, and its loss batch."""
         forward = policy_forward(
             step.policy, inputs.tensors.select(idx).trimmed(), inputs.temperature, with_entropy=with_entropy,
             capture_lm_head=capture, chunk_tokens=self.plan.logprob_chunk_tokens,
@@ -158,7 +159,7 @@ class PolicyUpdate:
         self, step: StepContext, inputs: UpdateInputs, rows: torch.Tensor, norms: StepNorms, backward, acc
     ) -> torch.Tensor:
         objective = self.objective
-        chunks = self.plan.micro_batches(rows, inputs.lengths, step.collectives)
+        chunks = self.plan.micro_batches(rows, inputs.token_counts, step.collectives)
         # Where each micro-batch's sequences sit in `rows` (token budgets reorder them by length).
         position = torch.empty(int(rows.max()) + 1, dtype=torch.long, device=rows.device)
         position[rows] = torch.arange(len(rows), device=rows.device)
