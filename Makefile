@@ -16,13 +16,14 @@ CKPT ?= embedded
 BENCH ?= embedded
 UI_PORT ?= 5000
 MLRUNS ?= mlruns
-.PHONY: help setup train plan list test lint ui compare eval results bench clean-cache scale-model
+.PHONY: help setup train plan doctor list test lint ui compare eval results bench clean-cache scale-model
 
 help:
 	@echo "make setup                 create $(VENV) and install everything (CPU or GPU stack, auto-detected)"
 	@echo "make train [ALGO=grpo] [ARGS='--model.init_args.lr 1e-5']   train; ALGO is one of: $(ALGOS)"
 	@echo "make train ALGO=grpo RESUME=checkpoints/<run id>/last.ckpt   resume a run (same MLflow run)"
 	@echo "make plan [ALGO=grpo] [ARGS='--hardware h100 --devices 8 --data.model_name_or_path Qwen/Qwen2.5-Math-7B']   predicted memory per rank and step time"
+	@echo "make doctor [ALGO=grpo] [ARGS='--config configs/strategy/fsdp.yaml']   check this machine's GPU/CPU path for the run (docs/doctor.md)"
 	@echo "make list                  every preset, algorithm class and registered piece (advantage estimators, losses, …)"
 	@echo "make test                  run the test suite"
 	@echo "make lint                  ruff and the import-layer contract (pyproject.toml)"
@@ -49,6 +50,11 @@ plan: setup
 	@if [ ! -f configs/algo/$(ALGO).yaml ]; then \
 	  echo "error: unknown ALGO '$(ALGO)'; valid: $(ALGOS)" >&2; exit 2; fi
 	$(PY) -m rlvr_lightning.plan --config configs/base.yaml --config configs/algo/$(ALGO).yaml $(ARGS)
+
+doctor: setup
+	@if [ ! -f configs/algo/$(ALGO).yaml ]; then \
+	  echo "error: unknown ALGO '$(ALGO)'; valid: $(ALGOS)" >&2; exit 2; fi
+	$(PY) -m rlvr_lightning.doctor --config configs/base.yaml --config configs/algo/$(ALGO).yaml $(ARGS)
 
 list: setup
 	@$(PY) -m rlvr_lightning list

@@ -43,6 +43,14 @@ from rlvr_lightning.training.step_metrics import StageTimer, StepResult, step_me
 from rlvr_lightning.training.update import NonFiniteGuard, PolicyUpdate
 
 
+def trainer_compute_dtype(precision: str, fsdp_param_dtype: str | None) -> str:
+    """The dtype the trainer's forwards compute in, for Lightning's `trainer.precision` and FSDP2's parameter
+    dtype (None without FSDP2); a function so that `rlvr_lightning.doctor` reads it from the configuration."""
+    if precision.startswith("bf16") or fsdp_param_dtype == "bfloat16":
+        return "bfloat16"
+    return "float16" if precision.startswith("16") else "float32"
+
+
 class RLVRModule(L.LightningModule):
     docs = "docs/algorithms.md#the-training-step"
 
@@ -196,12 +204,8 @@ class RLVRModule(L.LightningModule):
 
     def trainer_dtype(self) -> str:
         """The dtype the trainer's forwards compute in: the precision plugin's, or FSDP2's parameter dtype."""
-        precision = str(self.trainer.precision)
-        if precision.startswith("bf16") or (
-            self.device_mesh is not None and self.hparams.fsdp_param_dtype == "bfloat16"
-        ):
-            return "bfloat16"
-        return "float16" if precision.startswith("16") else "float32"
+        fsdp_param_dtype = self.hparams.fsdp_param_dtype if self.device_mesh is not None else None
+        return trainer_compute_dtype(str(self.trainer.precision), fsdp_param_dtype)
 
     def configure_callbacks(self) -> list[Callback]:
         # The reward is part of the algorithm: add the default verifier unless the user configured one.

