@@ -271,7 +271,7 @@ def chunked_head(s: Setup) -> Row:
 
 # ---- 4. the engine's samples and log-probs against the trainer's -------------------------------------------
 def engine_logprobs(s: Setup) -> Row:
-    name = f"rollout engine ({s.rollout.engine}, {s.engine_dtype})"
+    name, what = "rollout engine", f"{s.rollout.engine}, {s.engine_dtype}"
     t0 = time.perf_counter()
     engine = s.engine()
     built = time.perf_counter() - t0
@@ -290,7 +290,7 @@ def engine_logprobs(s: Setup) -> Row:
         logp = policy_forward(s.trainer_policy, t, sampling.temperature).logp
     diff = masked_max(logp - t.rollout_logp, t.response_mask)
     tol = max(FP32_ROLLOUT_TOL, default_sync_tol(s.engine_dtype, s.trainer_dtype))
-    figure = f"max |Δ log-prob| {diff:.1e} (tol {tol:g}), {int(t.response_mask.sum())} tokens; built in {built:.0f} s"
+    figure = f"{what}: max |Δ log-prob| {diff:.1e} (tol {tol:g}) over {int(t.response_mask.sum())} tokens; built in {built:.0f} s"
     if diff > tol:
         return Row(name, FAIL, figure, "the engine samples from another distribution than the trainer scores: "
                    "compare rollout.dtype with trainer.precision, and the model's attention implementation")  # fmt: skip
@@ -304,7 +304,7 @@ def weight_sync(s: Setup) -> Row:
         from rlvr_lightning.rollout.weight_transfer import resolve
 
         transport = f"{resolve(s.rollout.weight_transfer)} transport"
-    name = f"weight sync ({transport})"
+    name = "weight sync"
     engine, trainer = s.engine(), s.trainer_policy
     if s.sample is None:
         return Row(name, SKIP, note="needs the rollout engine's check to have sampled a probe completion")
@@ -319,7 +319,8 @@ def weight_sync(s: Setup) -> Row:
     t0 = time.perf_counter()
     sync.sync(engine, trainer, 1, s.sample, score)  # raises WeightSyncError when the probe fails
     seconds = time.perf_counter() - t0
-    return Row(name, PASS, f"{seconds:.2f} s, probe max |Δ log-prob| {sync.probe.last_diff:.1e} (tol {s.sync_tol:g})")
+    figure = f"{transport}: {seconds:.2f} s, probe max |Δ log-prob| {sync.probe.last_diff:.1e} (tol {s.sync_tol:g})"
+    return Row(name, PASS, figure)
 
 
 # ---- 6. sleep mode ------------------------------------------------------------------------------------------
