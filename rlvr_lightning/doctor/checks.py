@@ -375,13 +375,13 @@ def flash_attention(s: Setup) -> Row:
     return Row(name, PASS, figure)
 
 
-# (name, check, what to do when it raises)
+# (name, check, what to do when it raises; docs/doctor.md says more)
 CHECKS = [
     ("libraries", libraries, "make setup"),
-    ("FSDP2 training step", fsdp_step, "see docs/doctor.md#fsdp2-training-step"),
+    ("FSDP2 training step", fsdp_step, "NCCL_DEBUG=INFO shows a NCCL failure; see docs/doctor.md"),
     ("chunked LM head", chunked_head, "set model.init_args.logprob_chunk_tokens 0 (full logits)"),
-    ("rollout engine", engine_logprobs, "see docs/doctor.md#rollout-engine (or try rollout.engine=hf)"),
-    ("weight sync", weight_sync, "the engine is not running the trainer's weights: see docs/doctor.md#weight-sync"),
+    ("rollout engine", engine_logprobs, "compare rollout.dtype with trainer.precision; see docs/doctor.md"),
+    ("weight sync", weight_sync, "rollouts would come from a stale policy; see docs/doctor.md"),
     ("engine sleep → wake", sleep_wake, "set rollout.sleep_level 0"),
-    ("flash-attention vs SDPA", flash_attention, "uninstall flash-attn (transformers falls back to SDPA)"),
+    ("flash-attention vs SDPA", flash_attention, "uninstall or rebuild flash-attn (transformers falls back to SDPA)"),
 ]
