@@ -94,3 +94,20 @@ def test_checks_past_the_time_budget_are_skipped_with_the_reason():
     rows = run_checks(None, [("slow", lambda s: Row("slow", PASS), ""), ("late", lambda s: Row("late", PASS), "")],
                       budget_s=-1)  # fmt: skip
     assert all(r.result == SKIP and "budget" in r.note for r in rows)
+
+
+@pytest.mark.parametrize(
+    "precision, mesh, fsdp_param_dtype, expected",
+    [("32-true", None, "bfloat16", "float32"), ("32-true", "mesh", "bfloat16", "bfloat16"),
+     ("bf16-mixed", None, "float32", "bfloat16"), ("16-mixed", None, "float32", "float16")],
+)  # fmt: skip
+def test_the_doctor_reads_the_trainers_compute_dtype_as_the_run_does(precision, mesh, fsdp_param_dtype, expected):
+    """The run's `trainer_dtype` and the doctor's (from the configuration alone) are one function."""
+    from types import SimpleNamespace
+
+    from rlvr_lightning.algos.base import RLVRModule, trainer_compute_dtype
+
+    module = SimpleNamespace(trainer=SimpleNamespace(precision=precision), device_mesh=mesh,
+                             hparams=SimpleNamespace(fsdp_param_dtype=fsdp_param_dtype))  # fmt: skip
+    assert RLVRModule.trainer_dtype(module) == expected
+    assert trainer_compute_dtype(precision, fsdp_param_dtype if mesh else None) == expected
