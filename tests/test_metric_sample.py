@@ -176,7 +176,8 @@ def thr_batch(G=4, d=6, V=13, correct=(1, 0, 0, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0,
     )  # fmt: skip
     batch = ScoredBatch(rollout, c.clone(), group_advantage(c, G))
     hidden = {n: torch.randn(L, d, generator=g) for n, L in enumerate(lengths)}
-    step = SimpleNamespace(policy=SimpleNamespace(get_output_embeddings=lambda: head), rollout_batch=0)
+    policy = SimpleNamespace(get_output_embeddings=lambda: head, config=SimpleNamespace(model_type="qwen2"))
+    step = SimpleNamespace(policy=policy, rollout_batch=0)
     return batch, hidden, step, head
 
 
