@@ -103,6 +103,22 @@ def parsed(*argv: str):
     return parse([*BASE, *argv])[0]
 
 
+def test_a_token_budget_below_a_group_plans_whole_groups_where_the_loss_needs_them(monkeypatch):
+    """REAL's group-level loss packs whole groups: a budget of two sequences' tokens still runs a group of
+    G = 8 rows; GRPO's token-level loss runs the two rows the budget holds."""
+    from rlvr_lightning.plan import parse
+    from rlvr_lightning.planner.hardware import hardware
+    from rlvr_lightning.planner.run_spec import run_spec
+
+    monkeypatch.setattr(sys, "argv", ["plan"])
+    flags = ["--rollout.group_size", "8", "--rollout.max_response_length", "100", "--data.max_prompt_length", "28",
+             "--model.init_args.max_tokens_per_micro_batch", "256"]  # fmt: skip
+    real = run_spec(parse([*BASE[:2], "--config", "configs/algo/real.yaml", *flags])[0], hardware("cpu"))
+    grpo = run_spec(parsed(*flags), hardware("cpu"))
+    assert (real.whole_groups, real.rows_per_forward) == (True, 8)
+    assert (grpo.whole_groups, grpo.rows_per_forward) == (False, 2)
+
+
 def test_preflight_refuses_on_a_gpu_and_names_the_first_change_that_fits(monkeypatch):
     from rlvr_lightning.planner.preflight import preflight
 

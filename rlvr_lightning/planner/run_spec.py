@@ -41,6 +41,7 @@ class RunSpec:
     batches_ahead: int
     thr: bool  # THR attribution reads the LM head's inputs in the update
     oar: bool
+    whole_groups: bool = False  # micro-batches hold whole groups (a group-level loss; THR or OAR reading them)
 
     @property
     def world_size(self) -> int:
@@ -55,11 +56,14 @@ class RunSpec:
         """Sequences in the largest forward: a micro-batch at the worst case (every sequence at the longest
         prompt + response), never more than a mini-batch holds. Under a token budget every forward's rows ×
         (its longest prompt + its longest response) stays within the budget (a lone sequence or whole
-        group over it excepted), so no forward runs more than one row's tokens beyond this one."""
+        group over it excepted), so no forward runs more than one row's tokens beyond this one. Where
+        micro-batches hold whole groups the budget packs groups: at least one, however long."""
         per_mini_batch = max(1, self.sequences_per_rank // self.num_mini_batches)
         rows = self.micro_batch_size
         if self.max_tokens_per_micro_batch is not None:
             rows = max(1, self.max_tokens_per_micro_batch // (self.max_prompt_length + self.max_response_length))
+            if self.whole_groups:
+                rows = max(1, rows // self.group_size) * self.group_size
         return min(rows, per_mini_batch)
 
     @property
@@ -98,4 +102,5 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
         sleep_level=rollout.sleep_level, kv_cache_gib=rollout.kv_cache_gib,
         engine_elsewhere=bool(rollout.server_urls or rollout.server_cuda_devices), batches_ahead=rollout.batches_ahead,
         thr="THRAttribution" in callbacks, oar="OARAttribution" in callbacks,
+        whole_groups=module.objective.needs_whole_groups or "THRAttribution" in callbacks or "OARAttribution" in callbacks,
     )  # fmt: skip
