@@ -32,7 +32,8 @@ HEAD_TRANSFORM_FAMILIES = frozenset(
 )
 MULTIPLIES_BY_LOGITS_SCALING = frozenset({"hyperclovax"})
 SCALES_THE_HEAD_INPUT = frozenset({"minicpm3"})
-TRANSFORM_KEYS = ("logits_scaling", "logit_scale", "final_logit_softcapping")
+# The settings a family's forward reads for its transform, each with the value that makes it a no-op.
+NEUTRAL = {"logits_scaling": 1.0, "logit_scale": 1.0, "final_logit_softcapping": None}
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,6 @@ class HeadTransform:
 
     scale: float = 1.0
     softcap: float | None = None
-
-    @property
-    def identity(self) -> bool:
-        return self.scale == 1.0 and self.softcap is None
 
     def __call__(self, raw: torch.Tensor) -> torch.Tensor:
         z = raw * self.scale if self.scale != 1.0 else raw
@@ -68,11 +65,8 @@ def unverified_transform(config) -> str | None:
     """The logit-transform setting of a family whose transform is not verified here, or None."""
     if getattr(config, "model_type", "") in HEAD_TRANSFORM_FAMILIES:
         return None
-    set_keys = [k for k in TRANSFORM_KEYS if getattr(config, k, None) not in (None, 1.0)]
+    set_keys = [k for k in NEUTRAL if getattr(config, k, None) not in (None, 1.0)]
     return set_keys[0] if set_keys else None
-
-
-NEUTRAL = {"logits_scaling": 1.0, "logit_scale": 1.0, "final_logit_softcapping": None}
 
 
 @contextmanager
