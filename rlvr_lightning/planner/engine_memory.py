@@ -66,10 +66,15 @@ def dtype_bytes(dtype: str, config) -> int:
     return 4 if "32" in dtype else 2
 
 
-def kv_bytes_per_token(config, nbytes: int) -> int:
+def attention_shape(config) -> tuple[int, int, int]:
+    """(attention heads, head dimension, KV heads) of a model configuration."""
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return heads, head_dim, getattr(config, "num_key_value_heads", None) or heads
+
+
+def kv_bytes_per_token(config, nbytes: int) -> int:
+    heads, head_dim, kv_heads = attention_shape(config)
     return 2 * config.num_hidden_layers * kv_heads * head_dim * nbytes  # K and V, every layer
 
 
@@ -103,9 +108,7 @@ def hf_decode_step_bytes(spec: RunSpec) -> int:
     when left-padded prompts need a mask and the model groups its KV heads) and the layer's newly
     concatenated keys and values. Sampling: HF_STEP_LOGITS_COPIES [sequences, vocabulary] fp32 tensors."""
     config, N, T = spec.model_config, spec.sequences_per_rank, spec.max_prompt_length + spec.max_response_length
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    heads, head_dim, kv_heads = attention_shape(config)
     attention = (2 * N * heads * T * head_dim * 4 if kv_heads < heads else 0) + 2 * N * kv_heads * T * head_dim * 4
     sampling = HF_STEP_LOGITS_COPIES * N * config.vocab_size * 4
     return max(attention, sampling) + N * spec.max_response_length * 4
