@@ -5,7 +5,7 @@
 The same code runs on CPU (gloo) and GPU (NCCL): the strategy picks the backend from the device.
 Each decoder layer is one FSDP unit (its parameters are all-gathered just before its forward and freed
 after), the embeddings, final norm and LM head form the root unit. Every rank keeps its own colocated
-rollout engine; a weight sync all-gathers one parameter at a time (`rlvr_lightning.rollout.sync.full_weights`).
+rollout engine; a weight sync all-gathers one parameter at a time (`rlvr_lightning.models.weights.full_weights`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from torch.distributed.tensor import DTensor
 
 from rlvr_lightning.callbacks.rollout import RolloutCallback
 from rlvr_lightning.models.forward import sequence_logprobs
-from rlvr_lightning.rollout.sync import full_weights
+from rlvr_lightning.models.weights import full_weights
 
 
 class ShardProbe(RolloutCallback):

@@ -12,7 +12,7 @@ import pytest
 
 from rlvr_lightning.doctor import as_table, run_checks
 from rlvr_lightning.doctor.checks import FAIL, PASS, SKIP, Row
-from rlvr_lightning.rollout import sync
+from rlvr_lightning.models import weights
 from tests.cli import REPO
 
 CONFIG = ["--config", str(REPO / "configs/base.yaml"), "--config", str(REPO / "configs/algo/grpo.yaml")]
@@ -58,7 +58,7 @@ def test_a_weight_sync_that_leaves_one_tensor_behind_fails_its_row(monkeypatch, 
     """The engine receives every weight but one: the probe sees the trainer's update and the engine disagree."""
     from rlvr_lightning.doctor import main
 
-    full_weights = sync.full_weights
+    full_weights = weights.full_weights
     dropped = []
 
     def all_but_one(policy):
@@ -68,12 +68,12 @@ def test_a_weight_sync_that_leaves_one_tensor_behind_fails_its_row(monkeypatch, 
                 continue
             yield name, tensor
 
-    monkeypatch.setattr(sync, "full_weights", all_but_one)
+    monkeypatch.setattr(weights, "full_weights", all_but_one)
     with pytest.raises(SystemExit) as exit_:
         main([*CONFIG, "--checks", "rollout,weight"])
     out = capsys.readouterr().out
     rows = table_rows(out)
-    assert dropped, "the sync did not go through rollout.sync.full_weights"
+    assert dropped, "the sync did not go through models.weights.full_weights"
     assert exit_.value.code == 1, out
     assert rows["rollout engine"][0] == PASS, out
     result, rest = rows["weight sync"]

@@ -13,10 +13,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr_lightning.models.forward import sequence_logprobs
+from rlvr_lightning.models.weights import full_weights
 from rlvr_lightning.rollout.engine import WeightSyncError
 from rlvr_lightning.rollout.server_process import RolloutServerError, RolloutServerLost, ServerSpec
 from rlvr_lightning.rollout.settings import EngineSite, RolloutSettings
-from rlvr_lightning.rollout.sync import FP32_SYNC_TOL, WeightSyncProbe, full_weights
+from rlvr_lightning.rollout.sync import FP32_SYNC_TOL, WeightSyncProbe
 from rlvr_lightning.rollout.types import SamplingConfig
 from rlvr_lightning.rollout.vllm_server import VLLMServerEngine
 

@@ -11,6 +11,7 @@ several updates per rollout batch conflict with Lightning's automatic accumulati
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from functools import partial
 from typing import Literal
 
@@ -23,11 +24,13 @@ from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.callbacks.rollout import advantage_shapers, rollout_callbacks
 from rlvr_lightning.context import Collectives, ScoredBatch, StepContext
 from rlvr_lightning.models.forward import sequence_logprobs
+from rlvr_lightning.models.lora import LoraSettings, as_settings, trainable_parameters
 from rlvr_lightning.models.policy import load_policies
+from rlvr_lightning.models.weights import full_weights, load_into_engine
 from rlvr_lightning.pieces import advantage_estimators, kinds, rollout_corrections
 from rlvr_lightning.rollout.engine import RolloutEngine
 from rlvr_lightning.rollout.settings import EngineSite
-from rlvr_lightning.rollout.sync import FP32_SYNC_TOL, EngineSync, default_sync_tol, full_weights
+from rlvr_lightning.rollout.sync import FP32_SYNC_TOL, EngineSync, default_sync_tol
 from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.training.batch import UpdateInputs
 from rlvr_lightning.training.behaviour import BehaviourSource, behaviour_source
@@ -85,6 +88,7 @@ class RLVRModule(L.LightningModule):
         max_nonfinite_steps: int = 10,
         fsdp_param_dtype: Literal["float32", "bfloat16"] = "float32",
         activation_checkpointing: bool = False,
+        lora: LoraSettings | None = None,
     ) -> None:
         """Every argument is a CLI flag, `--model.init_args.<name>`.
 
@@ -120,6 +124,8 @@ class RLVRModule(L.LightningModule):
             max_nonfinite_steps: stop after this many consecutive updates with a non-finite loss or gradient.
             fsdp_param_dtype: under FSDP, `bfloat16` computes in bf16 with fp32 master weights and reduction.
             activation_checkpointing: recompute each decoder layer's activations in the backward pass.
+            lora: train a LoRA adapter (PEFT) instead of every weight (`models.lora.LoraSettings`,
+                `--model.init_args.lora.rank 16`); the KL reference is then the base model with the adapter off.
         """
         super().__init__()
         self.save_hyperparameters()
@@ -127,6 +133,8 @@ class RLVRModule(L.LightningModule):
         # piece names as plain strings (the CLI parses them into checked `str` subtypes).
         effective = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.hparams.update({k: str(v) if isinstance(v, str) else v for k, v in effective.items()})
+        self.lora = as_settings(lora)
+        self.hparams["lora"] = None if self.lora is None else asdict(self.lora)  # flat MLflow params, plain pickles
         self.automatic_optimization = False
         check_values(self.hparams)
         advantage_estimators.bound(self.hparams)  # a bad name fails now (check_pieces tries the correction)
@@ -171,7 +179,7 @@ class RLVRModule(L.LightningModule):
         if self.policy is None:
             h = self.hparams
             self.policy, self.ref_policy = load_policies(self.datamodule.policy_path, h.kl_coef > 0, self.device_mesh,
-                                                         h.fsdp_param_dtype, h.activation_checkpointing)  # fmt: skip
+                                                         h.fsdp_param_dtype, h.activation_checkpointing, self.lora)  # fmt: skip
 
     @property
     def datamodule(self):
@@ -185,6 +193,7 @@ class RLVRModule(L.LightningModule):
                 dm.policy_path, dm.max_model_len(), dm.hparams.seed, self.policy,
                 partial(sequence_logprobs, self.policy), dm.tokenizer, trainer.global_rank, trainer.world_size,
                 trainer.local_rank, trainer.num_devices,
+                self.lora.engine_max_rank if self.lora is not None and self.lora.sync == "adapter" else None,
             ))  # fmt: skip
             if self.hparams.sync_check_tol is None:
                 self.engine_sync.probe.tol = default_sync_tol(self.engine_dtype(), self.trainer_dtype())
@@ -214,7 +223,8 @@ class RLVRModule(L.LightningModule):
     def configure_optimizers(self):
         h, max_steps = self.hparams, self.trainer.max_steps
         total = max_steps if max_steps and max_steps > 0 else None
-        return adamw_with_schedule(self.policy.parameters(), h.lr, h.weight_decay, h.warmup_steps, h.lr_schedule, total)
+        # Only what trains: a LoRA policy's frozen base gets neither gradients nor optimizer state.
+        return adamw_with_schedule(trainable_parameters(self.policy), h.lr, h.weight_decay, h.warmup_steps, h.lr_schedule, total)
 
     def on_fit_start(self) -> None:
         self.validate_config()
@@ -229,9 +239,17 @@ class RLVRModule(L.LightningModule):
     def on_train_start(self) -> None:
         # Resumed (the engine has the base weights; FSDP restores between on_fit_start and here; every rank
         # takes part in the gather), or attached servers that may hold any weights.
-        if self.policy_version > 0 or getattr(self.engine, "holds_foreign_weights", False):
-            self.engine.load_weights(full_weights(self.policy), version=self.policy_version)
+        foreign = getattr(self.engine, "holds_foreign_weights", False)
+        if foreign and self.lora is not None and self.lora.sync == "adapter":
+            self.engine.load_weights(full_weights(self.policy, merged=False), version=self.policy_version)  # the base
+        # An adapter sync starts from the initial (zero) adapter: every request then carries one (see VLLMEngine).
+        if self.policy_version > 0 or foreign or (self.lora is not None and self.lora.sync == "adapter"):
+            self.load_engine(self.policy_version)
             self.step_context().after_engine_sync()
+
+    def load_engine(self, version: int) -> None:
+        """Hand the policy to the rollout engine as `version`: its full weights, or its LoRA adapter."""
+        load_into_engine(self.engine, self.policy, version, self.lora, self.datamodule.policy_path)
 
     def validate_config(self) -> None:
         """Checks that need the data settings or the callbacks too; run before anything expensive starts."""
@@ -311,7 +329,7 @@ class RLVRModule(L.LightningModule):
             self.rollouts_ahead.wait(timer)  # the servers take new weights once the batch ahead is done
         with timer("weight_sync"):
             trainer_score = partial(sequence_logprobs, self.policy, chunk_tokens=h.logprob_chunk_tokens)
-            self.engine_sync.sync(step.engine, self.policy, self.policy_version + 1, rollout, trainer_score)
+            self.engine_sync.sync(step.engine, self.load_engine, self.policy_version + 1, rollout, trainer_score)
             step.after_engine_sync()
             self.policy_version += 1
         metrics = {**update_metrics, **prepare_metrics, **shaper_metrics(advantage_shapers(self.trainer)),

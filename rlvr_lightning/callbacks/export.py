@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import Callback
 
 from rlvr_lightning.callbacks.periodic import is_due
 from rlvr_lightning.models.embedded import save_policy
-from rlvr_lightning.rollout.sync import full_weights
+from rlvr_lightning.models.weights import full_weights
 
 
 class HFExport(Callback):

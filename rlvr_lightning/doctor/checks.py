@@ -24,8 +24,9 @@ from rlvr_lightning.models.embedded import TinyQwen2Spec, build_char_tokenizer, 
 from rlvr_lightning.models.forward import policy_forward, sequence_logprobs
 from rlvr_lightning.models.lm_head import supports_chunked_head
 from rlvr_lightning.models.policy import load_policies
+from rlvr_lightning.models.weights import full_weights, load_into_engine
 from rlvr_lightning.rollout.settings import EngineSite, RolloutSettings
-from rlvr_lightning.rollout.sync import EngineSync, default_sync_tol, full_weights
+from rlvr_lightning.rollout.sync import EngineSync, default_sync_tol
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, RolloutTensors, SamplingConfig
 
 PASS, FAIL, SKIP = "pass", "FAIL", "skipped"
@@ -317,7 +318,7 @@ def weight_sync(s: Setup) -> Row:
         for p in trainer.parameters():
             p.add_(0.02 * torch.randn_like(p))
     t0 = time.perf_counter()
-    sync.sync(engine, trainer, 1, s.sample, score)  # raises WeightSyncError when the probe fails
+    sync.sync(engine, partial(load_into_engine, engine, trainer, lora=None, base_model=""), 1, s.sample, score)  # raises WeightSyncError when the probe fails
     seconds = time.perf_counter() - t0
     figure = f"{transport}: {seconds:.2f} s, probe max |Δ log-prob| {sync.probe.last_diff:.1e} (tol {s.sync_tol:g})"
     return Row(name, PASS, figure)
@@ -341,7 +342,8 @@ def sleep_wake(s: Setup) -> Row:
     free_asleep = torch.cuda.mem_get_info()[0]
     # The run's order: the sync wakes the weights, the next use the KV cache; the probe checks the result.
     sync = EngineSync(tol=s.sync_tol, check_every=1)
-    sync.sync(engine, trainer, 2, s.sample, partial(sequence_logprobs, trainer))
+    load = partial(load_into_engine, engine, trainer, lora=None, base_model="")
+    sync.sync(engine, load, 2, s.sample, partial(sequence_logprobs, trainer))
     free_woken = torch.cuda.mem_get_info()[0]
     gib = 2**30
     freed, restored = (free_asleep - free_awake) / gib, (free_asleep - free_woken) / gib

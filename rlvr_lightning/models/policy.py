@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.models.lora import BaseModelView, LoraSettings, apply_lora
 from rlvr_lightning.parallel import checkpoint_layers, shard_policy
 
 
@@ -19,9 +20,12 @@ def load_policies(
     mesh=None,
     param_dtype: str = "float32",
     activation_checkpointing: bool = False,
-) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    lora: LoraSettings | None = None,
+) -> tuple[torch.nn.Module, torch.nn.Module | BaseModelView | None]:
     """(policy, reference or None) from an HF model directory or id; `mesh` (the strategy's device mesh,
-    None without FSDP2) shards both per decoder layer."""
+    None without FSDP2) shards both per decoder layer. With `lora` the policy gets a LoRA adapter (before
+    sharding, so each decoder layer's FSDP2 unit holds its own adapters) and the reference is the policy
+    with its adapter switched off: the base weights are held once."""
     from transformers import AutoModelForCausalLM
 
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -30,13 +34,16 @@ def load_policies(
     # engine's and repeated forwards (old log-probs, REAL two-pass) are deterministic.
     warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training")
     reference = None
-    if with_reference:
+    if lora is not None:
+        apply_lora(policy, lora)
+        reference = BaseModelView(policy) if with_reference else None
+    elif with_reference:
         reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         reference.requires_grad_(False)
     if mesh is not None:
         dp_mesh = mesh["data_parallel"] if mesh.mesh_dim_names else mesh
         shard_policy(policy, dp_mesh, param_dtype, activation_checkpointing)
-        if reference is not None:
+        if isinstance(reference, torch.nn.Module):
             shard_policy(reference, dp_mesh, param_dtype)
     elif activation_checkpointing:
         checkpoint_layers(policy)

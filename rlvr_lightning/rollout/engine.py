@@ -26,6 +26,13 @@ class RolloutEngine(Protocol):
         engine that released its memory may have discarded its own. `version`: the trainer's count of
         syncs, for engines that label their samples with it (vLLM servers)."""
 
+    def load_adapter(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], config: dict, version: int | None = None
+    ) -> None:
+        """Serve the engine's base weights with this LoRA adapter from now on (a LoRA policy synced as an
+        adapter): its tensors under PEFT's names (`base_model.model.<module>.lora_A.weight`) and its
+        `adapter_config.json` contents. `version` as in `load_weights`."""
+
     def release_memory(self) -> None:
         """Free the engine's device memory for the policy update (a no-op unless it supports sleeping);
         the next `load_weights`, `generate` or `score` takes back what it needs."""

@@ -111,6 +111,11 @@ class HFGenerateEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         """Nothing to copy: this engine samples with the trainer's module itself."""
 
+    def load_adapter(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], config: dict, version: int | None = None
+    ) -> None:
+        """Nothing to copy: the trainer's module samples with its adapter already in place."""
+
     def release_memory(self) -> None:
         """Nothing to free: the trainer's own module is the engine."""
 

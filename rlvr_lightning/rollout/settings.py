@@ -36,6 +36,7 @@ class EngineSite:
     world_size: int = 1
     local_rank: int = 0  # this rank's index among the trainer ranks on its machine
     ranks_per_node: int = 1
+    lora_max_rank: int | None = None  # a LoRA policy synced as an adapter: the engine serves adapters up to this rank
 
 
 class RolloutSettings:
@@ -167,7 +168,7 @@ class RolloutSettings:
         return VLLMEngine(
             site.policy_path, max_model_len=site.max_model_len, dtype=self.dtype, seed=site.seed + site.rank,
             kv_cache_gib=self.kv_cache_gib, gpu_memory_utilization=self.gpu_memory_utilization,
-            enforce_eager=self.enforce_eager, sleep_level=self.sleep_level,
+            enforce_eager=self.enforce_eager, sleep_level=self.sleep_level, lora_max_rank=site.lora_max_rank,
         )  # fmt: skip
 
     def server_spec(self, site: EngineSite):

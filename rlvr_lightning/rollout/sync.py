@@ -11,10 +11,9 @@ Cost: one forward of one short sequence on each side per sync.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from rlvr_lightning.rollout.engine import RolloutEngine, ScoreFn, WeightSyncError
 from rlvr_lightning.rollout.types import Rollout
@@ -73,14 +72,6 @@ def _pick_probe(rollout: Rollout) -> tuple[list[int], list[int]] | None:
     return None
 
 
-@torch.no_grad()
-def full_weights(policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) pairs of the policy, one at a time: under FSDP each parameter is all-gathered
-    from its shards as it is handed over, so no rank ever holds two full copies."""
-    for name, tensor in policy.state_dict().items():
-        yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-
-
 class EngineSync:
     """Hands the trainer's weights to the engine after every update, probing the first sync and every
     `check_every`-th after it (one engine call and one trainer forward of a short sequence)."""
@@ -93,13 +84,14 @@ class EngineSync:
     def sync(
         self,
         engine: RolloutEngine,
-        policy: torch.nn.Module,
+        load: Callable[[int], None],
         policy_version: int,
         rollout: Rollout,
         trainer_score: ScoreFn,
     ) -> None:
-        """Load the weights of `policy`, which become version `policy_version` (counted from 1);
-        `trainer_score` scores the probe with `policy` itself."""
-        engine.load_weights(full_weights(policy), version=policy_version)
+        """`load(policy_version)` hands the trainer's policy to `engine` (its full weights or its adapter,
+        `models.weights.load_into_engine`) as version `policy_version` (counted from 1); `trainer_score`
+        scores the probe with the policy itself."""
+        load(policy_version)
         if (policy_version - 1) % self.check_every == 0:
             self.probe.check(engine, trainer_score, rollout)

