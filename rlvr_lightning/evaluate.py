@@ -1,4 +1,4 @@
-"""Offline evaluation of a policy (an HF model directory, e.g. an `HFExport`, a Lightning `.ckpt`, or
+"""Offline evaluation of a policy (an HF model directory, e.g. an `HFExport`, a LoRA adapter directory, a Lightning `.ckpt`, or
 `embedded`) on one or more benchmarks with vLLM, recorded as an MLflow run: `eval/<bench>/accuracy`,
 `pass_at_<k>`, `maj_at_<k>` (with `_se` standard errors), `accuracy_greedy`, the sampling settings as
 params (`eval/<bench>/temperature`, …), and a samples table per benchmark. The scoring is the
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -32,15 +33,19 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
     from rlvr_lightning.data.datamodule import RolloutDataModule
     from rlvr_lightning.errors import ConfigError
     from rlvr_lightning.models.checkpoint import is_lightning_checkpoint, policy_from_checkpoint
+    from rlvr_lightning.models.lora import is_adapter_dir, load_adapter_weights, read_adapter
     from rlvr_lightning.rollout.settings import RolloutSettings
     from rlvr_lightning.standalone import standalone
 
     names = [bench_name(s) for s in args.bench]
     if len(set(names)) < len(names):
         raise ConfigError(f"--bench: two benchmarks share a name ({names}); give each file a distinct stem")
-    model = args.model
+    model, adapter = args.model, None
     if is_lightning_checkpoint(model):  # a training checkpoint: its policy, as an HF directory beside it
         model = str(policy_from_checkpoint(model))
+    elif is_adapter_dir(model):  # a LoRA export: its base model, served with the adapter (vLLM's LoRA path)
+        adapter = read_adapter(model)
+        model = adapter.base_model
     logger = MLFlowLogger(
         experiment_name=args.experiment, tracking_uri=args.tracking_uri, run_name=args.run_name,
         tags={"kind": "evaluation", "model": args.model},
@@ -70,8 +75,12 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
         every_n_steps=0, num_samples=args.n, temperature=args.temperature, greedy=not args.no_greedy,
         pass_k=args.k, maj_k=[k for k in args.k if k > 1], prefix="eval", benchmarks=benchmarks,
     )  # fmt: skip
-    module = standalone(RLVRModule(), dm, callbacks=[RewardVerifier(num_workers=args.verifier_workers), evaluation],
-                        logger=logger)  # fmt: skip
+    lora = None if adapter is None else replace(adapter.settings, sync="adapter")
+    module = standalone(RLVRModule(lora=lora), dm,
+                        callbacks=[RewardVerifier(num_workers=args.verifier_workers), evaluation], logger=logger)  # fmt: skip
+    if adapter is not None:
+        load_adapter_weights(module.policy, adapter.tensors)
+        module.load_engine(0)
     try:
         results = evaluation.evaluate(module.trainer, module)
     finally:
@@ -87,7 +96,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="embedded", help="HF model directory or id, a Lightning .ckpt, or `embedded`")
+    p.add_argument("--model", default="embedded", help="HF model directory or id, a LoRA adapter directory, a Lightning .ckpt, or `embedded`")
     p.add_argument("--bench", nargs="+", default=["embedded"], help="benchmark files, HF dataset names or `embedded`")
     p.add_argument("--split", default="test")
     p.add_argument("--problem-field")

@@ -3,6 +3,10 @@ transformers and vLLM load directly: `<dirpath>/step-<N>` every N rollout batche
 
 Lightning's own checkpoints hold the optimizer and the training state (for resuming); these hold
 only what inference needs. The MLflow run records where each export went (`export/<name>` tags).
+
+A LoRA policy is exported as a PEFT adapter directory (`adapter_model.safetensors`, `adapter_config.json`
+naming its base model, and the tokenizer), which PEFT, vLLM's `LoRARequest` and `make eval` load; with
+`merged: true` also as full HF weights (W + scale·B·A) in `<name>-merged`.
 """
 
 from __future__ import annotations
@@ -15,18 +19,20 @@ from lightning.pytorch.callbacks import Callback
 
 from rlvr_lightning.callbacks.periodic import is_due
 from rlvr_lightning.models.embedded import save_policy
+from rlvr_lightning.models.lora import adapter_config, adapter_weights, save_adapter
 from rlvr_lightning.models.weights import full_weights
 
 
 class HFExport(Callback):
-    def __init__(self, dirpath: str = "exports", every_n_steps: int = 0, final: bool = True) -> None:
+    def __init__(self, dirpath: str = "exports", every_n_steps: int = 0, final: bool = True, merged: bool = False) -> None:
         """
         Args:
             dirpath: parent directory; each export goes to a sub-directory named after the run.
             every_n_steps: export after every N rollout batches (0 = never during training).
             final: export when training ends.
+            merged: a LoRA policy: also export its merged full weights (`<name>-merged`) beside the adapter.
         """
-        self.dirpath, self.every_n_steps, self.final = Path(dirpath), every_n_steps, final
+        self.dirpath, self.every_n_steps, self.final, self.merged = Path(dirpath), every_n_steps, final, merged
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if is_due(pl_module.rollout_batches, self.every_n_steps):
@@ -37,11 +43,20 @@ class HFExport(Callback):
             self.export(trainer, pl_module, "final")
 
     def export(self, trainer: L.Trainer, pl_module, name: str) -> Path:
+        """The export's directory (a LoRA policy's: its adapter)."""
         # Every rank takes part in gathering sharded (FSDP) weights; rank 0 writes them.
-        weights = dict(full_weights(pl_module.policy))
-        out = self.run_dir(trainer) / name
-        if trainer.is_global_zero:
-            self._write(trainer, pl_module, name, weights, out)
+        out, lora = self.run_dir(trainer) / name, pl_module.lora
+        if lora is not None:
+            adapter = dict(adapter_weights(pl_module.policy))
+            if trainer.is_global_zero:
+                config = adapter_config(lora, pl_module.policy, trainer.datamodule.policy_path)
+                save_adapter(adapter, config, out)
+                trainer.datamodule.tokenizer.save_pretrained(out)
+                self._record(trainer, pl_module, name, out)
+        if lora is None or self.merged:
+            weights, full = dict(full_weights(pl_module.policy)), out if lora is None else out.with_name(f"{name}-merged")
+            if trainer.is_global_zero:
+                self._write(trainer, pl_module, full.name, weights, full)
         trainer.strategy.barrier("hf export")
         return out
 
@@ -55,6 +70,10 @@ class HFExport(Callback):
             save_policy(pl_module.policy, trainer.datamodule.tokenizer, out, state_dict=weights)
         finally:
             config.use_cache = use_cache
+        self._record(trainer, pl_module, name, out)
+
+    def _record(self, trainer: L.Trainer, pl_module, name: str, out: Path) -> None:
+        """What the export holds (`rlvr_export.json`) and where it went (the MLflow run's `export/<name>` tag)."""
         meta = {"rollout_batches": pl_module.rollout_batches, "policy_version": pl_module.policy_version,
                 "algorithm": type(pl_module).__name__, "mlflow_run_id": getattr(trainer.logger, "run_id", None)}  # fmt: skip
         (out / "rlvr_export.json").write_text(json.dumps(meta, indent=2))

@@ -29,8 +29,10 @@ def policy_from_checkpoint(ckpt: str | Path, out_dir: str | Path | None = None) 
     from transformers import AutoModelForCausalLM
 
     from rlvr_lightning.models.embedded import save_policy
+    from rlvr_lightning.models.lora import apply_lora, as_settings
     from rlvr_lightning.models.policy import load_tokenizer
     from rlvr_lightning.models.warm_start import resolve_policy_path
+    from rlvr_lightning.models.weights import full_weights
 
     ckpt = Path(ckpt)
     if not ckpt.is_file():
@@ -51,6 +53,9 @@ def policy_from_checkpoint(ckpt: str | Path, out_dir: str | Path | None = None) 
         raise ConfigError(f"checkpoint {ckpt}: not an rlvr_lightning checkpoint (no data module model or policy weights)")
     base_path = resolve_policy_path(base)
     model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    lora = as_settings((state.get("hyper_parameters") or {}).get("lora"))
+    if lora is not None:  # a LoRA policy: base + adapter as trained, written with the adapter merged
+        apply_lora(model, lora)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])  # e.g. lm_head.weight, restored by tying
     missing = [k for k in missing if k not in tied]
@@ -60,4 +65,5 @@ def policy_from_checkpoint(ckpt: str | Path, out_dir: str | Path | None = None) 
             f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
         )
     model.config.use_cache = True  # training turns the KV cache off; inference wants it
-    return save_policy(model, load_tokenizer(base_path), out)
+    merged = dict(full_weights(model)) if lora is not None else None
+    return save_policy(model, load_tokenizer(base_path), out, state_dict=merged)

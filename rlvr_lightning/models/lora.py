@@ -16,6 +16,7 @@ on purpose:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -74,6 +75,8 @@ class LoraSettings:
             )
         if self.sync not in ("merged", "adapter"):
             raise ConfigError(f"model.lora.sync must be `merged` or `adapter`, got {self.sync!r}")
+        if not isinstance(self.target_modules, str):  # a tuple: the settings are hashable (the planner's cache key)
+            object.__setattr__(self, "target_modules", tuple(self.target_modules))
         targets = [self.target_modules] if isinstance(self.target_modules, str) else list(self.target_modules)
         if not targets:
             raise ConfigError("model.lora.target_modules is empty")
@@ -97,7 +100,8 @@ class LoraSettings:
         from peft import LoraConfig
 
         return LoraConfig(
-            r=self.rank, lora_alpha=self.alpha, lora_dropout=0.0, target_modules=self.target_modules,
+            r=self.rank, lora_alpha=self.alpha, lora_dropout=0.0,
+            target_modules=self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules),
             use_rslora=self.use_rslora, bias="none", task_type="CAUSAL_LM",
             exclude_modules=list(UNTARGETABLE),
         )  # fmt: skip
@@ -214,3 +218,43 @@ def save_adapter(weights: dict[str, torch.Tensor], config, out: Path) -> Path:
     save_file({k: v.contiguous().cpu() for k, v in weights.items()}, str(out / "adapter_model.safetensors"))
     config.save_pretrained(str(out))
     return out
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    """A PEFT adapter directory (an `HFExport` of a LoRA policy), as opposed to a full model."""
+    return (Path(path) / "adapter_config.json").is_file()
+
+
+@dataclass(frozen=True)
+class SavedAdapter:
+    settings: LoraSettings
+    base_model: str  # the model the adapter applies to (`base_model_name_or_path`)
+    tensors: dict[str, torch.Tensor]  # under PEFT's file names
+
+
+def read_adapter(path: str | Path) -> SavedAdapter:
+    """A PEFT LoRA adapter directory: its settings, base model and tensors."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    config = json.loads((path / "adapter_config.json").read_text())
+    if config.get("peft_type") != "LORA":
+        raise ConfigError(f"{path}: a {config.get('peft_type')} adapter; only LoRA adapters are supported")
+    settings = LoraSettings(
+        rank=config["r"], alpha=config["lora_alpha"], target_modules=config["target_modules"],
+        use_rslora=config.get("use_rslora", False),
+    )  # fmt: skip
+    return SavedAdapter(settings, config["base_model_name_or_path"], load_file(str(path / "adapter_model.safetensors")))
+
+
+def load_adapter_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Set the adapter of a LoRA `model` (built with the adapter's settings) from PEFT-named tensors."""
+    own = {name.removeprefix(PEFT_PREFIX).removesuffix(".weight") + f".{ADAPTER}.weight": t for name, t in tensors.items()}
+    params = dict(model.named_parameters())
+    missing = sorted(set(own) - set(params))
+    left = sorted(n for n in params if ".lora_" in n and n not in own)
+    if missing or left:
+        raise ConfigError(f"the adapter does not fit the model: unknown {missing[:3]}, not in the adapter {left[:3]}")
+    with torch.no_grad():
+        for name, tensor in own.items():
+            params[name].copy_(tensor)

@@ -42,6 +42,7 @@ class RunSpec:
     thr: bool  # THR attribution reads the LM head's inputs in the update
     oar: bool
     whole_groups: bool = False  # micro-batches hold whole groups (a group-level loss; THR or OAR reading them)
+    lora: object | None = None  # models.lora.LoraSettings of a LoRA policy
 
     @property
     def world_size(self) -> int:
@@ -80,7 +81,7 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
     from rlvr_lightning.training.behaviour import behaviour_source
 
     module_path, _, name = cfg.model.class_path.rpartition(".")
-    module = getattr(importlib.import_module(module_path), name)(**dict(cfg.model.init_args))  # light: no weights
+    module = getattr(importlib.import_module(module_path), name)(**cfg.model.init_args.as_dict())  # light: no weights
     h, rollout, data, trainer = module.hparams, cfg.rollout, cfg.data, cfg.trainer
     callbacks = [c.class_path.rsplit(".", 1)[-1] for c in (trainer.callbacks or []) if hasattr(c, "class_path")]
     strategy = trainer.strategy
@@ -103,4 +104,5 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
         engine_elsewhere=bool(rollout.server_urls or rollout.server_cuda_devices), batches_ahead=rollout.batches_ahead,
         thr="THRAttribution" in callbacks, oar="OARAttribution" in callbacks,
         whole_groups=module.objective.needs_whole_groups or "THRAttribution" in callbacks or "OARAttribution" in callbacks,
+        lora=module.lora,
     )  # fmt: skip

@@ -57,6 +57,7 @@ class TrainerSetup:
     capture_lm_head: bool  # THR reads the LM head's inputs in the update's forward
     fused_attention: bool = False  # plan attention as a GPU's fused kernel (see the module's docstring)
     accumulates: bool = False  # several micro-batches per optimizer step: later ones run with gradients held
+    lora: object | None = None  # models.lora.LoraSettings: adapters train, the base is frozen and is the reference
 
 
 @dataclass(frozen=True)
@@ -129,35 +130,42 @@ def _run_fake_step(setup: TrainerSetup, count_flops: bool) -> TrainerMemory:
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import AutoModelForCausalLM
 
+    from rlvr_lightning.models.lora import BaseModelView, apply_lora, trainable_parameters
     from rlvr_lightning.parallel import checkpoint_layers, shard_policy
 
     attention = {"attn_implementation": _fused_causal_attention()} if setup.fused_attention else {}
     with fake_world(setup.world_size if setup.fsdp else 0) as mesh, FakeTensorMode():
         build = lambda: AutoModelForCausalLM.from_config(setup.model_config, dtype=torch.float32, **attention).eval()  # noqa: E731
         policy = build()
+        if setup.lora is not None:  # PEFT's own layers, as the run injects them; the reference is the base itself
+            with _adapters_created_in_place():
+                apply_lora(policy, setup.lora)
         # Without FSDP2 the reference is added after the run (its parameters, whole on every rank, and a
         # no-grad forward like θ_old's): PyTorch's MemTracker fails on a second model's forward in a step
         # (frozen parameters, and a KeyError in its backward hooks). Under FSDP2 it runs for real; its
         # parameters keep requires_grad (it runs under no_grad) because the trackers hook every parameter.
-        reference = build() if setup.with_reference and setup.fsdp else None
+        reference = build() if setup.with_reference and setup.fsdp and setup.lora is None else None
+        if setup.with_reference and setup.lora is not None:
+            reference = BaseModelView(policy)
         if setup.fsdp:
             shard_policy(policy, mesh, setup.fsdp_param_dtype, setup.activation_checkpointing)
-            if reference is not None:
+            if isinstance(reference, torch.nn.Module):
                 shard_policy(reference, mesh, setup.fsdp_param_dtype)
         else:
             if setup.activation_checkpointing:
                 checkpoint_layers(policy)
             if setup.precision.startswith("bf16-true"):  # Lightning converts the module to bf16
                 policy.to(torch.bfloat16)
-                reference = reference.to(torch.bfloat16) if reference is not None else None
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+                reference = reference.to(torch.bfloat16) if isinstance(reference, torch.nn.Module) else reference
+        trainable = trainable_parameters(policy)
+        optimizer = torch.optim.AdamW(trainable, lr=1e-6)
         tracker = _NoTracker() if count_flops else _tracker(policy, optimizer, reference, setup.fsdp)
         with tracker:  # one step on zero gradients creates AdamW's state, as the run's first step does
-            for p in policy.parameters():
+            for p in trainable:
                 p.grad = torch.zeros_like(p)
             # (and fills DTensor's sharding-propagation cache: its first run of an op builds global-shape
             # tensors that a GPU builds on the meta device, but the tracker counts)
-            torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         # Each stage starts from the state between steps (parameters, optimizer state, the reference): a
@@ -181,9 +189,23 @@ def _run_fake_step(setup: TrainerSetup, count_flops: bool) -> TrainerMemory:
             added = {k: baseline.get(k, 0) + peak.get(k, 0) - entry.get(k, 0) for k in peak}
             peaks.append(StagePeak(_which_pass(name, tracker, policy), added.get("Total", 0), _categories(added), 0))
         count = sum(p.numel() for p in policy.parameters())  # a DTensor counts its global shape
-    if setup.with_reference and not setup.fsdp:
+    if setup.with_reference and not setup.fsdp and setup.lora is None:
         peaks = _with_whole_reference(peaks, count * (2 if setup.precision.startswith("bf16-true") else 4))
     return TrainerMemory(peaks, count)
+
+
+@contextmanager
+def _adapters_created_in_place():
+    """PEFT moves each new adapter layer to its base layer's device and dtype with `Module.to`, which swaps a
+    fake parameter for its copy and fails while PEFT still holds a reference to it ("Couldn't swap
+    Linear.weight"). Here the adapters are created where the base layer is already (the fake CPU device, fp32,
+    as the run builds them), so `Module.to` is left out while they are injected."""
+    to = torch.nn.Module.to
+    torch.nn.Module.to = lambda self, *args, **kwargs: self
+    try:
+        yield
+    finally:
+        torch.nn.Module.to = to
 
 
 def _with_whole_reference(peaks: list[StagePeak], reference_bytes: int) -> list[StagePeak]:
@@ -237,6 +259,7 @@ def _fused_causal_attention() -> str:
 
 def _step_stages(policy, reference, optimizer, setup: TrainerSetup) -> list[tuple[str, Callable[[], None]]]:
     from rlvr_lightning.models.forward import policy_forward
+    from rlvr_lightning.models.lora import trainable_parameters
     from rlvr_lightning.rollout.types import RolloutTensors
 
     n, P, T = setup.rows, setup.prompt_tokens, setup.response_tokens
@@ -254,7 +277,7 @@ def _step_stages(policy, reference, optimizer, setup: TrainerSetup) -> list[tupl
         forward(policy, grad=True, capture=setup.capture_lm_head).logp.sum().backward()
 
     def optimizer_step():
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable_parameters(policy), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -296,15 +319,35 @@ def _tracker(policy, optimizer, reference, fsdp: bool):
     if fsdp:
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-        tracker = FSDPMemTracker(policy, optimizer)
+        tracker = _hooking_only_trained(FSDPMemTracker)(policy, optimizer)
     else:
         from torch.distributed._tools.mem_tracker import MemTracker
 
-        tracker = MemTracker()
+        tracker = _hooking_only_trained(MemTracker)()
         tracker.track_external(policy, optimizer)
-    if reference is not None:
+    if isinstance(reference, torch.nn.Module):  # not a LoRA policy's base view: that is the policy itself
         tracker.track_external(reference)
     return tracker
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+def _hooking_only_trained(tracker_class):
+    """PyTorch's memory tracker with gradient hooks on trained parameters only: it hooks every parameter a
+    module holds to record its gradient, and a frozen parameter (a LoRA policy's base) refuses hooks ("cannot
+    register a hook on a tensor that doesn't require gradient"); it never gets a gradient to record."""
+
+    class Tracker(tracker_class):
+        def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+            for p in module.parameters():
+                if not p.requires_grad and p not in self._param_to_grad_hook_handles:
+                    self._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())  # "already hooked"
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+    return Tracker
 
 
 class _NoTracker(nullcontext):

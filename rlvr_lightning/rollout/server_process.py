@@ -66,6 +66,7 @@ class ServerSpec:
     max_num_seqs: int = 256
     extra_args: list[str] = field(default_factory=list)
     start_timeout_s: float = 600.0
+    lora_max_rank: int | None = None  # serve a LoRA policy's adapter of at most this rank (adapter sync)
 
     def command(self, port: int) -> list[str]:
         args = [
@@ -90,6 +91,8 @@ class ServerSpec:
             args.append("--enforce-eager")
         if torch.cuda.is_available():
             args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        if self.lora_max_rank is not None:  # one adapter served, room for the next beside it
+            args += ["--enable-lora", "--max-lora-rank", str(self.lora_max_rank), "--max-loras", "1", "--max-cpu-loras", "2"]
         return args + list(self.extra_args)
 
     def env(self, cpu_bind: str | None, cuda_devices: str | None) -> dict[str, str]:
@@ -103,6 +106,8 @@ class ServerSpec:
         # Keep idle client connections open across a policy update (vLLM closes them after 5 s, and a
         # request sent on a connection as the server closes it is lost: "Remote end closed connection").
         env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "3600")
+        if self.lora_max_rank is not None:  # vLLM's /v1/load_lora_adapter route exists only with it
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
         if cpu_bind is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind
         if cuda_devices is not None:

