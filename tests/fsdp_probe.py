@@ -13,6 +13,7 @@ from torch.distributed.tensor import DTensor
 
 from rlvr_lightning.callbacks.rollout import RolloutCallback
 from rlvr_lightning.models.forward import sequence_logprobs
+from rlvr_lightning.models.lora import adapter_weights
 from rlvr_lightning.models.weights import full_weights
 
 
@@ -27,6 +28,10 @@ class ShardProbe(RolloutCallback):
         info = {"local": local, "total": sum(p.numel() for p in params), "world": trainer.world_size,
                 "sharded": all(isinstance(p, DTensor) for p in params)}  # fmt: skip
         (self.out / f"rank{trainer.global_rank}_shard.json").write_text(json.dumps(info))
+        if pl_module.lora is not None:  # the adapter's random start, for the one-process replay
+            adapter = dict(adapter_weights(pl_module.policy))  # collective: every rank gathers
+            if trainer.is_global_zero:
+                torch.save(adapter, self.out / "initial_adapter.pt")
 
     def on_rollout_generated(self, step, rollout) -> None:  # after the verifier scored it
         # The test's 60-step warm start answers almost nothing correctly, so a step can carry no learning

@@ -13,6 +13,8 @@ import torch
 from rlvr_lightning.algos.grpo import GRPO
 from rlvr_lightning.callbacks.attribution import THRAttribution
 from rlvr_lightning.data.datamodule import RolloutDataModule
+from rlvr_lightning.models.lora import LoraSettings, load_adapter_weights
+from rlvr_lightning.models.weights import full_weights
 from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.rollout.types import PromptBatch, Rollout
 from rlvr_lightning.standalone import standalone
@@ -39,10 +41,13 @@ def fsdp_args(tmp_path: Path, model_dir: Path, algo: str = "grpo") -> list[str]:
     ]  # fmt: skip
 
 
-def replay(model_dir: Path, probe: Path, callbacks=()) -> dict[str, torch.Tensor]:
-    """The same steps in one process: both ranks' rollouts of a step form one rollout batch."""
+def replay(model_dir: Path, probe: Path, callbacks=(), lora: LoraSettings | None = None, hparams: dict = HPARAMS) -> dict[str, torch.Tensor]:
+    """The same steps in one process: both ranks' rollouts of a step form one rollout batch (a LoRA policy
+    from the run's initial adapter); the final weights as the engine gets them (a LoRA policy's merged)."""
     dm = RolloutDataModule(model_name_or_path=str(model_dir), batch_size=2 * PROMPTS_PER_RANK, val_data=None, rollout=RolloutSettings(group_size=G, max_response_length=RESPONSE, engine="hf"))  # fmt: skip
-    module = standalone(GRPO(**HPARAMS), dm, callbacks=callbacks)
+    module = standalone(GRPO(**hparams, lora=lora), dm, callbacks=callbacks)
+    if lora is not None:
+        load_adapter_weights(module.policy, torch.load(probe / "initial_adapter.pt", weights_only=True))
     try:
         for step in range(STEPS):
             parts = [torch.load(probe / f"rank{r}_step{step}.pt", weights_only=False) for r in (0, 1)]
@@ -56,19 +61,24 @@ def replay(model_dir: Path, probe: Path, callbacks=()) -> dict[str, torch.Tensor
             module.collect_rollout = lambda step, batch, timer, rollout=rollout: rollout
             module.train_on_batch(rollout.batch)
             module.rollout_batches += 1
-        return {k: v.detach().clone() for k, v in module.policy.state_dict().items()}
+        return {k: v.detach().clone() for k, v in full_weights(module.policy)}
     finally:
         module.teardown("fit")
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("algo", ["grpo", "thr"])
+@pytest.mark.parametrize("algo", ["grpo", "thr", "grpo-lora"])
 def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_path, quick_warm_start, algo):
     """`thr`: THR (p = 0.2) scores each rank's groups inside the sharded update's forward, with
     micro-batches by token budget (whole groups, sorted by length; ranks agree on their count); the
-    update must still equal the single-process replay with THR and row micro-batches of G = 8."""
+    update must still equal the single-process replay with THR and row micro-batches of G = 8.
+    `grpo-lora`: a LoRA policy (adapters sharded with their layers, the KL reference its base) synced to each
+    rank's engine as an adapter."""
     _, model_dir = quick_warm_start
-    args = fsdp_args(tmp_path, model_dir, algo)
+    lora = LoraSettings(rank=8, sync="adapter") if algo == "grpo-lora" else None
+    args = fsdp_args(tmp_path, model_dir, algo.removesuffix("-lora"))
+    if lora is not None:  # LoRA's usual larger steps, so the adapter moves measurably in 3 steps
+        args += ["--model.init_args.lora.rank=8", "--model.init_args.lora.sync=adapter", "--model.init_args.lr=1e-3"]
     if algo == "thr":  # ~1 or 2 groups of ≤ 8 × 70 tokens per micro-batch, depending on their lengths
         args.append("--model.init_args.max_tokens_per_micro_batch=1000")
     proc = run_cli(args, tmp_path, timeout=600)
@@ -93,7 +103,8 @@ def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_p
         GRPO(),
         RolloutDataModule(model_name_or_path=str(model_dir), val_data=None, rollout=RolloutSettings(engine="hf")),
     )
-    reference = replay(model_dir, probe, [THRAttribution(p=0.2)] if algo == "thr" else [])
+    hparams = {**HPARAMS, "lr": 1e-3} if lora is not None else HPARAMS
+    reference = replay(model_dir, probe, [THRAttribution(p=0.2)] if algo == "thr" else [], lora, hparams)
     moved = max((reference[k] - p).abs().max().item() for k, p in initial.policy.state_dict().items())
     assert moved > 1e-5  # the steps changed the weights, so equality below means something
     for name, tensor in reference.items():

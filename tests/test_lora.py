@@ -274,6 +274,14 @@ def test_a_lora_run_trains_the_adapter_only_and_its_two_exports_evaluate_the_sam
     trainable = sum(".lora_" in k for k in policy)
     assert len(opt["state"]) == trainable == len(opt["param_groups"][0]["params"])
 
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
+    assert run.data.params["model.init_args.lora.rank"] == "8" and run.data.params["model.init_args.lora.sync"] == "adapter"
+    share = float(run.data.tags["trainable_params"].split("(")[1].rstrip("%)"))
+    assert 0 < share < 10, run.data.tags  # the adapter, not the model
+
     (run_dir,) = tmp_path.glob("exports/*")
     adapter, merged = run_dir / "final", run_dir / "final-merged"
     assert (adapter / "adapter_config.json").is_file() and (merged / "config.json").is_file()
@@ -282,8 +290,6 @@ def test_a_lora_run_trains_the_adapter_only_and_its_two_exports_evaluate_the_sam
     for name, path in (("adapter", adapter), ("merged", merged)):
         evaluate_main(["--model", str(path), "--limit", "24", "--n", "4", "--k", "1", "4", "--verifier-workers", "1",
                        "--tracking-uri", f"sqlite:///{tmp_path}/eval.db", "--run-name", name])  # fmt: skip
-    import mlflow
-
     client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/eval.db")
     for run in client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id):
         results[run.info.run_name] = run.data.metrics

@@ -95,15 +95,22 @@ def kill_after_checkpoint(run_dir: Path, args: list[str], min_step: int) -> int:
     return k
 
 
+# A LoRA policy synced as an adapter: the checkpoint holds the adapter and its AdamW state, and the resumed
+# engine must be handed the adapter it had (the base weights alone would score the same rollouts differently).
+LORA = ["--model.init_args.lora.rank", "8", "--model.init_args.lora.sync", "adapter", "--model.init_args.lr", "1e-2"]
+
+
 @pytest.mark.e2e
-def test_killed_run_resumes_exactly_into_the_same_mlflow_run(tmp_path, quick_warm_start):
+@pytest.mark.parametrize("policy", ["full", "lora-adapter"])
+def test_killed_run_resumes_exactly_into_the_same_mlflow_run(tmp_path, quick_warm_start, policy):
     _, model_dir = quick_warm_start
+    extra = LORA if policy == "lora-adapter" else []
     reference_dir, resumed_dir = tmp_path / "reference", tmp_path / "resumed"
     reference_dir.mkdir(), resumed_dir.mkdir()
-    proc = run_cli(args_for(reference_dir, model_dir), reference_dir)
+    proc = run_cli([*args_for(reference_dir, model_dir), *extra], reference_dir)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
-    args = args_for(resumed_dir, model_dir)
+    args = [*args_for(resumed_dir, model_dir), *extra]
     k = kill_after_checkpoint(resumed_dir, args, min_step=2)
     assert 2 <= k < STEPS, k
     _, before = histories(resumed_dir)

@@ -179,7 +179,8 @@ class RLVRModule(L.LightningModule):
         if self.policy is None:
             h = self.hparams
             self.policy, self.ref_policy = load_policies(self.datamodule.policy_path, h.kl_coef > 0, self.device_mesh,
-                                                         h.fsdp_param_dtype, h.activation_checkpointing, self.lora)  # fmt: skip
+                                                         h.fsdp_param_dtype, h.activation_checkpointing, self.lora,
+                                                         self.datamodule.hparams.seed)  # fmt: skip
 
     @property
     def datamodule(self):

@@ -47,7 +47,8 @@ def thr_sign_check(
     correct_tok = rollout.correct.float()[:, None] * t.response_mask
     adv_tok = advantages.float()[:, None] * t.response_mask
     j0 = (logp0 * correct_tok).sum()
-    weights = [policy.get_output_embeddings().weight] if params == "head" else list(policy.parameters())
+    # "all": what trains (a LoRA policy's adapters; autograd refuses its frozen base weights).
+    weights = [policy.get_output_embeddings().weight] if params == "head" else [p for p in policy.parameters() if p.requires_grad]
     out = {}
     for name, subset in (("positive", thr_tok > 0), ("negative", thr_tok < 0)):
         logp = policy_forward(policy, t, T_roll).logp

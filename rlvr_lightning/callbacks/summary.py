@@ -19,6 +19,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from rlvr_lightning.callbacks.checkpoint import ResumableCheckpoint
 from rlvr_lightning.callbacks.evaluation import Evaluation
 from rlvr_lightning.callbacks.export import HFExport
+from rlvr_lightning.models.lora import parameter_counts
 from rlvr_lightning.tracking import ui_link
 
 HELD_OUT = [  # (label, metric, its standard error's metric)
@@ -79,8 +80,9 @@ def git_commit() -> str | None:
 
 def run_tags(trainer: L.Trainer, module) -> dict[str, str]:
     config = module.policy.config
-    params = sum(p.numel() for p in module.policy.parameters())
+    trainable, params = parameter_counts(module.policy)
     tags = {"model_family": str(getattr(config, "model_type", "?")), "params": f"{params / 1e6:.1f}M",
+            "trainable_params": f"{trainable / 1e6:.3f}M ({trainable / params:.2%})",
             "engine": str(trainer.datamodule.rollout.engine), "devices": str(trainer.world_size)}  # fmt: skip
     commit = git_commit()
     return tags | ({"git_commit": commit} if commit else {})

@@ -114,13 +114,17 @@ def as_settings(lora: LoraSettings | dict | None) -> LoraSettings | None:
     return LoraSettings(**dict(lora))
 
 
-def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
+def apply_lora(model: torch.nn.Module, settings: LoraSettings, seed: int = 0) -> torch.nn.Module:
     """Inject the adapter into `model` in place (A random, B zero, so the policy starts as the base model);
-    only adapter parameters keep `requires_grad`."""
+    only adapter parameters keep `requires_grad`. A is drawn from its own generator seeded by `seed`, not from
+    the process's: the same on every rank, and the same whatever ran before (the planner's pre-flight builds
+    models that draw from the process's generator)."""
     from peft import inject_adapter_in_model
 
     try:
-        inject_adapter_in_model(settings.peft_config(), model, adapter_name=ADAPTER)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            inject_adapter_in_model(settings.peft_config(), model, adapter_name=ADAPTER)
     except ValueError as err:  # target names that match no module
         raise ConfigError(f"model.lora.target_modules: {str(err).splitlines()[0]}") from None
     for name, param in model.named_parameters():

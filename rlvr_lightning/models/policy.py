@@ -21,11 +21,12 @@ def load_policies(
     param_dtype: str = "float32",
     activation_checkpointing: bool = False,
     lora: LoraSettings | None = None,
+    seed: int = 0,
 ) -> tuple[torch.nn.Module, torch.nn.Module | BaseModelView | None]:
     """(policy, reference or None) from an HF model directory or id; `mesh` (the strategy's device mesh,
     None without FSDP2) shards both per decoder layer. With `lora` the policy gets a LoRA adapter (before
     sharding, so each decoder layer's FSDP2 unit holds its own adapters) and the reference is the policy
-    with its adapter switched off: the base weights are held once."""
+    with its adapter switched off: the base weights are held once; `seed` draws the adapter's initial A."""
     from transformers import AutoModelForCausalLM
 
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -35,7 +36,7 @@ def load_policies(
     warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training")
     reference = None
     if lora is not None:
-        apply_lora(policy, lora)
+        apply_lora(policy, lora, seed)
         reference = BaseModelView(policy) if with_reference else None
     elif with_reference:
         reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

@@ -1,0 +1,178 @@
+"""LoRA against full fine-tuning on one workload: peak memory, step time, generation time and weight-sync time
+and bytes, for full fine-tuning, a LoRA policy synced merged, a LoRA policy synced as an adapter, and TRL's
+`GRPOTrainer` with the same PEFT `LoraConfig`.
+
+Workload (as bench/trl_compare.py): the embedded warm-started policy, 16 prompts × G = 8 completions per step,
+at most 40 new tokens, in-process vLLM, GRPO (clip 0.2, k3 KL β = 0.001), one update per step; full fine-tuning
+at lr 3e-5, LoRA (r = 16, α = 32, all seven projections) at 3e-4. Each variant runs in its own process, in the
+order A B C D D C B A, so drift hits all; medians over the timed steps after one warm-up step. TRL syncs LoRA
+merged (PEFT's merge_adapter → vLLM load_weights → unmerge_adapter); its sync is timed around its own
+`sync_weights`. Needs the `bench` extra (`pip install -e .[bench]`).
+
+    .venv/bin/python bench/lora.py [--steps 5] [--variants full,lora-merged,lora-adapter,trl-lora]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+from common import embedded_module, median, peak_rss_mib, run_child, timed_steps, write  # noqa: E402
+
+B, G, MAX_TOKENS, BETA = 16, 8, 40, 0.001
+LR = {"full": 3e-5, "lora": 3e-4}
+RANK, ALPHA = 16, 32
+VARIANTS = ("full", "lora-merged", "lora-adapter", "trl-lora")
+
+
+def ours(variant: str, steps: int) -> dict:
+    from rlvr_lightning.algos import GRPO
+    from rlvr_lightning.models.lora import LoraSettings, adapter_weights, parameter_counts
+    from rlvr_lightning.models.weights import full_weights
+
+    lora = None if variant == "full" else LoraSettings(rank=RANK, alpha=ALPHA, sync=variant.removeprefix("lora-"))
+    module = GRPO(lr=LR["full" if lora is None else "lora"], kl_coef=BETA, clip_eps_low=0.2, clip_eps_high=0.2,
+                  micro_batch_size=128, lora=lora)  # fmt: skip
+    module = embedded_module(module, engine="vllm", batch_size=B, group_size=G, max_response_length=MAX_TOKENS)
+    if lora is not None and lora.sync == "adapter":
+        module.load_engine(0)  # as on_train_start does: every request carries the adapter from the start
+    sent = adapter_weights if lora is not None and lora.sync == "adapter" else full_weights
+    sync_bytes = sum(t.numel() * t.element_size() for _, t in sent(module.policy))
+    trainable, total = parameter_counts(module.policy)
+    results = timed_steps(module, steps)
+    times = [r[3] for r in results]
+    return {
+        "step_seconds": [t["step"] for t in times], "rollout_seconds": [t["rollout"] for t in times],
+        "sync_seconds": [t["weight_sync"] for t in times], "update_seconds": [t["update"] for t in times],
+        "sync_bytes": sync_bytes, "trainable_parameters": trainable, "parameters": total,
+    }  # fmt: skip
+
+
+def trl(steps: int) -> dict:
+    import datasets
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlvr_lightning.data.sources import embedded_records
+    from rlvr_lightning.models.lora import LoraSettings
+    from rlvr_lightning.models.warm_start import embedded_policy_path
+    from rlvr_lightning.rewards.math import MathVerifier
+
+    path = str(embedded_policy_path())
+    records = embedded_records("train")[: B * (steps + 1)]
+    data = datasets.Dataset.from_dict({"prompt": [r.problem for r in records], "answer": [r.answer for r in records]})
+    verifier = MathVerifier(num_workers=2, timeout_s=5.0)
+    settings = LoraSettings(rank=RANK, alpha=ALPHA)
+    peft_config = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=list(settings.target_modules),
+                             bias="none", task_type="CAUSAL_LM")  # fmt: skip
+
+    def correctness(completions, answer, **_):
+        return verifier.verify(list(answer), list(completions)).rewards
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.seconds, self._t0 = [], 0.0
+
+        def on_step_begin(self, *_, **__):
+            self._t0 = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            self.seconds.append(time.perf_counter() - self._t0)
+
+    with tempfile.TemporaryDirectory() as out:
+        config = GRPOConfig(
+            output_dir=out, per_device_train_batch_size=B * G, gradient_accumulation_steps=1, num_generations=G,
+            max_completion_length=MAX_TOKENS, temperature=1.0, learning_rate=LR["lora"], lr_scheduler_type="constant",
+            beta=BETA, epsilon=0.2, num_iterations=1, loss_type="grpo", scale_rewards="group", max_grad_norm=1.0,
+            max_steps=steps + 1, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, seed=0,
+            shuffle_dataset=False, use_vllm=True, vllm_mode="colocate", vllm_max_model_length=32 + MAX_TOKENS,
+            vllm_enable_sleep_mode=False, dataloader_num_workers=0,
+        )  # fmt: skip
+        tok = AutoTokenizer.from_pretrained(path)
+        tok.padding_side = "left"
+        model = AutoModelForCausalLM.from_pretrained(path)
+        timer = StepTimer()
+        trainer = GRPOTrainer(model=model, reward_funcs=correctness, args=config, train_dataset=data,
+                              processing_class=tok, callbacks=[timer], peft_config=peft_config)  # fmt: skip
+        sync_seconds = []
+        sync = trainer.vllm_generation.sync_weights
+
+        def timed_sync():
+            t0 = time.perf_counter()
+            sync()
+            sync_seconds.append(time.perf_counter() - t0)
+
+        trainer.vllm_generation.sync_weights = timed_sync
+        trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in trainer.model.parameters())
+        trainer.train()
+    verifier.close()
+    return {"step_seconds": timer.seconds[1:], "sync_seconds": sync_seconds[1:], "trainable_parameters": trainable,
+            "parameters": total}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # child process: a variant
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        result = trl(args.steps) if args.one == "trl-lora" else ours(args.one, args.steps)
+        result["peak_rss_mib"] = peak_rss_mib()
+        with open(args.out, "w") as fh:
+            json.dump(result, fh)
+        return
+
+    variants = args.variants.split(",")
+    runs: dict[str, dict[str, list]] = {}
+    errors, fixed = {}, {}
+    for variant in [*variants, *reversed(variants)]:  # A B C D D C B A
+        result, error = run_child(__file__, "--one", variant, "--steps", str(args.steps))
+        if result is None:
+            errors[variant] = error
+            print(f"{variant} failed:\n{error}", flush=True)
+            continue
+        for key, value in result.items():
+            if isinstance(value, list):
+                runs.setdefault(variant, {}).setdefault(key, []).extend(value)
+            else:  # sizes, counts, peak memory: the larger of the two runs
+                fixed.setdefault(variant, {})[key] = max(fixed.get(variant, {}).get(key, 0), value)
+        print(variant, {k: [round(s, 3) for s in v] for k, v in result.items() if isinstance(v, list)}, flush=True)
+    summary = {
+        v: {**{f"median_{k}": median(s) for k, s in runs[v].items()}, "steps": len(runs[v]["step_seconds"]), **fixed[v]}
+        for v in runs
+    }
+    ratios = {}
+    if "full" in summary:
+        for v in summary:
+            if v != "full":
+                ratios[f"{v}/full"] = {k: summary[v][k] / summary["full"][k] for k in ("median_step_seconds", "peak_rss_mib")
+                                       if k in summary[v] and summary["full"].get(k)}  # fmt: skip
+    for a, b in (("lora-adapter", "lora-merged"), ("lora-merged", "trl-lora")):
+        if a in summary and b in summary:
+            ratios[f"{a}/{b}"] = {k: summary[a][k] / summary[b][k] for k in ("median_step_seconds", "median_sync_seconds",
+                                  "median_rollout_seconds", "peak_rss_mib") if k in summary[a] and summary[b].get(k)}  # fmt: skip
+    import trl as trl_pkg
+
+    write("lora", {
+        "workload": {"model": "embedded warm start", "prompts": B, "group_size": G, "max_tokens": MAX_TOKENS,
+                     "lr": LR, "kl_beta": BETA, "lora_rank": RANK, "lora_alpha": ALPHA, "trl": trl_pkg.__version__},
+        "median": summary,
+        "ratios": ratios,
+        "errors": errors,
+    })  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
