@@ -164,3 +164,22 @@ def test_make_train_refuses_a_run_that_will_not_fit_in_one_line(tmp_path, capsys
     assert exit_info.value.code == 2 and err[-1].startswith("error: plan: predicted peak") and "Traceback" not in "".join(err)
     assert "--model.init_args.micro_batch_size 16" in err[-1]
     assert not (tmp_path / "cache").exists()  # the embedded warm start was not built
+
+
+def test_a_lora_policy_is_planned_as_pytorch_accounts_it_and_below_full_fine_tuning():
+    """PEFT's layers on fake tensors against a real LoRA step under PyTorch's MemTracker; the plan drops the
+    frozen weights' gradients and AdamW state (3 × 4 bytes each) and plans no second model for the reference."""
+    from rlvr_lightning.models.lora import LoraSettings
+
+    lora = LoraSettings(rank=8)
+    full = dataclasses.replace(setup_for(tiny_config(151_936), 4, 256, 256, False), separate_old_pass=True)
+    adapted = dataclasses.replace(full, lora=lora)
+    planned = measure_trainer(adapted, with_flops=False)
+    assert planned.peak.peak_bytes == pytest.approx(real_step_peak_bytes(adapted), rel=0.10)
+    frozen = planned.parameters - planned.trained
+    assert 0 < planned.trained < frozen / 10
+    saved = measure_trainer(full, with_flops=False).peak.peak_bytes - planned.peak.peak_bytes
+    assert saved == pytest.approx(3 * 4 * frozen, rel=0.25)
+    with_reference = measure_trainer(dataclasses.replace(adapted, with_reference=True), with_flops=False)
+    assert with_reference.peak.breakdown.get("reference", 0) == 0  # the base is the policy's own weights
+    assert with_reference.peak.peak_bytes < planned.peak.peak_bytes + frozen * 4 / 2

@@ -14,7 +14,7 @@ import gc
 
 import torch
 
-from rlvr_lightning.planner.trainer_memory import TrainerSetup
+from rlvr_lightning.planner.trainer_memory import TrainerSetup, tracker_hooking_trained_only
 
 
 def real_step_peak_bytes(setup: TrainerSetup, seed: int = 0) -> int:
@@ -22,6 +22,7 @@ def real_step_peak_bytes(setup: TrainerSetup, seed: int = 0) -> int:
     from transformers import AutoModelForCausalLM
 
     from rlvr_lightning.models.forward import policy_forward
+    from rlvr_lightning.models.lora import apply_lora, trainable_parameters
     from rlvr_lightning.parallel import checkpoint_layers
     from rlvr_lightning.rollout.types import RolloutTensors
 
@@ -30,11 +31,14 @@ def real_step_peak_bytes(setup: TrainerSetup, seed: int = 0) -> int:
     torch.manual_seed(seed)
     config = setup.model_config
     policy = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    if setup.lora is not None:
+        apply_lora(policy, setup.lora)
+    trained = trainable_parameters(policy)
     if setup.with_reference:  # MemTracker fails on a second model's forward in one step
         raise ValueError("real_step_peak_bytes measures a step without a reference model")
     if setup.activation_checkpointing:
         checkpoint_layers(policy)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+    optimizer = torch.optim.AdamW(trained, lr=1e-6)
     n, P, T = setup.rows, setup.prompt_tokens, setup.response_tokens
     ids = torch.randint(0, config.vocab_size, (n, P + T))
     attention = torch.ones(n, P + T, dtype=torch.long)
@@ -53,7 +57,7 @@ def real_step_peak_bytes(setup: TrainerSetup, seed: int = 0) -> int:
         out.logp.sum().backward()
 
     def optimizer_step():
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -61,7 +65,7 @@ def real_step_peak_bytes(setup: TrainerSetup, seed: int = 0) -> int:
     phases = [old_logprobs, update, *([update] if setup.accumulates else []), optimizer_step]
     for phase in phases:  # the first step creates AdamW's state
         phase()
-    tracker = MemTracker()
+    tracker = tracker_hooking_trained_only(MemTracker)()
     tracker.track_external(policy, optimizer)
     peak = 0
     for phase in phases:  # (MemTracker measures one forward of a module per entry)

@@ -73,11 +73,21 @@ class Plan:
         return {**out, "rollout_buffers": self.buffers_gib, "engine": engine, "runtime": self.runtime_gib}
 
 
+def engine_parameters(spec: RunSpec, trainer: TrainerMemory) -> int:
+    """What the engine holds of the policy: its weights (a LoRA policy's merged ones: the base's size), and with
+    an adapter sync the adapter too, in vLLM's buffers padded to `max_lora_rank`."""
+    if spec.lora is None:
+        return trainer.parameters
+    base = trainer.parameters - trainer.trained
+    padded = trainer.trained * spec.lora.engine_max_rank // spec.lora.rank
+    return base + (padded if spec.lora.sync == "adapter" else 0)
+
+
 def plan_run(spec: RunSpec, estimate_time: bool = True) -> Plan:
     """The plan of `spec`; without `estimate_time` (a fix being tried) no FLOPs are counted and the step
     time is left empty."""
     trainer = measure_trainer(trainer_setup(spec), with_flops=estimate_time)
-    engine = engine_share(spec, trainer.parameters)
+    engine = engine_share(spec, engine_parameters(spec, trainer))
     runtime = GPU_RUNTIME_GIB if spec.hardware.gpu else process_libraries_gib(spec)
     step = estimate_step(spec, trainer, engine) if estimate_time else StepTime({}, [])
     return Plan(spec, trainer, engine, rollout_buffers_bytes(spec) / GIB, runtime, step)

@@ -44,7 +44,7 @@ def estimate_step(spec: RunSpec, trainer: TrainerMemory, engine: EngineShare) ->
     for s in trainer.stages:
         if s.stage == "optimizer step":
             # AdamW reads and writes the rank's fp32 parameters, gradients and two moments: ~7 × 4 bytes each.
-            shard = trainer.parameters / W
+            shard = (trainer.trained or trainer.parameters) / W  # a LoRA policy's optimizer steps its adapter
             stages[s.stage] = spec.num_mini_batches * spec.ppo_epochs * shard * 28 / (hw.memory_tb_s * 1e12 * DECODE_EFFICIENCY)
             continue
         passes = spec.ppo_epochs if s.stage.startswith("update") else 1
@@ -52,7 +52,9 @@ def estimate_step(spec: RunSpec, trainer: TrainerMemory, engine: EngineShare) ->
         name = "update forward + backward" if s.stage.startswith("update") else s.stage
         stages[name] = passes * micro_batches * max(s.flops / flop_s, comm)
     if spec.engine != "hf":
-        stages["weight sync"] = trainer.parameters * dtype_bytes(spec.engine_dtype, spec.model_config) / link
+        adapter_only = spec.lora is not None and spec.lora.sync == "adapter"
+        sent = trainer.trained if adapter_only else trainer.parameters - trainer.trained
+        stages["weight sync"] = sent * dtype_bytes(spec.engine_dtype, spec.model_config) / link
     assumptions = [
         f"trainer at {TRAINER_EFFICIENCY:.0%} of {hw.tflops:.3g} TFLOP/s; FLOPs counted by PyTorch on one micro-batch × {micro_batches} micro-batches",
         f"generation: every sequence to {spec.max_response_length} tokens; decode at {DECODE_EFFICIENCY:.0%} of {hw.memory_tb_s:.3g} TB/s, "

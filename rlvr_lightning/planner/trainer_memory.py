@@ -72,6 +72,7 @@ class StagePeak:
 class TrainerMemory:
     stages: list[StagePeak]
     parameters: int  # the policy's parameter count
+    trained: int = 0  # of which a LoRA policy's adapter (0: every parameter trains)
 
     @property
     def peak(self) -> StagePeak:
@@ -97,7 +98,7 @@ def measure_trainer(setup: TrainerSetup, with_flops: bool = True) -> TrainerMemo
                   {k: at(sa.breakdown.get(k, 0), sb.breakdown.get(k, 0)) for k in sb.breakdown}, at(sa.flops, sb.flops))
         for sa, sb in zip(a.stages, b.stages, strict=True)
     ]  # fmt: skip
-    return TrainerMemory(stages, b.parameters)
+    return TrainerMemory(stages, b.parameters, b.trained)
 
 
 _MEASURED: dict[tuple, TrainerMemory] = {}  # a plan's fixes re-use the runs that differ only in rows
@@ -115,7 +116,7 @@ def _measured(setup: TrainerSetup, with_flops: bool) -> TrainerMemory:
         return memory
     per_row = _measured_flops(dataclasses.replace(setup, rows=1))
     stages = [dataclasses.replace(s, flops=f * setup.rows) for s, f in zip(memory.stages, per_row, strict=True)]
-    return TrainerMemory(stages, memory.parameters)
+    return TrainerMemory(stages, memory.parameters, memory.trained)
 
 
 def _measured_flops(setup: TrainerSetup) -> list[int]:
@@ -191,7 +192,7 @@ def _run_fake_step(setup: TrainerSetup, count_flops: bool) -> TrainerMemory:
         count = sum(p.numel() for p in policy.parameters())  # a DTensor counts its global shape
     if setup.with_reference and not setup.fsdp and setup.lora is None:
         peaks = _with_whole_reference(peaks, count * (2 if setup.precision.startswith("bf16-true") else 4))
-    return TrainerMemory(peaks, count)
+    return TrainerMemory(peaks, count, sum(p.numel() for p in trainable) if setup.lora is not None else 0)
 
 
 @contextmanager
@@ -319,11 +320,11 @@ def _tracker(policy, optimizer, reference, fsdp: bool):
     if fsdp:
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-        tracker = _hooking_only_trained(FSDPMemTracker)(policy, optimizer)
+        tracker = tracker_hooking_trained_only(FSDPMemTracker)(policy, optimizer)
     else:
         from torch.distributed._tools.mem_tracker import MemTracker
 
-        tracker = _hooking_only_trained(MemTracker)()
+        tracker = tracker_hooking_trained_only(MemTracker)()
         tracker.track_external(policy, optimizer)
     if isinstance(reference, torch.nn.Module):  # not a LoRA policy's base view: that is the policy itself
         tracker.track_external(reference)
@@ -335,7 +336,7 @@ class _NoHook:
         pass
 
 
-def _hooking_only_trained(tracker_class):
+def tracker_hooking_trained_only(tracker_class):
     """PyTorch's memory tracker with gradient hooks on trained parameters only: it hooks every parameter a
     module holds to record its gradient, and a frozen parameter (a LoRA policy's base) refuses hooks ("cannot
     register a hook on a tensor that doesn't require gradient"); it never gets a gradient to record."""
