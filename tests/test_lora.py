@@ -234,6 +234,7 @@ trainer:
       init_args: {dirpath: checkpoints, every_n_steps: 0}
     - class_path: rlvr_lightning.callbacks.export.HFExport
       init_args: {dirpath: exports, merged: true}
+    - class_path: rlvr_lightning.callbacks.summary.RunSummary   # the run's tags (parameter counts)
 """
 
 
