@@ -86,6 +86,7 @@ bench: setup $(VENV)/.bench-installed
 	$(PY) bench/verifier_throughput.py
 	$(PY) bench/scaling.py
 	$(PY) bench/trl_compare.py
+	$(PY) bench/lora.py
 	$(PY) bench/colocated_update.py
 	$(PY) bench/scale.py
 	$(PY) bench/plan_accuracy.py

@@ -62,7 +62,7 @@ def prompt_batches(module):
 
 
 def timed_steps(module, steps: int, warmup: int = 1) -> list[tuple]:
-    """`warmup` + `steps` real training steps; the (rollout, inputs, metrics, times) of the timed ones.
+    """`warmup` + `steps` real training steps; the `StepResult`s of the timed ones.
     Closes the module's engine and verifier."""
     batches = prompt_batches(module)
     results = []

@@ -48,7 +48,7 @@ def ours(variant: str, steps: int) -> dict:
     sync_bytes = sum(t.numel() * t.element_size() for _, t in sent(module.policy))
     trainable, total = parameter_counts(module.policy)
     results = timed_steps(module, steps)
-    times = [r[3] for r in results]
+    times = [r.times for r in results]
     return {
         "step_seconds": [t["step"] for t in times], "rollout_seconds": [t["rollout"] for t in times],
         "sync_seconds": [t["weight_sync"] for t in times], "update_seconds": [t["update"] for t in times],

@@ -170,7 +170,8 @@ def ours(name: str, args) -> dict:
     module, rss = build_ours(name, args)
     peaks = record_peaks(module)
     steps = []
-    for rollout, _inputs, metrics, times in timed_steps(module, args.steps, warmup=0):
+    for result in timed_steps(module, args.steps, warmup=0):
+        rollout, metrics, times = result.batch.rollout, result.metrics, result.times
         responses = [len(c.token_ids) for c in rollout.completions]
         prompts = [len(rollout.prompt_ids[rollout.group_of(n)]) for n in range(rollout.num_sequences)]
         tokens = sum(responses)

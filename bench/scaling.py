@@ -27,7 +27,8 @@ def measure(group_size: int, max_response_length: int, steps: int) -> dict:
     module = embedded_module(GRPO(lr=3e-5, kl_coef=0.001, micro_batch_size=128), group_size=group_size,
                              max_response_length=max_response_length)  # fmt: skip
     rows = []
-    for rollout, _, _, t in timed_steps(module, steps):
+    for result in timed_steps(module, steps):
+        rollout, t = result.batch.rollout, result.times
         lengths = rollout.response_lengths.float()
         rows.append({"step": t["step"], "rollout": t["rollout"], "update": t["update"],
                      "tokens": lengths.sum().item(), "mean_length": lengths.mean().item()})  # fmt: skip

@@ -34,7 +34,7 @@ def ours(engine: str, steps: int) -> dict:
 
     module = embedded_module(GRPO(lr=LR, kl_coef=BETA, clip_eps_low=0.2, clip_eps_high=0.2, micro_batch_size=128),
                              engine=engine, batch_size=B, group_size=G, max_response_length=MAX_TOKENS)  # fmt: skip
-    seconds = [times["step"] for _, _, _, times in timed_steps(module, steps)]
+    seconds = [result.times["step"] for result in timed_steps(module, steps)]
     return {"step_seconds": seconds}
 
 

@@ -111,3 +111,18 @@ def test_the_doctor_reads_the_trainers_compute_dtype_as_the_run_does(precision, 
                              hparams=SimpleNamespace(fsdp_param_dtype=fsdp_param_dtype))  # fmt: skip
     assert RLVRModule.trainer_dtype(module) == expected
     assert trainer_compute_dtype(precision, fsdp_param_dtype if mesh else None) == expected
+
+
+@pytest.mark.e2e
+def test_a_lora_run_checks_the_adapter_sync_through_vllms_lora_path(capsys):
+    """`make doctor` of a LoRA run with an adapter sync: the engine is built with LoRA and the probe checks an
+    update that reached it through the adapter alone."""
+    from rlvr_lightning.doctor import main
+
+    try:
+        main([*CONFIG, "--model.init_args.lora.rank", "8", "--model.init_args.lora.sync", "adapter",
+              "--checks", "rollout,weight"])  # fmt: skip
+    except SystemExit as exit_:
+        assert not exit_.code, capsys.readouterr().out
+    rows = table_rows(capsys.readouterr().out)
+    assert rows["weight sync"][0] == PASS and rows["weight sync"][1].startswith("LoRA r=8, adapter"), rows

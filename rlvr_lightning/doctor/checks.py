@@ -23,6 +23,7 @@ from rlvr_lightning.algos.base import trainer_compute_dtype
 from rlvr_lightning.models.embedded import TinyQwen2Spec, build_char_tokenizer, build_tiny_qwen2, save_policy
 from rlvr_lightning.models.forward import policy_forward, sequence_logprobs
 from rlvr_lightning.models.lm_head import supports_chunked_head
+from rlvr_lightning.models.lora import LoraSettings, apply_lora, as_settings
 from rlvr_lightning.models.policy import load_policies
 from rlvr_lightning.models.weights import full_weights, load_into_engine
 from rlvr_lightning.rollout.settings import EngineSite, RolloutSettings
@@ -88,6 +89,12 @@ class Setup:
         # `auto` is the checkpoint's, and the doctor's checkpoint is saved in the trainer's dtype (`policy_dir`).
         return self.trainer_dtype if self.rollout.dtype == "auto" else self.rollout.dtype
 
+    @cached_property
+    def lora(self) -> LoraSettings | None:
+        """The run's LoRA settings (`model.init_args.lora`), None for full fine-tuning."""
+        lora = getattr(self.model_args, "lora", None)
+        return as_settings(lora.as_dict() if hasattr(lora, "as_dict") else lora)
+
     @property
     def sync_tol(self) -> float:
         tol = self.model_args.sync_check_tol
@@ -112,7 +119,9 @@ class Setup:
 
     @cached_property
     def trainer_policy(self) -> torch.nn.Module:
-        return self.tiny_model()
+        """The tiny policy, with the run's LoRA adapter if it has one (starting as the base model)."""
+        policy = self.tiny_model()
+        return policy if self.lora is None else apply_lora(policy, self.lora)
 
     def engine(self):
         """The configured rollout engine on the tiny policy, built once (a failed build fails every check
@@ -121,8 +130,10 @@ class Setup:
             raise self._engine_error
         if "_engine" not in vars(self):
             policy = self.trainer_policy
+            adapter_rank = self.lora.engine_max_rank if self.lora is not None and self.lora.sync == "adapter" else None
             site = EngineSite(str(self.policy_dir), max_model_len=128, seed=int(self.cfg.data.seed), policy=policy,
-                              policy_score=partial(sequence_logprobs, policy), tokenizer=self.tokenizer)  # fmt: skip
+                              policy_score=partial(sequence_logprobs, policy), tokenizer=self.tokenizer,
+                              lora_max_rank=adapter_rank)  # fmt: skip
             try:
                 self._engine = self.rollout.build_engine(site)
             except Exception as err:
@@ -305,6 +316,8 @@ def weight_sync(s: Setup) -> Row:
         from rlvr_lightning.rollout.weight_transfer import resolve
 
         transport = f"{resolve(s.rollout.weight_transfer)} transport"
+    if s.lora is not None:
+        transport = f"LoRA r={s.lora.rank}, {s.lora.sync}" + ("" if s.lora.sync == "adapter" else f" by {transport}")
     name = "weight sync"
     engine, trainer = s.engine(), s.trainer_policy
     if s.sample is None:
@@ -313,12 +326,16 @@ def weight_sync(s: Setup) -> Row:
         return Row(name, SKIP, note="rollout.engine=hf samples with the trainer's own module: nothing to sync")
     sync = EngineSync(tol=s.sync_tol, check_every=1)
     score = partial(sequence_logprobs, trainer)
+    load = partial(load_into_engine, engine, trainer, lora=s.lora, base_model=str(s.policy_dir))
+    if s.lora is not None and s.lora.sync == "adapter":
+        load(0)  # the run's first sync: the initial adapter, before any rollout
     sync.probe.check(engine, score, s.sample)  # before: both sides hold the same checkpoint
-    with torch.no_grad():  # an update the probe must see arrive
+    with torch.no_grad():  # an update the probe must see arrive (a LoRA policy's: through its adapter)
         for p in trainer.parameters():
-            p.add_(0.02 * torch.randn_like(p))
+            if p.requires_grad:
+                p.add_(0.02 * torch.randn_like(p))
     t0 = time.perf_counter()
-    sync.sync(engine, partial(load_into_engine, engine, trainer, lora=None, base_model=""), 1, s.sample, score)  # raises WeightSyncError when the probe fails
+    sync.sync(engine, load, 1, s.sample, score)  # raises WeightSyncError when the probe fails
     seconds = time.perf_counter() - t0
     figure = f"{transport}: {seconds:.2f} s, probe max |Δ log-prob| {sync.probe.last_diff:.1e} (tol {s.sync_tol:g})"
     return Row(name, PASS, figure)
@@ -342,7 +359,7 @@ def sleep_wake(s: Setup) -> Row:
     free_asleep = torch.cuda.mem_get_info()[0]
     # The run's order: the sync wakes the weights, the next use the KV cache; the probe checks the result.
     sync = EngineSync(tol=s.sync_tol, check_every=1)
-    load = partial(load_into_engine, engine, trainer, lora=None, base_model="")
+    load = partial(load_into_engine, engine, trainer, lora=s.lora, base_model=str(s.policy_dir))
     sync.sync(engine, load, 2, s.sample, partial(sequence_logprobs, trainer))
     free_woken = torch.cuda.mem_get_info()[0]
     gib = 2**30
