@@ -132,10 +132,6 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings, seed: int = 0) ->
     return model
 
 
-def is_lora(model: torch.nn.Module) -> bool:
-    return any(name.endswith(f"lora_A.{ADAPTER}") for name, _ in model.named_modules())
-
-
 def lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     """{module name: PEFT LoRA layer} of every adapted Linear."""
     from peft.tuners.lora import LoraLayer
