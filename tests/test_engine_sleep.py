@@ -92,7 +92,7 @@ class RecordingLLM:
         self.calls.append(("reset_prefix_cache",))
         return True
 
-    def generate(self, prompts, params, use_tqdm=False) -> list[SimpleNamespace]:
+    def generate(self, prompts, params, use_tqdm=False, lora_request=None) -> list[SimpleNamespace]:
         """No completions; a log-prob of -1 for every prompt token after the first (what `score` reads)."""
         self.calls.append(("generate",))
         logprobs = [[None] + [{t: SimpleNamespace(logprob=-1.0)} for t in p["prompt_token_ids"][1:]] for p in prompts]
@@ -108,6 +108,7 @@ def engine_around(level: int, **llm_kwargs) -> tuple[RecordingLLM, VLLMEngine]:
     llm = RecordingLLM(**llm_kwargs)
     engine = VLLMEngine.__new__(VLLMEngine)
     engine.llm, engine.sleep_cycle = llm, SleepCycle(llm, level)
+    engine.adapters, engine.lora_request = None, None  # a full-weights engine, as without `lora_max_rank`
     return llm, engine
 
 
