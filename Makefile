@@ -87,6 +87,7 @@ bench: setup $(VENV)/.bench-installed
 	$(PY) bench/scaling.py
 	$(PY) bench/trl_compare.py
 	$(PY) bench/lora.py
+	$(PY) bench/merged_precision.py
 	$(PY) bench/colocated_update.py
 	$(PY) bench/scale.py
 	$(PY) bench/plan_accuracy.py

@@ -18,14 +18,13 @@ import argparse
 import json
 import os
 import sys
-import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from common import embedded_module, median, peak_rss_mib, run_child, timed_steps, write  # noqa: E402
+from trl_side import trl_grpo_steps  # noqa: E402
 
 B, G, MAX_TOKENS, BETA = 16, 8, 40, 0.001
 LR = {"full": 3e-5, "lora": 3e-4}
@@ -59,58 +58,17 @@ def ours(variant: str, steps: int) -> dict:
 
 
 def trl(steps: int) -> dict:
-    import datasets
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
-    from rlvr_lightning.data.sources import embedded_records
     from rlvr_lightning.models.lora import LoraSettings
-    from rlvr_lightning.models.warm_start import embedded_policy_path
-    from rlvr_lightning.rewards.math import MathVerifier
 
-    path = str(embedded_policy_path())
-    records = embedded_records("train")[: B * (steps + 1)]
-    data = datasets.Dataset.from_dict({"prompt": [r.problem for r in records], "answer": [r.answer for r in records]})
-    verifier = MathVerifier(num_workers=2, timeout_s=5.0)
     settings = LoraSettings(rank=RANK, alpha=ALPHA)
     peft_config = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=list(settings.target_modules),
                              bias="none", task_type="CAUSAL_LM")  # fmt: skip
-
-    def correctness(completions, answer, **_):
-        return verifier.verify(list(answer), list(completions)).rewards
-
-    class StepTimer(TrainerCallback):
-        def __init__(self) -> None:
-            self.seconds, self._t0 = [], 0.0
-
-        def on_step_begin(self, *_, **__):
-            self._t0 = time.perf_counter()
-
-        def on_step_end(self, *_, **__):
-            self.seconds.append(time.perf_counter() - self._t0)
-
-    with tempfile.TemporaryDirectory() as out:
-        config = GRPOConfig(
-            output_dir=out, per_device_train_batch_size=B * G, gradient_accumulation_steps=1, num_generations=G,
-            max_completion_length=MAX_TOKENS, temperature=1.0, learning_rate=LR["lora"], lr_scheduler_type="constant",
-            beta=BETA, epsilon=0.2, num_iterations=1, loss_type="grpo", scale_rewards="group", max_grad_norm=1.0,
-            max_steps=steps + 1, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, seed=0,
-            # HF generation: TRL 1.16's colocated vLLM sync fails on vLLM-CPU 0.32, with or without PEFT (its
-            # per-tensor `load_weights` finds the CPU-repacked qkv weight without its `weight_loader`).
-            shuffle_dataset=False, use_vllm=False, dataloader_num_workers=0,
-        )  # fmt: skip
-        tok = AutoTokenizer.from_pretrained(path)
-        tok.padding_side = "left"
-        model = AutoModelForCausalLM.from_pretrained(path)
-        timer = StepTimer()
-        trainer = GRPOTrainer(model=model, reward_funcs=correctness, args=config, train_dataset=data,
-                              processing_class=tok, callbacks=[timer], peft_config=peft_config)  # fmt: skip
-        trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-        total = sum(p.numel() for p in trainer.model.parameters())
-        trainer.train()
-    verifier.close()
-    return {"step_seconds": timer.seconds[1:], "trainable_parameters": trainable, "parameters": total}
+    # HF generation: TRL 1.16's colocated vLLM sync fails on vLLM-CPU 0.32, with or without PEFT (its per-tensor
+    # `load_weights` finds the CPU-repacked qkv weight without its `weight_loader`).
+    return trl_grpo_steps(steps, prompts=B, group_size=G, max_tokens=MAX_TOKENS, lr=LR["lora"], kl_beta=BETA,
+                          use_vllm=False, peft_config=peft_config)  # fmt: skip
 
 
 def main() -> None:

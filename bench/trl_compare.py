@@ -17,14 +17,13 @@ import argparse
 import json
 import os
 import sys
-import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from common import embedded_module, median, peak_rss_mib, run_child, timed_steps, write  # noqa: E402
+from trl_side import trl_grpo_steps  # noqa: E402
 
 B, G, MAX_TOKENS, LR, BETA = 16, 8, 40, 3e-5, 0.001
 
@@ -39,50 +38,9 @@ def ours(engine: str, steps: int) -> dict:
 
 
 def trl(engine: str, steps: int) -> dict:
-    import datasets
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from rlvr_lightning.data.sources import embedded_records
-    from rlvr_lightning.models.warm_start import embedded_policy_path
-    from rlvr_lightning.rewards.math import MathVerifier
-
-    path = str(embedded_policy_path())
-    records = embedded_records("train")[: B * (steps + 1)]
-    data = datasets.Dataset.from_dict({"prompt": [r.problem for r in records], "answer": [r.answer for r in records]})
-    verifier = MathVerifier(num_workers=2, timeout_s=5.0)
-
-    def correctness(completions, answer, **_):
-        return verifier.verify(list(answer), list(completions)).rewards
-
-    class StepTimer(TrainerCallback):
-        def __init__(self) -> None:
-            self.seconds, self._t0 = [], 0.0
-
-        def on_step_begin(self, *_, **__):
-            self._t0 = time.perf_counter()
-
-        def on_step_end(self, *_, **__):
-            self.seconds.append(time.perf_counter() - self._t0)
-
-    with tempfile.TemporaryDirectory() as out:
-        config = GRPOConfig(
-            output_dir=out, per_device_train_batch_size=B * G, gradient_accumulation_steps=1, num_generations=G,
-            max_completion_length=MAX_TOKENS, temperature=1.0, learning_rate=LR, lr_scheduler_type="constant",
-            beta=BETA, epsilon=0.2, num_iterations=1, loss_type="grpo", scale_rewards="group", max_grad_norm=1.0,
-            max_steps=steps + 1, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, seed=0,
-            shuffle_dataset=False, use_vllm=engine == "vllm", vllm_mode="colocate",
-            vllm_max_model_length=32 + MAX_TOKENS, vllm_enable_sleep_mode=False, dataloader_num_workers=0,
-        )  # fmt: skip
-        tok = AutoTokenizer.from_pretrained(path)
-        tok.padding_side = "left"
-        model = AutoModelForCausalLM.from_pretrained(path)
-        timer = StepTimer()
-        trainer = GRPOTrainer(model=model, reward_funcs=correctness, args=config, train_dataset=data,
-                              processing_class=tok, callbacks=[timer])  # fmt: skip
-        trainer.train()
-    verifier.close()
-    return {"step_seconds": timer.seconds[1:]}
+    result = trl_grpo_steps(steps, prompts=B, group_size=G, max_tokens=MAX_TOKENS, lr=LR, kl_beta=BETA,
+                            use_vllm=engine == "vllm")  # fmt: skip
+    return {"step_seconds": result["step_seconds"]}
 
 
 def main() -> None:

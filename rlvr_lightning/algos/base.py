@@ -24,7 +24,7 @@ from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.callbacks.rollout import advantage_shapers, rollout_callbacks
 from rlvr_lightning.context import Collectives, ScoredBatch, StepContext
 from rlvr_lightning.models.forward import sequence_logprobs
-from rlvr_lightning.models.lora import LoraSettings, as_settings, trainable_parameters
+from rlvr_lightning.models.lora import LoraSettings, as_settings, trainable_parameters, warn_on_merged_half_precision
 from rlvr_lightning.models.policy import load_policies
 from rlvr_lightning.models.weights import full_weights, load_into_engine
 from rlvr_lightning.pieces import advantage_estimators, kinds, rollout_corrections
@@ -196,6 +196,8 @@ class RLVRModule(L.LightningModule):
                 trainer.local_rank, trainer.num_devices,
                 self.lora.engine_max_rank if self.lora is not None and self.lora.sync == "adapter" else None,
             ))  # fmt: skip
+            if dm.rollout.engine != "hf" and trainer.is_global_zero:
+                warn_on_merged_half_precision(self.lora, self.engine_dtype())
             if self.hparams.sync_check_tol is None:
                 self.engine_sync.probe.tol = default_sync_tol(self.engine_dtype(), self.trainer_dtype())
         return self._engine

@@ -17,6 +17,7 @@ on purpose:
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from rlvr_lightning.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 ADAPTER = "default"  # PEFT's adapter name; one adapter per policy
 # What PEFT and vLLM call an adapter's tensors: `base_model.model.<module>.lora_{A,B}.weight`.
@@ -114,6 +117,22 @@ def as_settings(lora: LoraSettings | dict | None) -> LoraSettings | None:
     return LoraSettings(**dict(lora))
 
 
+def warn_on_merged_half_precision(settings: LoraSettings | None, engine_dtype: str) -> bool:
+    """A merged sync to a bf16/fp16 engine rounds W + scale·B·A to 16 bits, and an update much smaller than W's
+    rounding step (every run starts there, B being zero: at an update RMS of 1e-5 on N(0, 0.02) weights, 80% of
+    entries keep their bf16 value; `bench/merged_precision.py`) vanishes from the engine, while the trainer computes W·x + scale·B·A·x and keeps it.
+    The engine then samples from a policy further from the trainer's than the update itself, which the 16-bit
+    sync probe's tolerance cannot see. An adapter sync keeps the update apart, as the trainer does."""
+    if settings is None or settings.sync != "merged" or engine_dtype not in ("bfloat16", "float16"):
+        return False
+    log.warning(
+        "lora.sync=merged with a %s rollout engine: adapter updates below %s's rounding step of the base weights "
+        "do not reach the engine; --model.init_args.lora.sync adapter keeps them (docs/lora.md)", engine_dtype,
+        engine_dtype,
+    )  # fmt: skip
+    return True
+
+
 def apply_lora(model: torch.nn.Module, settings: LoraSettings, seed: int = 0) -> torch.nn.Module:
     """Inject the adapter into `model` in place (A random, B zero, so the policy starts as the base model);
     only adapter parameters keep `requires_grad`. A is drawn from its own generator seeded by `seed`, not from
@@ -122,7 +141,10 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings, seed: int = 0) ->
     from peft import inject_adapter_in_model
 
     try:
-        with torch.random.fork_rng(devices=[]):
+        # `manual_seed` reseeds every CUDA generator too (A is drawn on the GPU where the model is built there):
+        # fork them all, so the process's generators come back as they were.
+        cuda_devices = range(torch.cuda.device_count()) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=cuda_devices):
             torch.manual_seed(seed)
             inject_adapter_in_model(settings.peft_config(), model, adapter_name=ADAPTER)
     except ValueError as err:  # target names that match no module

@@ -25,7 +25,7 @@ def full_weights(model: torch.nn.Module, merged: bool = True) -> Iterator[tuple[
     rank holds two full copies. A LoRA policy's adapted weight is merged here, W + scale·B·A, from the
     gathered W, A and B: the trainer's W is never changed (see `models.lora` for why not PEFT's merge).
     `merged=False`: the base model's weights (W alone)."""
-    scales = {name: layer.scaling[ADAPTER] for name, layer in lora_layers(model).items()}
+    layers = lora_layers(model)
     held: dict[str, dict[str, torch.Tensor]] = {}  # an adapted layer's tensors until W, A and B have come
     for name, tensor in model.state_dict().items():
         owner, part = _lora_part(name)
@@ -38,11 +38,20 @@ def full_weights(model: torch.nn.Module, merged: bool = True) -> Iterator[tuple[
             parts[part] = gathered(tensor)
             if len(parts) == 3:
                 w, a, b = parts.pop("weight"), parts.pop("lora_A"), parts.pop("lora_B")
-                weight = torch.addmm(w.float(), b.float(), a.float(), alpha=scales[owner]).to(w.dtype) if merged else w
+                weight = _merge(w, a, b, layers[owner]) if merged else w
                 yield f"{owner}.weight", weight
                 del held[owner]
     if held:
         raise RuntimeError(f"LoRA layers without base weight or adapter in the state dict: {sorted(held)[:3]}")
+
+
+def _merge(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, layer: torch.nn.Module) -> torch.Tensor:
+    """W + scale·B·A in fp32, in W's dtype. GPT-2's `Conv1D` layers store W as (in, out): PEFT marks them
+    `fan_in_fan_out` and applies the delta transposed."""
+    scale = layer.scaling[ADAPTER]
+    if getattr(layer, "fan_in_fan_out", False):
+        return torch.addmm(w.float().T, b.float(), a.float(), alpha=scale).T.contiguous().to(w.dtype)
+    return torch.addmm(w.float(), b.float(), a.float(), alpha=scale).to(w.dtype)
 
 
 def _lora_part(name: str) -> tuple[str | None, str]:

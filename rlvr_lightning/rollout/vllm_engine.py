@@ -22,7 +22,7 @@ from typing import Literal
 import torch
 
 from rlvr_lightning.console import verbose
-from rlvr_lightning.rollout.adapters import AdapterStore, adapter_name
+from rlvr_lightning.rollout.adapters import AdapterStore, adapter_name, check_adapter_dtype
 from rlvr_lightning.rollout.types import Completion, SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -161,6 +161,7 @@ class VLLMEngine:
         on_cuda = torch.cuda.is_available()
         level = sleep_level_for(sleep_level, on_cuda)
         if lora_max_rank is not None:
+            check_adapter_dtype(dtype, on_cuda)
             # One adapter served at a time, and room for the next beside it in vLLM's adapter cache.
             kwargs.update(enable_lora=True, max_lora_rank=lora_max_rank, max_loras=1, max_cpu_loras=2)
             if level == 2:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr_lightning.rollout.adapters import AdapterStore, adapter_name
+from rlvr_lightning.rollout.adapters import ADAPTER_PREFIX, AdapterStore, adapter_name, check_adapter_dtype
 from rlvr_lightning.rollout.engine import WeightSyncError
 from rlvr_lightning.rollout.server_process import (
     RolloutServerError,
@@ -101,6 +101,8 @@ class VLLMServerEngine:
         from rlvr_lightning.rollout.weight_transfer import make_transport, server_args
 
         spec = replace(spec, extra_args=[*spec.extra_args, *server_args(transport)])  # the caller's stays as given
+        if spec.lora_max_rank is not None:
+            check_adapter_dtype(spec.dtype, torch.cuda.is_available())
         self.spec, self.request_timeout_s, self.sync_role = spec, request_timeout_s, sync_role
         self.transfer_host, self.transfer_timeout_s = transfer_host, transfer_timeout_s
         self.session = requests.Session()
@@ -141,6 +143,8 @@ class VLLMServerEngine:
         if sync_role != "follower":  # the versions are the trainer's syncs; the base weights are version 0
             for r in self.replicas:
                 self.post(r.url, "/update_weight_version", json={"new_version": "0"})
+            if self.adapters is not None:
+                self._unload_stale_adapters()
 
     @property
     def holds_foreign_weights(self) -> bool:
@@ -220,9 +224,12 @@ class VLLMServerEngine:
             r.process.start()
             r.process.wait_healthy(self.session)
             r.url = r.process.url
-            self.transport.restore(r)
-            if self.adapter is not None:
-                self._load_adapter_on(r, self.adapter, self.adapters.current)
+            if self.adapters is None:
+                self.transport.restore(r)
+            else:  # an adapter sync never changes the base weights the replica restarted from: no transport
+                self.post(r.url, "/update_weight_version", json={"new_version": str(self.version)})
+                if self.adapter is not None:
+                    self._load_adapter_on(r, self.adapter, self.adapters.current)
             r.restarts += 1
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
@@ -289,6 +296,16 @@ class VLLMServerEngine:
             for r in self.replicas:
                 self.post(r.url, "/resume")
 
+    def _unload_stale_adapters(self) -> None:
+        """Attached servers outlive runs: a killed run (or one resumed at the version the last run reached)
+        left its adapter loaded, and vLLM refuses to load a name it already holds. Adapters of other names
+        (someone else's) stay."""
+        for r in self.replicas:
+            if r.process is None:
+                models = self.session.get(f"{r.url}/v1/models", timeout=30).json().get("data", [])
+                for name in [m["id"] for m in models if m["id"].startswith(ADAPTER_PREFIX)]:
+                    self.post(r.url, "/v1/unload_lora_adapter", json={"lora_name": name})
+
     def _load_adapter_on(self, replica: Replica, name: str, path) -> None:
         self.post(replica.url, "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
 
@@ -334,6 +351,13 @@ class VLLMServerEngine:
 
     def close(self) -> None:
         atexit.unregister(self.close)
+        if getattr(self, "adapter", None) is not None and self.sync_role != "follower":
+            for r in self.replicas:
+                if r.process is None:  # attached servers keep running: leave no adapter of ours loaded there
+                    try:
+                        self.post(r.url, "/v1/unload_lora_adapter", json={"lora_name": self.adapter})
+                    except Exception as err:  # closing goes on; the next run unloads it (`_unload_stale_adapters`)
+                        log.warning("could not unload adapter %s from %s: %s", self.adapter, r.url, err)
         for r in self.replicas:
             if r.process is not None:
                 r.process.stop()
