@@ -19,6 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+# Imported here, at collection, as a real CLI process imports it before anything is printed: Lightning gives its
+# logger a handler bound to the sys.stderr of the moment it is first imported, which inside a test is that
+# test's capture (closed by the next test).
+from rlvr_lightning.cli import main
 from tests.conftest import REPO
 
 BASE = REPO / "configs" / "base.yaml"
@@ -329,8 +333,6 @@ def test_value_a_constructor_rejects_fails_at_instantiation(case, tmp_path):
 
 @pytest.mark.parametrize("case", list(CONSTRUCTOR_REJECTS))
 def test_value_a_constructor_rejects_is_a_one_line_error_from_the_cli(case, tmp_path, capsys):
-    from rlvr_lightning.cli import main
-
     source, edit, message = CONSTRUCTOR_REJECTS[case]
     args = [
         "fit", "--config", str(BASE), "--config", str(preset_like(tmp_path, source, edit)),
