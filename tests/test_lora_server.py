@@ -3,6 +3,9 @@ adapter route, and every request naming the current adapter."""
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 import torch
 
@@ -39,6 +42,18 @@ def test_adapter_sync_to_a_server_serves_each_new_adapter_by_name(tiny_policy_di
         listed = servers.session.get(f"{servers.replicas[0].url}/v1/models", timeout=30).json()["data"]
         assert "policy-v1" not in {m["id"] for m in listed}  # the previous adapter was unloaded
         assert len(list(servers.adapters.root.iterdir())) == 1  # and its directory removed
+        # The replica dies: it restarts from the base checkpoint, which an adapter sync never changed, and gets
+        # the current adapter back without the weight transport (NCCL's cannot restore a replica mid-step).
+        def no_transport(replica):
+            raise RuntimeError("an adapter sync's recovery used the weight transport")
+
+        servers.transport.restore = no_transport
+        victim = servers.replicas[0].process
+        os.killpg(victim.proc.pid, signal.SIGKILL)
+        victim.proc.wait()
+        (group,) = servers.generate([PROMPT], SamplingConfig(group_size=2, max_tokens=8, seed=3))
+        assert len(group) == 2 and victim.alive() and servers.weight_versions() == ["2"]
+        assert max(abs(a - b) for a, b in zip(servers.score(PROMPT, COMPLETION), trainer)) < FP32_SYNC_TOL
         # A run resumed at version 2 on the same (now attached) server: vLLM refuses a name it still holds, so
         # the new engine unloads what the last run left, and unloads its own adapter when it closes.
         url = servers.replicas[0].url
