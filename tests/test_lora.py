@@ -191,8 +191,26 @@ def test_a_merged_sync_to_a_16_bit_engine_warns_that_small_updates_vanish(caplog
     assert [r.getMessage().count("lora.sync adapter") for r in caplog.records] == [1]
 
 
+def test_adapters_are_written_in_the_engines_dtype():
+    """vLLM casts an adapter to its own dtype on loading: a bf16 engine's store writes half the bytes, the same
+    values vLLM would have cast to."""
+    import safetensors.torch
+
+    from rlvr_lightning.rollout.adapters import AdapterStore
+
+    a = torch.randn(4, 8)
+    for dtype in (torch.bfloat16, None):
+        store = AdapterStore(dtype)
+        try:
+            path = store.write([("base_model.model.x.lora_A.weight", a)], {"r": 4}, version=1)
+            written = safetensors.torch.load_file(path / "adapter_model.safetensors")["base_model.model.x.lora_A.weight"]
+        finally:
+            store.close()
+        assert torch.equal(written, a.to(dtype or a.dtype)) and written.dtype == (dtype or torch.float32)
+
+
 def test_adapters_move_to_disk_when_shared_memory_is_full(monkeypatch, caplog):
-    """Containers give /dev/shm 64 MiB by default; a 7B model's rank-16 adapter is 160 MB in fp32."""
+    """Containers give /dev/shm 64 MiB by default; a 7B model's rank-16 adapter is 81 MB in bf16."""
     import errno
 
     import safetensors.torch

@@ -5,7 +5,7 @@ vLLM 0.32 loads an adapter only from a directory (`LoRARequest.lora_path`, or `/
 Each version gets a new directory and a new adapter name (`policy-v<N>`), so vLLM never serves a stale
 copy from its adapter cache nor reuses KV blocks an older adapter computed (its prefix-cache keys include
 the name and path). The directory is written whole, then renamed into place; where shared memory is too
-small for it (containers give /dev/shm 64 MiB; a 7B model's rank-16 adapter is 160 MB in fp32), the store
+small for it (containers give /dev/shm 64 MiB; a 7B model's rank-16 adapter is 81 MB in bf16), the store
 moves to the temporary directory on disk.
 """
 
@@ -46,7 +46,10 @@ def check_adapter_dtype(dtype: str, on_cuda: bool) -> None:
 
 
 class AdapterStore:
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype | None = None) -> None:
+        """`dtype`: the engine's, which vLLM casts an adapter to on loading anyway (None: as the trainer holds
+        it); a bf16 engine's adapters take half the shared memory and load from half the bytes."""
+        self.dtype = dtype
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory, not disk, where there is one
         self.root = Path(tempfile.mkdtemp(prefix="rlvr-lora-", dir=base))
         self.roots = [self.root]  # and the one on disk, once shared memory ran out
@@ -56,7 +59,7 @@ class AdapterStore:
     def write(self, named_tensors: Iterable[tuple[str, torch.Tensor]], config: dict, version: int) -> Path:
         """The adapter of `version` as a PEFT directory; the one before it stays until `keep_only` drops it
         (an engine may still be serving it)."""
-        tensors = {name: t.detach().to("cpu").contiguous() for name, t in named_tensors}
+        tensors = {name: t.detach().to("cpu", self.dtype or t.dtype).contiguous() for name, t in named_tensors}
         try:
             return self._write(tensors, config, version)
         except OSError as err:

