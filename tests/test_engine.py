@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlvr_lightning.models.forward import policy_forward, sequence_logprobs
 from rlvr_lightning.rollout.engine import WeightSyncError
 from rlvr_lightning.rollout.hf_engine import HFGenerateEngine
+from rlvr_lightning.rollout.settings import vllm_auto_dtype
 from rlvr_lightning.rollout.sync import WeightSyncProbe, default_sync_tol
 from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.rollout.vllm_engine import VLLMEngine
@@ -120,6 +121,16 @@ def test_the_default_probe_tolerance_follows_the_precision(setup):
         WeightSyncProbe(default_sync_tol(engine_dtype, trainer_dtype)).check(
             _FrozenEngine([-1.0] * n), lambda p, c: [-1.01] * n, rollout
         )
+
+
+def test_auto_dtype_on_a_gpu_is_what_vllm_downcasts_an_fp32_checkpoint_to():
+    """vLLM runs an fp32 checkpoint in bf16 on a GPU under `dtype: auto`: the probe must get the 16-bit
+    tolerance (fp32's would stop the run on rounding) and a LoRA merged sync its warning."""
+    assert vllm_auto_dtype("float32", on_cuda=True) == "bfloat16"
+    assert vllm_auto_dtype("float32", on_cuda=True, bf16_supported=False) == "float16"
+    assert vllm_auto_dtype("float32", on_cuda=False) == "float32"
+    assert vllm_auto_dtype("bfloat16", on_cuda=True) == vllm_auto_dtype("bfloat16", on_cuda=False) == "bfloat16"
+    assert default_sync_tol(vllm_auto_dtype("float32", on_cuda=True), "float32") > default_sync_tol("float32", "float32")
 
 
 def probe_completion(rollout: Rollout) -> list[int]:

@@ -212,6 +212,7 @@ def test_adapters_are_written_in_the_engines_dtype():
 def test_adapters_move_to_disk_when_shared_memory_is_full(monkeypatch, caplog):
     """Containers give /dev/shm 64 MiB by default; a 7B model's rank-16 adapter is 81 MB in bf16."""
     import errno
+    import pathlib
 
     import safetensors.torch
 
@@ -221,14 +222,14 @@ def test_adapters_move_to_disk_when_shared_memory_is_full(monkeypatch, caplog):
     if store.root.parent.as_posix() != "/dev/shm":
         store.close()
         pytest.skip("no /dev/shm here")
-    shm_root, real_save = store.root, safetensors.torch.save_file
+    shm_root, real_write_bytes = store.root, pathlib.Path.write_bytes
 
-    def save_file(tensors, path, *args, **kwargs):
-        if str(path).startswith("/dev/shm/"):
+    def write_bytes(path, data):  # what writing to a full filesystem raises (safetensors' writer raises otherwise)
+        if path.as_posix().startswith("/dev/shm/"):
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_save(tensors, path, *args, **kwargs)
+        return real_write_bytes(path, data)
 
-    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    monkeypatch.setattr(pathlib.Path, "write_bytes", write_bytes)
     tensors = {"base_model.model.x.lora_A.weight": torch.ones(2, 3)}
     try:
         with caplog.at_level("WARNING", logger="rlvr_lightning.rollout.adapters"):

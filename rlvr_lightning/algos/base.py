@@ -29,7 +29,7 @@ from rlvr_lightning.models.policy import load_policies
 from rlvr_lightning.models.weights import full_weights, load_into_engine
 from rlvr_lightning.pieces import advantage_estimators, kinds, rollout_corrections
 from rlvr_lightning.rollout.engine import RolloutEngine
-from rlvr_lightning.rollout.settings import EngineSite
+from rlvr_lightning.rollout.settings import EngineSite, vllm_auto_dtype
 from rlvr_lightning.rollout.sync import FP32_SYNC_TOL, EngineSync, default_sync_tol
 from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.training.batch import UpdateInputs
@@ -203,16 +203,16 @@ class RLVRModule(L.LightningModule):
         return self._engine
 
     def engine_dtype(self) -> str:
-        """The dtype the rollout engine computes in (`rollout.dtype`, `auto` being the checkpoint's)."""
+        """The dtype the rollout engine computes in (`rollout.dtype`; `auto`: what vLLM makes of the checkpoint's)."""
         rollout = self.datamodule.rollout
         if rollout.engine == "hf":
             return self.trainer_dtype()  # the trainer's own module generates
         if rollout.dtype != "auto":
             return rollout.dtype
         config = self.policy.config
-        return str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32").removeprefix(
-            "torch."
-        )
+        checkpoint = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32")
+        on_cuda = torch.cuda.is_available()
+        return vllm_auto_dtype(checkpoint.removeprefix("torch."), on_cuda, on_cuda and torch.cuda.is_bf16_supported())
 
     def trainer_dtype(self) -> str:
         """The dtype the trainer's forwards compute in: the precision plugin's, or FSDP2's parameter dtype."""

@@ -40,8 +40,8 @@ def check_adapter_dtype(dtype: str, on_cuda: bool) -> None:
     if on_cuda and dtype in ("float32", "float", "fp32"):
         raise ConfigError(
             f"a LoRA adapter served by vLLM on CUDA needs a 16-bit engine (its LoRA kernels take fp16/bf16 only); "
-            f"the engine dtype is {dtype}: set --rollout.dtype bfloat16 (or `auto`; `make eval`: --dtype bfloat16), "
-            f"or sync merged weights (--model.init_args.lora.sync merged)"
+            f"the engine dtype is {dtype}: set --rollout.dtype bfloat16 or auto (`make eval`: --dtype bfloat16); "
+            f"a training run can instead sync merged weights (--model.init_args.lora.sync merged)"
         )
 
 
@@ -65,20 +65,25 @@ class AdapterStore:
         except OSError as err:
             if err.errno != errno.ENOSPC or self.root.parent != Path("/dev/shm"):
                 raise
-            shutil.rmtree(self.root / f".v{version}.partial", ignore_errors=True)
             self.root = Path(tempfile.mkdtemp(prefix="rlvr-lora-"))
             self.roots.append(self.root)
             log.warning("/dev/shm has no room for the LoRA adapter; writing adapters to %s instead", self.root)
             return self._write(tensors, config, version)
 
     def _write(self, tensors: dict[str, torch.Tensor], config: dict, version: int) -> Path:
-        from safetensors.torch import save_file
+        import safetensors.torch
 
         final, partial = self.root / f"v{version}", self.root / f".v{version}.partial"
         shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir()
-        save_file(tensors, partial / "adapter_model.safetensors")
-        (partial / "adapter_config.json").write_text(json.dumps(config, indent=2))
+        try:
+            partial.mkdir()
+            # Serialized here and written by Python, not by `save_file`: a full filesystem is then an OSError
+            # with errno ENOSPC (safetensors' own writer raises its SafetensorError, with no errno).
+            (partial / "adapter_model.safetensors").write_bytes(safetensors.torch.save(tensors))
+            (partial / "adapter_config.json").write_text(json.dumps(config, indent=2))
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)  # a half-written adapter holds shared memory until close
+            raise
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
         return final

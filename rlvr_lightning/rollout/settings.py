@@ -22,6 +22,14 @@ log = logging.getLogger(__name__)
 ENGINES = ("vllm", "vllm-server", "hf")
 
 
+def vllm_auto_dtype(checkpoint_dtype: str, on_cuda: bool, bf16_supported: bool = True) -> str:
+    """What vLLM computes in for `dtype: auto`: the checkpoint's, except that it downcasts an fp32 checkpoint on
+    a GPU (to bf16, or fp16 on GPUs without bf16); on CPU it keeps fp32."""
+    if checkpoint_dtype == "float32" and on_cuda:
+        return "bfloat16" if bf16_supported else "float16"
+    return checkpoint_dtype
+
+
 @dataclass(frozen=True)
 class EngineSite:
     """Where an engine is built: the policy it serves and this trainer rank's place among the others."""

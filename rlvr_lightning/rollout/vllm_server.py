@@ -141,10 +141,14 @@ class VLLMServerEngine:
         self.adapter: str | None = None
         self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="vllm-client")
         if sync_role != "follower":  # the versions are the trainer's syncs; the base weights are version 0
-            for r in self.replicas:
-                self.post(r.url, "/update_weight_version", json={"new_version": "0"})
-            if self.adapters is not None:
-                self._unload_stale_adapters()
+            try:
+                for r in self.replicas:
+                    self.post(r.url, "/update_weight_version", json={"new_version": "0"})
+                if self.adapters is not None:
+                    self._unload_stale_adapters()
+            except BaseException:
+                self.close()
+                raise
 
     @property
     def holds_foreign_weights(self) -> bool:
@@ -302,7 +306,12 @@ class VLLMServerEngine:
         (someone else's) stay."""
         for r in self.replicas:
             if r.process is None:
-                models = self.session.get(f"{r.url}/v1/models", timeout=30).json().get("data", [])
+                try:
+                    resp = self.session.get(f"{r.url}/v1/models", timeout=30)
+                    resp.raise_for_status()
+                    models = resp.json().get("data", [])
+                except (OSError, ValueError) as e:  # requests' errors are OSErrors; a body not JSON a ValueError
+                    raise RolloutServerError(f"rollout server {r.url}: /v1/models failed: {e}") from e
                 for name in [m["id"] for m in models if m["id"].startswith(ADAPTER_PREFIX)]:
                     self.post(r.url, "/v1/unload_lora_adapter", json={"lora_name": name})
 
@@ -354,10 +363,11 @@ class VLLMServerEngine:
         if getattr(self, "adapter", None) is not None and self.sync_role != "follower":
             for r in self.replicas:
                 if r.process is None:  # attached servers keep running: leave no adapter of ours loaded there
-                    try:
-                        self.post(r.url, "/v1/unload_lora_adapter", json={"lora_name": self.adapter})
+                    try:  # briefly: a hung server must not hold up the run's end
+                        self.post(r.url, "/v1/unload_lora_adapter", timeout=10, json={"lora_name": self.adapter})
                     except Exception as err:  # closing goes on; the next run unloads it (`_unload_stale_adapters`)
                         log.warning("could not unload adapter %s from %s: %s", self.adapter, r.url, err)
+            self.adapter = None
         for r in self.replicas:
             if r.process is not None:
                 r.process.stop()
