@@ -60,7 +60,7 @@ list: setup
 	@$(PY) -m rlvr_lightning list
 
 # Two processes: most of an end-to-end test is one process importing libraries and starting vLLM on one
-# core; on 2 cores two of them finished the suite in 26.5 min against 38 min for one. A file's tests share
+# core; on 2 cores two of them finish the suite in about 26 min against 36-38 min for one. A file's tests share
 # a process, so its module fixtures (an engine, say) are built once.
 TEST_WORKERS ?= 2
 test: setup
