@@ -196,10 +196,11 @@ class RLVRModule(L.LightningModule):
                 trainer.local_rank, trainer.num_devices,
                 self.lora.engine_max_rank if self.lora is not None and self.lora.sync == "adapter" else None,
             ))  # fmt: skip
+            engine_dtype = self.engine_dtype()
             if dm.rollout.engine != "hf" and trainer.is_global_zero:
-                warn_on_merged_half_precision(self.lora, self.engine_dtype())
+                warn_on_merged_half_precision(self.lora, engine_dtype)
             if self.hparams.sync_check_tol is None:
-                self.engine_sync.probe.tol = default_sync_tol(self.engine_dtype(), self.trainer_dtype())
+                self.engine_sync.probe.tol = default_sync_tol(engine_dtype, self.trainer_dtype())
         return self._engine
 
     def engine_dtype(self) -> str:

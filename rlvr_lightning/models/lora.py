@@ -119,10 +119,11 @@ def as_settings(lora: LoraSettings | dict | None) -> LoraSettings | None:
 
 def warn_on_merged_half_precision(settings: LoraSettings | None, engine_dtype: str) -> bool:
     """A merged sync to a bf16/fp16 engine rounds W + scale·B·A to 16 bits, and an update much smaller than W's
-    rounding step (every run starts there, B being zero: at an update RMS of 1e-5 on N(0, 0.02) weights, 80% of
-    entries keep their bf16 value; `bench/merged_precision.py`) vanishes from the engine, while the trainer computes W·x + scale·B·A·x and keeps it.
-    The engine then samples from a policy further from the trainer's than the update itself, which the 16-bit
-    sync probe's tolerance cannot see. An adapter sync keeps the update apart, as the trainer does."""
+    rounding step vanishes from the engine (every run starts there, B being zero: at an update RMS of 1e-5 on
+    N(0, 0.02) weights, 80% of entries keep their bf16 value; `bench/merged_precision.py`), while the trainer
+    computes W·x + scale·B·A·x and keeps it. The engine then samples from a policy further from the trainer's
+    than the update itself, which the 16-bit sync probe's tolerance cannot see. An adapter sync keeps the
+    update apart, as the trainer does."""
     if settings is None or settings.sync != "merged" or engine_dtype not in ("bfloat16", "float16"):
         return False
     log.warning(
