@@ -14,6 +14,7 @@ from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.standalone import standalone
+from rlvr_lightning.training.algorithm import BoundPieces
 from rlvr_lightning.training.behaviour import FromUpdateForward, Precomputed, separate_pass
 from rlvr_lightning.training.step_metrics import MetricAccumulator
 
@@ -128,8 +129,9 @@ def test_token_budget_micro_batches_give_the_same_update_as_row_micro_batches(ti
     same loss and gradient as today's layout (whole batch, full width), with KL and truncated IS on and
     an off-policy θ_old, for every aggregator; and the padding share of the update really drops."""
     cls, kwargs = PRESETS[preset]
-    kwargs = {**kwargs, "kl_coef": 0.05, "rollout_correction": "tis-token"} | ({"loss_agg": loss_agg} if loss_agg else {})
-    module = attach(cls, tiny_policy_dir, **kwargs)
+    kwargs = {**kwargs, "kl_coef": 0.05} | ({"loss_agg": loss_agg} if loss_agg else {})
+    per_token = cls(**kwargs).objective.policy_loss["token_weights"]  # GSPO and GMPO take sequence-level weights only
+    module = attach(cls, tiny_policy_dir, **kwargs, rollout_correction="tis-token" if per_token else "tis-sequence")
     rollout = sample_rollout(module)
     set_engine_logprobs(rollout, -1.0 - 0.1 * torch.rand(8, MAX_LEN, generator=torch.Generator().manual_seed(3)))
     inputs = prepared(module, rollout)
@@ -195,6 +197,7 @@ def test_kl_cov_on_policy_adds_nothing_whatever_the_layout(tiny_policy_dir):
     _, g_whole = gradient(module, inputs, 8)
     _, g_split = gradient(module, inputs, 3)
     module.hparams.piece_args = {**kwargs["piece_args"], "kl_cov_coef": 0.0}
+    module.pieces = BoundPieces.of(module.hparams)  # the pieces are bound when the module is built
     _, g_no_penalty = gradient(module, inputs, 3)
     torch.testing.assert_close(g_split, g_whole, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(g_split, g_no_penalty, rtol=0, atol=0)

@@ -12,6 +12,7 @@ from rlvr_lightning.algos import REAL
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces.real import real_grad_weights, real_loss
 from rlvr_lightning.pieces.token_losses import sequence_log_ratio
+from rlvr_lightning.training.algorithm import BoundPieces
 from tests.test_algorithms import attach, gradient, independent_logprobs, prepared, sample_rollout, with_old_logp
 
 TAU = 0.5
@@ -158,6 +159,7 @@ def test_micro_batches_of_whole_groups_and_two_pass_give_the_one_pass_gradient(t
     loss_groups, g_groups = gradient(module, inputs, 4)  # whole groups of G = 4
     torch.testing.assert_close(g_groups, g_one, rtol=1e-4, atol=1e-6)
     module.hparams.two_pass = True
+    module.pieces = BoundPieces.of(module.hparams)  # the pieces are bound when the module is built
     for size in (3, 1):  # micro-batches that split groups
         loss_two, g_two = gradient(module, inputs, size, tweak=off_policy)
         torch.testing.assert_close(g_two, g_one, rtol=1e-4, atol=1e-6)
@@ -167,6 +169,7 @@ def test_micro_batches_of_whole_groups_and_two_pass_give_the_one_pass_gradient(t
     budget = 2 * int(inputs.tensors.lengths.max())
     for two_pass in (True, False):
         module.hparams.two_pass = two_pass
+        module.pieces = BoundPieces.of(module.hparams)
         loss_budget, g_budget = gradient(module, inputs, 8, max_tokens=budget, tweak=off_policy)
         torch.testing.assert_close(g_budget, g_one, rtol=1e-4, atol=1e-6)
         assert loss_budget.item() == pytest.approx(loss_one.item(), rel=1e-5)
@@ -178,6 +181,7 @@ def test_two_pass_skips_its_first_pass_on_policy(tiny_policy_dir):
     inputs = prepared(module, sample_rollout(module))  # θ = θ_old: every s̄ is exactly 0
     _, g_one = gradient(module, inputs, 8)
     module.hparams.two_pass = True
+    module.pieces = BoundPieces.of(module.hparams)  # the pieces are bound when the module is built
     calls = []
 
     def counting(update):

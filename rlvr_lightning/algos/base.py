@@ -27,16 +27,18 @@ from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.models.lora import LoraSettings, as_settings, trainable_parameters, warn_on_merged_half_precision
 from rlvr_lightning.models.policy import load_policies
 from rlvr_lightning.models.weights import full_weights, load_into_engine
-from rlvr_lightning.pieces import advantage_estimators, kinds, rollout_corrections
+from rlvr_lightning.pieces import kinds
+from rlvr_lightning.pieces.selection import piece_args_run_with
 from rlvr_lightning.rollout.engine import RolloutEngine
 from rlvr_lightning.rollout.settings import EngineSite, vllm_auto_dtype
 from rlvr_lightning.rollout.sync import FP32_SYNC_TOL, EngineSync, default_sync_tol
 from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
+from rlvr_lightning.training.algorithm import BoundPieces
 from rlvr_lightning.training.batch import UpdateInputs
 from rlvr_lightning.training.behaviour import BehaviourSource, behaviour_source
-from rlvr_lightning.training.checks import check_pieces, check_run, check_values
+from rlvr_lightning.training.checks import check_run, check_values
 from rlvr_lightning.training.generation import generate, generate_and_score
-from rlvr_lightning.training.objective import Objective, compose_objective
+from rlvr_lightning.training.objective import Objective
 from rlvr_lightning.training.optim import adamw_with_schedule
 from rlvr_lightning.training.plan import Optimization, UpdatePlan
 from rlvr_lightning.training.prepare import prepare_update
@@ -137,8 +139,8 @@ class RLVRModule(L.LightningModule):
         self.hparams["lora"] = None if self.lora is None else asdict(self.lora)  # flat MLflow params, plain pickles
         self.automatic_optimization = False
         check_values(self.hparams)
-        advantage_estimators.bound(self.hparams)  # a bad name fails now (check_pieces tries the correction)
-        check_pieces(self.hparams, self.objective, self.corrects_rollouts)
+        self.pieces = BoundPieces.of(self.hparams)  # each piece checks its knobs; the combination is checked
+        self.hparams["piece_args"] = piece_args_run_with(self.hparams)  # every knob the pieces run with, for the record
         self.policy, self.ref_policy = None, None  # built in configure_model (FSDP shards them there)
         self.policy_version = 0  # weight syncs so far: the engine runs this version of the policy
         self.rollout_batches = 0  # completed training steps (rollout batches); the x-axis of every metric
@@ -153,18 +155,19 @@ class RLVRModule(L.LightningModule):
     # ---- the pieces ----------------------------------------------------------------------------
     @property
     def objective(self) -> Objective:
-        """The update's loss from the pieces and knobs in `hparams` (read each step, as hparams may change)."""
-        return compose_objective(self.hparams)
+        """The update's loss, from the pieces and knobs in `hparams` (bound when the module was built)."""
+        return self.pieces.objective
 
-    def advantages(self, rewards: torch.Tensor, rollout: Rollout, collectives: Collectives) -> torch.Tensor:
-        inputs = kinds.AdvantageInputs(
-            rewards, rollout.correct, rollout.group_size, collectives.sum, rollout.response_lengths
-        )
-        return advantage_estimators.bound(self.hparams)(inputs)
+    def advantages(
+        self, rewards: torch.Tensor, rollout: Rollout, collectives: Collectives
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Sequence advantages [N] and their statistics."""
+        inputs = kinds.AdvantageInputs(rewards, rollout.correct, rollout.group_size, collectives.sum, rollout.response_lengths)
+        return self.pieces.advantages(inputs)
 
     @property
     def corrects_rollouts(self) -> bool:
-        return rollout_corrections.selected(self.hparams).name != "none"
+        return self.pieces.corrects_rollouts
 
     def update_plan(self) -> UpdatePlan:
         return UpdatePlan.of(self.hparams, norm_const=float(self.datamodule.rollout.max_response_length))
@@ -259,8 +262,7 @@ class RLVRModule(L.LightningModule):
         """Checks that need the data settings or the callbacks too; run before anything expensive starts."""
         shapers = [type(cb).__name__ for cb in advantage_shapers(self.trainer)]
         check_run(self.hparams, self.datamodule.hparams.batch_size, self.datamodule.rollout, self.objective,
-                  self.update_plan(), advantage_estimators.bound(self.hparams), shapers, self.corrects_rollouts,
-                  self.generates_ahead)  # fmt: skip
+                  self.update_plan(), shapers, self.corrects_rollouts, self.generates_ahead)  # fmt: skip
 
     def behaviour_source(self) -> BehaviourSource:
         """Where θ_old's log-probs come from (`rlvr_lightning.training.behaviour`)."""
@@ -345,12 +347,13 @@ class RLVRModule(L.LightningModule):
     ) -> tuple[ScoredBatch, UpdateInputs, dict[str, float], torch.Tensor | None]:
         """The scored batch, update inputs, reward and correction metrics, and pre-update shaper weights."""
         rewards, reward_metrics = self.rewards(rollout)
-        scored = ScoredBatch(rollout, rewards, self.advantages(rewards, rollout, step.collectives))
+        advantages, advantage_metrics = self.advantages(rewards, rollout, step.collectives)
+        scored = ScoredBatch(rollout, rewards, advantages)
         inputs, correction_metrics, weights = prepare_update(
-            step, scored, plan or self.update_plan(), self.behaviour_source(), rollout_corrections.bound(self.hparams),
+            step, scored, plan or self.update_plan(), self.behaviour_source(), self.pieces.correct,
             self.hparams.mask_truncated, advantage_shapers(self.trainer), timer,
         )  # fmt: skip
-        return scored, inputs, {**reward_metrics, **correction_metrics}, weights
+        return scored, inputs, {**reward_metrics, **advantage_metrics, **correction_metrics}, weights
 
     def optimization(self) -> Optimization:
         return Optimization(self.optimizers(), self.lr_schedulers(), self.policy.parameters, self.manual_backward)

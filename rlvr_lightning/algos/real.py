@@ -20,7 +20,6 @@ micro-batch, which gives the same gradient for one extra forward. The losses are
 from __future__ import annotations
 
 from rlvr_lightning.algos.base import RLVRModule
-from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces.kinds import AdvantageEstimatorName, PolicyLossName
 
 
@@ -39,15 +38,14 @@ class REAL(RLVRModule):
     ) -> None:
         """
         Args:
-            tau: temperature of the sequence logits s̄/τ; the per-sequence gradient is bounded by 1/τ.
+            tau: temperature of the sequence logits s̄/τ (> 0, checked by REAL's losses); the per-sequence
+                gradient is bounded by 1/τ.
             policy_loss: `real-anchor` (REAL), `real-bce` (REAL-BCE) or `real-pairwise` (anchor-free ablation).
             advantage_estimator: `none`: REAL's loss reads the correctness labels, not advantages.
             two_pass: allow micro-batches that split a group, with the exact two-pass gradient method.
             num_mini_batches: optimizer steps per rollout batch (the authors' recipe: 4).
             kl_coef: β of an optional KL penalty to the initial policy (off in the paper).
         """
-        if tau <= 0:
-            raise ConfigError(f"model.tau must be > 0, got {tau}")
         super().__init__(
             policy_loss=policy_loss, advantage_estimator=advantage_estimator, two_pass=two_pass,
             num_mini_batches=num_mini_batches, kl_coef=kl_coef, **kwargs,

@@ -7,7 +7,6 @@ import math
 
 import torch
 
-from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces.kinds import AdvantageInputs, advantage_estimators
 
 
@@ -62,7 +61,12 @@ def reinforce_pp_advantage(inputs: AdvantageInputs) -> torch.Tensor:
     return ((centred - mean) / (var + 1e-8).sqrt()).float()
 
 
-@advantage_estimators.register("pass-at-k", anchor="passk-advantages")
+def check_pass_at_k(*, pass_at_k: int, group_size: int) -> None:
+    if not 1 <= pass_at_k <= group_size:
+        raise ValueError(f"pass_at_k must lie in [1, rollout.group_size={group_size}], got {pass_at_k}")
+
+
+@advantage_estimators.register("pass-at-k", anchor="passk-advantages", check=check_pass_at_k)
 def pass_at_k_advantage(inputs: AdvantageInputs, *, pass_at_k: int = 4) -> torch.Tensor:
     """Pass@k training: the analytical advantage of each rollout for the group's pass@k reward.
 
@@ -70,8 +74,6 @@ def pass_at_k_advantage(inputs: AdvantageInputs, *, pass_at_k: int = 4) -> torch
     (1 − R̄)/σ, an incorrect one (1 − R̄ − C(n−1, k−1)/C(G−1, k−1))/σ; all-equal groups get 0.
     """
     G, k = inputs.group_size, pass_at_k
-    if not 1 <= k <= G:
-        raise ConfigError(f"pass_at_k must lie in [1, rollout.group_size={G}], got {k}")
     wrong = inputs.correct.view(-1, G).lt(0.5).sum(1).double()  # n per group
     mean = 1 - comb(wrong, k) / math.comb(G, k)
     std = (mean * (1 - mean)).sqrt()
@@ -105,6 +107,17 @@ def group_reward_stats(r: torch.Tensor, group_size: int) -> dict[str, float]:
         "reward_mean": R.mean().item(),
         "reward_std": R.std().item() if R.numel() > 1 else 0.0,
         "frac_reward_zero_std": zero_std.mean().item(),
+    }
+
+
+def advantage_stats(advantages: torch.Tensor) -> dict[str, float]:
+    """The sequence advantages' mean, std, largest magnitude and share of exact zeros (groups without signal)."""
+    a = advantages.detach().float()
+    return {
+        "adv_mean": a.mean().item(),
+        "adv_std": a.std().item() if a.numel() > 1 else 0.0,
+        "adv_abs_max": a.abs().max().item(),
+        "adv_zero_frac": (a == 0).float().mean().item(),
     }
 
 

@@ -7,17 +7,26 @@ from __future__ import annotations
 
 import torch
 
-from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces.kinds import CorrectionInputs, rollout_corrections
 from rlvr_lightning.tensor_math import LOG_RATIO_CLAMP, masked_mean
 
 Weights = tuple[torch.Tensor | None, dict[str, float]]
 
 
-@rollout_corrections.register("none", anchor="behaviour-policy-and-truncated-importance-sampling")
+@rollout_corrections.register("none", anchor="behaviour-policy-and-truncated-importance-sampling", level=None)
 def no_correction(x: CorrectionInputs) -> Weights:
     """No correction: the trainer's θ_old is taken as the behaviour policy."""
     return None, {}
+
+
+def check_tis_cap(*, tis_cap: float) -> None:
+    if not tis_cap > 0:
+        raise ValueError(f"tis_cap (the weight's upper bound) must be > 0, got {tis_cap}")
+
+
+def check_band(*, is_mask_low: float, is_mask_high: float) -> None:
+    if not 0 <= is_mask_low < is_mask_high:
+        raise ValueError(f"the importance-sampling band needs 0 ≤ is_mask_low < is_mask_high, got [{is_mask_low}, {is_mask_high}]")
 
 
 @torch.no_grad()
@@ -31,13 +40,15 @@ def _truncated(log_w: torch.Tensor, mask: torch.Tensor, cap: float) -> Weights:
     return weights, stats
 
 
-@rollout_corrections.register("tis-token", anchor="behaviour-policy-and-truncated-importance-sampling")
+@rollout_corrections.register("tis-token", anchor="behaviour-policy-and-truncated-importance-sampling", check=check_tis_cap)
 def tis_token(x: CorrectionInputs, *, tis_cap: float) -> Weights:
     """Truncated importance sampling per token: w_t = min(π_old/π_rollout, cap)."""
     return _truncated((x.old_logp - x.rollout_logp) * x.mask, x.mask, tis_cap)
 
 
-@rollout_corrections.register("tis-sequence", anchor="behaviour-policy-and-truncated-importance-sampling")
+@rollout_corrections.register(
+    "tis-sequence", anchor="behaviour-policy-and-truncated-importance-sampling", check=check_tis_cap, level="sequence"
+)
 def tis_sequence(x: CorrectionInputs, *, tis_cap: float) -> Weights:
     """Truncated importance sampling per sequence: the product of the token ratios, capped, on all its tokens."""
     log_w = ((x.old_logp - x.rollout_logp) * x.mask).sum(1, keepdim=True).expand_as(x.mask)
@@ -47,8 +58,6 @@ def tis_sequence(x: CorrectionInputs, *, tis_cap: float) -> Weights:
 @torch.no_grad()
 def _masked(log_w: torch.Tensor, mask: torch.Tensor, low: float, high: float) -> Weights:
     """w = ρ inside [low, high], 0 outside: masked, not truncated (the token stays in the normaliser)."""
-    if not 0 <= low < high:
-        raise ConfigError(f"the importance-sampling band needs 0 ≤ is_mask_low < is_mask_high, got [{low}, {high}]")
     ratio = log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
     kept = (ratio >= low) & (ratio <= high)
     weights = torch.where(kept, ratio, torch.zeros_like(ratio)) * mask
@@ -56,20 +65,20 @@ def _masked(log_w: torch.Tensor, mask: torch.Tensor, low: float, high: float) ->
     return weights, stats
 
 
-@rollout_corrections.register("mis-token", anchor="masked-importance-sampling-and-icepop")
+@rollout_corrections.register("mis-token", anchor="masked-importance-sampling-and-icepop", check=check_band)
 def mis_token(x: CorrectionInputs, *, is_mask_low: float = 0.0, is_mask_high: float = 2.0) -> Weights:
     """Masked importance sampling per token: w_t = π_old/π_rollout inside [low, high], else 0 (the token is dropped)."""
     return _masked((x.old_logp - x.rollout_logp) * x.mask, x.mask, is_mask_low, is_mask_high)
 
 
-@rollout_corrections.register("mis-sequence", anchor="masked-importance-sampling-and-icepop")
+@rollout_corrections.register("mis-sequence", anchor="masked-importance-sampling-and-icepop", check=check_band, level="sequence")
 def mis_sequence(x: CorrectionInputs, *, is_mask_low: float = 0.99, is_mask_high: float = 1.01) -> Weights:
     """Masked importance sampling per sequence by the geometric mean of its token ratios, on all its tokens."""
     log_w = ((x.old_logp - x.rollout_logp) * x.mask).sum(1, keepdim=True) / x.mask.sum(1, keepdim=True).clamp(min=1)
     return _masked(log_w.expand_as(x.mask), x.mask, is_mask_low, is_mask_high)
 
 
-@rollout_corrections.register("icepop", anchor="masked-importance-sampling-and-icepop")
+@rollout_corrections.register("icepop", anchor="masked-importance-sampling-and-icepop", check=check_band)
 def icepop(x: CorrectionInputs, *, is_mask_low: float = 0.5, is_mask_high: float = 5.0) -> Weights:
     """IcePop: two-sided token masking, w_t = π_old/π_rollout inside [α, β] = [0.5, 5], else 0."""
     return _masked((x.old_logp - x.rollout_logp) * x.mask, x.mask, is_mask_low, is_mask_high)

@@ -16,9 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces.kinds import TokenLossInputs, TokenSelectionInputs, policy_losses
-from rlvr_lightning.pieces.token_losses import LossAndStats, ppo_clip
+from rlvr_lightning.pieces.token_losses import LossAndStats, check_ratio_band, ppo_clip
 from rlvr_lightning.tensor_math import LOG_RATIO_CLAMP
 
 Selection = tuple[Tensor, dict[str, Tensor]]
@@ -77,9 +76,24 @@ def kth_largest_key(keys: Tensor, valid: Tensor, k: int, reduce_sum) -> int:
     return lo
 
 
-def _share(name: str, value: float) -> None:
+def _check_share(name: str, value: float) -> None:
     if not 0 < value <= 1:
-        raise ConfigError(f"piece_args.{name} is the share of the step's tokens to select, in (0, 1]; got {value}")
+        raise ValueError(f"{name} is the share of the step's tokens to select, in (0, 1]; got {value}")
+
+
+def check_clip_cov(
+    *, clip_eps_low: float, clip_eps_high: float, clip_cov_ratio: float, clip_cov_lb: float, clip_cov_ub: float
+) -> None:
+    check_ratio_band(clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high)
+    _check_share("clip_cov_ratio", clip_cov_ratio)
+    if not clip_cov_lb < clip_cov_ub:
+        raise ValueError(f"clip_cov_lb < clip_cov_ub is needed; got {clip_cov_lb}, {clip_cov_ub}")
+
+
+def check_kl_cov(*, kl_cov_coef: float, kl_cov_ratio: float) -> None:
+    _check_share("kl_cov_ratio", kl_cov_ratio)
+    if kl_cov_coef < 0:
+        raise ValueError(f"kl_cov_coef is the penalty's β ≥ 0; got {kl_cov_coef}")
 
 
 def clip_cov_selection(
@@ -87,9 +101,6 @@ def clip_cov_selection(
 ) -> Selection:
     """Clip-Cov's tokens: each token whose covariance lies in (lb, ub) is drawn with the probability that
     makes the expected count `clip_cov_ratio` × the step's tokens (all candidates when fewer)."""
-    _share("clip_cov_ratio", clip_cov_ratio)
-    if not clip_cov_lb < clip_cov_ub:
-        raise ConfigError(f"piece_args.clip_cov_lb < clip_cov_ub is needed; got {clip_cov_lb}, {clip_cov_ub}")
     cov, valid, count = token_covariance(x)
     candidates = valid & (cov > clip_cov_lb) & (cov < clip_cov_ub)
     (num_candidates,) = global_counts(x.reduce_sum, candidates)
@@ -105,7 +116,6 @@ def kl_cov_selection(x: TokenSelectionInputs, *, kl_cov_ratio: float = 2e-3) -> 
     """KL-Cov's tokens: exactly the top `kl_cov_ratio` share of the step's tokens by covariance, at least
     one. Ties at the boundary are common (a step whose advantages are all 0 has c ≡ 0): a random few of
     the tied tokens make up the count, drawn by position, so the choice does not depend on the layout."""
-    _share("kl_cov_ratio", kl_cov_ratio)
     cov, valid, count = token_covariance(x)
     if count == 0:
         return torch.zeros_like(valid), covariance_stats(cov, valid, torch.zeros_like(valid))
@@ -131,7 +141,7 @@ def _selected(x: TokenLossInputs) -> Tensor:
     return x.selected
 
 
-@policy_losses.register("clip-cov", anchor="clip-cov-and-kl-cov", token_selection=clip_cov_selection)
+@policy_losses.register("clip-cov", anchor="clip-cov-and-kl-cov", check=check_clip_cov, token_selection=clip_cov_selection)
 def clip_cov(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> LossAndStats:
     """Clip-Cov: PPO's clipped surrogate, the gradient of a few random high-covariance tokens detached.
 
@@ -140,13 +150,11 @@ def clip_cov(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -
     return torch.where(_selected(x), per_tok.detach(), per_tok), stats
 
 
-@policy_losses.register("kl-cov", anchor="clip-cov-and-kl-cov", token_selection=kl_cov_selection)
+@policy_losses.register("kl-cov", anchor="clip-cov-and-kl-cov", check=check_kl_cov, token_selection=kl_cov_selection)
 def kl_cov(x: TokenLossInputs, *, kl_cov_coef: float = 1.0) -> LossAndStats:
     """KL-Cov: the unclipped surrogate −r·Â, plus β·|log π_θ − log π_old| on the top-covariance tokens.
 
     The top share is `kl_cov_selection`'s, made once per optimizer step."""
-    if kl_cov_coef < 0:
-        raise ConfigError(f"piece_args.kl_cov_coef is the penalty's β ≥ 0; got {kl_cov_coef}")
     log_ratio = (x.logp - x.old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = log_ratio.exp()
     # On policy |log-ratio| is 0 (no gradient); θ_old from another forward leaves rounding noise whose

@@ -89,7 +89,7 @@ class CorrectionInputs:
 
 advantage_estimators = Registry(
     "advantage estimator", "model.advantage_estimator",
-    "fn(AdvantageInputs, *, knobs) → sequence advantages [N]",
+    "fn(AdvantageInputs, *, knobs) → sequence advantages [N], or (advantages [N], statistics {name: float})",
 )  # fmt: skip
 policy_losses = Registry(
     "policy loss", "model.policy_loss",
@@ -101,7 +101,10 @@ policy_losses = Registry(
     # grad_weights (group level): the closed-form ∂L/∂s̄ for the two-pass method, fn(GroupLossInputs, *, knobs).
     # token_selection (token level): picks tokens over the whole optimizer step before its forwards,
     # fn(TokenSelectionInputs, *, knobs) → (bool [n, T], statistics); the loss reads it as `selected`.
-    traits={"level": "token", "token_advantages": True, "normaliser": None, "grad_weights": None, "token_selection": None},
+    # token_weights (token level): whether a per-token weight (a token-level rollout correction) acts on its
+    # token alone; False for losses that write one sequence term on every token (GSPO, GMPO).
+    traits={"level": "token", "token_advantages": True, "normaliser": None, "grad_weights": None, "token_selection": None,
+            "token_weights": True},
 )  # fmt: skip
 loss_aggregators = Registry(
     "loss aggregator", "model.loss_agg", "fn(per_token [n, T], mask [n, T], StepNorms) → the micro-batch's loss"
@@ -110,6 +113,8 @@ kl_estimators = Registry("KL estimator", "model.kl_estimator", "fn(logp [n, T], 
 rollout_corrections = Registry(
     "rollout correction", "model.rollout_correction",
     "fn(CorrectionInputs, *, knobs) → (detached per-token weights [N, T] or None, statistics)",
+    # level: `token` (each token its own weight) or `sequence` (one weight on all of a sequence's tokens).
+    traits={"level": "token"},
 )  # fmt: skip
 
 KINDS = (advantage_estimators, policy_losses, loss_aggregators, kl_estimators, rollout_corrections)

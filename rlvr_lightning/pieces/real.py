@@ -86,6 +86,12 @@ def real_grad_weights(
     return (W / tau * mixed[:, None]).reshape(-1) / normaliser
 
 
+def check_tau(*, tau: float) -> None:
+    """τ scales the sequence logits s̄/τ (and bounds each sequence's gradient by 1/τ)."""
+    if not tau > 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
+
+
 def _register(variant: RealVariant, name: str, anchor: str, normaliser: str, summary: str) -> None:
     def loss(x: GroupLossInputs, *, tau: float = 0.5) -> Tensor:
         return real_loss(x.s_bar, x.correct, x.group_size, x.normaliser, tau, variant, x.world_size)
@@ -96,7 +102,8 @@ def _register(variant: RealVariant, name: str, anchor: str, normaliser: str, sum
     loss.__name__ = loss.__qualname__ = name.replace("-", "_")
     loss.__doc__ = summary
     policy_losses.register(
-        name, anchor=anchor, level="group", token_advantages=False, normaliser=normaliser, grad_weights=grad_weights
+        name, anchor=anchor, check=check_tau, level="group", token_advantages=False, normaliser=normaliser,
+        grad_weights=grad_weights,
     )(loss)
     globals()[loss.__name__] = loss  # importable by dotted path like any piece
 

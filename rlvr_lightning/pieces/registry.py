@@ -18,6 +18,17 @@ A user's piece lives in the user's own module and is named in the config by its 
 
 Importing `my_pieces` registers it; the name `rank` then works too. An unknown name is an error
 that lists the registered ones, raised while the config is parsed (`PieceName` types).
+
+A piece checks its own knobs with `check=`: a function of the same keyword-only knobs (any subset) that
+raises `ValueError` saying what is wrong. It runs when the piece is bound (the module's construction),
+so a bad value is a one-line `ConfigError` naming the piece and where the value came from. A check
+that also names a run setting of `RUN_SETTINGS` (`group_size`) runs at fit start, once it is known:
+
+    def check_rank_scale(*, rank_scale: float) -> None:
+        if rank_scale <= 0:
+            raise ValueError(f"rank_scale must be > 0, got {rank_scale}")
+
+    @advantage_estimators.register("rank", anchor=None, check=check_rank_scale)
 """
 
 from __future__ import annotations
@@ -34,6 +45,10 @@ from rlvr_lightning.errors import ConfigError
 DOCS = "docs/algorithms.md"
 
 
+# Settings of the run (not knobs) that a piece's `check` may name; known at fit start.
+RUN_SETTINGS = ("group_size", "max_response_length")
+
+
 @dataclass(frozen=True)
 class Piece:
     name: str
@@ -41,6 +56,8 @@ class Piece:
     kind: str
     anchor: str | None  # section of docs/algorithms.md, None for a user's piece
     traits: Mapping[str, Any] = field(default_factory=dict)  # what the step must know (e.g. a loss's level)
+    check: Callable | None = None  # the knobs' own check: fn(*, knobs…) raising ValueError (see the module doc)
+    flag: str = ""  # the config key that selects it (`model.policy_loss`)
 
     @property
     def summary(self) -> str:
@@ -48,28 +65,73 @@ class Piece:
 
     @property
     def knobs(self) -> tuple[str, ...]:
-        """The keyword-only parameters of its function and of its function traits (a loss's token selection)."""
+        """The keyword-only parameters of its function, of its function traits (a loss's token selection) and of
+        its check (less the run settings)."""
         names: dict[str, None] = {}
-        for fn in (self.fn, *(v for v in self.traits.values() if callable(v))):
-            params = inspect.signature(fn).parameters.values()
-            names.update((p.name, None) for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+        for fn in (self.fn, *(v for v in self.traits.values() if callable(v)), self.check):
+            if fn is not None:
+                names.update((name, None) for name in keyword_only(fn) if not (fn is self.check and name in RUN_SETTINGS))
         return tuple(names)
 
     @property
     def docs(self) -> str:
         return f"{DOCS}#{self.anchor}" if self.anchor else inspect.getmodule(self.fn).__name__
 
+    @property
+    def what(self) -> str:
+        return f"{self.flag}={self.name}" if self.flag else f"{self.kind} {self.name!r}"
+
+    def knob_values(self, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Every knob's value as the piece runs with it: `values` (the module's hyper-parameters), then
+        `piece_args`, then the function's own default."""
+        knobs = {}
+        for fn in (self.fn, *(v for v in self.traits.values() if callable(v))):
+            knobs.update(knob_values(fn, self.what, values, piece_args))
+        return knobs
+
     def bind(self, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None = None) -> Callable:
         """The function with its knobs fixed from `values` (the module's hyper-parameters), then
-        `piece_args`, then its own defaults."""
-        return bind_knobs(self.fn, f"{self.kind} {self.name!r}", values, piece_args)
+        `piece_args`, then its own defaults; its check run on them (see `check_knobs`)."""
+        self.check_knobs(values, piece_args)
+        return bind_knobs(self.fn, self.what, values, piece_args)
+
+    def check_knobs(
+        self, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None = None,
+        run: Mapping[str, Any] | None = None,
+    ) -> None:  # fmt: skip
+        """Run the piece's `check` on its knobs; one that names a run setting only when `run` gives it.
+        Its ValueError becomes a one-line ConfigError naming the piece and where each value came from."""
+        if self.check is None:
+            return
+        needs = [name for name in keyword_only(self.check) if name in RUN_SETTINGS]
+        if any(name not in (run or {}) for name in needs):
+            return  # at fit start, when the run settings are known
+        resolved = {**self.knob_values(values, piece_args), **{k: run[k] for k in needs}}  # the function's defaults too
+        knobs = knob_values(self.check, self.what, resolved, piece_args)
+        try:
+            self.check(**knobs)
+        except ValueError as err:
+            sources = ", ".join(f"{k}={v!r} ({knob_source(k, values, piece_args) if k not in needs else 'the run'})"
+                                for k, v in knobs.items())  # fmt: skip
+            raise ConfigError(f"{self.what}: {err} [{sources}]") from None
 
     def __getitem__(self, trait: str) -> Any:
         return self.traits[trait]
 
 
-def bind_knobs(fn: Callable, what: str, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None) -> Callable:
-    """`fn` with each keyword-only parameter fixed from `values`, else `piece_args`, else its default."""
+def keyword_only(fn: Callable) -> list[str]:
+    return [p.name for p in inspect.signature(fn).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+
+def knob_source(name: str, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None) -> str:
+    """Where a knob's value comes from, as the user would set it."""
+    if name in values:
+        return f"--model.init_args.{name}"
+    return "from piece_args" if name in (piece_args or {}) else "its default"
+
+
+def knob_values(fn: Callable, what: str, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Each keyword-only parameter of `fn` from `values`, else `piece_args`, else its default."""
     piece_args = piece_args or {}
     knobs = {}
     for p in inspect.signature(fn).parameters.values():
@@ -79,9 +141,17 @@ def bind_knobs(fn: Callable, what: str, values: Mapping[str, Any], piece_args: M
             knobs[p.name] = values[p.name]
         elif p.name in piece_args:
             knobs[p.name] = piece_args[p.name]
-        elif p.default is inspect.Parameter.empty:
+        elif p.default is not inspect.Parameter.empty:
+            knobs[p.name] = p.default
+        else:
             raise ConfigError(f"{what} needs the knob {p.name!r}: set it with --model.init_args.piece_args '{{{p.name}: …}}'")
-    return partial(fn, **knobs)
+    return knobs
+
+
+def bind_knobs(fn: Callable, what: str, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None) -> Callable:
+    """`fn` with each keyword-only parameter fixed from `values`, else `piece_args`; defaults stay the function's."""
+    knobs = knob_values(fn, what, values, piece_args)
+    return partial(fn, **{k: v for k, v in knobs.items() if k in values or k in (piece_args or {})})
 
 
 class Registry:
@@ -92,8 +162,10 @@ class Registry:
         self.default_traits = dict(traits or {})
         self._pieces: dict[str, Piece] = {}
 
-    def register(self, name: str, *, anchor: str | None, **traits: Any) -> Callable[[Callable], Callable]:
-        """Decorator: register `fn` under `name` (a name may be registered once)."""
+    def register(
+        self, name: str, *, anchor: str | None, check: Callable | None = None, **traits: Any
+    ) -> Callable[[Callable], Callable]:
+        """Decorator: register `fn` under `name` (a name may be registered once); `check`: the knobs' own check."""
         unknown = set(traits) - set(self.default_traits)
         if unknown:
             raise TypeError(f"{self.kind} traits are {sorted(self.default_traits)}, not {sorted(unknown)}")
@@ -102,7 +174,7 @@ class Registry:
             existing = self._pieces.get(name)
             if existing is not None and existing.fn is not fn:
                 raise ValueError(f"{self.kind} {name!r} is registered already ({existing.fn.__module__})")
-            self._pieces[name] = Piece(name, fn, self.kind, anchor, {**self.default_traits, **traits})
+            self._pieces[name] = Piece(name, fn, self.kind, anchor, {**self.default_traits, **traits}, check, self.flag)
             return fn
 
         return add
@@ -136,7 +208,9 @@ class Registry:
             try:
                 fn = getattr(importlib.import_module(module_name), attr)
             except (ImportError, AttributeError) as err:
-                raise ConfigError(f"{self.flag}={name!r}: cannot import it ({type(err).__name__}: {err})") from None
+                hint = (f"; put the directory that holds {module_name.split('.')[0]!r} on PYTHONPATH"
+                        if isinstance(err, ModuleNotFoundError) and err.name == module_name.split(".")[0] else "")
+                raise ConfigError(f"{self.flag}={name!r}: cannot import it ({type(err).__name__}: {err}){hint}") from None
             for piece in self._pieces.values():
                 if piece.fn is fn:
                     return piece

@@ -30,19 +30,36 @@ def clipped_objective(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: floa
     return per_tok, stats
 
 
+def check_ratio_band(*, clip_eps_low: float, clip_eps_high: float) -> None:
+    """The clip range [1−ε_low, 1+ε_high] of the ratio: ε_low = 1 leaves no lower bound (CISPO)."""
+    if not (0 <= clip_eps_low <= 1 and clip_eps_high >= 0):
+        raise ValueError(f"the ratio's clip range needs 0 ≤ clip_eps_low ≤ 1 and clip_eps_high ≥ 0, got {clip_eps_low}, {clip_eps_high}")
+
+
+def check_log_band(*, clip_eps_low: float, clip_eps_high: float) -> None:
+    """GMPO's clip range [−ε_low, ε_high] of the token log-ratio: any non-negative widths."""
+    if not (clip_eps_low >= 0 and clip_eps_high >= 0):
+        raise ValueError(f"the log-ratio's clip range [−clip_eps_low, clip_eps_high] needs both ≥ 0, got {clip_eps_low}, {clip_eps_high}")
+
+
+def check_sapo_temperatures(*, sapo_tau_pos: float, sapo_tau_neg: float) -> None:
+    if not (sapo_tau_pos > 0 and sapo_tau_neg > 0):
+        raise ValueError(f"the gate's temperatures must be > 0, got sapo_tau_pos={sapo_tau_pos}, sapo_tau_neg={sapo_tau_neg}")
+
+
 def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     """s̄_n = (1/L_n) Σ_t mask·(logp − old_logp): the length-normalised log-ratio of each sequence."""
     return ((logp - old_logp) * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
-@policy_losses.register("ppo-clip", anchor="ppo-clipped-surrogate")
+@policy_losses.register("ppo-clip", anchor="ppo-clipped-surrogate", check=check_ratio_band)
 def ppo_clip(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> LossAndStats:
     """PPO's clipped surrogate with the per-token ratio π_θ/π_old (asymmetric ε = DAPO's clip-higher)."""
     ratio = (x.logp - x.old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
     return clipped_objective(ratio, x.advantages, clip_eps_low, clip_eps_high)
 
 
-@policy_losses.register("gspo-token", anchor="gspo-and-gspo-token")
+@policy_losses.register("gspo-token", anchor="gspo-and-gspo-token", check=check_ratio_band)
 def gspo_token(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> LossAndStats:
     """GSPO-token: value s_n = exp(s̄_n), gradient through token t only; accepts reshaped token advantages.
 
@@ -53,7 +70,7 @@ def gspo_token(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float)
     return clipped_objective(log_s.exp(), x.advantages, clip_eps_low, clip_eps_high)
 
 
-@policy_losses.register("gspo", anchor="gspo-and-gspo-token", token_advantages=False)
+@policy_losses.register("gspo", anchor="gspo-and-gspo-token", check=check_ratio_band, token_advantages=False, token_weights=False)
 def gspo(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> LossAndStats:
     """GSPO: one clipped term per sequence with the length-normalised sequence ratio s_n = exp(s̄_n).
 
@@ -67,7 +84,7 @@ def gspo(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> Lo
     return per_seq[:, None] * x.mask, {k: v[:, None].expand_as(x.mask) for k, v in stats.items()}
 
 
-@policy_losses.register("cispo", anchor="cispo")
+@policy_losses.register("cispo", anchor="cispo", check=check_ratio_band)
 def cispo(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> LossAndStats:
     """CISPO: REINFORCE on every token, weighted by the clipped, stop-gradient importance ratio.
 
@@ -80,7 +97,7 @@ def cispo(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> L
     return -weight * x.advantages * x.logp, stats
 
 
-@policy_losses.register("gmpo", anchor="gmpo", token_advantages=False)
+@policy_losses.register("gmpo", anchor="gmpo", check=check_log_band, token_advantages=False, token_weights=False)
 def gmpo(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> LossAndStats:
     """GMPO: the geometric mean of the token ratios, each clipped in log space to [−ε_low, ε_high] on the
     side the sequence advantage pushes (above for Â > 0, below for Â < 0); one term per sequence."""
@@ -98,7 +115,7 @@ def gmpo(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> Lo
     return (-seq_adv * geometric_mean)[:, None] * x.mask, stats
 
 
-@policy_losses.register("sapo", anchor="sapo")
+@policy_losses.register("sapo", anchor="sapo", check=check_sapo_temperatures)
 def sapo(x: TokenLossInputs, *, sapo_tau_pos: float = 1.0, sapo_tau_neg: float = 1.05) -> LossAndStats:
     """SAPO: a soft gate f(r) = (4/τ)·σ(τ(r − 1)) in place of the hard clip, −f(r)·Â per token; τ_pos for
     Â > 0, τ_neg otherwise. Its gradient weight 4σ(1−σ)·r is 1 on policy and fades smoothly off it."""

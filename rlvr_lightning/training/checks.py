@@ -4,14 +4,13 @@ Each failure is a `ConfigError` that names the options and what would work."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
-
-import torch
 
 from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.pieces import rollout_corrections
-from rlvr_lightning.pieces.kinds import AdvantageInputs, CorrectionInputs, TokenLossInputs, TokenSelectionInputs
+from rlvr_lightning.pieces.registry import Piece
+from rlvr_lightning.pieces.selection import check_piece_args, selected_pieces
 from rlvr_lightning.training.objective import Objective
 from rlvr_lightning.training.plan import UpdatePlan
 
@@ -26,28 +25,26 @@ def check_values(h: Mapping[str, Any]) -> None:
         raise ConfigError(f"model.max_tokens_per_micro_batch must be ≥ 1 (or null), got {h['max_tokens_per_micro_batch']}")
     if h["logprob_chunk_tokens"] < 0:
         raise ConfigError(f"model.logprob_chunk_tokens must be ≥ 0 (0 = no chunking), got {h['logprob_chunk_tokens']}")
-    if not (0 <= h["clip_eps_low"] <= 1 and h["clip_eps_high"] >= 0):  # ε_low = 1: no lower bound (CISPO)
-        raise ConfigError(
-            f"model.clip_eps_low must be in [0, 1] and clip_eps_high ≥ 0, got {h['clip_eps_low']}, {h['clip_eps_high']}"
-        )
-    if h["tis_cap"] <= 0:
-        raise ConfigError(f"model.tis_cap must be > 0, got {h['tis_cap']}")
     if h["sync_check_every"] < 1:
         raise ConfigError(f"model.sync_check_every must be ≥ 1, got {h['sync_check_every']}")
 
 
-def check_pieces(h: Mapping[str, Any], objective: Objective, corrects_rollouts: bool) -> None:
+def check_pieces(h: Mapping[str, Any], objective: Objective, correction: Piece) -> None:
+    """Which pieces combine; each piece's own knobs were checked when it was bound (its `check`)."""
+    check_piece_args(h)
     loss = objective.policy_loss
-    one = torch.zeros(1, 1)
-    rollout_corrections.bound(h)(CorrectionInputs(one, one, torch.ones(1, 1)))  # its knobs fail now (a band)
-    if objective.select is not None:  # the loss's token selection: its knobs fail now (a share out of range)
-        objective.select(TokenSelectionInputs(one, one, torch.ones(1, 1), lambda rows: torch.ones(len(rows), 1)))
-    if not objective.group_level:  # the token loss itself on one token: its knobs fail now (a negative β)
-        objective.loss(TokenLossInputs(one, one, one, torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.bool)))
+    corrects_rollouts = correction.name != "none"
     if objective.group_level and corrects_rollouts:
         raise ConfigError(
             f"model.rollout_correction={h['rollout_correction']} re-weights token-level losses; "
             f"model.policy_loss={loss.name} is group level (sequence logits): use rollout_correction=none"
+        )
+    if correction["level"] == "token" and not loss["token_weights"]:
+        sequence_level = ", ".join(p.name for p in rollout_corrections.pieces() if p["level"] == "sequence")
+        raise ConfigError(
+            f"model.rollout_correction={correction.name} weighs each token, but model.policy_loss={loss.name} writes one "
+            f"term per sequence on all its tokens, so a token's weight would reach the whole sequence: use a "
+            f"sequence-level correction ({sequence_level}) or a per-token loss (gspo-token, ppo-clip)"
         )
     if h["two_pass"] and not objective.group_level:
         raise ConfigError(f"model.two_pass is for group-level policy losses (REAL's); {loss.name} is token level")
@@ -60,12 +57,14 @@ def check_pieces(h: Mapping[str, Any], objective: Objective, corrects_rollouts: 
 
 def check_run(
     h: Mapping[str, Any], batch_size: int, rollout: Any, objective: Objective, plan: UpdatePlan,
-    estimator: Callable[[AdvantageInputs], Any], shapers: list[str], corrects_rollouts: bool, generates_ahead: bool,
+    shapers: list[str], corrects_rollouts: bool, generates_ahead: bool,
 ) -> None:  # fmt: skip
     """`batch_size`: prompts per rollout batch; `rollout`: the `rollout:` section (`RolloutSettings`);
-    `estimator`: the bound advantage estimator; `shapers`: the names of the advantage shapers."""
+    `shapers`: the names of the advantage shapers."""
     G = rollout.group_size
-    estimator(AdvantageInputs(torch.zeros(G), torch.zeros(G), G))  # its knobs may not fit G (pass@k's k)
+    run = {"group_size": G, "max_response_length": rollout.max_response_length}
+    for piece in selected_pieces(h).values():  # the checks that need the run's settings (pass@k's k ≤ G)
+        piece.check_knobs(h, h.get("piece_args"), run)
     if batch_size % h["num_mini_batches"]:
         raise ConfigError(
             f"data.batch_size={batch_size} prompts must divide into model.num_mini_batches="

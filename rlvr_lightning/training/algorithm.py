@@ -1,0 +1,46 @@
+"""The pieces an algorithm's hyper-parameters select, checked and bound once when the module is built:
+the update's objective, the advantage estimator and the rollout correction."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlvr_lightning.pieces import advantage_estimators, rollout_corrections
+from rlvr_lightning.pieces.advantages import advantage_stats
+from rlvr_lightning.pieces.kinds import AdvantageInputs
+from rlvr_lightning.pieces.registry import Piece
+from rlvr_lightning.pieces.selection import check_piece_args
+from rlvr_lightning.training.checks import check_pieces
+from rlvr_lightning.training.objective import Objective, compose_objective
+
+
+@dataclass(frozen=True)
+class BoundPieces:
+    objective: Objective
+    estimator: Callable  # the advantage estimator, knobs bound
+    correction: Piece  # the rollout correction
+    correct: Callable  # the rollout correction, knobs bound
+
+    @classmethod
+    def of(cls, h: Mapping[str, Any]) -> BoundPieces:
+        """Bind the selected pieces (each runs its own knob check) and check that they combine."""
+        check_piece_args(h)
+        pieces = cls(compose_objective(h), advantage_estimators.bound(h), rollout_corrections.selected(h),
+                     rollout_corrections.bound(h))  # fmt: skip
+        check_pieces(h, pieces.objective, pieces.correction)
+        return pieces
+
+    @property
+    def corrects_rollouts(self) -> bool:
+        return self.correction.name != "none"
+
+    def advantages(self, inputs: AdvantageInputs) -> tuple[torch.Tensor, dict[str, float]]:
+        """Sequence advantages [N] and their statistics (`adv_*`), with the estimator's own, if it returns any."""
+        out = self.estimator(inputs)
+        advantages, own = out if isinstance(out, tuple) else (out, {})
+        return advantages, {**advantage_stats(advantages), **{k: float(v) for k, v in own.items()}}
+
