@@ -105,7 +105,8 @@ def test_the_doctor_reads_the_trainers_compute_dtype_as_the_run_does(precision, 
     """The run's `trainer_dtype` and the doctor's (from the configuration alone) are one function."""
     from types import SimpleNamespace
 
-    from rlvr_lightning.algos.base import RLVRModule, trainer_compute_dtype
+    from rlvr_lightning.algos.base import RLVRModule
+    from rlvr_lightning.training.engine_setup import trainer_compute_dtype
 
     module = SimpleNamespace(trainer=SimpleNamespace(precision=precision), device_mesh=mesh,
                              hparams=SimpleNamespace(fsdp_param_dtype=fsdp_param_dtype))  # fmt: skip

@@ -24,19 +24,19 @@ from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.callbacks.rollout import advantage_shapers, rollout_callbacks
 from rlvr_lightning.context import Collectives, ScoredBatch, StepContext
 from rlvr_lightning.models.forward import sequence_logprobs
-from rlvr_lightning.models.lora import LoraSettings, as_settings, trainable_parameters, warn_on_merged_half_precision
+from rlvr_lightning.models.lora import LoraSettings, as_settings, trainable_parameters
 from rlvr_lightning.models.policy import load_policies
 from rlvr_lightning.models.weights import full_weights, load_into_engine
 from rlvr_lightning.pieces import kinds
 from rlvr_lightning.pieces.selection import piece_args_run_with
 from rlvr_lightning.rollout.engine import RolloutEngine
-from rlvr_lightning.rollout.settings import EngineSite, vllm_auto_dtype
 from rlvr_lightning.rollout.sync import FP32_SYNC_TOL, EngineSync, default_sync_tol
 from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.training.algorithm import BoundPieces
 from rlvr_lightning.training.batch import UpdateInputs
 from rlvr_lightning.training.behaviour import BehaviourSource, behaviour_source
 from rlvr_lightning.training.checks import check_run, check_values
+from rlvr_lightning.training.engine_setup import build_rollout_engine, engine_compute_dtype, trainer_compute_dtype
 from rlvr_lightning.training.generation import generate, generate_and_score
 from rlvr_lightning.training.objective import Objective
 from rlvr_lightning.training.optim import adamw_with_schedule
@@ -46,14 +46,6 @@ from rlvr_lightning.training.rollouts_ahead import RolloutsAhead
 from rlvr_lightning.training.shaping import compose_token_weights, shaper_metrics
 from rlvr_lightning.training.step_metrics import StageTimer, StepResult, step_metrics
 from rlvr_lightning.training.update import NonFiniteGuard, PolicyUpdate
-
-
-def trainer_compute_dtype(precision: str, fsdp_param_dtype: str | None) -> str:
-    """The dtype the trainer's forwards compute in, for Lightning's `trainer.precision` and FSDP2's parameter
-    dtype (None without FSDP2); a function so that `rlvr_lightning.doctor` reads it from the configuration."""
-    if precision.startswith("bf16") or fsdp_param_dtype == "bfloat16":
-        return "bfloat16"
-    return "float16" if precision.startswith("16") else "float32"
 
 
 class RLVRModule(L.LightningModule):
@@ -192,31 +184,14 @@ class RLVRModule(L.LightningModule):
     @property
     def engine(self) -> RolloutEngine:
         if self._engine is None:
-            dm, trainer = self.datamodule, self.trainer
-            self._engine = dm.rollout.build_engine(EngineSite(
-                dm.policy_path, dm.max_model_len(), dm.hparams.seed, self.policy,
-                partial(sequence_logprobs, self.policy), dm.tokenizer, trainer.global_rank, trainer.world_size,
-                trainer.local_rank, trainer.num_devices,
-                self.lora.engine_max_rank if self.lora is not None and self.lora.sync == "adapter" else None,
-            ))  # fmt: skip
             engine_dtype = self.engine_dtype()
-            if dm.rollout.engine != "hf" and trainer.is_global_zero:
-                warn_on_merged_half_precision(self.lora, engine_dtype)
+            self._engine = build_rollout_engine(self.datamodule, self.trainer, self.policy, self.lora, engine_dtype)
             if self.hparams.sync_check_tol is None:
                 self.engine_sync.probe.tol = default_sync_tol(engine_dtype, self.trainer_dtype())
         return self._engine
 
     def engine_dtype(self) -> str:
-        """The dtype the rollout engine computes in (`rollout.dtype`; `auto`: what vLLM makes of the checkpoint's)."""
-        rollout = self.datamodule.rollout
-        if rollout.engine == "hf":
-            return self.trainer_dtype()  # the trainer's own module generates
-        if rollout.dtype != "auto":
-            return rollout.dtype
-        config = self.policy.config
-        checkpoint = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32")
-        on_cuda = torch.cuda.is_available()
-        return vllm_auto_dtype(checkpoint.removeprefix("torch."), on_cuda, on_cuda and torch.cuda.is_bf16_supported())
+        return engine_compute_dtype(self.datamodule.rollout, self.policy.config, self.trainer_dtype())
 
     def trainer_dtype(self) -> str:
         """The dtype the trainer's forwards compute in: the precision plugin's, or FSDP2's parameter dtype."""

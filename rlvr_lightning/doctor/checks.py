@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-from rlvr_lightning.algos.base import trainer_compute_dtype
 from rlvr_lightning.models.embedded import TinyQwen2Spec, build_char_tokenizer, build_tiny_qwen2, save_policy
 from rlvr_lightning.models.forward import policy_forward, sequence_logprobs
 from rlvr_lightning.models.lm_head import supports_chunked_head
@@ -29,6 +28,7 @@ from rlvr_lightning.models.weights import full_weights, load_into_engine
 from rlvr_lightning.rollout.settings import EngineSite, RolloutSettings
 from rlvr_lightning.rollout.sync import EngineSync, default_sync_tol
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, RolloutTensors, SamplingConfig
+from rlvr_lightning.training.engine_setup import trainer_compute_dtype
 
 PASS, FAIL, SKIP = "pass", "FAIL", "skipped"
 PROMPTS = ["What is 1+2-3?\n", "What is 17+20+9?\n", "Hi\n"]  # different lengths: left padding is exercised

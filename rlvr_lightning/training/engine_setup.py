@@ -1,0 +1,48 @@
+"""The rollout engine a module trains with, built from the `rollout:` section once the policy exists, and
+the dtypes the engine and the trainer compute in (they set the weight-sync probe's tolerance)."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+
+from rlvr_lightning.models.forward import sequence_logprobs
+from rlvr_lightning.models.lora import LoraSettings, warn_on_merged_half_precision
+from rlvr_lightning.rollout.engine import RolloutEngine
+from rlvr_lightning.rollout.settings import EngineSite, vllm_auto_dtype
+
+
+def trainer_compute_dtype(precision: str, fsdp_param_dtype: str | None) -> str:
+    """The dtype the trainer's forwards compute in, for Lightning's `trainer.precision` and FSDP2's parameter
+    dtype (None without FSDP2); a function so that `rlvr_lightning.doctor` reads it from the configuration."""
+    if precision.startswith("bf16") or fsdp_param_dtype == "bfloat16":
+        return "bfloat16"
+    return "float16" if precision.startswith("16") else "float32"
+
+
+def engine_compute_dtype(rollout: Any, policy_config: Any, trainer_dtype: str) -> str:
+    """The dtype the rollout engine computes in (`rollout.dtype`; `auto`: what vLLM makes of the checkpoint's;
+    the HF engine is the trainer's own module)."""
+    if rollout.engine == "hf":
+        return trainer_dtype
+    if rollout.dtype != "auto":
+        return rollout.dtype
+    checkpoint = str(getattr(policy_config, "dtype", None) or getattr(policy_config, "torch_dtype", None) or "float32")
+    on_cuda = torch.cuda.is_available()
+    return vllm_auto_dtype(checkpoint.removeprefix("torch."), on_cuda, on_cuda and torch.cuda.is_bf16_supported())
+
+
+def build_rollout_engine(datamodule: Any, trainer: Any, policy: torch.nn.Module, lora: LoraSettings | None,
+                         engine_dtype: str) -> RolloutEngine:  # fmt: skip
+    """The engine of the `rollout:` section for this rank; warns (once) where a merged LoRA sync would lose updates."""
+    adapter_rank = lora.engine_max_rank if lora is not None and lora.sync == "adapter" else None
+    engine = datamodule.rollout.build_engine(EngineSite(
+        datamodule.policy_path, datamodule.max_model_len(), datamodule.hparams.seed, policy,
+        partial(sequence_logprobs, policy), datamodule.tokenizer, trainer.global_rank, trainer.world_size,
+        trainer.local_rank, trainer.num_devices, adapter_rank,
+    ))  # fmt: skip
+    if datamodule.rollout.engine != "hf" and trainer.is_global_zero:
+        warn_on_merged_half_precision(lora, engine_dtype)
+    return engine
