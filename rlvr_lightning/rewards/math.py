@@ -629,11 +629,12 @@ class MathVerifier:
         failed = {p for p in unverified if outcome[p] != TIMEOUT}
         slow = {p for p in unverified if outcome[p] == TIMEOUT} if self.timeout_retry_factor else set()
         if failed:
+            pool_failed = any(outcome[p] == BROKEN for p in failed)
             logger.warning(
-                "math verification: %s; retrying %d of %d answers%s",
-                cause, len(failed), len(pairs), " on a new pool" if BROKEN in outcome.values() else "",
+                "math verification: %s; retrying %d of the %d distinct answers%s",
+                cause, len(failed), len(pairs), " on a new pool" if pool_failed else "",
             )  # fmt: skip
-            if BROKEN in outcome.values():
+            if pool_failed:
                 self.close()  # e.g. workers that never answered: start afresh
         if slow:
             logger.info("math verification: %d answers ran out of time; retrying them with %gx the limits",
