@@ -29,6 +29,7 @@ from rlvr_lightning.data.sources import DataSourceError
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.planner.preflight import preflight
 from rlvr_lightning.planner.settings import PlanSettings
+from rlvr_lightning.rewards.math import VerifierUnavailable
 from rlvr_lightning.rollout.server_process import RolloutServerError, RolloutServerLost
 from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.training.dynamic_sampling import DynamicSamplingExhausted
@@ -234,12 +235,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def user_error_behind(err: BaseException) -> BaseException | None:
-    """The ConfigError, DataSourceError, RolloutServerError or DynamicSamplingExhausted that caused `err`, if any:
+    """The ConfigError, DataSourceError, RolloutServerError, DynamicSamplingExhausted or VerifierUnavailable that caused `err`, if any:
     jsonargparse re-raises a class's constructor error as its own ValueError while instantiating the
     config. (A run that stops on exhausted dynamic sampling resumes from its last checkpoint.)"""
     seen = set()
     while err is not None and id(err) not in seen:
-        if isinstance(err, (ConfigError, DataSourceError, RolloutServerError, DynamicSamplingExhausted)):
+        if isinstance(err, (ConfigError, DataSourceError, RolloutServerError, DynamicSamplingExhausted, VerifierUnavailable)):
             return err
         seen.add(id(err))
         err = err.__cause__ or err.__context__

@@ -56,6 +56,7 @@ def test_two_step_fit_writes_an_mlflow_run(two_step_runs, engine):
         "train/response_clip_ratio", "train/clip_frac", "train/entropy", "train/kl", "train/grad_norm",
         "train/lr", "train/policy_version", "train/logprob_mismatch_mean", "time/rollout", "time/reward",
         "time/old_logprob", "time/update", "time/weight_sync", "throughput/rollout_tokens_per_s",
+        "train/verifier_errors", "train/verifier_timeouts",
     ):  # fmt: skip
         assert [m.step for m in history[key]] == [0, 1], key
     assert [m.value for m in history["train/policy_version"]] == [1.0, 2.0]

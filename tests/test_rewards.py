@@ -37,8 +37,10 @@ def _load(name: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def verifier():
-    # Strict, as by default: the benchmark tests below are what keeps strict mode the default.
-    with MathVerifier(num_workers=2, timeout_s=5.0, strict=True) as v:
+    # Strict, as by default: the benchmark tests below are what keeps strict mode the default. The limits are
+    # the default ones; only the retry of an answer that ran out of time is longer (60 s), as a loaded machine
+    # can be many times slower than an idle one (the reference solutions take milliseconds each on it).
+    with MathVerifier(num_workers=2, timeout_s=5.0, timeout_retry_factor=12, strict=True) as v:
         yield v
 
 
@@ -262,15 +264,15 @@ def test_swapped_non_numeric_answers_fail(verifier):
 
 # --------------------------------------------------------------------- timeouts, crashes
 def test_hard_kill_timeout_then_pool_still_works():
-    # math-verify's own timeouts off: only pebble's wall-clock kill can stop the task.
-    with MathVerifier(num_workers=2, timeout_s=1.0, inner_timeout_s=0) as v:
+    # math-verify's own timeouts off: only pebble's wall-clock kill can stop the task, at 1 s and on its retry at 2 s.
+    with MathVerifier(num_workers=2, timeout_s=1.0, inner_timeout_s=0, timeout_retry_factor=2) as v:
         v.verify(["1"], ["\\boxed{1}"])  # start the pool outside the timed part
         t0 = time.perf_counter()
         res = v.verify(["5", "3"], [PATHOLOGICAL, "so \\boxed{3}"])
         elapsed = time.perf_counter() - t0
         assert res.rewards == [0.0, 1.0]
-        assert res.num_timeouts == 1
-        assert elapsed < 5.0  # 1 s limit + SIGTERM/SIGKILL + slack
+        assert res.num_timeouts == 1 and res.num_timeout_retries == 1 and res.num_errors == 0
+        assert elapsed < 60.0  # liveness, not speed: 1 s + 2 s of limits, the kills, a respawn and slack
         # The killed worker was replaced: a normal batch still verifies.
         res = v.verify(
             ["\\frac{1}{2}", "7", "x^2+1", "3"],
@@ -280,40 +282,44 @@ def test_hard_kill_timeout_then_pool_still_works():
         assert res.num_timeouts == 0
 
 
-def test_math_verify_inner_timeout_ends_in_worker(verifier):
-    # With math-verify's own timeout (2 s here), the slow case ends inside the worker
-    # before the 5 s hard kill: reward 0, not counted as a kill.
-    t0 = time.perf_counter()
-    res = verifier.verify(["5", "4"], [PATHOLOGICAL, "\\boxed{4}"])
-    assert res.rewards == [0.0, 1.0]
-    assert res.num_timeouts == 0
-    assert time.perf_counter() - t0 < 5.0
-
-
-def test_worker_crash_gives_zero_and_pool_recovers():
+def test_math_verify_inner_timeout_ends_in_worker():
+    # With math-verify's own timeout (2 s, and 4 s on the retry), the slow case ends inside the worker before
+    # the hard kill (5 s, 10 s), which would replace the worker: reward 0, counted as a timeout.
     before = {p.pid for p in multiprocessing.active_children()}
-    with MathVerifier(num_workers=2, timeout_s=30.0, inner_timeout_s=0) as v:
+    with MathVerifier(num_workers=1, timeout_s=5.0, timeout_retry_factor=2) as v:
+        v.verify(["1"], ["\\boxed{1}"])
+        workers = {p.pid for p in multiprocessing.active_children()} - before
+        res = v.verify(["5", "4"], [PATHOLOGICAL, "\\boxed{4}"])
+        assert res.rewards == [0.0, 1.0]
+        assert res.num_timeouts == 1 and res.num_timeout_retries == 1
+        assert {p.pid for p in multiprocessing.active_children()} - before == workers  # no worker was killed
+
+
+def test_worker_crash_is_retried_and_pool_recovers():
+    before = {p.pid for p in multiprocessing.active_children()}
+    with MathVerifier(num_workers=2, timeout_s=3.0, inner_timeout_s=0) as v:
         v.verify(["1"], ["\\boxed{1}"])
         workers = [p.pid for p in multiprocessing.active_children() if p.pid not in before]
         assert len(workers) == 2
-        # Kill this verifier's workers while one is busy with the slow task.
+        # Kill this verifier's workers while one is busy with the slow task: a lost worker is no wrong answer,
+        # the task is retried (where it runs out of time, the retry of a crash having the first limit).
         killer = threading.Timer(1.0, lambda: [os.kill(pid, signal.SIGKILL) for pid in workers])
         killer.start()
         t0 = time.perf_counter()
         res = v.verify(["5", "3"], [PATHOLOGICAL, "\\boxed{3}"])
         killer.join()
         assert res.rewards == [0.0, 1.0]
-        assert res.num_timeouts == 0
-        assert time.perf_counter() - t0 < 10.0
+        assert res.num_errors >= 1 and res.num_timeouts == 1
+        assert time.perf_counter() - t0 < 60.0  # liveness: 1 s, then 3 s, a respawn and slack
         res = v.verify(["2", "3"], ["\\boxed{2}", "\\boxed{3}"])
-        assert res.rewards == [1.0, 1.0]
+        assert res.rewards == [1.0, 1.0] and res.num_errors == 0
 
 
 # --------------------------------------------------------------------------- batching
 def test_dedup_order_and_no_answer(verifier, monkeypatch):
     scheduled = []
     run = verifier._run
-    monkeypatch.setattr(verifier, "_run", lambda pairs: scheduled.extend(pairs) or run(pairs))
+    monkeypatch.setattr(verifier, "_run", lambda pairs, *args, **kwargs: scheduled.extend(pairs) or run(pairs, *args, **kwargs))
     golds = ["4", "4", "4", "4", "\\frac{1}{2}", "4", "9"]
     completions = [
         "\\boxed{4}",

@@ -71,9 +71,10 @@ def test_adversarial_completions_are_safe_and_bounded(verifier, tmp_path):
     result = verifier.verify(["42"] * len(cases), list(cases.values()))
     elapsed = time.perf_counter() - t0
     rewards = dict(zip(cases, result.rewards))
-    # Liveness, not performance: every task is killed at TIMEOUT_S, so the batch ends within its rounds.
+    # Liveness, not performance: every task is killed at TIMEOUT_S, and its one retry at TIMEOUT_S times
+    # timeout_retry_factor, so the batch ends within its rounds.
     rounds = len(cases) / verifier.num_workers + 1
-    assert elapsed < TIMEOUT_S * rounds + 60
+    assert elapsed < TIMEOUT_S * (1 + verifier.timeout_retry_factor) * rounds + 60
     assert not (tmp_path / "pwned").exists()  # no code ran
     for name in ("os.system", "eval", "exec", "read file", "sympify payload", "tower exponent",
                  "factorial tower", "huge power", "unclosed boxes", "100 kB no box", "100 kB latex in box", "empty",
@@ -93,7 +94,7 @@ def test_random_fuzz_never_raises_and_stays_bounded(verifier):
     t0 = time.perf_counter()
     result = verifier.verify(["7"] * len(completions), completions)
     assert len(result.rewards) == 150 and set(result.rewards) <= {0.0, 1.0}
-    assert time.perf_counter() - t0 < TIMEOUT_S * (150 / verifier.num_workers + 1) + 60
+    assert time.perf_counter() - t0 < TIMEOUT_S * (1 + verifier.timeout_retry_factor) * (150 / verifier.num_workers + 1) + 60
     assert verifier.verify(["7"], ["\\boxed{7}"]).rewards == [1.0]
 
 

@@ -28,6 +28,7 @@ class RewardVerifier(RolloutCallback):
         self,
         num_workers: int = 2,
         timeout_s: float = 5.0,
+        timeout_retry_factor: float = 4.0,
         truncated_is_incorrect: bool = True,
         multiple_boxed: Literal["wrong", "last"] = "wrong",
         strict: bool = True,
@@ -35,7 +36,10 @@ class RewardVerifier(RolloutCallback):
         """
         Args:
             num_workers: verifier processes (each completion has a hard wall-clock limit).
-            timeout_s: a completion whose verification takes longer gets reward 0; its worker is replaced.
+            timeout_s: a completion whose verification takes longer is killed (its worker is replaced) and
+                retried once with `timeout_retry_factor` times the limit; running out of time again, it scores 0.
+            timeout_retry_factor: how much longer that retry may take (a loaded machine is slow, and a slow
+                verification is not a wrong answer); 0 scores a completion 0 on its first timeout.
             truncated_is_incorrect: a completion cut at max_response_length (no EOS) scores 0, as in
                 the Dr. GRPO authors' code (docs/algorithms.md#rollout-and-rewards).
             multiple_boxed: `wrong` requires every boxed answer of a completion to equal the gold (boxing
@@ -44,6 +48,9 @@ class RewardVerifier(RolloutCallback):
                 what its fallbacks pick out of text it cannot parse (`\\boxed{(lambda: 42)()}` reads as 42).
         """
         check_choice("RewardVerifier.multiple_boxed", multiple_boxed, ("wrong", "last"))
+        if timeout_retry_factor != 0 and not timeout_retry_factor >= 1:
+            raise ConfigError(f"RewardVerifier.timeout_retry_factor={timeout_retry_factor!r}; valid: 0 (no retry) or at least 1")
+        self.timeout_retry_factor = timeout_retry_factor
         self.multiple_boxed = multiple_boxed
         self.strict = strict
         self.num_workers = num_workers
@@ -70,6 +77,7 @@ class RewardVerifier(RolloutCallback):
             self.verifier = MathVerifier(
                 num_workers=self.num_workers,
                 timeout_s=self.timeout_s,
+                timeout_retry_factor=self.timeout_retry_factor,
                 multiple_boxed=self.multiple_boxed,
                 strict=self.strict,
             )
@@ -107,6 +115,8 @@ class RewardVerifier(RolloutCallback):
         metrics = {
             "verifier_timeouts": float(result.num_timeouts),
             "verifier_timeouts_total": float(self.total_timeouts),
+            # Failures of the verifier's worker pool that a retry got past; one it cannot get past raises.
+            "verifier_errors": float(result.num_errors),
             "no_answer_frac": result.num_no_answer / n,
             "multiple_boxed_frac": result.num_multiple_boxed / n,
             "verifier_completions_per_s": len(texts) / max(result.seconds, 1e-9),

@@ -2,6 +2,7 @@
 
 from rlvr_lightning.rewards.math import (
     MathVerifier,
+    VerifierUnavailable,
     VerifyResult,
     boxed_answers,
     extract_boxed,
@@ -13,6 +14,7 @@ from rlvr_lightning.rewards.math import (
 
 __all__ = [
     "MathVerifier",
+    "VerifierUnavailable",
     "VerifyResult",
     "boxed_answers",
     "extract_boxed",

@@ -39,11 +39,14 @@ alone keeps only as text, or reads in part (the -1/2 of ``-\\frac{1}{2} E_{0}``)
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 import multiprocessing
 import numbers
+import os
 import re
+import sys
 import threading
 import time
 from concurrent.futures import wait
@@ -343,6 +346,17 @@ def verify_answer(gold: str, prediction: str | None, *, timeout_s: int | None = 
     from another thread it runs without those timeouts, as SIGALRM cannot be used there.
     Never raises: any failure, including math-verify's timeout, gives False.
     """
+    return _check_answer(gold, prediction, timeout_s, strict) is True
+
+
+# What a check gives when math-verify's own timeout stopped it: not a wrong answer, it is retried
+# with a longer limit (`MathVerifier.timeout_retry_factor`).
+TIMEOUT = "timeout"
+
+
+def _check_answer(gold: str, prediction: str | None, timeout_s: int | None, strict: bool) -> bool | str:
+    """`verify_answer`, but TIMEOUT instead of False when math-verify's own timeout stopped a parse or every
+    comparison that did not fail otherwise. Never raises (but KeyboardInterrupt, SystemExit)."""
     if not gold or not prediction:
         return False
     if threading.current_thread() is not threading.main_thread():
@@ -350,6 +364,7 @@ def verify_answer(gold: str, prediction: str | None, *, timeout_s: int | None = 
     timeout_s = int(timeout_s) if timeout_s else None  # signal.alarm takes whole seconds
     try:
         from math_verify import verify
+        from math_verify.errors import TimeoutException
 
         gold_parsed = _parse(gold, timeout_s)  # gold first: verify() is not symmetric
         if not gold_parsed:
@@ -357,53 +372,99 @@ def verify_answer(gold: str, prediction: str | None, *, timeout_s: int | None = 
         pred_parsed = (_parse_strict if strict else _parse)(prediction, timeout_s)
         if not pred_parsed:
             return False
-        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=timeout_s))
+        # verify() compares every (gold, prediction) reading and is True if one matches; it turns a timeout
+        # into False, so the readings are compared one pair at a time here, as it would, to tell the two apart.
+        timed_out = False
+        for g, p in itertools.product(gold_parsed, pred_parsed):
+            try:
+                if verify([g], [p], timeout_seconds=timeout_s, raise_on_error=True):
+                    return True
+            except TimeoutException:
+                timed_out = True
+            except Exception:  # what verify() scores False
+                pass
+        return TIMEOUT if timed_out else False
     except (KeyboardInterrupt, SystemExit):
         raise  # only ever seen when called in the parent; workers ignore SIGINT
-    except BaseException:  # math-verify's TimeoutException is a BaseException
+    except BaseException as e:  # math-verify's TimeoutException is a BaseException
+        return TIMEOUT if _is_timeout(e) else False
+
+
+def _is_timeout(error: BaseException) -> bool:
+    """Whether `error` is math-verify's own timeout (imported here: the parent never loads math-verify)."""
+    try:
+        from math_verify.errors import TimeoutException
+    except ImportError:  # then the worker cannot start (`_worker_init`)
         return False
+    return isinstance(error, TimeoutException)
 
 
 def _verify_task(
     gold: str, prediction: str, others: tuple[str, ...], timeout_s: int | None, *, strict: bool = False
-) -> bool:
-    """Pool task: the prediction, and every other boxed answer of the completion, equal the gold.
+) -> bool | str:
+    """Pool task: the prediction, and every other boxed answer of the completion, equal the gold (True), one
+    does not (False), or math-verify's own timeout stopped a check before that was known (TIMEOUT).
     Catches everything so that only a hard kill or a crash is an error."""
     try:
-        return verify_answer(gold, prediction, timeout_s=timeout_s, strict=strict) and all(
-            verify_answer(gold, other, timeout_s=timeout_s, strict=strict) for other in others
-        )
+        for answer in (prediction, *others):
+            outcome = _check_answer(gold, answer, timeout_s, strict)
+            if outcome is not True:
+                return outcome
+        return True
     except BaseException:
         return False
 
 
-def _gold_task(gold: str, timeout_s: int | None, *, strict: bool = False) -> bool:
+def _gold_task(gold: str, timeout_s: int | None, *, strict: bool = False) -> bool | str:
     """Pool task: can math-verify parse this gold answer at all? In strict mode it must read it as math,
-    not only keep its text: a prediction is compared with the gold's math only, so such a gold could not be met."""
+    not only keep its text: a prediction is compared with the gold's math only, so such a gold could not be met.
+    TIMEOUT when math-verify's own timeout stopped it."""
     try:
         parsed = _parse(gold, timeout_s)
         return any(not isinstance(p, str) for p in parsed) if strict else bool(parsed)
-    except BaseException:
-        return False
+    except BaseException as e:
+        return TIMEOUT if _is_timeout(e) else False
 
 
 def _worker_init() -> None:
     # math-verify logs every input that timed out (up to max_completion_chars) at WARNING.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     # Import sympy/ANTLR and compile math-verify's regexes now, so that the first task of
-    # every (re)started worker does not spend its timeout on them.
-    verify_answer("1", "1")
+    # every (re)started worker does not spend its timeout on them; without a timeout, as a loaded
+    # machine may take seconds. A worker in which math-verify cannot run would score every answer
+    # 0: it stops instead (its error goes to stderr), and a pool none of whose workers start fails.
+    import math_verify  # noqa: F401  (an ImportError here names the missing package)
+
+    if _check_answer("1", "1", None, strict=False) is not True:
+        raise RuntimeError("math-verify does not verify 1 = 1 in this worker process")
 
 
 # -------------------------------------------------------------------------------- public
+# What a pool task can end in besides True / False / TIMEOUT. Neither is the answer's fault: the task is
+# retried once (`MathVerifier._run_with_retry`).
+CRASHED = "crashed"  # its worker died under it (a segfault, an OOM kill, a kill from outside) or it failed to run
+BROKEN = "broken"  # the pool failed: no worker could start, every worker died, or none answered in time
+
+
+class VerifierUnavailable(RuntimeError):
+    """Math verification could not run: its worker processes could not start, or kept dying, twice. The answers
+    were not verified, which must not read as wrong answers; the message names the cause and what to do."""
+
+
 @dataclass
 class VerifyResult:
     rewards: list[float]  # 1.0 correct / 0.0 otherwise, in input order
     predictions: list[str | None]  # extracted answer per completion
-    num_timeouts: int  # completions whose verification was killed at the wall-clock limit
+    # completions whose verification ran out of time (the hard kill or math-verify's own timeout) at the
+    # longer limit of its retry too, or at the first one when the retry is off
+    num_timeouts: int
     num_no_answer: int  # completions with no extractable answer
     seconds: float
     num_multiple_boxed: int = 0  # completions that boxed two or more different strings
+    # completions whose verification met a failure of the pool or of its worker and was retried (counted
+    # whether or not the retry verified it; scored 0 only when its worker died under it twice)
+    num_errors: int = 0
+    num_timeout_retries: int = 0  # completions retried with the longer limit after running out of time once
 
 
 class MathVerifier:
@@ -412,6 +473,13 @@ class MathVerifier:
     The pool starts on first use and is reused; use as a context manager or call close().
     `inner_timeout_s` is math-verify's own timeout (None: derived from `timeout_s`;
     0: disabled, which leaves only the hard kill, as tests of that path need).
+    `timeout_retry_factor`: a verification that runs out of time (either limit) is not a wrong answer yet, as a
+    loaded machine is slow: it is retried once with both limits this many times longer, and scores 0 (counted
+    in `num_timeouts`) only if it runs out of time again; 0 scores it 0 at once.
+    A failure of the pool itself (its workers cannot start or die, e.g. a main script that `spawn` cannot
+    re-import, an OOM kill) is not a wrong answer either: the task is retried once on a new pool (counted in
+    `num_errors`), and when that fails too `verify` raises `VerifierUnavailable`; a task whose worker dies
+    under it twice scores 0, unless no task of the batch could be verified (then it raises too).
     `multiple_boxed`: "wrong" requires every boxed answer of a completion to equal the gold (see
     `other_boxed_answers`; more than `max_other_boxes` different ones score 0 at once); "last" grades
     the last box only.
@@ -427,6 +495,7 @@ class MathVerifier:
         max_completion_chars: int = 20000,
         *,
         inner_timeout_s: int | None = None,
+        timeout_retry_factor: float = 4.0,
         mp_context: str = "spawn",
         multiple_boxed: str = "wrong",
         max_other_boxes: int = 3,
@@ -436,11 +505,14 @@ class MathVerifier:
             raise ValueError("fork is unsafe next to torch/vLLM threads; use spawn or forkserver")
         if multiple_boxed not in ("wrong", "last"):
             raise ValueError(f"multiple_boxed={multiple_boxed!r}; valid: wrong, last")
+        if timeout_retry_factor != 0 and not timeout_retry_factor >= 1:
+            raise ValueError(f"timeout_retry_factor={timeout_retry_factor!r}; valid: 0 (no retry) or at least 1")
         self.multiple_boxed, self.max_other_boxes = multiple_boxed, max_other_boxes
         self.strict = strict
         self._gold_ok: dict[str, bool] = {}  # gold -> parseable, checked once per distinct gold
         self.num_workers = num_workers
         self.timeout_s = timeout_s
+        self.timeout_retry_factor = timeout_retry_factor
         self.max_completion_chars = max_completion_chars
         # Below the hard limit so that most slow cases end inside the worker; one task runs
         # two parses (gold, prediction) and a comparison, each bounded by it.
@@ -455,7 +527,9 @@ class MathVerifier:
     def _get_pool(self) -> pebble.ProcessPool:
         with self._lock:
             if self._pool is not None and not self._pool.active:
-                # Broken (e.g. all workers died at once): replace it rather than fail forever.
+                # Broken since the last batch (e.g. an idle worker was OOM-killed: pebble then fails the
+                # whole pool): replace it rather than fail forever. No answer was lost.
+                logger.warning("math verification: the worker pool had stopped; starting a new one")
                 self._stop_pool()
             if self._pool is None:
                 self._pool = pebble.ProcessPool(
@@ -492,7 +566,9 @@ class MathVerifier:
         """Rewards of `completions` against `golds` (paired by position). Golds go
         through normalize_gold, so raw dataset answers are fine; against one that has no
         answer (None, "", a box that never closes) every completion scores 0. Never stalls:
-        each distinct (gold, prediction) pair is killed after `timeout_s` seconds."""
+        each distinct (gold, prediction) pair is killed after `timeout_s` seconds (and its retry after
+        `timeout_s * timeout_retry_factor`). Raises `VerifierUnavailable` when the pool cannot verify
+        the batch (see the class)."""
         if len(golds) != len(completions):
             raise ValueError(f"{len(golds)} golds but {len(completions)} completions")
         t0 = time.perf_counter()
@@ -510,16 +586,13 @@ class MathVerifier:
 
         # One task per distinct (gold, prediction): RL groups repeat answers a lot.
         unique = list(dict.fromkeys(k for k in keys if k is not None))
-        outcome = self._run(unique) if unique else {}
-        broken = [k for k, v in outcome.items() if v == "broken"]
-        if broken:  # the pool died under us (e.g. workers OOM-killed): once more on a new one
-            logger.warning("math verification pool broke; retrying %d tasks", len(broken))
-            outcome.update(self._run(broken))
+        task = functools.partial(_verify_task, strict=self.strict)
+        outcome, errored, retried = self._run_with_retry(unique, task) if unique else ({}, set(), set())
 
         rewards, num_timeouts = [], 0
         for k in keys:
             result = outcome.get(k, False) if k is not None else False
-            num_timeouts += result == "timeout"
+            num_timeouts += result == TIMEOUT
             rewards.append(1.0 if result is True else 0.0)
         return VerifyResult(
             rewards=rewards,
@@ -528,61 +601,128 @@ class MathVerifier:
             num_no_answer=sum(p is None for p in predictions),
             seconds=time.perf_counter() - t0,
             num_multiple_boxed=sum(bool(o) for o in others),
+            # Only counted when something failed: nothing is added to a batch that went well.
+            num_errors=sum(k in errored for k in keys) if errored else 0,
+            num_timeout_retries=sum(k in retried for k in keys) if retried else 0,
         )
 
     def parseable_golds(self, golds: list[str]) -> list[bool]:
         """Whether math-verify can parse each gold answer (normalised first; False when it has no answer),
-        checked once per distinct gold in the pool, so a pathological gold cannot stall the caller either."""
+        checked once per distinct gold in the pool, so a pathological gold cannot stall the caller either.
+        A gold that still runs out of time on its retry counts as unparseable."""
         normalized = [_gold_or_none(g) for g in golds]
         todo = [(g,) for g in dict.fromkeys(normalized) if g is not None and g not in self._gold_ok]
         if todo:
-            outcome = self._run(todo, functools.partial(_gold_task, strict=self.strict))
+            outcome, _, _ = self._run_with_retry(todo, functools.partial(_gold_task, strict=self.strict))
             self._gold_ok.update({g: result is True for (g,), result in outcome.items()})
         return [g is not None and self._gold_ok[g] for g in normalized]
 
-    def _run(self, pairs: list[tuple[str, ...]], task=None) -> dict[tuple[str, ...], bool | str]:
-        """Runs `task(*pair, inner_timeout_s)` (default: `_verify_task` in this verifier's mode) in the pool:
-        {pair: True | False | "timeout" | "broken"}."""
-        task = task or functools.partial(_verify_task, strict=self.strict)
+    def _run_with_retry(self, pairs: list[tuple], task) -> tuple[dict[tuple, bool | str], set, set]:
+        """`_run`, then once more for the pairs it did not verify: those that ran out of time with the longer
+        limits, those whose worker or pool failed on a new pool if the pool failed. Returns the outcome
+        {pair: True | False | TIMEOUT | CRASHED}, the pairs that met a failure and the pairs retried for
+        time. Raises `VerifierUnavailable` when the pool failed on the retry too, or no pair was verified."""
+        outcome, cause = self._run(pairs, task)
+        unverified = [p for p, result in outcome.items() if result is not True and result is not False]
+        if not unverified:  # the common case: no more work than one pass
+            return outcome, set(), set()
+        failed = {p for p in unverified if outcome[p] != TIMEOUT}
+        slow = {p for p in unverified if outcome[p] == TIMEOUT} if self.timeout_retry_factor else set()
+        if failed:
+            pool_failed = any(outcome[p] == BROKEN for p in failed)
+            logger.warning(
+                "math verification: %s; retrying %d of the %d distinct answers%s",
+                cause, len(failed), len(pairs), " on a new pool" if pool_failed else "",
+            )  # fmt: skip
+            if pool_failed:
+                self.close()  # e.g. workers that never answered: start afresh
+        if slow:
+            logger.info("math verification: %d answers ran out of time; retrying them with %gx the limits",
+                        len(slow), self.timeout_retry_factor)  # fmt: skip
+        retry = [p for p in unverified if p in failed or p in slow]
+        if retry:
+            again, retry_cause = self._run(retry, task, longer=slow)
+            outcome.update(again)
+            cause = retry_cause or cause
+        unavailable = [p for p in retry if outcome[p] == BROKEN]
+        if unavailable or all(outcome[p] == CRASHED for p in pairs):
+            raise VerifierUnavailable(self._unavailable_message(cause, len(unavailable) or len(pairs), len(pairs)))
+        return outcome, failed, slow
+
+    def _unavailable_message(self, cause: str | None, num_unverified: int, num_pairs: int) -> str:
+        """One line: what failed, what it means for the batch and what to do."""
+        main_path = getattr(sys.modules.get("__main__"), "__file__", None)
+        if main_path and self.mp_context != "fork" and not os.path.isfile(main_path):
+            todo = (f"Its '{self.mp_context}' workers re-import the main script {main_path}, which no longer "
+                    "exists: run a script file that stays in place.")  # fmt: skip
+        else:
+            todo = (f"The workers' own error is on stderr above. Its '{self.mp_context}' workers re-import the main "
+                    "script: it must import without side effects, starting work only under "
+                    "`if __name__ == \"__main__\":`; math-verify must import in them; and the machine needs "
+                    f"memory for {self.num_workers} more processes (RewardVerifier.num_workers).")  # fmt: skip
+        return (f"math verification cannot run: {cause or 'its worker processes failed'}, on a retry too, so "
+                f"{num_unverified} of the {num_pairs} distinct answers of this batch were not verified (rather than scored "
+                f"0). {todo}")  # fmt: skip
+
+    def _run(
+        self, pairs: list[tuple], task, longer: set | frozenset = frozenset()
+    ) -> tuple[dict[tuple, bool | str], str | None]:
+        """Runs `task(*pair, inner timeout)` in the pool, with the hard `timeout_s` and math-verify's own
+        `inner_timeout_s`, both `timeout_retry_factor` times longer for the pairs in `longer`. Returns
+        {pair: True | False | TIMEOUT | CRASHED | BROKEN} and what failed first (None when nothing did)."""
+        factor = self.timeout_retry_factor
+        short = (self.timeout_s, self.inner_timeout_s)
+        long = (self.timeout_s * factor, math.ceil(self.inner_timeout_s * factor))
         try:
             pool = self._get_pool()
-            futures = {
-                p: pool.schedule(task, args=(*p, self.inner_timeout_s), timeout=self.timeout_s)
-                for p in pairs
-            }
-        except RuntimeError:  # the pool broke between the check in _get_pool and scheduling
-            return dict.fromkeys(pairs, "broken")
+            futures = {}
+            for p in pairs:
+                hard, inner = long if p in longer else short
+                futures[p] = pool.schedule(task, args=(*p, inner), timeout=hard)
+        except RuntimeError as e:  # the pool cannot start its workers, or broke since _get_pool checked it
+            return dict.fromkeys(pairs, BROKEN), f"the worker pool could not start ({_first_line(e)})"
         # Safety net only, per-task timeouts normally bound the wait: never wait forever,
         # e.g. on workers that cannot start.
-        rounds = math.ceil(len(pairs) / self.num_workers) + 1
-        deadline = time.monotonic() + 120 + self.timeout_s * rounds
-        pending, stuck = set(futures.values()), "timeout"
+        limits = self.timeout_s * (len(pairs) - len(longer)) + long[0] * len(longer)
+        deadline = time.monotonic() + 120 + limits / self.num_workers + (long[0] if longer else short[0])
+        pending, stuck, stuck_cause = set(futures.values()), BROKEN, None
         while pending:
             _, pending = wait(pending, timeout=1.0)
             if pending and not pool.active:
                 # A broken pebble pool fails its running tasks but never its queued ones.
-                stuck = "broken"
+                stuck_cause = "the worker pool stopped"
                 break
             if pending and time.monotonic() > deadline:
-                logger.warning("math verification: %d tasks hit the batch deadline", len(pending))
+                stuck_cause = f"no worker answered {len(pending)} tasks by the batch deadline"
                 break
         for future in pending:
             future.cancel()
-        return {p: stuck if f in pending else self._result(f) for p, f in futures.items()}
+        outcome, cause = {}, None
+        for p, f in futures.items():
+            result, why = (stuck, stuck_cause) if f in pending else self._result(f)
+            outcome[p] = result
+            cause = cause or why
+        return outcome, cause or stuck_cause
 
     @staticmethod
-    def _result(future) -> bool | str:
-        """True/False, "timeout" when the task was killed for running too long, or
-        "broken" when the whole pool failed."""
+    def _result(future) -> tuple[bool | str, str | None]:
+        """True/False, or TIMEOUT when the task ran out of time (hard kill or math-verify's own timeout),
+        CRASHED when its worker died under it or it could not run, BROKEN when the whole pool failed;
+        and what failed, for the log and the error."""
         try:
-            return future.result(timeout=0) is True
+            result = future.result(timeout=0)
+            return (TIMEOUT if result == TIMEOUT else result is True), None
         except TimeoutError:  # pebble's hard kill (concurrent.futures.TimeoutError)
-            return "timeout"
-        except BrokenProcessPool:
-            return "broken"
+            return TIMEOUT, None
+        except BrokenProcessPool as e:
+            return BROKEN, f"every worker process stopped ({_first_line(e)})"
         except pebble.ProcessExpired as e:  # the worker crashed (segfault, OOM kill, ...)
-            logger.warning("math verification worker died (exit code %s)", e.exitcode)
-            return False
-        except Exception:
-            logger.warning("math verification task failed", exc_info=True)
-            return False
+            return CRASHED, f"a worker process died under a task (exit code {e.exitcode})"
+        except Exception as e:
+            return CRASHED, f"a task could not run ({type(e).__name__}: {_first_line(e)})"
+
+
+def _first_line(error: BaseException) -> str:
+    """An error's message up to its first blank line, on one line (spawn explains itself in paragraphs)."""
+    paragraph = str(error).strip().split("\n\n")[0]
+    return " ".join(paragraph.split())[:300] or type(error).__name__
