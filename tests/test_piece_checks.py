@@ -158,3 +158,18 @@ def test_advantage_statistics_and_an_estimators_own_reach_the_steps_metrics():
                                        "adv_zero_frac": 0.5, "adv_positive_frac": 0.25})  # fmt: skip
     finally:
         advantage_estimators._pieces.pop("test-with-stats")
+
+
+def test_fit_start_checks_never_call_a_piece_on_inputs_training_never_gives(tiny_policy_dir):
+    """An estimator that reads `lengths` (always given in training) passes the fit-start checks: they run the
+    pieces' own checks, not the pieces on dummy tensors."""
+    from tests.test_algorithms import attach
+
+    @advantage_estimators.register("test-length-scaled", anchor=None)
+    def length_scaled(inputs: AdvantageInputs) -> torch.Tensor:
+        return inputs.rewards / inputs.lengths.float()
+
+    try:
+        attach(GRPO, tiny_policy_dir, advantage_estimator="test-length-scaled").validate_config()
+    finally:
+        advantage_estimators._pieces.pop("test-length-scaled")
