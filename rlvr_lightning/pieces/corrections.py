@@ -1,9 +1,15 @@
-"""Rollout corrections (docs/algorithms.md#behaviour-policy-and-truncated-importance-sampling): weights
-on the policy term against the engine ≠ trainer mismatch. The engine samples from π_rollout while the
-loss's ratio is taken against π_old as the trainer computes it (Yao et al. 2025, "Your efficient RL
-framework secretly brings you off-policy RL training"; verl's rollout importance sampling)."""
+"""Rollout corrections (docs/algorithms.md#behaviour-policy-and-truncated-importance-sampling,
+#masked-importance-sampling-and-icepop): weights on the policy term against the engine ≠ trainer
+mismatch. The engine samples from π_rollout while the loss's ratio is taken against π_old as the
+trainer computes it (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL
+training"; Liu, Li et al. 2025, "When Speed Kills Stability"; verl's rollout correction).
+
+Sequence ratios ρ(y) = Π_t ρ_t are kept as their logs, Σ_t log ρ_t: the product itself leaves float32
+within a few thousand tokens (8,192 tokens at ρ_t = 1.02 is e^162)."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -11,6 +17,16 @@ from rlvr_lightning.pieces.kinds import CorrectionInputs, rollout_corrections
 from rlvr_lightning.tensor_math import LOG_RATIO_CLAMP, masked_mean
 
 Weights = tuple[torch.Tensor | None, dict[str, float]]
+
+
+def _token_log_ratio(x: CorrectionInputs) -> torch.Tensor:
+    """log π_old/π_rollout per token [N, T], 0 off the mask (whatever padding holds, even ±inf)."""
+    return torch.where(x.mask.bool(), x.old_logp - x.rollout_logp, 0.0)
+
+
+def _sequence_log_ratio(x: CorrectionInputs) -> torch.Tensor:
+    """log ρ(y) = Σ_t log ρ_t per sequence [N, 1]: the log of the sequence's importance ratio."""
+    return _token_log_ratio(x).sum(1, keepdim=True)
 
 
 @rollout_corrections.register("none", anchor="behaviour-policy-and-truncated-importance-sampling", level=None)
@@ -26,7 +42,9 @@ def check_tis_cap(*, tis_cap: float) -> None:
 
 def check_band(*, is_mask_low: float, is_mask_high: float) -> None:
     if not 0 <= is_mask_low < is_mask_high:
-        raise ValueError(f"the importance-sampling band needs 0 ≤ is_mask_low < is_mask_high, got [{is_mask_low}, {is_mask_high}]")
+        raise ValueError(
+            f"the importance-sampling band needs 0 ≤ is_mask_low < is_mask_high, got [{is_mask_low}, {is_mask_high}]"
+        )
 
 
 @torch.no_grad()
@@ -40,10 +58,12 @@ def _truncated(log_w: torch.Tensor, mask: torch.Tensor, cap: float) -> Weights:
     return weights, stats
 
 
-@rollout_corrections.register("tis-token", anchor="behaviour-policy-and-truncated-importance-sampling", check=check_tis_cap)
+@rollout_corrections.register(
+    "tis-token", anchor="behaviour-policy-and-truncated-importance-sampling", check=check_tis_cap
+)
 def tis_token(x: CorrectionInputs, *, tis_cap: float) -> Weights:
     """Truncated importance sampling per token: w_t = min(π_old/π_rollout, cap)."""
-    return _truncated((x.old_logp - x.rollout_logp) * x.mask, x.mask, tis_cap)
+    return _truncated(_token_log_ratio(x), x.mask, tis_cap)
 
 
 @rollout_corrections.register(
@@ -51,34 +71,49 @@ def tis_token(x: CorrectionInputs, *, tis_cap: float) -> Weights:
 )
 def tis_sequence(x: CorrectionInputs, *, tis_cap: float) -> Weights:
     """Truncated importance sampling per sequence: the product of the token ratios, capped, on all its tokens."""
-    log_w = ((x.old_logp - x.rollout_logp) * x.mask).sum(1, keepdim=True).expand_as(x.mask)
-    return _truncated(log_w, x.mask, tis_cap)
+    return _truncated(_sequence_log_ratio(x).expand_as(x.mask), x.mask, tis_cap)
 
 
 @torch.no_grad()
-def _masked(log_w: torch.Tensor, mask: torch.Tensor, low: float, high: float) -> Weights:
-    """w = ρ inside [low, high], 0 outside: masked, not truncated (the token stays in the normaliser)."""
-    ratio = log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
-    kept = (ratio >= low) & (ratio <= high)
-    weights = torch.where(kept, ratio, torch.zeros_like(ratio)) * mask
-    stats = {"is_weight_mean": masked_mean(weights, mask).item(), "is_masked_frac": masked_mean((~kept).float(), mask).item()}
+def _masked(log_w: torch.Tensor, mask: torch.Tensor, low: float, high: float, *, weighted: bool = True) -> Weights:
+    """w = ρ (or 1 when not `weighted`) where ρ = exp(log_w) lies in [low, high], 0 outside: masked, not
+    truncated (the token stays in the normaliser). The band is tested on log ρ, so a ratio past float32
+    is still compared exactly; the weight's exponent is clamped (a band to ∞ keeps it finite)."""
+    log_low = math.log(low) if low > 0 else -math.inf
+    kept = (log_w >= log_low) & (log_w <= math.log(high))  # False for NaN: such a token is dropped
+    value = log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp() if weighted else torch.ones_like(log_w)
+    weights = torch.where(kept & mask.bool(), value, 0.0)
+    stats = {
+        "is_weight_mean": masked_mean(weights, mask).item(),
+        "is_masked_frac": masked_mean((~kept).float(), mask).item(),
+    }
     return weights, stats
 
 
 @rollout_corrections.register("mis-token", anchor="masked-importance-sampling-and-icepop", check=check_band)
 def mis_token(x: CorrectionInputs, *, is_mask_low: float = 0.0, is_mask_high: float = 2.0) -> Weights:
     """Masked importance sampling per token: w_t = π_old/π_rollout inside [low, high], else 0 (the token is dropped)."""
-    return _masked((x.old_logp - x.rollout_logp) * x.mask, x.mask, is_mask_low, is_mask_high)
+    return _masked(_token_log_ratio(x), x.mask, is_mask_low, is_mask_high)
 
 
-@rollout_corrections.register("mis-sequence", anchor="masked-importance-sampling-and-icepop", check=check_band, level="sequence")
-def mis_sequence(x: CorrectionInputs, *, is_mask_low: float = 0.99, is_mask_high: float = 1.01) -> Weights:
-    """Masked importance sampling per sequence by the geometric mean of its token ratios, on all its tokens."""
-    log_w = ((x.old_logp - x.rollout_logp) * x.mask).sum(1, keepdim=True) / x.mask.sum(1, keepdim=True).clamp(min=1)
-    return _masked(log_w.expand_as(x.mask), x.mask, is_mask_low, is_mask_high)
+@rollout_corrections.register(
+    "mis-sequence", anchor="masked-importance-sampling-and-icepop", check=check_band, level="sequence"
+)
+def mis_sequence(x: CorrectionInputs, *, is_mask_low: float = 0.5, is_mask_high: float = 2.0) -> Weights:
+    """Masked importance sampling per sequence: w = ρ(y) = Π_t π_old/π_rollout inside [low, high], else 0."""
+    return _masked(_sequence_log_ratio(x).expand_as(x.mask), x.mask, is_mask_low, is_mask_high)
+
+
+@rollout_corrections.register(
+    "geo-mask", anchor="masked-importance-sampling-and-icepop", check=check_band, level="sequence"
+)
+def geo_mask(x: CorrectionInputs, *, is_mask_low: float = 0.999, is_mask_high: float = 1.001) -> Weights:
+    """Geometric sequence mask: w = 1 where the geometric mean ρ(y)^(1/|y|) is in [low, high], else 0."""
+    log_geo = _sequence_log_ratio(x) / x.mask.sum(1, keepdim=True).clamp(min=1)
+    return _masked(log_geo.expand_as(x.mask), x.mask, is_mask_low, is_mask_high, weighted=False)
 
 
 @rollout_corrections.register("icepop", anchor="masked-importance-sampling-and-icepop", check=check_band)
 def icepop(x: CorrectionInputs, *, is_mask_low: float = 0.5, is_mask_high: float = 5.0) -> Weights:
     """IcePop: two-sided token masking, w_t = π_old/π_rollout inside [α, β] = [0.5, 5], else 0."""
-    return _masked((x.old_logp - x.rollout_logp) * x.mask, x.mask, is_mask_low, is_mask_high)
+    return _masked(_token_log_ratio(x), x.mask, is_mask_low, is_mask_high)
