@@ -124,6 +124,19 @@ def test_geo_mask_default_band_is_a_tenth_of_a_percent_per_token(log_ratio, kept
     torch.testing.assert_close(w, torch.full((1, 100), kept))
 
 
+@pytest.mark.parametrize("name", ["tis-sequence", "mis-sequence", "geo-mask"])
+def test_a_sequence_level_correction_puts_one_weight_on_all_of_a_sequences_tokens(name):
+    """Its `level` trait says so (the step then lets it weigh a per-sequence loss such as GSPO's)."""
+    assert rollout_corrections.get(name)["level"] == "sequence"
+    _, old, mask = off_policy_batch(seed=4, spread=0.0)
+    rollout = old + 1e-3 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1)) * mask
+    knobs = {"tis_cap": 2.0} if name.startswith("tis") else {"is_mask_low": 0.5, "is_mask_high": 2.0}
+    w, _ = rollout_corrections.get(name).fn(CorrectionInputs(old, rollout, mask), **knobs)
+    for n in range(len(w)):
+        row = w[n][mask[n].bool()]
+        torch.testing.assert_close(row, row[:1].expand_as(row))
+
+
 @pytest.mark.parametrize("name", ["tis-token", "tis-sequence", "mis-token", "mis-sequence", "geo-mask", "icepop"])
 def test_what_lies_off_the_mask_reaches_no_weight(name):
     """Padding may hold anything (±inf, NaN); a masked-out token's ratio (here 100) is not part of ρ(y)."""
