@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 ALGO ?= grpo
 ARGS ?=
 ALGOS := $(sort $(basename $(notdir $(wildcard configs/algo/*.yaml))))
+# ALGO: a preset's name (configs/algo/<name>.yaml) or the path of a preset file of your own.
+PRESET = $(if $(wildcard configs/algo/$(ALGO).yaml),configs/algo/$(ALGO).yaml,$(ALGO))
 # vLLM on CPU: run in-process and keep the KV cache small (it reserves ~16 GiB otherwise).
 export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export VLLM_CPU_KVCACHE_SPACE ?= 1
@@ -16,15 +18,16 @@ CKPT ?= embedded
 BENCH ?= embedded
 UI_PORT ?= 5000
 MLRUNS ?= mlruns
-.PHONY: help setup train plan doctor list test lint ui compare eval results bench clean-cache scale-model
+.PHONY: help setup preset train plan doctor list test lint ui compare eval results bench clean-cache scale-model
 
 help:
 	@echo "make setup                 create $(VENV) and install everything (CPU or GPU stack, auto-detected)"
-	@echo "make train [ALGO=grpo] [ARGS='--model.init_args.lr 1e-5']   train; ALGO is one of: $(ALGOS)"
+	@echo "make train [ALGO=grpo] [ARGS='--model.init_args.lr 1e-5']   train; ALGO is one of: $(ALGOS), or a preset file's path"
+	@echo "      your own pieces: PYTHONPATH=<dir> make train ARGS='--imports my_pieces --model.init_args.policy_loss <name>'"
 	@echo "make train ALGO=grpo RESUME=checkpoints/<run id>/last.ckpt   resume a run (same MLflow run)"
 	@echo "make plan [ALGO=grpo] [ARGS='--hardware h100 --devices 8 --data.model_name_or_path Qwen/Qwen2.5-Math-7B']   predicted memory per rank and step time"
 	@echo "make doctor [ALGO=grpo] [ARGS='--config configs/strategy/fsdp.yaml']   check this machine's GPU/CPU path for the run (docs/doctor.md)"
-	@echo "make list                  every preset, algorithm class and registered piece (advantage estimators, losses, …)"
+	@echo "make list [ARGS='--imports my_pieces']   every preset, algorithm class and registered piece (advantage estimators, losses, …)"
 	@echo "make test [TEST_WORKERS=2] [ARGS='tests/test_lora.py -k merged']   the test suite, in TEST_WORKERS processes (0: this one)"
 	@echo "make lint                  ruff and the import-layer contract (pyproject.toml)"
 	@echo "make ui [UI_PORT=5000] [MLRUNS=mlruns]   open the MLflow UI on a store (default ./mlruns)"
@@ -40,24 +43,24 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh $(VENV)
 	@touch $@
 
-train: setup
-	@if [ ! -f configs/algo/$(ALGO).yaml ]; then \
-	  echo "error: unknown ALGO '$(ALGO)'; valid: $(ALGOS)" >&2; exit 2; fi
-	$(PY) -m rlvr_lightning fit --config configs/base.yaml --config configs/algo/$(ALGO).yaml \
-	  --trainer.logger.init_args.run_name $(ALGO) $(if $(RESUME),--ckpt_path $(RESUME)) $(ARGS)
+# Before `setup`: a misspelt ALGO fails at once.
+preset:
+	@if [ ! -f "$(PRESET)" ]; then \
+	  echo "error: unknown ALGO '$(ALGO)': neither a preset ($(ALGOS)) nor a preset file" >&2; exit 2; fi
 
-plan: setup
-	@if [ ! -f configs/algo/$(ALGO).yaml ]; then \
-	  echo "error: unknown ALGO '$(ALGO)'; valid: $(ALGOS)" >&2; exit 2; fi
-	$(PY) -m rlvr_lightning.plan --config configs/base.yaml --config configs/algo/$(ALGO).yaml $(ARGS)
+# The run is named after the preset file (and the pieces it changes): rlvr_lightning.cli.run_identity.
+train: preset setup
+	$(PY) -m rlvr_lightning fit --config configs/base.yaml --config $(PRESET) \
+	  $(if $(RESUME),--ckpt_path $(RESUME)) $(ARGS)
 
-doctor: setup
-	@if [ ! -f configs/algo/$(ALGO).yaml ]; then \
-	  echo "error: unknown ALGO '$(ALGO)'; valid: $(ALGOS)" >&2; exit 2; fi
-	$(PY) -m rlvr_lightning.doctor --config configs/base.yaml --config configs/algo/$(ALGO).yaml $(ARGS)
+plan: preset setup
+	$(PY) -m rlvr_lightning.plan --config configs/base.yaml --config $(PRESET) $(ARGS)
+
+doctor: preset setup
+	$(PY) -m rlvr_lightning.doctor --config configs/base.yaml --config $(PRESET) $(ARGS)
 
 list: setup
-	@$(PY) -m rlvr_lightning list
+	@$(PY) -m rlvr_lightning list $(ARGS)
 
 # Two processes: most of an end-to-end test is one process importing libraries and starting vLLM on one
 # core; on 2 cores two of them finish the suite in about 26 min against 36-38 min for one. A file's tests share

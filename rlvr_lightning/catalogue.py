@@ -1,33 +1,65 @@
-"""`python -m rlvr_lightning list` (`make list`): every preset, algorithm class and registered piece,
-each with one line of description and where it is documented. Read from the code itself (the
-registries, the classes' signatures and docstrings, the preset files), so it cannot drift."""
+"""`python -m rlvr_lightning list [--imports my_pieces] [--config my.yaml]` (`make list [ARGS=…]`): every
+preset, algorithm class and registered piece, each with the first sentence of its description (whole,
+wrapped) and where it is documented. Read from the code itself (the registries, the classes' signatures
+and docstrings, the preset files), so it cannot drift. A user's pieces are listed too: those of the
+modules `--imports` (or a `--config` file's `imports:`) names and of installed packages' entry points."""
 
 from __future__ import annotations
 
 import inspect
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 import rlvr_lightning.algos as algos
+from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces import KINDS
+from rlvr_lightning.pieces.loading import load_piece_modules
 
 NO_OWN_KNOBS = "(none: RLVRModule's, listed by --model.help)"
 PRESETS = Path(__file__).resolve().parents[1] / "configs" / "algo"
+WIDTH = 120  # preset and algorithm descriptions are wrapped here, never cut
+# Words whose period does not end a sentence ("Dr. GRPO", "Cui et al. 2025").
+ABBREVIATIONS = ("Dr.", "al.", "e.g.", "i.e.", "vs.", "cf.", "Fig.", "Eq.", "approx.")
+# K, and why the clipped losses need K > 1: the presets of gspo, gmpo, sapo, cispo take K = 4 for it.
+K_LINE = ("K = num_mini_batches × ppo_epochs optimizer steps per rollout batch. With K = 1 every step is exactly "
+          "on policy (π_θ = π_old: each ratio is 1), so a ratio-based loss's clipping never acts; the presets of the "
+          "losses that differ only off policy (gspo, gmpo, sapo, cispo) take K = 4.")  # fmt: skip
 
 
-def _first_sentence(text: str) -> str:
-    line = " ".join(text.strip().split("\n\n")[0].split())
-    return line if len(line) <= 110 else line[:107] + "…"
+def first_sentence(text: str) -> str:
+    """The first sentence of the first paragraph, whole, on one line."""
+    words = " ".join(text.strip().split("\n\n")[0].split()).split(" ")
+    for i, word in enumerate(words):
+        if re.search(r"[.!?][)\"']?$", word) and not word.endswith(ABBREVIATIONS) and i + 1 < len(words):
+            return " ".join(words[: i + 1])
+    return " ".join(words)
+
+
+def wrapped(first: str, text: str, indent: int) -> list[str]:
+    """`first` then `text`, wrapped at WIDTH, continuation lines indented to `indent` columns."""
+    return textwrap.wrap(f"{first}{text}", WIDTH, subsequent_indent=" " * indent, break_on_hyphens=False,
+                         break_long_words=False) or [first.rstrip()]  # fmt: skip
+
+
+def leading_comment(text: str) -> str:
+    """A YAML file's leading `#` block, as prose."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    return " ".join(lines)
 
 
 def preset_lines(directory: Path = PRESETS) -> list[str]:
     lines = []
     for path in sorted(directory.glob("*.yaml")):
         text = path.read_text()
-        comment = next((ln.lstrip("# ").strip() for ln in text.splitlines() if ln.startswith("#")), "")
         cls = re.search(r"class_path:\s*\S+\.(\w+)", text)
-        lines.append(f"  {path.stem:<20} {cls.group(1) if cls else '?':<8} {_first_sentence(comment)}")
+        head = f"  {path.stem:<20} {cls.group(1) if cls else '?':<8} "
+        lines += wrapped(head, first_sentence(leading_comment(text)), len(head))
     return lines
 
 
@@ -41,27 +73,33 @@ def algorithm_lines() -> list[str]:
         own = [] if cls.__init__ is algos.RLVRModule.__init__ else inspect.signature(cls.__init__).parameters
         knobs = ", ".join(f"{k}={module.hparams[k]!r}" for k in own if k not in ("self", "kwargs"))
         pieces = ", ".join(f"{r.flag.split('.')[-1]}={module.hparams[r.flag.split('.')[-1]]}" for r in KINDS)
-        summary = _first_sentence(inspect.getdoc(inspect.getmodule(cls)) or "")
-        lines += [f"  {name:<8} {summary}", f"           pieces: {pieces}", f"           own knobs: {knobs or NO_OWN_KNOBS}",
-                  f"           docs: {cls.docs}"]  # fmt: skip
+        summary = first_sentence(inspect.getdoc(inspect.getmodule(cls)) or "")
+        lines += [*wrapped(f"  {name:<8} ", summary, 11), *wrapped("           pieces: ", pieces, 19),
+                  *wrapped("           own knobs: ", knobs or NO_OWN_KNOBS, 22), f"           docs: {cls.docs}"]  # fmt: skip
     return lines
 
 
 def piece_lines() -> list[str]:
     lines = []
     for registry in KINDS:
-        lines.append(f"  {registry.plural} (--model.init_args.{registry.flag.split('.')[-1]}): {registry.description}")
+        lines += wrapped(f"  {registry.plural} (--model.init_args.{registry.key}): ", registry.description, 6)
         for piece in registry.pieces():
+            summary = first_sentence(inspect.getdoc(piece.fn) or "")
             knobs = f" [knobs: {', '.join(piece.knobs)}]" if piece.knobs else ""
-            lines.append(f"    {piece.name:<24} {piece.summary}{knobs}  ({piece.docs})")
+            lines.append(f"    {piece.name:<24} {summary}{knobs}  ({piece.docs})")  # one line: `make list | grep`
     return lines
 
 
 def main(argv: list[str] | None = None) -> None:
-    out = ["Presets (make train ALGO=<name>; configs/algo/):", *preset_lines(), "",
-           "Algorithms (--model <Name>; rlvr_lightning.algos):", *algorithm_lines(), "",
-           "Registered pieces (a dotted path to your own works too; see README, 'Adding an algorithm'):",
-           *piece_lines()]  # fmt: skip
+    try:
+        load_piece_modules(sys.argv[1:] if argv is None else argv)  # a user's pieces are listed too
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    out = ["Presets (make train ALGO=<name>, or ALGO=path/to/your_preset.yaml; configs/algo/):", *preset_lines(), "",
+           "Algorithms (--model <Name>; rlvr_lightning.algos):", *wrapped("  ", K_LINE, 2), *algorithm_lines(), "",
+           "Registered pieces (a dotted path to your own works too, or its registered name with --imports <module>; "
+           "see README, 'Adding an algorithm'):", *piece_lines()]  # fmt: skip
     print("\n".join(out))
 
 

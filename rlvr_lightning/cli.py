@@ -2,11 +2,14 @@
 
 A LightningCLI whose model is any `RLVRModule` subclass (the algorithm), whose data is the
 RolloutDataModule and whose `rollout:` section (`RolloutSettings`: sampling and the engine) is handed
-to the data module. Two additions over the stock CLI:
-  * the MLflow run is named after the algorithm and tagged with algorithm, model and dataset;
+to the data module. Additions over the stock CLI:
+  * `--imports my_pieces` (and installed packages' `rlvr_lightning.pieces` entry points) import a user's
+    piece modules before parsing, so the names they register parse (`rlvr_lightning/pieces/loading.py`);
+  * the MLflow run is named after the preset and the pieces it changes (`run_identity`), and tagged with
+    algorithm, preset, pieces, model and dataset;
   * the resolved config is logged to MLflow (flattened params + `config.yaml` artifact) instead of
     being written to a log directory, which the MLflow logger does not have.
-User errors (bad config values, data files, model paths) print one clear message, no traceback.
+User errors (bad config values, data files, model paths) print one clear line, no usage and no traceback.
 """
 
 from __future__ import annotations
@@ -14,19 +17,28 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import re
 import sys
 import time
+import traceback
+from argparse import ArgumentError
 from pathlib import Path
 
-from jsonargparse import Namespace
-from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+import yaml
+from jsonargparse import ArgumentParser, Namespace
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
 import rlvr_lightning.algos  # noqa: F401  (registers every algorithm for `--model <Name>`)
 from rlvr_lightning.algos.base import RLVRModule
+from rlvr_lightning.callbacks.summary import pieces_run
+from rlvr_lightning.console import verbose
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.data.sources import DataSourceError
 from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.pieces.loading import OPTION as IMPORTS
+from rlvr_lightning.pieces.loading import load_piece_modules
 from rlvr_lightning.planner.preflight import preflight
 from rlvr_lightning.planner.settings import PlanSettings
 from rlvr_lightning.rewards.math import VerifierUnavailable
@@ -81,12 +93,45 @@ class RLVRCLI(LightningCLI):
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("save_config_callback", MLflowSaveConfig)
         kwargs.setdefault("save_config_kwargs", {"save_to_log_dir": False})
+        argv = kwargs.get("args")
+        argv = sys.argv[1:] if argv is None else argv
+        # Before the parser exists: the piece names a user's modules register are values it checks.
+        load_piece_modules([str(a) for a in argv] if isinstance(argv, list) else [])
         super().__init__(RLVRModule, RolloutDataModule, *args, subclass_mode_model=True, **kwargs)
 
+    def init_parser(self, **kwargs) -> LightningArgumentParser:
+        # jsonargparse raises instead of printing its usage and a nested message: `parse_arguments` prints one line.
+        kwargs.setdefault("exit_on_error", False)
+        return super().init_parser(**kwargs)
+
+    def parse_arguments(self, parser, args) -> None:
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:
+            if verbose():  # -v: jsonargparse's whole account too
+                print(str(err), file=sys.stderr)
+            print(f"error: {parse_error_line(err)}", file=sys.stderr)
+            sys.exit(2)
+
     def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument(
+            f"--{IMPORTS}", type=list[str] | str | None, default=None,
+            help="Modules to import before the configuration is read, e.g. your own pieces' (`--imports my_pieces`, "
+            "`imports: [my_pieces]` in a config file); their directory must be on PYTHONPATH.",
+        )  # fmt: skip
         parser.add_class_arguments(RolloutSettings, "rollout")
         parser.add_class_arguments(PlanSettings, "plan")
         parser.link_arguments("rollout", "data.rollout", apply_on="instantiate")
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as err:  # a constructor's own check (jsonargparse wraps a class_path's error in its own)
+            if user_error_behind(err) is not None:
+                raise
+            raise ConfigError(constructor_error_line(err)) from err
+        except MisconfigurationException as err:  # the Trainer's (e.g. an accelerator this machine lacks)
+            raise ConfigError(f"trainer: {err}") from err
 
     def after_instantiate_classes(self) -> None:
         super().after_instantiate_classes()
@@ -99,7 +144,6 @@ class RLVRCLI(LightningCLI):
         logger = cfg.trainer.logger
         if not (isinstance(logger, Namespace) and logger.class_path.endswith("MLFlowLogger")):
             return
-        algorithm = cfg.model.class_path.rsplit(".", 1)[-1]
         args = logger.init_args
         if cfg.get("ckpt_path") and not args.run_id:
             run_id = checkpoint_run_id(cfg.ckpt_path)  # resume into the same MLflow run, if this store has it
@@ -110,14 +154,92 @@ class RLVRCLI(LightningCLI):
                     "checkpoint %s was written by MLflow run %s, which %s does not hold; logging to a new run",
                     cfg.ckpt_path, run_id, args.tracking_uri,
                 )  # fmt: skip
-        args.run_name = args.run_name or algorithm.lower()
-        args.tags = {
-            **(args.tags or {}),
-            "algorithm": algorithm,
-            "preset": args.run_name,
-            "model": cfg.data.model_name_or_path,
-            "dataset": cfg.data.train_data,
-        }
+        name, tags = run_identity(cfg)
+        args.run_name = args.run_name or name  # a name the user gives wins
+        args.tags = {**(args.tags or {}), **tags, "model": cfg.data.model_name_or_path, "dataset": cfg.data.train_data}
+
+
+def parse_error_line(err: ArgumentError) -> str:
+    """One line for a parse error: our own ConfigError's message if one caused it (an unknown or unimportable
+    piece), else the dotted option jsonargparse names at each level ('Parser key "model"', 'Parser key "lr"')
+    and the innermost reason it gives, whitespace collapsed (no usage, no list of union members)."""
+    user_error = user_error_behind(err)
+    if user_error is not None:
+        return " ".join(str(user_error).split())
+    keys, reason, previous = [], str(err), None
+    for e in error_chain(err):
+        text = str(e)
+        if text != previous:  # jsonargparse re-raises one message in several wrappers
+            key = re.match(r'Parser key "([^"]+)"', text)
+            keys += [key.group(1)] if key else []
+            reason = text
+        previous = text
+    reason = " ".join(re.sub(r'^Parser key "[^"]+":', "", reason).split())
+    return f"{'.'.join(keys)}: {reason}" if keys else reason
+
+
+def constructor_error_line(err: ValueError) -> str:
+    """One line for a ValueError a configured class's constructor raised (a user's own algorithm or piece
+    check): its message and where it was raised."""
+    cause = list(error_chain(err))[-1]
+    message = " ".join(str(cause).split())
+    frames = traceback.extract_tb(cause.__traceback__)
+    if not frames:
+        return message
+    return f"{message} ({type(cause).__name__} at {frames[-1].filename}:{frames[-1].lineno}, in {frames[-1].name})"
+
+
+def error_chain(err: BaseException):
+    """`err`, then what caused it, outermost first."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        yield err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+
+
+def run_identity(cfg: Namespace) -> tuple[str, dict[str, str]]:
+    """The run's default name and its tags. The name is the preset's (the last `--config` file that names the
+    algorithm class: configs/algo/grpo.yaml → `grpo`), followed by `+<key>=<piece>` for each piece the run
+    uses that differs from what the preset alone selects (`grpo+policy_loss=my_loss`), and by `+model=<Class>`
+    first when `--model` changed the class. So a run is never taken for its preset's unless it ran the
+    preset's pieces. Without a preset file the class's name in lower case is the preset and its defaults the
+    reference. Tags: `algorithm` (the class), `preset`, `piece.<key>` for each piece the run uses
+    (`kl_estimator` only with a KL term), and `changed_pieces` (`policy_loss=my_loss+…`) when some differ."""
+    model = cfg.model
+    algorithm = model.class_path.rsplit(".", 1)[-1]
+    preset = preset_of(cfg.get("config") or [])
+    name, reference = preset if preset else (algorithm.lower(), {"class_path": model.class_path})
+    reference = resolved_model(reference)
+    changed = [f"model={algorithm}"] if reference.class_path != model.class_path else []
+    tags, preset_pieces = {"algorithm": algorithm, "preset": name}, pieces_run(reference.init_args, every_kind=True)
+    for key, piece in pieces_run(model.init_args).items():
+        tags[f"piece.{key}"] = piece
+        if piece != preset_pieces[key]:
+            changed.append(f"{key}={piece}")
+    if changed:
+        tags["changed_pieces"] = "+".join(changed)
+    return "+".join([name, *changed]), tags
+
+
+def preset_of(config_files: list) -> tuple[str, dict] | None:
+    """(name, `model:` section) of the last config file that names the algorithm class (`model.class_path`)."""
+    for path in reversed(config_files):
+        try:
+            cfg = yaml.safe_load(path.get_content()) if hasattr(path, "get_content") else None
+        except (OSError, yaml.YAMLError):
+            continue
+        section = cfg.get("model") if isinstance(cfg, dict) else None
+        if isinstance(section, dict) and section.get("class_path"):
+            return Path(str(path)).stem, section
+    return None
+
+
+def resolved_model(section: dict) -> Namespace:
+    """A `model:` section with the class's defaults filled in, as the CLI resolves it."""
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(RLVRModule, "model", required=True)
+    return parser.parse_object({"model": section}).model
 
 
 def use_rollout_progress_bar(trainer_cfg: Namespace) -> None:
@@ -238,10 +360,5 @@ def user_error_behind(err: BaseException) -> BaseException | None:
     """The ConfigError, DataSourceError, RolloutServerError, DynamicSamplingExhausted or VerifierUnavailable that caused `err`, if any:
     jsonargparse re-raises a class's constructor error as its own ValueError while instantiating the
     config. (A run that stops on exhausted dynamic sampling resumes from its last checkpoint.)"""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, (ConfigError, DataSourceError, RolloutServerError, DynamicSamplingExhausted, VerifierUnavailable)):
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
+    user_errors = (ConfigError, DataSourceError, RolloutServerError, DynamicSamplingExhausted, VerifierUnavailable)
+    return next((e for e in error_chain(err) if isinstance(e, user_errors)), None)

@@ -6,7 +6,9 @@ logged back to MLflow as the artifacts of a `compare` run.
     make compare RUNS="grpo thr oar-g"
 
 Runs are chosen by run name (the latest finished run of each name) or by run id; by default the
-latest finished run of every name in the experiment.
+latest finished run of every name in the experiment. A run with other pieces than its preset's has a name
+of its own (`grpo+policy_loss=my_loss`, see `rlvr_lightning.cli.run_identity`), so it is never taken for
+the preset's run.
 """
 
 from __future__ import annotations
@@ -64,13 +66,15 @@ def load_history(client, run, columns=TABLE_METRICS) -> RunHistory:
     for key in keys:
         points = client.get_metric_history(run.info.run_id, key)
         history[key] = sorted((m.step, m.value) for m in points)
-    # The module class, plus the advantage shapers (THR/OAR callbacks) from the logged config.
+    # The module class, the pieces the run changed from its preset's (the CLI's `changed_pieces` tag, also in
+    # the run's name), and the advantage shapers (THR/OAR callbacks) from the logged config.
     shapers = sorted(
         v.rsplit(".", 1)[-1].removesuffix("Attribution")
         for k, v in run.data.params.items()
         if k.startswith("trainer.callbacks.") and k.endswith("class_path") and v.endswith("Attribution")
     )
-    algorithm = "+".join([run.data.tags.get("algorithm", "?"), *shapers])
+    changed = [c for c in run.data.tags.get("changed_pieces", "").split("+") if c]
+    algorithm = "+".join([run.data.tags.get("algorithm", "?"), *changed, *shapers])
     seconds = (run.info.end_time - run.info.start_time) / 1000 if run.info.end_time else math.nan
     commit = run.data.tags.get("git_commit")
     return RunHistory(run.info.run_name, run.info.run_id, run.info.status, algorithm, history, seconds, commit)

@@ -11,11 +11,15 @@ REPO = Path(__file__).resolve().parents[1]
 BASE = ["fit", "--config", "configs/base.yaml", "--config", "configs/algo/grpo.yaml"]
 
 
-def run_cli(args: list[str], tmp_path: Path, timeout: int = 420) -> subprocess.CompletedProcess:
+def run_cli(
+    args: list[str], tmp_path: Path, timeout: int = 420, pythonpath: tuple[Path, ...] = ()
+) -> subprocess.CompletedProcess:
     """The CLI as a user runs it, from a scratch directory (relative outputs such as `exports/` land
-    there, not in the repository); `configs/…` arguments point into the repository."""
+    there, not in the repository); `configs/…` arguments point into the repository. `pythonpath`: a
+    user's own directories (their piece modules), after this checkout."""
     # PYTHONPATH: this checkout (and its tests' stand-in callbacks), whichever one the venv installed.
-    env = {**os.environ, "RLVR_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+    path = os.pathsep.join(map(str, (REPO, *pythonpath)))
+    env = {**os.environ, "RLVR_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
     # An in-process vLLM engine built earlier in this pytest process set vLLM's log level in its environment;
     # a user's shell has none, and the CLI's own quiet default is what these runs check.
     env.pop("VLLM_LOGGING_LEVEL", None)

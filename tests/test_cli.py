@@ -1,9 +1,12 @@
-"""The command line as a user runs it: a 2-step fit on the real vLLM engine, and clear errors on bad input."""
+"""The command line as a user runs it: a 2-step fit on the real vLLM engine, a researcher's own pieces from
+outside the package (`--imports`, entry points, `make list`), and one-line errors on bad input."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,7 +30,7 @@ def test_two_step_fit_writes_an_mlflow_run(two_step_runs, engine):
         assert printed == [], printed
         other = [line for line in output if line.strip() and not line.startswith("rollout batches")]
         assert len(other) <= 30, other  # the bar aside, a short run prints a few lines and the summary
-    summary = proc.stdout[proc.stdout.index("rlvr_lightning: GRPO, 2 rollout batches") :]
+    summary = proc.stdout[proc.stdout.index(f"rlvr_lightning: grpo-{engine} (GRPO), 2 rollout batches") :]  # the run's name
     assert "held-out accuracy (T = 1): " in summary and "held-out greedy accuracy: " in summary
 
     import mlflow
@@ -41,7 +44,7 @@ def test_two_step_fit_writes_an_mlflow_run(two_step_runs, engine):
     assert run.data.tags["model_family"] == "qwen2" and run.data.tags["engine"] == engine
     assert run.data.tags["params"].endswith("M") and run.data.tags["devices"] == "1"
     assert run.info.run_id in summary and run.data.tags["mlflow.note.content"].strip("`\n").startswith(
-        "rlvr_lightning: GRPO, 2 rollout batches")  # the summary is the run's description  # fmt: skip
+        f"rlvr_lightning: grpo-{engine} (GRPO), 2 rollout batches")  # the summary is the run's description  # fmt: skip
     assert "system/cpu_utilization_percentage" in run.data.metrics  # MLflow's system metrics (every 10 s by default)
     datasets = {(d.dataset.name, d.tags[0].value, json.loads(d.dataset.profile)["num_rows"])
                 for d in run.inputs.dataset_inputs}  # fmt: skip
@@ -128,3 +131,133 @@ def test_embedded_warm_start_is_cached_and_partially_correct(quick_warm_start):
     assert embedded_policy_path(cfg) == path  # second call reuses the cache...
     assert (path / "model.safetensors").stat().st_mtime == mtime  # ...without rebuilding
     assert (path / "tokenizer.json").exists() and (path / "config.json").exists()
+
+
+# ---- a researcher's own pieces, from a directory outside the package --------------------------------------
+
+# An advantage estimator and a policy loss as a researcher writes them, in their own module.
+OWN_PIECES = '''"""My pieces."""
+
+import torch
+
+from rlvr_lightning.pieces import advantage_estimators, policy_losses
+
+
+@advantage_estimators.register("centred", anchor=None)
+def centred(inputs, *, centred_scale: float = 1.0):
+    """The group-centred reward, times centred_scale."""
+    r = inputs.rewards.view(-1, inputs.group_size).float()
+    return ((r - r.mean(1, keepdim=True)) * centred_scale).view(-1)
+
+
+@policy_losses.register("plain-ratio", anchor=None)
+def plain_ratio(x):
+    """The unclipped surrogate: minus the per-token ratio times the advantage."""
+    ratio = (x.logp - x.old_logp).exp()
+    none = torch.zeros_like(x.mask, dtype=torch.bool)
+    return -ratio * x.advantages, {"ratio": ratio.detach(), "clipped_low": none, "clipped_high": none}
+'''
+OWN_ARGS = ["--model.init_args.advantage_estimator", "centred", "--model.init_args.policy_loss", "plain-ratio"]
+
+
+@pytest.fixture
+def own_pieces(tmp_path) -> Path:
+    """The directory holding the researcher's module `my_rl_pieces` (not on the path until a run puts it there)."""
+    research = tmp_path / "research"
+    research.mkdir()
+    (research / "my_rl_pieces.py").write_text(OWN_PIECES)
+    return research
+
+
+def test_imports_makes_ones_own_piece_names_parse_and_list(tmp_path, own_pieces):
+    """`imports:` in a config file loads the module before parsing, so its names are valid values, and the
+    saved config names the module; `list --imports` lists its pieces with the module as their docs."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("imports: [my_rl_pieces]\nmodel:\n  init_args:\n    advantage_estimator: centred\n"
+                    "    policy_loss: plain-ratio\n    piece_args: {centred_scale: 0.5}\n")  # fmt: skip
+    proc = run_cli([*BASE, "--config", str(mine), "--print_config"], tmp_path, timeout=300, pythonpath=(own_pieces,))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "imports:\n- my_rl_pieces\n" in proc.stdout
+    assert "advantage_estimator: centred" in proc.stdout and "policy_loss: plain-ratio" in proc.stdout
+
+    proc = run_cli(["list", "--imports", "my_rl_pieces"], tmp_path, timeout=300, pythonpath=(own_pieces,))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert "    centred                  The group-centred reward, times centred_scale. [knobs: centred_scale]  (my_rl_pieces)" in lines
+    assert "    plain-ratio              The unclipped surrogate: minus the per-token ratio times the advantage.  (my_rl_pieces)" in lines
+
+
+def test_an_installed_packages_entry_points_are_loaded_by_every_command(tmp_path, own_pieces):
+    """A distribution on the path (its dist-info, as pip installs it) declares `my_rl_pieces` in the group
+    `rlvr_lightning.pieces`: `list` shows its pieces without `--imports`. A broken entry point is one line."""
+    site = tmp_path / "site"
+    dist = site / "my_rl_pieces-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-rl-pieces\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[rlvr_lightning.pieces]\nmine = my_rl_pieces\n")
+    proc = run_cli(["list"], tmp_path, timeout=300, pythonpath=(site, own_pieces))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "(my_rl_pieces)" in proc.stdout and "    centred " in proc.stdout
+
+    (dist / "entry_points.txt").write_text("[rlvr_lightning.pieces]\nmine = my_rl_piecez\n")  # misspelt
+    proc = run_cli(["list"], tmp_path, timeout=300, pythonpath=(site, own_pieces))
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1, proc.stderr[-3000:]
+    assert "entry point 'mine' of my-rl-pieces" in err[0] and "'my_rl_piecez'" in err[0] and "PYTHONPATH" in err[0]
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--imports", "my_missing_pieces"], ["error: --imports: cannot import 'my_missing_pieces'", "on PYTHONPATH"]),
+        (["--model.init_args.policy_loss", "my_missing_pieces.my_loss"], ["error: model.policy_loss=", "my_missing_pieces"]),
+        (["--model.init_args.policy_loss", "plain-ratio"], ["error: model.policy_loss='plain-ratio'; registered: ppo-clip"]),
+        (["--model.init_args.lr", "fast"], ["error: model.lr: Expected a <class 'float'>. Got value: fast"]),
+        (["--model.init_args.clip_eps_hgh", "0.3"], ["error: model: Option 'clip_eps_hgh' is not accepted"]),
+        (["--rollout.group_sise", "4"], ["error: unrecognized arguments: --rollout.group_sise 4"]),
+    ],
+    ids=["module-not-on-path", "unimportable-dotted-path", "unknown-name", "bad-type", "unknown-key", "unknown-flag"],
+)  # fmt: skip
+def test_a_config_error_is_one_line(args, expected, capsys, tmp_path, monkeypatch):
+    """No usage dump, no nested account of jsonargparse's union types: the option and what is wrong."""
+    from rlvr_lightning.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["rlvr_lightning"])  # pytest's own flags are not the CLI's
+    with pytest.raises(SystemExit) as exit_info:
+        main([*BASE[:1], *(str(REPO / a) if a.startswith("configs/") else a for a in BASE[1:]), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1, err[-40:]
+    assert err[0].startswith(expected[0]) and all(e in err[0] for e in expected[1:]), err[0]
+
+
+def test_the_summary_names_the_run_and_its_pieces():
+    from types import SimpleNamespace
+
+    from rlvr_lightning.algos import GRPO
+    from rlvr_lightning.callbacks.summary import summary_lines
+
+    lines = summary_lines(SimpleNamespace(loggers=[], callbacks=[]), GRPO(policy_loss="cispo", kl_coef=0.0))
+    assert lines[:2] == ["rlvr_lightning: GRPO, 0 rollout batches",
+                         "  pieces: advantage_estimator=grpo, policy_loss=cispo, loss_agg=seq-mean-token-mean, "
+                         "rollout_correction=none"]  # fmt: skip
+
+
+def test_make_plan_takes_a_preset_files_path_as_algo(tmp_path):
+    """`ALGO=` is a preset's name or the path of a preset file (make train, plan and doctor compose it alike)."""
+    venv = tmp_path / "venv"  # make's $(VENV), set up already: its python is the one running the tests
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (venv / "bin" / "python").chmod(0o755)
+    (venv / ".installed").touch()
+    mine = tmp_path / "my_preset.yaml"
+    mine.write_text((REPO / "configs" / "algo" / "gspo.yaml").read_text() + "rollout:\n  group_size: 3\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RLVR_CACHE_DIR": str(tmp_path / "cache")}
+    make = ["make", "-s", "-C", str(REPO), f"VENV={venv}"]
+    # --print_config: what the plan would be made from (the parse `make plan` shares with train), then exit.
+    proc = subprocess.run([*make, "plan", f"ALGO={mine}", "ARGS=--print_config"], capture_output=True, text=True,
+                          env=env, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "class_path: rlvr_lightning.algos.gspo.GSPO" in proc.stdout and "  group_size: 3\n" in proc.stdout
+    proc = subprocess.run([*make, "plan", f"ALGO={tmp_path / 'nope.yaml'}"], capture_output=True, text=True, env=env)
+    assert proc.returncode != 0 and f"unknown ALGO '{tmp_path / 'nope.yaml'}'" in proc.stderr

@@ -75,12 +75,12 @@ def load(path: Path) -> dict:
 
 def make_cli(name: str, *configs: Path, overrides: tuple[str, ...] = ()):
     """`make train ALGO=<name> ARGS='<overrides>'`, less the `fit` subcommand, with MLflow pointed at the
-    scratch directory (the client is a stand-in anyway)."""
+    scratch directory (the client is a stand-in anyway). The run's name is the CLI's own (`name` is the
+    preset's, for the reader)."""
     from rlvr_lightning.cli import RLVRCLI
 
     args = [a for c in (BASE, *configs) for a in ("--config", str(c))]
     args += [
-        "--trainer.logger.init_args.run_name", name,
         "--trainer.logger.init_args.tracking_uri", f"sqlite:///{Path.cwd()}/mlflow.db",
         "--trainer.logger.init_args.artifact_location", str(Path.cwd() / "artifacts"),
         *overrides,
@@ -168,13 +168,13 @@ def callback_mismatches(instances: list, specs: list[dict]) -> list[str]:
 
 
 def parse_error(capsys, name: str, *configs: Path, overrides: tuple[str, ...] = ()) -> str:
-    """The CLI's parse error (jsonargparse prints usage, then `error: …`, and exits 2), the usage cut off."""
+    """The CLI's parse error: one `error: …` line on stderr (no usage), and exit status 2."""
     with pytest.raises(SystemExit) as exit_info:
         make_cli(name, *configs, overrides=overrides)
     assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "error:" in err, err[-2000:]
-    return err[err.index("error:") :]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err[-40:]
+    return err[0]
 
 
 def preset_like(tmp_path: Path, source: str, edit) -> Path:
@@ -192,12 +192,12 @@ def preset_like(tmp_path: Path, source: str, edit) -> Path:
 def test_presets_are_found_and_make_train_composes_base_then_preset():
     assert len(PRESETS) >= 12 and {"grpo", "thr", "oar-p"} <= {p.stem for p in PRESETS}
     recipe = (REPO / "Makefile").read_text()
-    # make_cli mirrors this line; if the composition changes, so must make_cli.
-    assert re.search(
-        r"-m rlvr_lightning fit --config configs/base\.yaml --config configs/algo/\$\(ALGO\)\.yaml\s*\\\s*\n"
-        r"\s*--trainer\.logger\.init_args\.run_name \$\(ALGO\)",
-        recipe,
-    ), "the `make train` recipe changed; update make_cli"
+    # make_cli mirrors these lines; if the composition changes, so must make_cli. The run's name is left to the CLI.
+    assert "PRESET = $(if $(wildcard configs/algo/$(ALGO).yaml),configs/algo/$(ALGO).yaml,$(ALGO))" in recipe
+    assert re.search(r"-m rlvr_lightning fit --config configs/base\.yaml --config \$\(PRESET\)\s*\\\s*\n", recipe), (
+        "the `make train` recipe changed; update make_cli"
+    )
+    assert "run_name" not in recipe
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
@@ -249,12 +249,15 @@ def test_preset_instantiates_without_training(preset, offline):
             assert same(getattr(cli.trainer, key), value), (key, value, getattr(cli.trainer, key))
     assert cli.config.seed_everything == want["seed_everything"]
 
-    # The logger: MLflow, named and tagged after the preset by the CLI, never contacted (see _NoMLflow).
+    # The logger: MLflow, named and tagged after the preset and its pieces by the CLI, never contacted (see _NoMLflow).
     logger = cli.trainer.logger
     assert isinstance(logger, MLFlowLogger)
-    assert cli.config.trainer.logger.init_args.run_name == preset.stem
-    assert logger.tags == {"algorithm": cls.__name__, "preset": preset.stem, "model": dm.hparams.model_name_or_path,
-                           "dataset": dm.hparams.train_data}  # fmt: skip
+    assert cli.config.trainer.logger.init_args.run_name == preset.stem  # the preset's own pieces: its name alone
+    h = cli.model.hparams
+    pieces = {f"piece.{k}": h[k] for k in ("advantage_estimator", "policy_loss", "loss_agg", "rollout_correction")}
+    pieces |= {"piece.kl_estimator": h.kl_estimator} if h.kl_coef > 0 else {}
+    assert logger.tags == {"algorithm": cls.__name__, "preset": preset.stem, **pieces,
+                           "model": dm.hparams.model_name_or_path, "dataset": dm.hparams.train_data}  # fmt: skip
 
     assert list(offline.iterdir()) == []  # nothing written: no mlruns/, exports/, checkpoints/
 
@@ -281,34 +284,82 @@ def test_callback_check_catches_a_changed_missing_or_extra_callback():
     ]
 
 
+# ---- the run's name and tags: the preset, and the pieces it changes --------------------------------------
+
+
+@pytest.mark.parametrize(
+    "preset, overrides, name, changed",
+    [
+        ("grpo", ("--model.init_args.policy_loss", "gspo", "--model.init_args.loss_agg", "token-mean"),
+         "grpo+policy_loss=gspo+loss_agg=token-mean", "policy_loss=gspo+loss_agg=token-mean"),
+        ("grpo", ("--model.init_args.kl_estimator", "k1"), "grpo+kl_estimator=k1", "kl_estimator=k1"),  # kl_coef 0.001
+        ("gspo", ("--model.init_args.kl_estimator", "k1"), "gspo", None),  # no KL term: the estimator is unused
+        ("grpo", ("--model.init_args.policy_loss", "rlvr_lightning.pieces.token_losses.ppo_clip"), "grpo", None),
+        ("dr-grpo", ("--model.init_args.clip_eps_high", "0.28"), "dr-grpo", None),  # a knob is not a piece
+        ("grpo", ("--model", "GSPO"), "grpo+model=GSPO+policy_loss=gspo", "model=GSPO+policy_loss=gspo"),
+    ],
+    ids=["two-pieces", "kl-estimator-with-kl", "kl-estimator-without-kl", "same-piece-by-path", "knob", "class"],
+)  # fmt: skip
+def test_a_run_is_named_and_tagged_after_the_pieces_it_changes(preset, overrides, name, changed):
+    cli = make_cli(preset, REPO / "configs" / "algo" / f"{preset}.yaml", overrides=overrides)
+    tags = cli.trainer.logger.tags
+    assert cli.config.trainer.logger.init_args.run_name == name
+    assert tags.get("changed_pieces") == changed and tags["preset"] == preset
+    by_path = {"rlvr_lightning.pieces.token_losses.ppo_clip": "ppo-clip"}  # a tag names the piece, however given
+    for key in ("advantage_estimator", "policy_loss", "loss_agg", "rollout_correction"):
+        assert tags[f"piece.{key}"] == by_path.get(cli.model.hparams[key], cli.model.hparams[key])
+
+
+def test_a_name_the_user_gives_wins_and_the_tags_still_name_the_pieces():
+    grpo = REPO / "configs" / "algo" / "grpo.yaml"
+    cli = make_cli("grpo", grpo, overrides=("--model.init_args.policy_loss", "cispo",
+                                            "--trainer.logger.init_args.run_name", "my-run"))  # fmt: skip
+    assert cli.config.trainer.logger.init_args.run_name == "my-run"
+    assert cli.trainer.logger.tags["changed_pieces"] == "policy_loss=cispo"
+    assert cli.trainer.logger.tags["piece.policy_loss"] == "cispo"
+
+
+def test_a_preset_file_of_ones_own_names_the_run(tmp_path):
+    """`make train ALGO=path/to/mine.yaml`: the file's name is the preset's, its pieces the reference."""
+    mine = preset_like(tmp_path, "gspo", lambda c: c["model"]["init_args"].update(policy_loss="gspo-token"))
+    cli = make_cli("mine", mine)
+    assert cli.config.trainer.logger.init_args.run_name == "gspo_edited"
+    assert cli.trainer.logger.tags["preset"] == "gspo_edited" and "changed_pieces" not in cli.trainer.logger.tags
+    cli = make_cli("mine", mine, overrides=("--model.init_args.policy_loss", "gspo"))
+    assert cli.config.trainer.logger.init_args.run_name == "gspo_edited+policy_loss=gspo"
+
+
 # ---- bad configs fail before anything is built ----------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     "case",
-    ["bad-loss-agg-flag", "bad-engine-flag", "unknown-flag", "misspelt-preset-key", "unknown-algorithm"],
+    ["bad-loss-agg-flag", "bad-engine-flag", "unknown-flag", "bad-type", "misspelt-preset-key", "unknown-algorithm"],
 )
 def test_invalid_preset_fails_at_parse_time_naming_the_key(case, capsys, tmp_path):
     grpo = REPO / "configs" / "algo" / "grpo.yaml"
     if case == "bad-loss-agg-flag":
         err = parse_error(capsys, "grpo", grpo, overrides=("--model.init_args.loss_agg", "bogus"))
-        assert '"loss_agg"' in err and "bogus" in err, err
+        assert err.startswith("error: model.loss_agg='bogus'; registered: seq-mean-token-mean, "), err
     elif case == "bad-engine-flag":
         err = parse_error(capsys, "grpo", grpo, overrides=("--rollout.engine", "sglang"))
-        assert '"rollout.engine"' in err and "sglang" in err, err
+        assert err == "error: rollout.engine: Expected a typing.Literal['vllm', 'vllm-server', 'hf']. Got value: sglang"
     elif case == "unknown-flag":
         err = parse_error(capsys, "grpo", grpo, overrides=("--model.init_args.not_a_param", "1"))
-        assert "'not_a_param' is not accepted" in err, err
+        assert err == "error: model: Option 'not_a_param' is not accepted", err
+    elif case == "bad-type":
+        err = parse_error(capsys, "grpo", grpo, overrides=("--model.init_args.lr", "fast"))
+        assert err == "error: model.lr: Expected a <class 'float'>. Got value: fast", err
     elif case == "misspelt-preset-key":
         path = preset_like(tmp_path, "grpo", lambda c: c["model"]["init_args"].update(clip_eps_hgh=0.3))
         err = parse_error(capsys, "typo", path)
-        assert "'clip_eps_hgh' is not accepted" in err, err
+        assert err == "error: model: Option 'clip_eps_hgh' is not accepted", err
     else:
         path = preset_like(
             tmp_path, "grpo", lambda c: c["model"].update(class_path="rlvr_lightning.algos.grpo.NoSuchAlgo")
         )
         err = parse_error(capsys, "unknown", path)
-        assert '"model"' in err and "NoSuchAlgo" in err, err
+        assert err == "error: model: module 'rlvr_lightning.algos.grpo' has no attribute 'NoSuchAlgo'", err
 
 
 # A value of the right type that a constructor refuses: (preset, edit of a copy of it, the error's text).
@@ -344,6 +395,27 @@ def test_value_a_constructor_rejects_is_a_one_line_error_from_the_cli(case, tmp_
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1].startswith("error:") and message in err and "Traceback" not in err
+
+
+def test_a_plain_value_error_of_a_users_constructor_is_one_line_naming_where(tmp_path, capsys, monkeypatch):
+    """A user's own algorithm (or piece check) that raises ValueError, not ConfigError: jsonargparse wraps it in its
+    own error while instantiating; the CLI prints its message and where it was raised, no traceback."""
+    (tmp_path / "strict_algo.py").write_text(
+        "from rlvr_lightning.algos import GRPO\n\n\nclass Strict(GRPO):\n"
+        "    def __init__(self, my_knob: float = 1.0, **kwargs):\n"
+        "        if my_knob < 0:\n            raise ValueError(f'my_knob must be >= 0, got {my_knob}')\n"
+        "        super().__init__(**kwargs)\n"
+    )  # fmt: skip
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ["fit", "--config", str(BASE), "--config", str(REPO / "configs" / "algo" / "grpo.yaml"),
+            "--model", "strict_algo.Strict", "--model.init_args.my_knob", "-1",
+            "--trainer.logger.init_args.tracking_uri", f"sqlite:///{tmp_path}/mlflow.db",
+            "--data.model_name_or_path", str(tmp_path / "no_model")]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: my_knob must be >= 0, got -1.0 (ValueError at {tmp_path / 'strict_algo.py'}:7, in __init__)"], err
 
 
 def test_hparams_and_logged_params_are_the_effective_values_class_defaults_included(tmp_path):

@@ -1,6 +1,6 @@
 """A user's own advantage estimator, registered from outside the package (the README's worked example).
 
-    make train ARGS="--model.init_args.advantage_estimator my_pieces.rank_advantage"   # with docs/examples on PYTHONPATH
+    PYTHONPATH=docs/examples make train ARGS="--imports my_pieces --model.init_args.advantage_estimator rank"
 """
 
 import torch

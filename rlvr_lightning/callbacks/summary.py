@@ -20,6 +20,7 @@ from rlvr_lightning.callbacks.checkpoint import ResumableCheckpoint
 from rlvr_lightning.callbacks.evaluation import Evaluation
 from rlvr_lightning.callbacks.export import HFExport
 from rlvr_lightning.models.lora import parameter_counts
+from rlvr_lightning.pieces import KINDS
 from rlvr_lightning.tracking import ui_link
 
 HELD_OUT = [  # (label, metric, its standard error's metric)
@@ -39,9 +40,19 @@ def before_after(client, run_id: str, key: str, se_key: str | None) -> str | Non
     return cell(s0, v0) if s0 == s1 else f"{cell(s0, v0)} → {cell(s1, v1)} (rollout batch {s0} → {s1})"
 
 
+def pieces_run(values, every_kind: bool = False) -> dict[str, str]:
+    """The registered name of each piece `values` (an algorithm's hyper-parameters or its config's init_args)
+    select, by selecting key; the KL estimator only with a KL term (`kl_coef` > 0) unless `every_kind`."""
+    return {r.key: r.get(values[r.key]).name for r in KINDS
+            if every_kind or r.key != "kl_estimator" or (values.get("kl_coef") or 0) > 0}  # fmt: skip
+
+
 def summary_lines(trainer: L.Trainer, module) -> list[str]:
     logger = next((lg for lg in trainer.loggers if isinstance(lg, MLFlowLogger)), None)
-    lines = [f"rlvr_lightning: {module.__class__.__name__}, {module.rollout_batches} rollout batches"]
+    algorithm = module.__class__.__name__
+    name = f"{logger._run_name} ({algorithm})" if logger is not None and logger._run_name else algorithm
+    lines = [f"rlvr_lightning: {name}, {module.rollout_batches} rollout batches",
+             "  pieces: " + ", ".join(f"{k}={v}" for k, v in pieces_run(module.hparams).items())]  # fmt: skip
     if logger is not None:
         client, run_id = logger.experiment, logger.run_id
         pass_keys = sorted((k for k in client.get_run(run_id).data.metrics if k.startswith("val/pass_at_")
