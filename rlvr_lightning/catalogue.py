@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     out = ["Presets (make train ALGO=<name>, or ALGO=path/to/your_preset.yaml; configs/algo/):", *preset_lines(), "",
            "Algorithms (--model <Name>; rlvr_lightning.algos):", *wrapped("  ", K_LINE, 2), *algorithm_lines(), "",
-           "Registered pieces (a dotted path to your own works too, or its registered name with --imports <module>; "
-           "see README, 'Adding an algorithm'):", *piece_lines()]  # fmt: skip
+           "Registered pieces (yours: by dotted path, or by name with --imports <module>; README, 'Adding an algorithm'):",
+           *piece_lines()]  # fmt: skip
     print("\n".join(out))
 
 

@@ -261,3 +261,52 @@ def test_make_plan_takes_a_preset_files_path_as_algo(tmp_path):
     assert "class_path: rlvr_lightning.algos.gspo.GSPO" in proc.stdout and "  group_size: 3\n" in proc.stdout
     proc = subprocess.run([*make, "plan", f"ALGO={tmp_path / 'nope.yaml'}"], capture_output=True, text=True, env=env)
     assert proc.returncode != 0 and f"unknown ALGO '{tmp_path / 'nope.yaml'}'" in proc.stderr
+
+
+def test_list_never_cuts_a_description_and_says_why_k_1_never_clips(capsys):
+    from rlvr_lightning.catalogue import main as list_everything
+
+    list_everything([])
+    out = capsys.readouterr().out
+    assert "…" not in out
+    text = " ".join(out.split())  # wrapped lines joined
+    for whole in (
+        "GMPO (arXiv 2507.20673): the geometric mean of token ratios, each clipped in log space to [−0.4, 0.4] on the "
+        "side the advantage pushes (docs/algorithms.md#gmpo).",
+        "SAPO (arXiv 2511.20347): a temperature-controlled soft gate in place of the hard clip, τ_pos 1.0 and τ_neg "
+        "1.05 (docs/algorithms.md#sapo).",
+        "Dr. GRPO (arXiv 2503.20783): GRPO without the std division and without 1/|o|;",  # "Dr." ends no sentence
+        "GMPO: the geometric mean of the token ratios, each clipped in log space to [−ε_low, ε_high] on the side the "
+        "sequence advantage pushes (above for Â > 0, below for Â < 0); one term per sequence.",
+        "SAPO: a soft gate f(r) = (4/τ)·σ(τ(r − 1)) in place of the hard clip, −f(r)·Â per token; τ_pos for Â > 0, "
+        "τ_neg otherwise.",
+        "With K = 1 every step is exactly on policy (π_θ = π_old: each ratio is 1), so a ratio-based loss's clipping "
+        "never acts",
+    ):  # fmt: skip
+        assert whole in text, whole
+    for line in out.splitlines():  # a preset's description continues under itself, never into the next column
+        assert len(line) <= 120 or line.startswith("    "), line
+
+
+@pytest.mark.e2e
+def test_a_researchers_own_loss_and_estimator_train_and_name_the_run(tmp_path, tiny_policy_dir, own_pieces):
+    """The acceptance run: a loss and an estimator written outside the package, loaded with `--imports`,
+    selected by their registered names; the run's name, tags, params and summary say which pieces ran."""
+    args = [*small_run_args(tmp_path, tiny_policy_dir), "--trainer.max_steps", "1", "--imports", "my_rl_pieces",
+            *OWN_ARGS, "--model.init_args.piece_args", "{centred_scale: 0.5}"]  # fmt: skip
+    proc = run_cli(args, tmp_path, pythonpath=(own_pieces,))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    name = "grpo+advantage_estimator=centred+policy_loss=plain-ratio"
+    assert f"rlvr_lightning: {name} (GRPO), 1 rollout batches" in proc.stdout, proc.stdout[-3000:]
+    assert "  pieces: advantage_estimator=centred, policy_loss=plain-ratio, loss_agg=seq-mean-token-mean, " in proc.stdout
+
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("rlvr_lightning").experiment_id])
+    assert run.info.run_name == name and run.info.status == "FINISHED"
+    tags, params = run.data.tags, run.data.params
+    assert tags["preset"] == "grpo" and tags["changed_pieces"] == "advantage_estimator=centred+policy_loss=plain-ratio"
+    assert tags["piece.advantage_estimator"] == "centred" and tags["piece.policy_loss"] == "plain-ratio"
+    assert params["model.init_args.advantage_estimator"] == "centred" and params["imports"] == "my_rl_pieces"
+    assert params["model.init_args.policy_loss"] == "plain-ratio"
