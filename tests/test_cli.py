@@ -310,3 +310,22 @@ def test_a_researchers_own_loss_and_estimator_train_and_name_the_run(tmp_path, t
     assert tags["piece.advantage_estimator"] == "centred" and tags["piece.policy_loss"] == "plain-ratio"
     assert params["model.init_args.advantage_estimator"] == "centred" and params["imports"] == "my_rl_pieces"
     assert params["model.init_args.policy_loss"] == "plain-ratio"
+
+
+def test_make_compare_keeps_a_run_with_other_pieces_apart_from_the_presets(tmp_path):
+    """By default `make compare` takes the latest run of each name: a run named after the pieces it changed
+    is its own row, its algorithm column naming them, not a later GRPO baseline."""
+    import mlflow
+
+    from rlvr_lightning.compare import load_history, markdown_table, select_runs
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.create_experiment("rlvr_lightning", artifact_location=str(tmp_path / "artifacts"))
+    for name, changed in (("grpo", None), ("grpo+policy_loss=plain-ratio", "policy_loss=plain-ratio")):
+        tags = {"algorithm": "GRPO", "preset": "grpo", **({"changed_pieces": changed} if changed else {})}
+        run = client.create_run(exp, run_name=name, tags=tags)
+        client.log_metric(run.info.run_id, "train/accuracy", 0.5, step=0)
+        client.set_terminated(run.info.run_id)
+    table = markdown_table([load_history(client, r) for r in select_runs(client, exp, None)])
+    assert "| grpo | GRPO | 1 |" in table
+    assert "| grpo+policy_loss=plain-ratio | GRPO+policy_loss=plain-ratio | 1 |" in table
