@@ -95,8 +95,10 @@ class RLVRCLI(LightningCLI):
         kwargs.setdefault("save_config_kwargs", {"save_to_log_dir": False})
         argv = kwargs.get("args")
         argv = sys.argv[1:] if argv is None else argv
+        if isinstance(argv, dict | Namespace):  # a config given as an object: its `imports` only
+            argv = [f"--{IMPORTS}", json.dumps(argv.get(IMPORTS))] if argv.get(IMPORTS) else []
         # Before the parser exists: the piece names a user's modules register are values it checks.
-        load_piece_modules([str(a) for a in argv] if isinstance(argv, list) else [])
+        load_piece_modules([str(a) for a in argv])
         super().__init__(RLVRModule, RolloutDataModule, *args, subclass_mode_model=True, **kwargs)
 
     def init_parser(self, **kwargs) -> LightningArgumentParser:
