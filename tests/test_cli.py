@@ -4,6 +4,7 @@ outside the package (`--imports`, entry points, `make list`), and one-line error
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -11,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+# Imported at collection, as a real CLI process imports it before anything is printed: Lightning binds its logger's
+# handler to the sys.stderr of the moment it is first imported, which inside a test is that test's capture.
+from rlvr_lightning.cli import main
 from tests.cli import BASE, REPO, run_cli, small_run_args
 
 
@@ -210,7 +214,8 @@ def test_an_installed_packages_entry_points_are_loaded_by_every_command(tmp_path
     "args, expected",
     [
         (["--imports", "my_missing_pieces"], ["error: --imports: cannot import 'my_missing_pieces'", "on PYTHONPATH"]),
-        (["--model.init_args.policy_loss", "my_missing_pieces.my_loss"], ["error: model.policy_loss=", "my_missing_pieces"]),
+        (["--model.init_args.policy_loss", "my_missing_pieces.my_loss"],
+         ["error: model.policy_loss='my_missing_pieces.my_loss': cannot import it", "on PYTHONPATH"]),
         (["--model.init_args.policy_loss", "plain-ratio"], ["error: model.policy_loss='plain-ratio'; registered: ppo-clip"]),
         (["--model.init_args.lr", "fast"], ["error: model.lr: Expected a <class 'float'>. Got value: fast"]),
         (["--model.init_args.clip_eps_hgh", "0.3"], ["error: model: Option 'clip_eps_hgh' is not accepted"]),
@@ -220,8 +225,6 @@ def test_an_installed_packages_entry_points_are_loaded_by_every_command(tmp_path
 )  # fmt: skip
 def test_a_config_error_is_one_line(args, expected, capsys, tmp_path, monkeypatch):
     """No usage dump, no nested account of jsonargparse's union types: the option and what is wrong."""
-    from rlvr_lightning.cli import main
-
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["rlvr_lightning"])  # pytest's own flags are not the CLI's
     base = [*BASE[:1], *(str(REPO / a) if a.startswith("configs/") else a for a in BASE[1:])]
@@ -230,6 +233,30 @@ def test_a_config_error_is_one_line(args, expected, capsys, tmp_path, monkeypatc
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(err) == 1, err[-40:]
     assert err[0].startswith(expected[0]) and all(e in err[0] for e in expected[1:]), err[0]
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--model.init_args.policy_loss", "sapo", "--model.init_args.piece_args", "{sapo_tau_poz: 1.0}"],
+         "error: piece_args.sapo_tau_poz is read by none of the selected pieces"),
+        (["--model.init_args.policy_loss", "sapo", "--model.init_args.piece_args", "{sapo_tau_pos: -1.0}"],
+         "error: model.policy_loss=sapo: the gate's temperatures must be > 0"),
+    ],
+    ids=["misspelt-piece-args-key", "failing-knob-check"],
+)  # fmt: skip
+def test_a_knob_the_module_refuses_is_one_line(args, expected, capsys, tmp_path, monkeypatch):
+    """Refused while the module is built, before any weights: a misspelt `piece_args` key, a piece's own check."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["rlvr_lightning"])
+    monkeypatch.setattr(logging.root, "handlers", [])  # main's logging.basicConfig binds this test's stderr, not an earlier one's
+    base = [*BASE[:1], *(str(REPO / a) if a.startswith("configs/") else a for a in BASE[1:])]
+    with pytest.raises(SystemExit) as exit_info:  # should it be accepted after all: no model there, fit stops at once
+        main([*base, *args, "--data.model_name_or_path", str(tmp_path / "no_model"), "--plan.check=false",
+              "--trainer.logger.init_args.tracking_uri", f"sqlite:///{tmp_path}/mlflow.db"])  # fmt: skip
+    err = capsys.readouterr().err  # in-process, the libraries' notes that `python -m rlvr_lightning` silences print too
+    assert exit_info.value.code == 2 and err.strip().splitlines()[-1].startswith(expected), err[-3000:]
+    assert err.count("error:") == 1 and "Traceback" not in err
 
 
 def test_the_summary_names_the_run_and_its_pieces():
