@@ -25,12 +25,15 @@ def test_export_reproduces_greedy_outputs_in_transformers_and_vllm(tmp_path, qui
     _, model_dir = quick_warm_start
     dm = RolloutDataModule(model_name_or_path=str(model_dir), batch_size=8, val_data=None, rollout=RolloutSettings(group_size=8, max_response_length=24))  # fmt: skip
     module = standalone(GRPO(lr=1e-3, micro_batch_size=16), dm, callbacks=[RewardVerifier(num_workers=1)])
-    before = [p.detach().clone() for p in module.policy.parameters()]
+    before = {name: p.detach().clone() for name, p in module.policy.named_parameters()}
     for batch in dm.train_dataloader():  # until a batch with a mixed group has moved the weights
         assert module.train_on_batch(batch) is not None  # an update, then the weights go to the engine
         module.rollout_batches += 1
-        if any(not torch.equal(a, b) for a, b in zip(before, module.policy.parameters())):
+        if moved(before, module.policy.named_parameters()):
             break
+    else:  # exporting the initial weights would reproduce their outputs too and prove nothing
+        pytest.fail("no rollout batch moved the weights: there is no trained policy to export")
+    trained_weights = {name: p.detach().clone() for name, p in module.policy.named_parameters()}
     greedy = dm.rollout.sampling(group_size=1, temperature=0.0, max_tokens=24)
     trained = [c.token_ids for c in module.generate(batch, greedy).completions]
     out = HFExport(dirpath=str(tmp_path)).export(module.trainer, module, "final")
@@ -40,6 +43,11 @@ def test_export_reproduces_greedy_outputs_in_transformers_and_vllm(tmp_path, qui
     assert json.loads((out / "rlvr_export.json").read_text())["policy_version"] == module.policy_version
 
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    exported = model.state_dict()
+    assert set(trained_weights) <= set(exported), set(trained_weights) - set(exported)
+    for name, weight in trained_weights.items():  # the trained weights, not the initial ones
+        torch.testing.assert_close(exported[name], weight, rtol=0, atol=0, msg=name)
+    assert moved(before, exported.items())
     tok = dm.tokenizer
     prompts = [tok(p, add_special_tokens=False).input_ids for p in batch.prompts]
     for ids, expected in zip(prompts, trained):
@@ -52,3 +60,8 @@ def test_export_reproduces_greedy_outputs_in_transformers_and_vllm(tmp_path, qui
         assert [g[0].token_ids for g in engine.generate(prompts, greedy)] == trained
     finally:
         engine.close()
+
+
+def moved(before: dict[str, torch.Tensor], weights) -> bool:
+    """Whether any of the named `weights` differs from its value in `before`."""
+    return any(not torch.equal(before[name], w) for name, w in weights if name in before)

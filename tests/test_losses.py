@@ -144,10 +144,17 @@ def test_off_policy_loss_and_gradient_follow_the_clipped_surrogate_and_the_norma
 
 
 @pytest.mark.parametrize("loss_name", SURROGATES)
-def test_on_policy_ratio_is_one_and_nothing_is_clipped(loss_name):
+def test_on_policy_ratio_is_one_and_nothing_is_clipped_or_gated(loss_name):
+    """On policy every token keeps the plain policy gradient: ∂(Σ_t ℓ_t)/∂log π_θ = −Â on every token.
+    A clip that fired would zero it (PPO, GSPO, GMPO) or bound its weight (CISPO); SAPO, whose clip
+    masks are always false, must have its soft gate's slope 4σ(1−σ)·r equal to 1 at r = 1, for both
+    temperatures (τ_pos for Â > 0, τ_neg for Â < 0)."""
     logp, mask = toy_batch()
+    A = group_advantage(torch.tensor([1.0, 0, 0, 0]), G)[:, None] * mask  # both signs of Â
     # Even GSPO's tiny 3e-4 clip range must not fire on policy.
-    _, stats = grpo_loss(logp, logp.detach(), mask, torch.tensor([1.0, 0, 0, 0]), eps=(3e-4, 4e-4), loss_name=loss_name)
+    per_tok, stats = surrogate(loss_name, logp, logp.detach(), A, mask, 3e-4, 4e-4)
+    (per_tok * mask).sum().backward()
+    torch.testing.assert_close(logp.grad, -A, rtol=1e-6, atol=1e-7)
     assert ((stats["ratio"] - 1).abs() * mask).max() < 1e-6
     assert not stats["clipped_low"].any() and not stats["clipped_high"].any()
 

@@ -29,6 +29,9 @@ def preset_args(tmp_path: Path, algo: str, model_dir: Path, max_response_length:
 
 COMPOSED = [
     "--model.init_args.advantage_estimator=rloo", "--model.init_args.rollout_correction=icepop",
+    # On CPU the engine's and the trainer's log-probs agree to ~1e-6, so IcePop's [0.5, 5] band never masks
+    # here; a lower bound just below 1 masks the tokens the engine found likelier by more than 5e-7.
+    "--model.init_args.piece_args={is_mask_low: 0.9999995}",
     "--trainer.callbacks+=rlvr_lightning.callbacks.attribution.THRAttribution", "--trainer.callbacks.p=0.2",
     "--model.init_args.num_mini_batches=2",
 ]  # fmt: skip
@@ -47,6 +50,25 @@ def test_pieces_of_four_papers_compose_in_one_run(tmp_path, quick_warm_start):
             params["model.init_args.rollout_correction"]) == ("cispo", "rloo", "icepop")  # fmt: skip
     for key in ("train/is_masked_frac", "train/is_weight_mean", "train/thr/dominant_frac", "train/loss"):
         assert [m.step for m in history[key]] == [0, 1], key
+    # IcePop acted: it masked some tokens, whose weight is 0, and kept the others at their ratio ≈ 1.
+    masked, weight_mean = values(history, "train/is_masked_frac"), values(history, "train/is_weight_mean")
+    assert max(masked) > 0, masked
+    assert weight_mean == pytest.approx([1 - m for m in masked], abs=1e-4), (weight_mean, masked)
+    assert_thr_reweighted(history)
+
+
+def values(history, key: str) -> list[float]:
+    return [m.value for m in history[key]]
+
+
+def assert_thr_reweighted(history) -> list[int]:
+    """THR acted: in some rollout batch it scored the tokens of a mixed group and found dominant ones,
+    whose advantage weight is 1 + p·sign(THR) ≠ 1. The steps where it scored tokens."""
+    scored = [m.step for m in history["train/thr/tokens"] if m.value > 0]
+    assert scored, "no mixed group sampled: THR had nothing to reweight"
+    dominant = {m.step: m.value for m in history["train/thr/dominant_frac"]}
+    assert all(dominant[step] > 0 for step in scored), dominant
+    return scored
 
 
 def callback_param(run, class_name: str, arg: str) -> str:
@@ -187,18 +209,41 @@ def test_thr_presets_two_step_fit(tmp_path, quick_warm_start, algo, max_steps, e
     for key in ("train/thr/dominant_frac", "train/thr/positive_frac", "train/thr/abs_p90",
                 "train/thr/abs_entropy_spearman", "time/attribution"):  # fmt: skip
         assert key in history, key
+    scored = assert_thr_reweighted(history)
+    if run.data.params["model.init_args.num_mini_batches"] == "1":
+        # One on-policy update per rollout batch: GRPO's loss is −(1/N)·Σ_n Â_n·ratio = 0 up to rounding
+        # (the advantages of a group sum to 0; β·KL is 0 at θ_ref), unless THR reweighted the tokens.
+        loss = {m.step: m.value for m in history["train/loss"]}
+        assert all(abs(loss[step]) > 1e-4 for step in scored), loss
     assert {"val/pass_at_4", "val/pass_at_8", "val/pass_at_8_se"} <= set(history)
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("algo", ["oar-g", "oar-p"])
-def test_oar_presets_two_step_fit(tmp_path, quick_warm_start, algo):
+def test_oar_presets_two_step_fit(tmp_path, quick_warm_start):
+    """OAR-G and OAR-P from the same seed: the same rollouts and the same GRPO, but for OAR's weights."""
     _, model_dir = quick_warm_start
-    args = [*preset_args(tmp_path, algo, model_dir, max_response_length=40), "--trainer.max_steps", "2"]
-    proc = run_cli(args, tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    run, history = finished_run(tmp_path, algo)
-    assert callback_param(run, "OARAttribution", "method") == ("gradient" if algo == "oar-g" else "perturbation")
-    for key in ("train/oar/weight_p50", "train/oar/suppressed_frac", "train/oar/boosted_frac",
-                "train/oar/no_answer_span_frac", "time/attribution"):  # fmt: skip
-        assert [m.step for m in history[key]] == [0, 1], key
+    first_scored, grad_norms = {}, {}
+    for algo in ("oar-g", "oar-p"):
+        run_dir = tmp_path / algo
+        run_dir.mkdir()
+        args = [*preset_args(run_dir, algo, model_dir, max_response_length=40), "--trainer.max_steps", "2"]
+        proc = run_cli(args, run_dir)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        run, history = finished_run(run_dir, algo)
+        assert callback_param(run, "OARAttribution", "method") == ("gradient" if algo == "oar-g" else "perturbation")
+        for key in ("train/oar/weight_p50", "train/oar/suppressed_frac", "train/oar/boosted_frac",
+                    "train/oar/no_answer_span_frac", "time/attribution"):  # fmt: skip
+            assert [m.step for m in history[key]] == [0, 1], key
+        # OAR acted: in some rollout batch it scored reasoning tokens and gave them weights other than 1.
+        scored = [m.step for m in history["train/oar/scored"] if m.value > 0]
+        assert scored, "no rollout with a non-zero advantage and an answer span: OAR had nothing to weigh"
+        for step in scored:
+            low, high, suppressed, boosted = (history[f"train/oar/{k}"][step].value
+                                              for k in ("weight_min", "weight_max", "suppressed_frac", "boosted_frac"))  # fmt: skip
+            assert low < 1 < high and suppressed > 0 and boosted > 0, (low, high, suppressed, boosted)
+        first_scored[algo], grad_norms[algo] = scored[0], values(history, "train/grad_norm")
+    # Up to the first batch OAR weighs, the two runs are the same (seed, rollouts, GRPO update); from
+    # there they differ only in OAR's weights, which reached the update if the gradients differ.
+    step = first_scored["oar-g"]
+    assert first_scored["oar-p"] == step, first_scored
+    assert abs(grad_norms["oar-g"][step] - grad_norms["oar-p"][step]) > 1e-3, grad_norms
