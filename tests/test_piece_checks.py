@@ -72,6 +72,13 @@ def test_a_misspelt_piece_args_key_is_refused_listing_the_knobs_that_exist():
         GRPO(advantage_estimator="pass-at-k", piece_args={"pass_at_kk": 2})
 
 
+def test_a_misspelt_knob_is_matched_to_the_one_it_resembles():
+    with pytest.raises(ConfigError, match=r"did you mean clip_eps_high \(--model.init_args.clip_eps_high\)\?"):
+        GRPO(piece_args={"clip_eps_hihg": 0.28})
+    with pytest.raises(ConfigError, match=r"did you mean sapo_tau_neg\? "):
+        GRPO(policy_loss="sapo", piece_args={"sapo_tau_ne": 1.1})
+
+
 def test_an_algorithm_argument_in_piece_args_is_refused_saying_which_value_the_pieces_read():
     with pytest.raises(ConfigError, match=r"piece_args.clip_eps_high: .* \(now 0.2\); set --model.init_args.clip_eps_high 0.28"):
         GRPO(piece_args={"clip_eps_high": 0.28})

@@ -4,6 +4,7 @@ is an argument of the algorithm would lose to it (pieces read the algorithm's ar
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,8 +34,10 @@ def check_piece_args(values: Mapping[str, Any]) -> None:
         if key not in read:
             knobs = sorted(k for k in read if k not in values)
             pieces_named = ", ".join(f"{k}={p.name}" for k, p in pieces.items())
+            close = difflib.get_close_matches(key, [*knobs, *(k for k in read if k in values)], n=1)
+            hint = f"did you mean {close[0]}{' (--model.init_args.' + close[0] + ')' if close[0] in values else ''}? " if close else ""
             raise ConfigError(
-                f"piece_args.{key} is read by none of the selected pieces ({pieces_named}); their piece_args "
+                f"piece_args.{key} is read by none of the selected pieces ({pieces_named}); {hint}their piece_args "
                 f"knobs are: {', '.join(knobs) or 'none'} (a preset's piece_args are cleared with --model.init_args.piece_args '{{}}')"
             )
 
