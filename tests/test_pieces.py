@@ -89,7 +89,7 @@ def test_the_cli_checks_piece_names_while_parsing(my_pieces, capsys, monkeypatch
     with pytest.raises(SystemExit):
         RLVRCLI(args=[*base, "--model.init_args.policy_loss", "ppo"], run=False)
     err = capsys.readouterr().err
-    assert "model.policy_loss='ppo'; registered: ppo-clip, gspo-token, gspo, " in err
+    assert err.count("\n") == 1 and err.startswith("error: model.policy_loss='ppo'; registered: ppo-clip, gspo-token, gspo, "), err
 
 
 def test_group_level_losses_compose_with_any_algorithm():
