@@ -20,7 +20,7 @@ from rlvr_lightning.callbacks.checkpoint import ResumableCheckpoint
 from rlvr_lightning.callbacks.evaluation import Evaluation
 from rlvr_lightning.callbacks.export import HFExport
 from rlvr_lightning.models.lora import parameter_counts
-from rlvr_lightning.pieces import KINDS
+from rlvr_lightning.pieces.selection import selected_pieces
 from rlvr_lightning.tracking import ui_link
 
 HELD_OUT = [  # (label, metric, its standard error's metric)
@@ -43,8 +43,8 @@ def before_after(client, run_id: str, key: str, se_key: str | None) -> str | Non
 def pieces_run(values, every_kind: bool = False) -> dict[str, str]:
     """The registered name of each piece `values` (an algorithm's hyper-parameters or its config's init_args)
     select, by selecting key; the KL estimator only with a KL term (`kl_coef` > 0) unless `every_kind`."""
-    return {r.key: r.get(values[r.key]).name for r in KINDS
-            if every_kind or r.key != "kl_estimator" or (values.get("kl_coef") or 0) > 0}  # fmt: skip
+    return {key: piece.name for key, piece in selected_pieces(values).items()
+            if every_kind or key != "kl_estimator" or (values.get("kl_coef") or 0) > 0}  # fmt: skip
 
 
 def summary_lines(trainer: L.Trainer, module) -> list[str]:

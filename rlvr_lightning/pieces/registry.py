@@ -64,13 +64,18 @@ class Piece:
         return (inspect.getdoc(self.fn) or "").split("\n")[0]
 
     @property
+    def functions(self) -> tuple[Callable, ...]:
+        """Its function and its function traits (a loss's token selection): what runs with the knobs bound."""
+        return (self.fn, *(v for v in self.traits.values() if callable(v)))
+
+    @property
     def knobs(self) -> tuple[str, ...]:
-        """The keyword-only parameters of its function, of its function traits (a loss's token selection) and of
-        its check (less the run settings)."""
+        """The keyword-only parameters of its functions and of its check (less the run settings)."""
         names: dict[str, None] = {}
-        for fn in (self.fn, *(v for v in self.traits.values() if callable(v)), self.check):
-            if fn is not None:
-                names.update((name, None) for name in keyword_only(fn) if not (fn is self.check and name in RUN_SETTINGS))
+        for fn in self.functions:
+            names.update((name, None) for name in keyword_only(fn))
+        if self.check is not None:
+            names.update((name, None) for name in keyword_only(self.check) if name not in RUN_SETTINGS)
         return tuple(names)
 
     @property
@@ -85,7 +90,7 @@ class Piece:
         """Every knob's value as the piece runs with it: `values` (the module's hyper-parameters), then
         `piece_args`, then the function's own default."""
         knobs = {}
-        for fn in (self.fn, *(v for v in self.traits.values() if callable(v))):
+        for fn in self.functions:
             knobs.update(knob_values(fn, self.what, values, piece_args))
         return knobs
 

@@ -10,7 +10,7 @@ from typing import Any
 from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.pieces import rollout_corrections
 from rlvr_lightning.pieces.registry import Piece
-from rlvr_lightning.pieces.selection import check_piece_args, selected_pieces
+from rlvr_lightning.pieces.selection import selected_pieces
 from rlvr_lightning.training.objective import Objective
 from rlvr_lightning.training.plan import UpdatePlan
 
@@ -31,7 +31,6 @@ def check_values(h: Mapping[str, Any]) -> None:
 
 def check_pieces(h: Mapping[str, Any], objective: Objective, correction: Piece) -> None:
     """Which pieces combine; each piece's own knobs were checked when it was bound (its `check`)."""
-    check_piece_args(h)
     loss = objective.policy_loss
     corrects_rollouts = correction.name != "none"
     if objective.group_level and corrects_rollouts:
