@@ -45,7 +45,7 @@ def as_text(plan: Plan) -> str:
         f"  per rank: {spec.prompts_per_rank} prompts × {spec.group_size} samples = {spec.sequences_per_rank} sequences of up to "
         f"{spec.max_prompt_length} + {spec.max_response_length} tokens; forwards of {spec.rows_per_forward} rows",
         "",
-        *("  " + line for line in _device_defaults_block(spec)),
+        *_device_defaults_block(spec),
         "  memory per rank at each stage's peak (GiB):",
     ]
     lines += [f"    {name:<32} {gib:8.2f}" + ("   ← peak" if name == plan.peak_stage else "") for name, gib in plan.stages.items()]
@@ -77,7 +77,7 @@ def _device_defaults(spec) -> dict:
 
 def _device_defaults_block(spec) -> list[str]:
     d = spec.device_defaults
-    return [] if d is None else [*d.block().splitlines(), ""]
+    return [] if d is None else [*("  " + line for line in d.block().splitlines()), ""]
 
 
 def _count(n: int) -> str:
