@@ -36,6 +36,12 @@ from rlvr_lightning.callbacks.summary import pieces_run
 from rlvr_lightning.console import verbose
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.data.sources import DataSourceError
+from rlvr_lightning.device_defaults import (
+    DeviceDefaults,
+    apply_to_config,
+    config_device_defaults,
+    detect_accelerator,
+)
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces.loading import OPTION as IMPORTS
 from rlvr_lightning.pieces.loading import load_piece_modules
@@ -48,6 +54,10 @@ from rlvr_lightning.training.dynamic_sampling import DynamicSamplingExhausted
 
 
 class MLflowSaveConfig(SaveConfigCallback):
+    def __init__(self, *args, device_defaults: DeviceDefaults | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.device_defaults = device_defaults  # what the CLI resolved from the accelerator, recorded with the params
+
     def save_config(self, trainer, pl_module, stage: str) -> None:
         for logger in trainer.loggers:
             if isinstance(logger, MLFlowLogger):
@@ -58,15 +68,17 @@ class MLflowSaveConfig(SaveConfigCallback):
                     logger.experiment.log_text(logger.run_id, text, f"config_resumed_{int(time.time())}.yaml")
                     continue
                 logger.experiment.log_text(logger.run_id, text, "config.yaml")
-                logger.log_hyperparams(logged_params(self.config.as_dict(), pl_module))
+                logger.log_hyperparams(logged_params(self.config.as_dict(), pl_module, self.device_defaults))
 
 
-def logged_params(cfg: dict, module) -> dict[str, object]:
+def logged_params(cfg: dict, module, device_defaults: DeviceDefaults | None = None) -> dict[str, object]:
     """The run's parameters for MLflow: the resolved config, with the model's section replaced by the
-    values the module runs with (its effective hyper-parameters, class defaults included)."""
+    values the module runs with (its effective hyper-parameters, class defaults included), and for each
+    setting that follows the device where its value came from (`device_defaults.<key>`)."""
     params = {k: v for k, v in flatten_config(cfg).items() if not k.startswith("model.init_args.")}
     effective = {k: v for k, v in module.hparams.items() if not k.startswith("_")}
-    return {**params, **flatten_config({"model": {"init_args": effective}})}
+    sources = device_defaults.params() if device_defaults is not None else {}
+    return {**params, **flatten_config({"model": {"init_args": effective}}), **sources}
 
 
 def flatten_config(cfg: dict, prefix: str = "") -> dict[str, object]:
@@ -142,6 +154,7 @@ class RLVRCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
+        self.resolve_device_defaults(cfg)
         use_rollout_progress_bar(cfg.trainer)
         logger = cfg.trainer.logger
         if not (isinstance(logger, Namespace) and logger.class_path.endswith("MLFlowLogger")):
@@ -159,6 +172,25 @@ class RLVRCLI(LightningCLI):
         name, tags = run_identity(cfg)
         args.run_name = args.run_name or name  # a name the user gives wins
         args.tags = {**(args.tags or {}), **tags, "model": cfg.data.model_name_or_path, "dataset": cfg.data.train_data}
+
+
+    def resolve_device_defaults(self, cfg: Namespace) -> None:
+        """The settings the user left to the device (`rlvr_lightning.device_defaults`) resolve from the accelerator
+        `trainer.accelerator` selects, into the config itself; printed once, and recorded with the params."""
+        self.device_defaults = config_device_defaults(cfg, detect_accelerator(cfg.trainer.accelerator))
+        apply_to_config(cfg, self.device_defaults)
+        if isinstance(self.save_config_callback, type) and issubclass(self.save_config_callback, MLflowSaveConfig):
+            self.save_config_kwargs = {**self.save_config_kwargs, "device_defaults": self.device_defaults}
+        if not spawned_rank():
+            print(self.device_defaults.block(), flush=True)
+
+
+def spawned_rank() -> bool:
+    """A process Lightning's launcher (or torchrun, SLURM) started for a rank other than the first: the first
+    one prints what every rank shares."""
+    import os
+
+    return any(int(os.environ.get(name, "0") or 0) > 0 for name in ("LOCAL_RANK", "NODE_RANK", "RANK"))
 
 
 def parse_error_line(err: ArgumentError) -> str:

@@ -123,16 +123,16 @@ def test_preflight_refuses_on_a_gpu_and_names_the_first_change_that_fits(monkeyp
     from rlvr_lightning.planner.preflight import preflight
 
     monkeypatch.setattr(sys, "argv", ["plan"])
-    cfg = parsed("--plan.hardware", "h100", "--plan.device_gib", "4", "--rollout.max_response_length", "1024")
+    run = ("--plan.hardware", "h100", "--plan.device_gib", "4", "--rollout.max_response_length", "1024",
+           "--trainer.precision", "32-true")  # an fp32 trainer: its activations need the smaller micro-batches  # fmt: skip
+    cfg = parsed(*run)
     with pytest.raises(ConfigError) as err:
         preflight(cfg)
     message = str(err.value)
     assert "predicted peak" in message and "against 4.0 GiB" in message, message
     assert "the first change that fits: --model.init_args.micro_batch_size 16" in message, message
-    preflight(parsed("--plan.hardware", "h100", "--plan.device_gib", "4", "--rollout.max_response_length", "1024",
-                     "--model.init_args.micro_batch_size", "16"))  # the change it named: no error  # fmt: skip
-    preflight(parsed("--plan.hardware", "h100", "--plan.device_gib", "4", "--rollout.max_response_length", "1024",
-                     "--plan.check", "false"))  # fmt: skip
+    preflight(parsed(*run, "--model.init_args.micro_batch_size", "16"))  # the change it named: no error
+    preflight(parsed(*run, "--plan.check", "false"))
 
 
 def test_preflight_on_the_cpu_warns(monkeypatch, caplog):

@@ -23,6 +23,7 @@ from rlvr_lightning.callbacks.progress import rollout_batches_total
 from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.callbacks.rollout import advantage_shapers, rollout_callbacks
 from rlvr_lightning.context import Collectives, ScoredBatch, StepContext
+from rlvr_lightning.device_defaults import accelerator_of_device, default_for
 from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.models.lora import LoraSettings, as_settings, trainable_parameters
 from rlvr_lightning.models.policy import load_policies
@@ -80,7 +81,7 @@ class RLVRModule(L.LightningModule):
         sync_check_tol: float | None = None,
         sync_check_every: int = 10,
         max_nonfinite_steps: int = 10,
-        fsdp_param_dtype: Literal["float32", "bfloat16"] = "float32",
+        fsdp_param_dtype: Literal["float32", "bfloat16"] | None = None,
         activation_checkpointing: bool = False,
         lora: LoraSettings | None = None,
     ) -> None:
@@ -116,12 +117,15 @@ class RLVRModule(L.LightningModule):
                 1e-4 when the engine and the trainer both compute in fp32, else 0.05).
             sync_check_every: probe the first sync and every N-th after it.
             max_nonfinite_steps: stop after this many consecutive updates with a non-finite loss or gradient.
-            fsdp_param_dtype: under FSDP, `bfloat16` computes in bf16 with fp32 master weights and reduction.
+            fsdp_param_dtype: under FSDP, `bfloat16` computes in bf16 with fp32 master weights and reduction
+                (default: the device's, bfloat16 on CUDA, float32 on CPU: `rlvr_lightning.device_defaults`).
             activation_checkpointing: recompute each decoder layer's activations in the backward pass.
             lora: train a LoRA adapter (PEFT) instead of every weight (`models.lora.LoraSettings`,
                 `--model.init_args.lora.rank 16`); the KL reference is then the base model with the adapter off.
         """
         super().__init__()
+        if fsdp_param_dtype is None:  # built in Python (the CLI resolves it from the trainer's accelerator)
+            fsdp_param_dtype = default_for("model.fsdp_param_dtype")
         self.save_hyperparameters()
         # What the module runs with, not only what the config gave (LightningCLI passes its config here);
         # piece names as plain strings (the CLI parses them into checked `str` subtypes).
@@ -191,7 +195,8 @@ class RLVRModule(L.LightningModule):
         return self._engine
 
     def engine_dtype(self) -> str:
-        return engine_compute_dtype(self.datamodule.rollout, self.policy.config, self.trainer_dtype())
+        return engine_compute_dtype(self.datamodule.rollout, self.policy.config, self.trainer_dtype(),
+                                    accelerator_of_device(self.device))  # fmt: skip
 
     def trainer_dtype(self) -> str:
         """The dtype the trainer's forwards compute in: the precision plugin's, or FSDP2's parameter dtype."""

@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     with tempfile.TemporaryDirectory(prefix="rlvr-doctor-") as tmp:
         setup = Setup(cfg, Path(tmp))
+        print(setup.device_defaults.block())
         print(f"device {setup.device}, trainer {setup.trainer_dtype}{' (FSDP2)' if setup.fsdp else ''}, "
               f"rollout.engine={setup.rollout.engine} ({setup.engine_dtype})\n")  # fmt: skip
         try:

@@ -16,9 +16,17 @@ import time
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
+from rlvr_lightning.device_defaults import (
+    accelerator_of_device,
+    apply_to_config,
+    config_device_defaults,
+    detect_accelerator,
+    uses_fsdp2,
+)
 from rlvr_lightning.models.embedded import TinyQwen2Spec, build_char_tokenizer, build_tiny_qwen2, save_policy
 from rlvr_lightning.models.forward import policy_forward, sequence_logprobs
 from rlvr_lightning.models.lm_head import supports_chunked_head
@@ -28,7 +36,7 @@ from rlvr_lightning.models.weights import full_weights, load_into_engine
 from rlvr_lightning.rollout.settings import EngineSite, RolloutSettings
 from rlvr_lightning.rollout.sync import EngineSync, default_sync_tol
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, RolloutTensors, SamplingConfig
-from rlvr_lightning.training.engine_setup import trainer_compute_dtype
+from rlvr_lightning.training.engine_setup import engine_compute_dtype, trainer_compute_dtype
 
 PASS, FAIL, SKIP = "pass", "FAIL", "skipped"
 PROMPTS = ["What is 1+2-3?\n", "What is 17+20+9?\n", "Hi\n"]  # different lengths: left padding is exercised
@@ -54,6 +62,10 @@ class Setup:
     rollout: RolloutSettings = field(init=False)
 
     def __post_init__(self) -> None:
+        # The settings the configuration leaves to the device resolve as `make train` resolves them, on the
+        # device the doctor runs on.
+        self.device_defaults = config_device_defaults(self.cfg, accelerator_of_device(self.device))
+        apply_to_config(self.cfg, self.device_defaults)
         self.rollout = RolloutSettings(**vars(self.cfg.rollout))
         self._engine_error: Exception | None = None
         self.sample: Rollout | None = None
@@ -65,11 +77,11 @@ class Setup:
 
     @property
     def fsdp(self) -> bool:
-        return "FSDP2Strategy" in str(getattr(self.cfg.trainer.strategy, "class_path", self.cfg.trainer.strategy))
+        return uses_fsdp2(self.cfg)
 
     @cached_property
     def device(self) -> torch.device:
-        wants_gpu = self.cfg.trainer.accelerator in ("auto", "gpu", "cuda")
+        wants_gpu = detect_accelerator(self.cfg.trainer.accelerator).is_cuda
         return torch.device("cuda", 0) if wants_gpu and torch.cuda.is_available() else torch.device("cpu")
 
     @property
@@ -84,10 +96,10 @@ class Setup:
 
     @property
     def engine_dtype(self) -> str:
-        if self.rollout.engine == "hf":
-            return self.trainer_dtype
-        # `auto` is the checkpoint's, and the doctor's checkpoint is saved in the trainer's dtype (`policy_dir`).
-        return self.trainer_dtype if self.rollout.dtype == "auto" else self.rollout.dtype
+        # The run's own function; `auto` reads the checkpoint's dtype, and the doctor's checkpoint is saved in
+        # the trainer's (`policy_dir`).
+        checkpoint = SimpleNamespace(dtype=self.trainer_dtype)
+        return engine_compute_dtype(self.rollout, checkpoint, self.trainer_dtype, accelerator_of_device(self.device))
 
     @cached_property
     def lora(self) -> LoraSettings | None:

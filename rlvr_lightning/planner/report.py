@@ -31,6 +31,7 @@ def as_dict(plan: Plan) -> dict:
         "assumptions": plan.step.assumptions,
         "layout": {"sequences_per_rank": spec.sequences_per_rank, "rows_per_forward": spec.rows_per_forward,
                    "tokens_per_row": spec.max_prompt_length + spec.max_response_length},  # fmt: skip
+        "device_defaults": _device_defaults(spec),
         "fixes": [{"change": change, "peak_gib_per_rank": round(p.peak_gib, 3)} for change, p in plan.fixes],
         "warnings": plan.warnings,
     }
@@ -44,6 +45,7 @@ def as_text(plan: Plan) -> str:
         f"  per rank: {spec.prompts_per_rank} prompts × {spec.group_size} samples = {spec.sequences_per_rank} sequences of up to "
         f"{spec.max_prompt_length} + {spec.max_response_length} tokens; forwards of {spec.rows_per_forward} rows",
         "",
+        *_device_defaults_block(spec),
         "  memory per rank at each stage's peak (GiB):",
     ]
     lines += [f"    {name:<32} {gib:8.2f}" + ("   ← peak" if name == plan.peak_stage else "") for name, gib in plan.stages.items()]
@@ -65,6 +67,17 @@ def as_text(plan: Plan) -> str:
         else:
             lines.append("  no single change tried fits: more devices, a shorter response or a smaller model")
     return "\n".join(lines)
+
+
+def _device_defaults(spec) -> dict:
+    """{setting: {value, from}} of the settings that follow the device, as planned."""
+    d = spec.device_defaults
+    return {} if d is None else {k: {"value": d.values[k], "from": d.source(k)} for k in d.keys}
+
+
+def _device_defaults_block(spec) -> list[str]:
+    d = spec.device_defaults
+    return [] if d is None else [*("  " + line for line in d.block().splitlines()), ""]
 
 
 def _count(n: int) -> str:

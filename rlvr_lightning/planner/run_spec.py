@@ -6,7 +6,9 @@ import dataclasses
 import importlib
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
+from rlvr_lightning.device_defaults import Accelerator, config_device_defaults
 from rlvr_lightning.planner.hardware import Hardware
 
 
@@ -43,6 +45,7 @@ class RunSpec:
     oar: bool
     whole_groups: bool = False  # micro-batches hold whole groups (a group-level loss; THR or OAR reading them)
     lora: object | None = None  # models.lora.LoraSettings of a LoRA policy
+    device_defaults: object | None = None  # device_defaults.DeviceDefaults: what the device chose, for the report
 
     @property
     def world_size(self) -> int:
@@ -76,13 +79,18 @@ class RunSpec:
 
 
 def run_spec(cfg, hardware: Hardware) -> RunSpec:
-    """The RunSpec of a parsed `make train` configuration (a jsonargparse Namespace, not instantiated)."""
+    """The RunSpec of a parsed `make train` configuration (a jsonargparse Namespace, not instantiated). The
+    settings it leaves to the device resolve for `hardware`, as `make train` resolves them on that device."""
     from rlvr_lightning.planner.models import model_config
     from rlvr_lightning.training.behaviour import behaviour_source
 
+    accelerator = Accelerator("cuda", bf16=True) if hardware.gpu else Accelerator("cpu")  # every listed GPU has bf16
+    defaults = config_device_defaults(cfg, accelerator)
     module_path, _, name = cfg.model.class_path.rpartition(".")
-    module = getattr(importlib.import_module(module_path), name)(**cfg.model.init_args.as_dict())  # light: no weights
-    h, rollout, data, trainer = module.hparams, cfg.rollout, cfg.data, cfg.trainer
+    init_args = {**cfg.model.init_args.as_dict(), **defaults.section("model")}
+    module = getattr(importlib.import_module(module_path), name)(**init_args)  # light: no weights
+    h, data, trainer = module.hparams, cfg.data, cfg.trainer
+    rollout = SimpleNamespace(**{**vars(cfg.rollout), **defaults.section("rollout")})
     callbacks = [c.class_path.rsplit(".", 1)[-1] for c in (trainer.callbacks or []) if hasattr(c, "class_path")]
     strategy = trainer.strategy
     strategy = strategy if isinstance(strategy, str) else getattr(strategy, "class_path", "")
@@ -93,7 +101,7 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
     return RunSpec(
         model=data.model_name_or_path, model_config=model_config(data.model_name_or_path), hardware=hardware,
         devices=devices, nodes=int(trainer.num_nodes or 1), fsdp=strategy.endswith("FSDP2Strategy"),
-        precision=str(trainer.precision), fsdp_param_dtype=h.fsdp_param_dtype,
+        precision=str(defaults.values["trainer.precision"]), fsdp_param_dtype=h.fsdp_param_dtype,
         activation_checkpointing=h.activation_checkpointing, micro_batch_size=h.micro_batch_size,
         max_tokens_per_micro_batch=h.max_tokens_per_micro_batch, chunk_tokens=h.logprob_chunk_tokens,
         kl_coef=h.kl_coef, num_mini_batches=h.num_mini_batches, ppo_epochs=h.ppo_epochs,
@@ -104,5 +112,5 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
         engine_elsewhere=bool(rollout.server_urls or rollout.server_cuda_devices), batches_ahead=rollout.batches_ahead,
         thr="THRAttribution" in callbacks, oar="OARAttribution" in callbacks,
         whole_groups=module.objective.needs_whole_groups or "THRAttribution" in callbacks or "OARAttribution" in callbacks,
-        lora=module.lora,
+        lora=module.lora, device_defaults=defaults,
     )  # fmt: skip

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import torch
 
+from rlvr_lightning.device_defaults import detect_accelerator, resolve_device_defaults
 from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.rollout.engine import RolloutEngine, ScoreFn
 from rlvr_lightning.rollout.types import SamplingConfig
@@ -56,10 +57,10 @@ class RolloutSettings:
         top_p: float = 1.0,
         top_k: int = -1,
         engine: Literal["vllm", "vllm-server", "hf"] = "vllm",
-        dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32",
+        dtype: Literal["float32", "bfloat16", "float16", "auto"] | None = None,
         kv_cache_gib: float = 1.0,
-        gpu_memory_utilization: float = 0.3,
-        enforce_eager: bool = True,
+        gpu_memory_utilization: float | None = None,
+        enforce_eager: bool | None = None,
         sleep_level: Literal[0, 1, 2] = 0,
         server_replicas: int = 1,
         server_urls: list[str] | None = None,
@@ -83,10 +84,13 @@ class RolloutSettings:
             engine: `vllm` (default: an in-process engine on the trainer's device), `vllm-server` (`vllm serve`
                 replicas, launched on loopback or attached to `server_urls`) or `hf` (the transformers
                 `generate` fallback).
-            dtype: the vLLM engine's weights and compute (`auto`: the checkpoint's).
+            dtype: the vLLM engine's weights and compute (`auto`: the checkpoint's; default: the device's,
+                float32 on CPU, bfloat16 on CUDA: `rlvr_lightning.device_defaults`).
             kv_cache_gib: vLLM KV cache on CPU, in GiB (`VLLM_CPU_KVCACHE_SPACE`).
-            gpu_memory_utilization: vLLM's share of GPU memory when colocated with training.
-            enforce_eager: run vLLM without CUDA graphs (faster start-up, slower decoding).
+            gpu_memory_utilization: vLLM's share of GPU memory when colocated with training (default: the
+                device's, 0.3 on CUDA, 0.5 with sleep_level ≥ 1, 0.9 for servers on GPUs of their own).
+            enforce_eager: run vLLM without CUDA graphs (faster start-up, slower decoding; default: the
+                device's, true on CPU, false on CUDA).
             sleep_level: vLLM sleep mode during the policy update (CUDA only; ignored with a warning on
                 CPU): 0 off, 1 weights copied to host memory and KV cache freed, 2 both freed (the
                 weight sync reloads them). The engine wakes itself for the sync and for generation.
@@ -112,6 +116,13 @@ class RolloutSettings:
             batches_ahead: 1 generates rollout batch k+1 while the trainer updates on batch k (one step
                 off policy, engine `vllm-server`); 0 alternates generation and update.
         """
+        if None in (dtype, gpu_memory_utilization, enforce_eager):  # built in Python: this machine's defaults
+            given = {"rollout.dtype": dtype, "rollout.gpu_memory_utilization": gpu_memory_utilization,
+                     "rollout.enforce_eager": enforce_eager}  # fmt: skip
+            values = resolve_device_defaults(detect_accelerator(), given, sleep_level=sleep_level,
+                                             engine_elsewhere=bool(server_urls or server_cuda_devices)).values  # fmt: skip
+            dtype, gpu_memory_utilization = values["rollout.dtype"], values["rollout.gpu_memory_utilization"]
+            enforce_eager = values["rollout.enforce_eager"]
         check_choice("rollout.engine", engine, ENGINES)
         check_choice("rollout.weight_transfer", weight_transfer, ("auto", "snapshot", "nccl"))
         check_choice("rollout.batches_ahead", batches_ahead, (0, 1))
