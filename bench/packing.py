@@ -56,7 +56,10 @@ def build(args):
     dm = RolloutDataModule(model_name_or_path=str(path), batch_size=args.prompts, rollout=rollout_settings)
     module = standalone(GRPO(lr=1e-6, micro_batch_size=8, logprob_chunk_tokens=1024), dm)
     g = torch.Generator().manual_seed(args.seed)
-    prompts = [torch.randint(3, 1024, (int(n),), generator=g).tolist() for n in torch.randint(40, 161, (args.prompts,), generator=g)]
+    prompts = [
+        torch.randint(3, 1024, (int(n),), generator=g).tolist()
+        for n in torch.randint(40, 161, (args.prompts,), generator=g)
+    ]
     lengths = response_lengths(args.prompts * args.group, args.cap, args.seed)
     completions = [
         Completion(torch.randint(3, 1024, (L,), generator=g).tolist(), [0.0] * L, "length" if L == args.cap else "stop")
