@@ -96,6 +96,7 @@ bench: setup $(VENV)/.bench-installed
 	$(PY) bench/lora.py
 	$(PY) bench/merged_precision.py
 	$(PY) bench/colocated_update.py
+	$(PY) bench/packing.py
 	$(PY) bench/scale.py
 	$(PY) bench/plan_accuracy.py
 	$(PY) bench/published_figures.py

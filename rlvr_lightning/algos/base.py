@@ -64,6 +64,7 @@ class RLVRModule(L.LightningModule):
         micro_batch_size: int = 64,
         max_tokens_per_micro_batch: int | None = None,
         logprob_chunk_tokens: int = 1024,
+        packing: bool | None = None,
         advantage_estimator: kinds.AdvantageEstimatorName = "grpo",
         policy_loss: kinds.PolicyLossName = "ppo-clip",
         loss_agg: kinds.LossAggName = "seq-mean-token-mean",
@@ -98,6 +99,8 @@ class RLVRModule(L.LightningModule):
             micro_batch_size: sequences per forward/backward (gradient accumulation inside a mini-batch).
             max_tokens_per_micro_batch: micro-batches of ≤ this many tokens, rows × (longest prompt + longest response).
             logprob_chunk_tokens: response tokens per LM-head chunk (never the whole logits); 0 = no chunking.
+            packing: padding-free micro-batches: each forward over its sequences' real tokens concatenated
+                (varlen attention on CUDA), token budgets counting real tokens; None = the device's default (off).
             advantage_estimator: a registered advantage estimator (`python -m rlvr_lightning list`) or a dotted path.
             policy_loss: a registered policy loss (token level, reduced by `loss_agg`; or group level, REAL's).
             loss_agg: a registered loss aggregator: how per-token losses are reduced.

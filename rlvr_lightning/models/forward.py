@@ -1,6 +1,11 @@
 """One forward of the policy over a laid-out rollout: the per-token log-probs the losses need, their
 entropy, and (when asked) the LM head's inputs that THR scores from. Every trainer-side forward of
-a training step goes through `policy_forward`, so the three always come from the same pass."""
+a training step goes through `policy_forward`, so the three always come from the same pass.
+
+Padded (the default), the forward runs over the micro-batch as laid out, [n, P+T]; packed
+(`packed=True`, `model.packing`), over its real tokens only, concatenated into one row
+(`models.packing`), and the response tokens' results are put back in the same [n, T] grid, so every
+consumer reads the same shapes either way."""
 
 from __future__ import annotations
 
@@ -15,6 +20,8 @@ from rlvr_lightning.models.lm_head import (
     supports_chunked_head,
     untransformed_head_output,
 )
+from rlvr_lightning.models.packed_attention import packed_forward, prepare_packed_attention, varlen_kwargs
+from rlvr_lightning.models.packing import PackedLayout, packed_layout
 from rlvr_lightning.rollout.types import RolloutTensors
 from rlvr_lightning.tensor_math import entropy_from_logprobs, log_softmax_at
 
@@ -35,6 +42,7 @@ def policy_forward(
     capture_lm_head: bool = False,
     chunk_tokens: int = 0,
     unpadded: bool = False,
+    packed: bool = False,
 ) -> PolicyForward:
     """log_softmax(logits / T) in fp32 gathered at the sampled tokens (grad flows if enabled).
 
@@ -46,20 +54,30 @@ def policy_forward(
     With `chunk_tokens` > 0 (and a plain linear LM head, see `supports_chunked_head`) the logits are
     never materialised: the model's LM head is swapped, for this forward only, for one that computes the
     response tokens' log-probs `chunk_tokens` at a time (`models.lm_head`). The swap happens inside the
-    model's own forward, so wrappers that gather the head's weight around it (FSDP) still do."""
+    model's own forward, so wrappers that gather the head's weight around it (FSDP) still do.
+
+    `packed`: the forward runs over the real tokens only (`packed_policy_forward`); the same results."""
+    if packed:
+        return packed_policy_forward(model, t, temperature, with_entropy, capture_lm_head, chunk_tokens)
     T = t.response_mask.shape[1]
     if chunk_tokens > 0 and supports_chunked_head(model) is None:
         return _chunked_forward(model, t, temperature, with_entropy, capture_lm_head, chunk_tokens, unpadded)
     with lm_head_inputs(model, enabled=capture_lm_head) as grabbed:
         out = _run(model, t, T)
-    logp_all = log_softmax_at(out.logits[:, :-1], temperature)  # position P−1+t predicts response token t
-    targets = t.input_ids[:, t.prompt_width :]
-    logp = logp_all.gather(-1, targets[..., None]).squeeze(-1) * t.response_mask
+    # Position P−1+t predicts response token t.
+    logp, entropy = _full_logprobs(out.logits[:, :-1], t.input_ids[:, t.prompt_width :], temperature, with_entropy)
+    return PolicyForward(logp * t.response_mask, entropy, grabbed[0] if grabbed else None, t)
+
+
+def _full_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+    """log π of `targets` [...] from the model's own `logits` [..., V], and the entropy [...] if asked (no grad)."""
+    logp_all = log_softmax_at(logits, temperature)
+    logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)
     entropy = None
     if with_entropy:
         with torch.no_grad():
             entropy = entropy_from_logprobs(logp_all)
-    return PolicyForward(logp, entropy, grabbed[0] if grabbed else None, t)
+    return logp, entropy
 
 
 def _run(model: torch.nn.Module, t: RolloutTensors, T: int):
@@ -69,10 +87,32 @@ def _run(model: torch.nn.Module, t: RolloutTensors, T: int):
     )  # fmt: skip
 
 
+@contextmanager
+def _head_returning(model: torch.nn.Module, compute):
+    """Within the block the model's LM head returns `compute(hidden)` (the chunked log-probs) in place of
+    logits, untouched by the family's logit transform."""
+    head = model.get_output_embeddings()
+    head.forward = compute
+    try:
+        with untransformed_head_output(model):
+            yield
+    finally:
+        del head.forward
+
+
+def _chunked_head(model: torch.nn.Module, temperature: float, chunk_tokens: int, with_entropy: bool):
+    """hidden [M, d], targets [M] → (log π [M], entropy [M] or None) through the model's LM head and its
+    family's transform, read now: inside `_head_returning` the configuration's transform is neutral."""
+    head, transform = model.get_output_embeddings(), head_transform(model.config)
+    return lambda hidden, targets: chunked_token_logprobs(
+        hidden, head.weight, targets, temperature, chunk_tokens, with_entropy, transform
+    )
+
+
 def _chunked_forward(
     model, t: RolloutTensors, temperature, with_entropy, capture_lm_head, chunk_tokens, unpadded
 ) -> PolicyForward:
-    head, transform = model.get_output_embeddings(), head_transform(model.config)
+    head = _chunked_head(model, temperature, chunk_tokens, with_entropy)
     valid = None if unpadded else t.response_mask.bool()
     targets = t.input_ids[:, t.prompt_width :]
     targets = targets.flatten() if valid is None else targets[valid]
@@ -86,20 +126,69 @@ def _chunked_forward(
     def response_logprobs(hidden: torch.Tensor) -> torch.Tensor:  # hidden [n, T+1, d]
         found["lm_head_in"] = hidden.detach() if capture_lm_head else None
         rows = hidden[:, :-1]
-        logp, entropy = chunked_token_logprobs(
-            rows.flatten(0, 1) if valid is None else rows[valid], head.weight, targets, temperature, chunk_tokens,
-            with_entropy, transform,
-        )  # only the real response tokens: padding costs no LM-head work  # fmt: skip
+        # Only the real response tokens: padding costs no LM-head work.
+        logp, entropy = head(rows.flatten(0, 1) if valid is None else rows[valid], targets)
         found["entropy"] = None if entropy is None else as_rows(entropy)
         return as_rows(logp)
 
-    head.forward = response_logprobs  # the model returns these [n, T] log-probs as its "logits"
-    try:
-        with untransformed_head_output(model):
-            out = _run(model, t, t.response_mask.shape[1])
-    finally:
-        del head.forward
+    with _head_returning(model, response_logprobs):  # the model returns these [n, T] log-probs as its "logits"
+        out = _run(model, t, t.response_mask.shape[1])
     return PolicyForward(out.logits, found["entropy"], found["lm_head_in"], t)
+
+
+def packed_policy_forward(
+    model: torch.nn.Module,
+    t: RolloutTensors,
+    temperature: float,
+    with_entropy: bool = False,
+    capture_lm_head: bool = False,
+    chunk_tokens: int = 0,
+    layout: PackedLayout | None = None,
+) -> PolicyForward:
+    """`policy_forward` over the micro-batch's real tokens packed into one row [1, S] (`models.packing`):
+    no padding in the forward, and only the S − n hidden states that predict response tokens reach the
+    LM head (`logits_to_keep` as an index; with `chunk_tokens` > 0 the chunked head). The same
+    `PolicyForward`: logp and entropy [n, T], 0 on padding; `lm_head_in` [n, T+1, d] holds each row's
+    response-predicting inputs (rows :L of a response of L tokens, what THR reads), zeros elsewhere.
+
+    `layout`: built from `t.token_counts` when not given (one device-to-host copy of [n, 2] counts).
+    On CUDA the model's attention is switched to a varlen one first (`models.packed_attention`)."""
+    n, T = t.response_mask.shape
+    device = t.input_ids.device
+    layout = layout or packed_layout(t.token_counts, t.prompt_width, T, device)
+    prepare_packed_attention(model)
+    chunked = chunk_tokens > 0 and supports_chunked_head(model) is None
+    head = _chunked_head(model, temperature, chunk_tokens, with_entropy) if chunked else None
+    where = (layout.response_row, layout.response_col)
+    targets = t.input_ids[:, t.prompt_width :][where]
+    found: dict[str, torch.Tensor | None] = {}
+
+    def as_grid(per_token: torch.Tensor) -> torch.Tensor:  # [M] response tokens → [n, T], 0 on padding
+        return per_token.new_zeros(n, T).index_put(where, per_token)
+
+    def as_lm_head_in(hidden: torch.Tensor) -> torch.Tensor:  # [M, d] → [n, T+1, d]
+        return hidden.new_zeros(n, T + 1, hidden.shape[-1]).index_put(where, hidden)
+
+    def response_logprobs(hidden: torch.Tensor) -> torch.Tensor:  # hidden [1, M, d]: exactly the predicting rows
+        found["lm_head_in"] = as_lm_head_in(hidden[0].detach()) if capture_lm_head else None
+        logp, entropy = head(hidden[0], targets)
+        found["entropy"] = None if entropy is None else as_grid(entropy)
+        return as_grid(logp)
+
+    kwargs = dict(
+        input_ids=t.input_ids.flatten()[layout.token_index][None], attention_mask=None,
+        position_ids=layout.position_ids, logits_to_keep=layout.predicting, use_cache=False,
+        **varlen_kwargs(model, layout),
+    )  # fmt: skip
+    if chunked:
+        with packed_forward(), _head_returning(model, response_logprobs):
+            out = model(**kwargs)
+        return PolicyForward(out.logits, found["entropy"], found["lm_head_in"], t)
+    with packed_forward(), lm_head_inputs(model, enabled=capture_lm_head) as grabbed:
+        out = model(**kwargs)
+    logp, entropy = _full_logprobs(out.logits[0], targets, temperature, with_entropy)
+    lm_head_in = as_lm_head_in(grabbed[0][0]) if grabbed else None
+    return PolicyForward(as_grid(logp), None if entropy is None else as_grid(entropy), lm_head_in, t)
 
 
 @torch.no_grad()

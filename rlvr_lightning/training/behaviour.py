@@ -108,6 +108,7 @@ def separate_pass(
     with_old: bool,
     scorer: HiddenScorer | None = None,
     lockstep: bool = False,
+    packed: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """One no-grad pass over the rollout batch, micro-batch by micro-batch (`micro_batches(rows,
     whole_groups)`, each trimmed to its longest prompt and response): θ_old's log-probs [N, T] (if
@@ -115,7 +116,8 @@ def separate_pass(
     from θ_old's LM-head inputs. With a scorer, micro-batches hold whole groups where the layout sorts rows by length
     (token budgets), and each group is scored as soon as all its rows have been read, so LM-head inputs
     of at most one micro-batch and one partial group wait (in host memory). `lockstep`: several ranks
-    shard the policy, so every rank runs the same forwards even where only another rank's rows need one."""
+    shard the policy, so every rank runs the same forwards even where only another rank's rows need one.
+    `packed`: each forward runs over the micro-batch's real tokens (`models.packing`)."""
     N, T = t.response_mask.shape
     old = torch.zeros(N, T, device=t.input_ids.device) if with_old else None
     ref = torch.zeros(N, T, device=t.input_ids.device) if ref_policy is not None else None
@@ -126,7 +128,9 @@ def separate_pass(
         width = mb.response_mask.shape[1]
         capture = scorer is not None and scorer.needs_any(rows)
         if with_old or capture or (lockstep and scorer is not None):
-            forward = policy_forward(policy, mb, temperature, capture_lm_head=capture, chunk_tokens=chunk_tokens)
+            forward = policy_forward(
+                policy, mb, temperature, capture_lm_head=capture, chunk_tokens=chunk_tokens, packed=packed
+            )
             if with_old:
                 old[rows, :width] = forward.logp
             if capture:
@@ -134,7 +138,9 @@ def separate_pass(
                 waiting.update({n: h.to("cpu", copy=True) for n, h in found.items()})
                 _score_whole_groups(scorer, waiting, weights)
         if ref_policy is not None:
-            ref[rows, :width] = policy_forward(ref_policy, mb, temperature, chunk_tokens=chunk_tokens).logp
+            ref[rows, :width] = policy_forward(
+                ref_policy, mb, temperature, chunk_tokens=chunk_tokens, packed=packed
+            ).logp
     return old, ref, weights
 
 

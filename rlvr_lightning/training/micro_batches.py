@@ -10,6 +10,11 @@ Two rules, the second opt-in (`model.max_tokens_per_micro_batch`):
     packed with one with a short prompt and a long response costs more than either's own length.
     Sorting puts rows of similar length together, so little padding is left even when response
     lengths spread from hundreds to thousands of tokens.
+Token budgets count real tokens when micro-batches are packed (`model.packing`: each micro-batch's
+sequences concatenated without padding, `models.packing`): a micro-batch's forward then costs
+Σ (prompt + response) of its rows, wherever their tokens lie. Every cover costs the same slots then,
+and rows of different lengths may share a micro-batch at no cost, so units are packed first-fit,
+longest first (`_first_fit`), not in contiguous runs of the sorted order.
 Where a consumer needs whole groups (THR scores a group from all its responses; REAL's one-pass loss
 couples them), the unit packed is a group instead of a sequence. A unit whose own forward exceeds the
 budget gets a micro-batch of its own (the only forwards above it).
@@ -33,9 +38,12 @@ def keeps_groups_whole(micro_batch_size: int, max_tokens: int | None, group_size
     return max_tokens is not None or micro_batch_size % group_size == 0
 
 
-def forward_tokens(token_counts: torch.Tensor) -> int:
+def forward_tokens(token_counts: torch.Tensor, packed: bool = False) -> int:
     """Token slots of the forward over sequences with these [n, 2] (prompt, response) real tokens, laid
-    out as `RolloutTensors.trimmed` does: n × (longest prompt + longest response, at least one column)."""
+    out as `RolloutTensors.trimmed` does: n × (longest prompt + longest response, at least one column);
+    packed, their real tokens."""
+    if packed:
+        return int(token_counts.sum())
     prompt, response = token_counts.amax(0).tolist()
     return len(token_counts) * (prompt + max(1, response))
 
@@ -47,6 +55,7 @@ def split_rows(
     max_tokens: int | None,
     unit: int = 1,
     agree_count: Callable[[int], int] | None = None,
+    packed: bool = False,
 ) -> list[torch.Tensor]:
     """Micro-batches (index tensors into the batch) covering `rows` exactly once.
 
@@ -55,6 +64,7 @@ def split_rows(
         longest response, so the budget needs both, not their sum per row.
     unit: rows that must share a micro-batch (1, or the group size G; `rows` are group-contiguous).
     agree_count: maps this rank's number of micro-batches to the number every rank must use.
+    packed: the micro-batches run packed, so a budget counts their real tokens.
     """
     if max_tokens is None:
         return list(rows.split(micro_batch_size))
@@ -63,18 +73,22 @@ def split_rows(
     if len(rows) % unit:
         raise ValueError(f"{len(rows)} rows do not split into units of {unit}")
     units = rows.view(-1, unit)
-    # Each unit's longest prompt and longest response: what it adds to a micro-batch's width.
-    extent = token_counts[units.cpu()].amax(1)  # [U, 2]
-    packings = [_pack(order, extent, unit, max_tokens) for order in _orders(extent)]
-    bins = min(packings, key=lambda bins: (len(bins), sum(_slots(extent[b], unit) for b in bins)))
+    # Each unit's longest prompt and longest response: what it adds to a micro-batch's width; packed,
+    # its real prompt and response tokens: what it adds to the micro-batch's row.
+    counts = token_counts[units.cpu()]  # [U, unit, 2]
+    extent = counts.sum(1) if packed else counts.amax(1)  # [U, 2]
+    orders = _orders(extent)[:1] if packed else _orders(extent)  # packed: by total tokens, longest first
+    packings = [_pack(order, extent, unit, max_tokens, packed) for order in orders]
+    bins = min(packings, key=lambda bins: (len(bins), sum(_slots(extent[b], unit, packed) for b in bins)))
     if agree_count is not None:
-        bins = _split_to_count(bins, agree_count(len(bins)), extent, unit)
+        bins = _split_to_count(bins, agree_count(len(bins)), extent, unit, packed)
     return [units[b].flatten() for b in bins]
 
 
-def _slots(extent: torch.Tensor, unit: int) -> int:
-    """Token slots of the forward over units with these [n, 2] longest prompts and responses."""
-    return unit * forward_tokens(extent)
+def _slots(extent: torch.Tensor, unit: int, packed: bool = False) -> int:
+    """Token slots of the forward over units with these [n, 2] longest prompts and responses (packed:
+    real prompt and response tokens)."""
+    return forward_tokens(extent, packed=True) if packed else unit * forward_tokens(extent)
 
 
 def _orders(extent: torch.Tensor) -> list[list[int]]:
@@ -89,9 +103,11 @@ def _orders(extent: torch.Tensor) -> list[list[int]]:
     return orders[:1] if orders[0] == orders[1] else orders
 
 
-def _pack(order: list[int], extent: torch.Tensor, unit: int, max_tokens: int) -> list[list[int]]:
+def _pack(order: list[int], extent: torch.Tensor, unit: int, max_tokens: int, packed: bool = False) -> list[list[int]]:
     """Contiguous bins of the units in `order`: as few as fit the budget (greedy), then, for not too many
-    units, the split into that many with the fewest slots (`_least_padding`)."""
+    units, the split into that many with the fewest slots (`_least_padding`). Packed: `_first_fit`."""
+    if packed:
+        return _first_fit(order, extent.sum(1).tolist(), max_tokens)
     bins: list[list[int]] = []
     width = (0, 0)  # the longest prompt and response of the last bin
     pairs = extent.tolist()
@@ -106,6 +122,21 @@ def _pack(order: list[int], extent: torch.Tensor, unit: int, max_tokens: int) ->
             width = (p, r)
     if len(order) <= _MAX_UNITS_FOR_BALANCING:
         bins = _least_padding(order, extent, unit, max_tokens, len(bins))
+    return bins
+
+
+def _first_fit(order: list[int], tokens: list[int], max_tokens: int) -> list[list[int]]:
+    """Packed bins: each unit, in `order` (longest first), into the first bin its real `tokens` fit
+    (first-fit decreasing: at most 11/9 of the fewest bins, plus one)."""
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for u in order:
+        b = next((b for b, load in enumerate(loads) if load + tokens[u] <= max_tokens), len(bins))
+        if b == len(bins):
+            bins.append([])
+            loads.append(0)
+        bins[b].append(u)
+        loads[b] += tokens[u]
     return bins
 
 
@@ -146,7 +177,9 @@ def _least_padding(order: list[int], extent: torch.Tensor, unit: int, max_tokens
     return [[order[k] for k in range(a, b)] for a, b in reversed(bounds)]
 
 
-def _split_to_count(bins: list[list[int]], count: int, extent: torch.Tensor, unit: int) -> list[list[int]]:
+def _split_to_count(
+    bins: list[list[int]], count: int, extent: torch.Tensor, unit: int, packed: bool = False
+) -> list[list[int]]:
     """Split the costliest multi-unit bins in two until there are `count` bins."""
     if count > sum(len(b) for b in bins):
         raise RuntimeError(
@@ -154,7 +187,7 @@ def _split_to_count(bins: list[list[int]], count: int, extent: torch.Tensor, uni
             "sequences (or groups) in this step: ranks must hold the same number of prompts"
         )
     while len(bins) < count:
-        i = max((k for k in range(len(bins)) if len(bins[k]) > 1), key=lambda k: _slots(extent[bins[k]], unit))
+        i = max((k for k in range(len(bins)) if len(bins[k]) > 1), key=lambda k: _slots(extent[bins[k]], unit, packed))
         half = len(bins[i]) // 2
         bins[i : i + 1] = [bins[i][:half], bins[i][half:]]
     return bins

@@ -22,13 +22,14 @@ class UpdatePlan:
     logprob_chunk_tokens: int
     max_grad_norm: float
     norm_const: float  # C of seq-mean-token-sum-norm: rollout.max_response_length
+    packing: bool = False  # micro-batches run packed (`models.packing`); token budgets count real tokens
 
     @staticmethod
     def of(h: Mapping[str, Any], norm_const: float) -> UpdatePlan:
         """The plan an algorithm's hyper-parameters give."""
         return UpdatePlan(
             h["num_mini_batches"], h["ppo_epochs"], h["micro_batch_size"], h["max_tokens_per_micro_batch"],
-            h["logprob_chunk_tokens"], h["max_grad_norm"], norm_const,
+            h["logprob_chunk_tokens"], h["max_grad_norm"], norm_const, resolved_packing(h["packing"]),
         )  # fmt: skip
 
     def keeps_groups_whole(self, group_size: int) -> bool:
@@ -42,8 +43,13 @@ class UpdatePlan:
         groups whole."""
         return split_rows(
             rows, token_counts, self.micro_batch_size, self.max_tokens_per_micro_batch, unit,
-            lambda count: collectives.agree(count, op="max"),
+            lambda count: collectives.agree(count, op="max"), packed=self.packing,
         )  # fmt: skip
+
+
+def resolved_packing(packing: bool | None) -> bool:
+    """`model.packing` as the update runs it: None (the device's default) is padded for now."""
+    return bool(packing)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ def prepare_update(
             step.policy, step.ref_policy, t, temperature,
             lambda rows, whole_groups: plan.micro_batches(rows, counts, step.collectives, G if whole_groups else 1),
             plan.logprob_chunk_tokens, with_old=source == "trainer", scorer=None if score_in_update else scorer,
-            lockstep=step.collectives.world_size > 1,
+            lockstep=step.collectives.world_size > 1, packed=plan.packing,
         )  # fmt: skip
     weights = compose_token_weights(weights, hidden_weights)
     advantages = batch.advantages.to(device)[:, None] * t.response_mask

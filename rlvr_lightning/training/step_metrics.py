@@ -76,9 +76,10 @@ class MetricAccumulator:
         if "ratio" in stats:
             self.extremes["ratio_max"] = max(self.extremes.get("ratio_max", 0.0), float((stats["ratio"] * mask).max()))
 
-    def add_padding(self, attention_mask: torch.Tensor) -> None:
-        """A forward's [rows × width] inputs: `padding_frac` is the share of all slots that are padding."""
-        slots = float(attention_mask.numel())
+    def add_padding(self, attention_mask: torch.Tensor, packed: bool = False) -> None:
+        """A forward's [rows × width] inputs: `padding_frac` is the share of all slots that are padding
+        (none when the forward ran packed: its slots are the real tokens)."""
+        slots = float(attention_mask.sum()) if packed else float(attention_mask.numel())
         self.add("padding_frac", torch.tensor(1.0 - float(attention_mask.sum()) / slots), weight=slots)
 
     def add_samples(self, key: str, values: torch.Tensor) -> None:

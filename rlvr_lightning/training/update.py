@@ -108,7 +108,7 @@ class PolicyUpdate:
             backward(loss)
             if acc is not None:
                 acc.add_tokens(stats, forward.entropy, mb.loss_mask)
-                acc.add_padding(mb.tensors.attention_mask)
+                acc.add_padding(mb.tensors.attention_mask, packed=self.plan.packing)
             step_loss += loss.detach()  # already globally normalised: the step's loss is their sum
         return step_loss
 
@@ -148,10 +148,10 @@ class PolicyUpdate:
         self, step: StepContext, inputs: UpdateInputs, idx: torch.Tensor, with_entropy: bool = False, capture: bool = False
     ):
         """The policy's forward over the micro-batch `idx`, trimmed to its longest prompt and longest
-        response, and its loss batch."""
+        response (packed: its real tokens), and its loss batch."""
         forward = policy_forward(
             step.policy, inputs.tensors.select(idx).trimmed(), inputs.temperature, with_entropy=with_entropy,
-            capture_lm_head=capture, chunk_tokens=self.plan.logprob_chunk_tokens,
+            capture_lm_head=capture, chunk_tokens=self.plan.logprob_chunk_tokens, packed=self.plan.packing,
         )  # fmt: skip
         return forward, inputs.loss_batch(idx, forward)
 
@@ -182,7 +182,7 @@ class PolicyUpdate:
             step_loss = step_loss + kl.detach()
             if acc is not None:
                 acc.add_tokens(stats, forward.entropy, mb.loss_mask)
-                acc.add_padding(mb.tensors.attention_mask)
+                acc.add_padding(mb.tensors.attention_mask, packed=self.plan.packing)
         if acc is not None:
             acc.add_tokens(objective.sequence_stats(s_bar, correct, G), None, inputs.loss_mask[rows])
         return step_loss
