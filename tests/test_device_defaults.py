@@ -136,6 +136,7 @@ def test_make_train_on_cuda_resolves_prints_and_records_the_fast_defaults(cli_ar
     values = (cfg.trainer.precision, cfg.model.init_args.fsdp_param_dtype, cfg.rollout.dtype, cfg.rollout.enforce_eager,
               cfg.rollout.gpu_memory_utilization)  # fmt: skip
     assert values == ("bf16-mixed", "bfloat16", "bfloat16", False, 0.3)
+    assert cfg.model.init_args.packing is True
     out = capsys.readouterr().out
     assert "settings that follow the device (cuda, bf16):" in out
     assert out.count("from: device default (cuda)") == len(cli.device_defaults.keys)
@@ -168,6 +169,7 @@ def test_make_train_on_cpu_resolves_todays_values(cli_argv, capsys):
               "rollout.dtype": cfg.rollout.dtype, "rollout.enforce_eager": cfg.rollout.enforce_eager,
               "rollout.gpu_memory_utilization": cfg.rollout.gpu_memory_utilization}  # fmt: skip
     assert values == {k: v for k, v in TODAYS.items() if k in values}
+    assert cfg.model.init_args.packing is False
     assert "from: device default (cpu)" in capsys.readouterr().out
     assert recorded_params(cli)["device_defaults.accelerator"] == "cpu"
 
@@ -194,6 +196,21 @@ def test_settings_built_in_python_on_cpu_are_todays():
     rollout = RolloutSettings()
     assert (rollout.dtype, rollout.enforce_eager, rollout.gpu_memory_utilization) == ("float32", True, 0.3)
     assert GRPO().hparams.fsdp_param_dtype == "float32"
+
+
+def test_a_module_built_in_python_packs_as_the_device_it_is_on_does(tiny_policy_dir, cuda_machine):
+    """`packing` None resolves when the update is planned, from the module's own device (not this machine's:
+    a CPU run on a GPU machine stays padded)."""
+    from rlvr_lightning.algos import GRPO
+    from tests.test_algorithms import attach
+
+    module = attach(GRPO, tiny_policy_dir)
+    assert module.hparams.packing is None and module.device.type == "cpu"
+    assert module.update_plan().packing is False
+    module._device = torch.device("cuda", 0)  # where the trainer would have placed it (nothing is moved)
+    assert module.update_plan().packing is True
+    module.hparams.packing = False
+    assert module.update_plan().packing is False
 
 
 # ---- `make plan` and `make doctor` ---------------------------------------------------------------------------

@@ -100,7 +100,8 @@ class RLVRModule(L.LightningModule):
             max_tokens_per_micro_batch: micro-batches of ≤ this many tokens, rows × (longest prompt + longest response).
             logprob_chunk_tokens: response tokens per LM-head chunk (never the whole logits); 0 = no chunking.
             packing: padding-free micro-batches: each forward over its sequences' real tokens concatenated
-                (varlen attention on CUDA), token budgets counting real tokens; None = the device's default (off).
+                (varlen attention on CUDA), token budgets counting real tokens; None = the device's default
+                (on with CUDA, off on CPU: `rlvr_lightning.device_defaults`).
             advantage_estimator: a registered advantage estimator (`python -m rlvr_lightning list`) or a dotted path.
             policy_loss: a registered policy loss (token level, reduced by `loss_agg`; or group level, REAL's).
             loss_agg: a registered loss aggregator: how per-token losses are reduced.
@@ -169,7 +170,10 @@ class RLVRModule(L.LightningModule):
         return self.pieces.corrects_rollouts
 
     def update_plan(self) -> UpdatePlan:
-        return UpdatePlan.of(self.hparams, norm_const=float(self.datamodule.rollout.max_response_length))
+        packing = self.hparams.packing
+        if packing is None:  # built in Python (the CLI resolves it): the default of the device the module is on
+            packing = default_for("model.packing", accelerator_of_device(self.device))
+        return UpdatePlan.of(self.hparams, float(self.datamodule.rollout.max_response_length), packing)
 
     @property
     def policy_update(self) -> PolicyUpdate:

@@ -25,11 +25,11 @@ class UpdatePlan:
     packing: bool = False  # micro-batches run packed (`models.packing`); token budgets count real tokens
 
     @staticmethod
-    def of(h: Mapping[str, Any], norm_const: float) -> UpdatePlan:
-        """The plan an algorithm's hyper-parameters give."""
+    def of(h: Mapping[str, Any], norm_const: float, packing: bool) -> UpdatePlan:
+        """The plan an algorithm's hyper-parameters give (`packing`: `model.packing` as resolved for the device)."""
         return UpdatePlan(
             h["num_mini_batches"], h["ppo_epochs"], h["micro_batch_size"], h["max_tokens_per_micro_batch"],
-            h["logprob_chunk_tokens"], h["max_grad_norm"], norm_const, resolved_packing(h["packing"]),
+            h["logprob_chunk_tokens"], h["max_grad_norm"], norm_const, packing,
         )  # fmt: skip
 
     def keeps_groups_whole(self, group_size: int) -> bool:
@@ -45,11 +45,6 @@ class UpdatePlan:
             rows, token_counts, self.micro_batch_size, self.max_tokens_per_micro_batch, unit,
             lambda count: collectives.agree(count, op="max"), packed=self.packing,
         )  # fmt: skip
-
-
-def resolved_packing(packing: bool | None) -> bool:
-    """`model.packing` as the update runs it: None (the device's default) is padded for now."""
-    return bool(packing)
 
 
 @dataclass(frozen=True)
