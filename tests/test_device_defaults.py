@@ -230,12 +230,14 @@ def test_make_plan_plans_the_defaults_of_the_hardware_it_plans_for(cli_argv):
     assert (fsdp.precision, fsdp.fsdp_param_dtype, fsdp.gpu_memory_utilization) == ("32-true", "bfloat16", 0.5)
     cpu = run_spec(parse([*CONFIG, "--hardware", "cpu"])[0], hardware("cpu"))
     assert (cpu.precision, cpu.fsdp_param_dtype, cpu.engine_dtype) == ("32-true", "float32", "float32")
+    assert spec.packing and not cpu.packing  # micro-batches as the run on that hardware lays them out
 
     from rlvr_lightning.planner.planner import Plan, StepTime, engine_share, measure_trainer, trainer_setup
 
     trainer = measure_trainer(trainer_setup(spec), with_flops=False)
     plan = Plan(spec, trainer, engine_share(spec, trainer.parameters), 0.0, 0.0, StepTime({}, []))
     assert "rollout.dtype                    bfloat16    from: device default (cuda)" in as_text(plan)
+    assert "rows (packed: real tokens only)" in as_text(plan) and as_dict(plan)["layout"]["packed"]
     assert as_dict(plan)["device_defaults"]["trainer.precision"] == {"value": "bf16-mixed", "from": "device default (cuda)"}
 
 

@@ -30,7 +30,7 @@ def as_dict(plan: Plan) -> dict:
         "step_s_by_stage": {k: round(v, 3) for k, v in plan.step.stages.items()},
         "assumptions": plan.step.assumptions,
         "layout": {"sequences_per_rank": spec.sequences_per_rank, "rows_per_forward": spec.rows_per_forward,
-                   "tokens_per_row": spec.max_prompt_length + spec.max_response_length},  # fmt: skip
+                   "tokens_per_row": spec.max_prompt_length + spec.max_response_length, "packed": spec.packing},  # fmt: skip
         "device_defaults": _device_defaults(spec),
         "fixes": [{"change": change, "peak_gib_per_rank": round(p.peak_gib, 3)} for change, p in plan.fixes],
         "warnings": plan.warnings,
@@ -43,7 +43,8 @@ def as_text(plan: Plan) -> str:
         f"Plan: {spec.model} ({_count(plan.trainer.parameters)} parameters) on {spec.nodes} × {spec.devices} {hw.name}"
         f" ({plan.device_gib:.1f} GiB each){', FSDP2' if spec.fsdp else ''}",
         f"  per rank: {spec.prompts_per_rank} prompts × {spec.group_size} samples = {spec.sequences_per_rank} sequences of up to "
-        f"{spec.max_prompt_length} + {spec.max_response_length} tokens; forwards of {spec.rows_per_forward} rows",
+        f"{spec.max_prompt_length} + {spec.max_response_length} tokens; forwards of {spec.rows_per_forward} rows"
+        f" ({'packed: real tokens only' if spec.packing else 'padded'})",
         "",
         *_device_defaults_block(spec),
         "  memory per rank at each stage's peak (GiB):",

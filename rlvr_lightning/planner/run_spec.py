@@ -45,6 +45,10 @@ class RunSpec:
     oar: bool
     whole_groups: bool = False  # micro-batches hold whole groups (a group-level loss; THR or OAR reading them)
     lora: object | None = None  # models.lora.LoraSettings of a LoRA policy
+    # model.packing: micro-batches of real tokens only. The worst case planned has no padding, so a packed
+    # forward holds the same tokens as a padded one and the plan is the same (on a GPU attention is planned
+    # as a fused kernel either way: varlen packed, flash or memory-efficient padded).
+    packing: bool = False
     device_defaults: object | None = None  # device_defaults.DeviceDefaults: what the device chose, for the report
 
     @property
@@ -112,5 +116,5 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
         engine_elsewhere=bool(rollout.server_urls or rollout.server_cuda_devices), batches_ahead=rollout.batches_ahead,
         thr="THRAttribution" in callbacks, oar="OARAttribution" in callbacks,
         whole_groups=module.objective.needs_whole_groups or "THRAttribution" in callbacks or "OARAttribution" in callbacks,
-        lora=module.lora, device_defaults=defaults,
+        lora=module.lora, device_defaults=defaults, packing=bool(h.packing),
     )  # fmt: skip
