@@ -11,6 +11,7 @@ import argparse
 import collections
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 import subprocess
 import sys
@@ -25,12 +26,17 @@ STEPS = {  # JSON name → (module, budget in seconds on a GPU, with tiny shapes
     "planner": ("bench.gpu_check.planner_check", 100, 150),
     "throughput": ("bench.gpu_check.throughput", 45, 90),
     "engine": ("bench.gpu_check.engine_speed", 35, 60),
-    "rl_runs": ("bench.gpu_check.rl_runs", 90, 240),
+    "rl_runs": ("bench.gpu_check.rl_runs", 90, 420),
 }
-TOTAL_BUDGET_S = {False: 330.0, True: 600.0}  # the GPU machine's 6 minutes, less the wheels' install
+# The GPU machine's 6 minutes, less the wheels' install; tiny shapes on a small shared CPU: mostly start-up.
+TOTAL_BUDGET_S = {False: 330.0, True: 900.0}
 START_GRACE_S = 45.0  # a step process's imports and start-up, beyond its own budget, before it is killed
-PACKAGES = ["torch", "transformers", "lightning", "peft", "torchmetrics", "triton", "jsonargparse", "pebble",
-            "math-verify", "latex2sympy2_extended", "antlr4-python3-runtime", "vllm", "flash-attn", "mlflow", "datasets"]  # fmt: skip
+PACKAGES = {  # distribution → module
+    "torch": "torch", "transformers": "transformers", "lightning": "lightning", "peft": "peft", "torchmetrics": "torchmetrics",
+    "triton": "triton", "jsonargparse": "jsonargparse", "pebble": "pebble", "math-verify": "math_verify",
+    "latex2sympy2_extended": "latex2sympy2_extended", "antlr4-python3-runtime": "antlr4", "vllm": "vllm",
+    "flash-attn": "flash_attn", "mlflow": "mlflow", "datasets": "datasets",
+}  # fmt: skip
 
 
 @dataclass
@@ -130,11 +136,11 @@ def environment(tiny: bool, steps: dict) -> dict:
 
     from bench.gpu_check.record import header
 
-    versions = {}
-    for name in PACKAGES:
+    versions = {}  # None: not importable here
+    for name, module in PACKAGES.items():
         try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
+            versions[name] = importlib.metadata.version(name) if importlib.util.find_spec(module) else None
+        except (importlib.metadata.PackageNotFoundError, ValueError):
             versions[name] = None
     env = {**header(tiny), "python": sys.version.split()[0], "packages": versions,
            "wheels_installed": os.environ.get("GPU_CHECK_WHEELS", "none"), "steps": steps}  # fmt: skip

@@ -105,6 +105,9 @@ def one_run(name: str, cmd: list[str], workdir: Path, timeout_s: float, threads:
     out = {"seconds": seconds, "final_metrics": {k: v for k, v in metrics.items() if k.startswith(("train/", "val/"))}}
     if missing or "train/loss" not in metrics:
         out["error"] = f"non-finite or missing metrics: {missing or ['train/loss']}"
+    unplanned = [line for line in proc.stderr.splitlines() if "could not plan this run" in line]
+    if unplanned:  # the run trained, without its memory check: a library the planner needs is missing here
+        out["error"] = unplanned[0].strip()
     print(f"gpu-check:   {name}: {seconds:.0f} s, loss {metrics.get('train/loss')}, reward {metrics.get('train/reward_mean')}", flush=True)
     return out
 

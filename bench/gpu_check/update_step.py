@@ -200,23 +200,13 @@ def measured(model_config, shape: UpdateShape, workdir: Path, steps: int = 2) ->
 
 
 def _tracked_peak(policy, optimizer, phases) -> int:
-    """The peak over one step's phases (each micro-batch, the optimizer step): the tracker measures one forward of
-    a module per entry, so it is entered per phase, as the planner does per stage."""
-    import gc
-
+    """The peak over one step's phases (each micro-batch, the optimizer step) by PyTorch's FSDPMemTracker."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
+    from rlvr_lightning.planner.measure import peak_over_phases
     from rlvr_lightning.planner.trainer_memory import tracker_hooking_trained_only
 
-    tracker = tracker_hooking_trained_only(FSDPMemTracker)(policy, optimizer)
-    peak = 0
-    for phase in phases:
-        gc.collect()
-        tracker.reset_mod_stats()
-        with tracker:
-            phase()
-        peak = max(peak, next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"])
-    return peak
+    return peak_over_phases(tracker_hooking_trained_only(FSDPMemTracker)(policy, optimizer), phases)
 
 
 def compared(model_config, shape: UpdateShape, workdir: Path, steps: int = 2) -> dict | str:
