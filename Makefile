@@ -18,7 +18,7 @@ CKPT ?= embedded
 BENCH ?= embedded
 UI_PORT ?= 5000
 MLRUNS ?= mlruns
-.PHONY: help setup preset train plan doctor list test lint ui compare eval results bench clean-cache scale-model
+.PHONY: help setup preset train plan doctor list test lint ui compare eval results bench clean-cache scale-model gpu-check
 
 help:
 	@echo "make setup                 create $(VENV) and install everything (CPU or GPU stack, auto-detected)"
@@ -35,6 +35,7 @@ help:
 	@echo "make compare [RUNS='grpo thr']   Markdown table + PNG plots of runs (default: latest of each name)"
 	@echo "make results [ARGS='--algos grpo thr']   train every preset over 3 seeds; rewrite docs/RESULTS.md and the README's figures"
 	@echo "make bench                 benchmarks (bench/results/*.json, MLflow experiment 'bench'); installs the bench extra (TRL)"
+	@echo "make gpu-check OUT=<dir> [ARGS='--steps doctor,planner']   the GPU check, one JSON per step under OUT (docs/gpu.md; tiny shapes without CUDA)"
 	@echo "make scale-model           random-init Qwen2 with Qwen2.5's 151,936-token vocabulary at .cache/models/qwen2-151k (configs/scale/qwen2-151k.yaml)"
 
 setup: $(VENV)/.installed
@@ -100,6 +101,11 @@ bench: setup $(VENV)/.bench-installed
 	$(PY) bench/scale.py
 	$(PY) bench/plan_accuracy.py
 	$(PY) bench/published_figures.py
+
+# No `setup`: the GPU machine has no venv; the script uses .venv's Python where there is one, else python3.
+gpu-check:
+	@if [ -z "$(OUT)" ]; then echo "error: make gpu-check OUT=<dir>: the folder for the JSON files" >&2; exit 2; fi
+	PY=$(if $(wildcard $(PY)),$(PY),python3) bash scripts/gpu_check.sh $(OUT) $(ARGS)
 
 scale-model: setup
 	$(PY) -m rlvr_lightning.models.synthetic --out .cache/models/qwen2-151k --vocab-size 151936 --hidden-size 256 --layers 2

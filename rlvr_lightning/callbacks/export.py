@@ -77,5 +77,7 @@ class HFExport(Callback):
         meta = {"rollout_batches": pl_module.rollout_batches, "policy_version": pl_module.policy_version,
                 "algorithm": type(pl_module).__name__, "mlflow_run_id": getattr(trainer.logger, "run_id", None)}  # fmt: skip
         (out / "rlvr_export.json").write_text(json.dumps(meta, indent=2))
-        if trainer.logger is not None and hasattr(trainer.logger, "experiment"):
-            trainer.logger.experiment.set_tag(trainer.logger.run_id, f"export/{name}", str(out.resolve()))
+        # An MLflow client has `set_tag`; another logger's experiment (Lightning's CSVLogger's writer) has not.
+        experiment = getattr(trainer.logger, "experiment", None)
+        if hasattr(experiment, "set_tag"):
+            experiment.set_tag(trainer.logger.run_id, f"export/{name}", str(out.resolve()))

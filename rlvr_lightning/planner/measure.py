@@ -67,8 +67,14 @@ def real_step_peak_bytes(setup: TrainerSetup, seed: int = 0) -> int:
         phase()
     tracker = tracker_hooking_trained_only(MemTracker)()
     tracker.track_external(policy, optimizer)
+    return peak_over_phases(tracker, phases)
+
+
+def peak_over_phases(tracker, phases) -> int:
+    """The tracker's peak bytes over `phases` run in turn. PyTorch's memory trackers measure one forward of a
+    module per entry, so the tracker is entered once per phase, its module statistics cleared before each."""
     peak = 0
-    for phase in phases:  # (MemTracker measures one forward of a module per entry)
+    for phase in phases:
         gc.collect()
         tracker.reset_mod_stats()
         with tracker:

@@ -105,10 +105,13 @@ def trainer_setup(spec: RunSpec) -> TrainerSetup:
 def process_libraries_gib(spec: RunSpec) -> float:
     """On the CPU: the resident memory of the libraries a training process imports (torch, transformers,
     Lightning, MLflow, and vLLM for its engines), measured in this process after importing them."""
+    import importlib.util
+
     import lightning  # noqa: F401
-    import mlflow  # noqa: F401
     import psutil
 
+    if importlib.util.find_spec("mlflow") is not None:  # without it the run logs elsewhere and never imports it
+        import mlflow  # noqa: F401
     if spec.engine.startswith("vllm"):
         import vllm  # noqa: F401
     return psutil.Process().memory_info().rss / GIB

@@ -1,0 +1,45 @@
+"""Step 2: the planner against the measured update for real architectures built from their configurations
+with random weights (`rlvr_lightning/planner/model_configs/`), padded and packed, with and without activation
+checkpointing: peak allocated and reserved memory and the update's step time (`update_step.compared`).
+With tiny shapes the same architectures are shrunk (2 layers, width 64, a 1,024-token vocabulary)."""
+
+from __future__ import annotations
+
+import copy
+
+from bench.gpu_check.record import attempt
+from bench.gpu_check.update_step import UpdateShape, compared
+
+ARCHITECTURES = ["Qwen/Qwen3-0.6B", "Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen3-1.7B"]
+FULL = UpdateShape(rows=8, prompt_tokens=128, response_tokens=896, chunk_tokens=2048)  # 8,192 tokens a micro-batch
+TINY = UpdateShape(rows=2, prompt_tokens=8, response_tokens=24, chunk_tokens=16)
+
+
+def shrunk(config):
+    """The architecture at a size a CPU test runs in seconds: its family's code, a toy's dimensions."""
+    config = copy.deepcopy(config)
+    for key, value in {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+                       "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 1024, "max_window_layers": 2}.items():  # fmt: skip
+        if hasattr(config, key):
+            setattr(config, key, value)
+    if getattr(config, "layer_types", None) is not None:  # one attention type per layer
+        config.layer_types = config.layer_types[:2]
+    return config
+
+
+def run(ctx) -> dict:
+    from dataclasses import replace
+
+    from rlvr_lightning.planner.models import model_config
+
+    base = TINY if ctx.tiny else FULL
+    results: dict = {"shape": vars(base) | {"tokens_per_micro_batch": base.tokens_per_step}, "runs": {}}
+    for name in ARCHITECTURES:
+        config = model_config(name)
+        config = shrunk(config) if ctx.tiny else config
+        for checkpointing in (True, False):
+            for packing in (False, True):
+                shape = replace(base, activation_checkpointing=checkpointing, packing=packing)
+                key = f"{name} {'packed' if packing else 'padded'}{', AC' if checkpointing else ''}"
+                attempt(results["runs"], key, ctx.deadline, compared, config, shape, ctx.workdir)
+    return results

@@ -1,0 +1,222 @@
+"""One trainer update (micro-batches' forward + backward, clipping, AdamW) measured on this device, and the
+planner's prediction for the same update.
+
+The measured update is the run's own code on one rank: the model built from its configuration with random
+weights, `fully_shard` per decoder layer (`parallel.shard_policy`, FSDP2 with bf16 compute and fp32 master
+weights on CUDA, fp32 on the CPU), `policy_forward` with the chunked LM head. Every row is at the full
+prompt + response length (no padding: the planner's worst case, and what a packed micro-batch of the same
+tokens holds). Memory on CUDA: `torch.cuda.max_memory_allocated` / `max_memory_reserved` over the timed
+steps; on the CPU, PyTorch's `FSDPMemTracker` over one step (the tracker the planner itself uses, here on
+real tensors). The prediction is `planner.trainer_memory.measure_trainer` on the same `TrainerSetup`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import time
+from dataclasses import dataclass
+from functools import cache, partial
+from pathlib import Path
+
+import torch
+
+from bench.gpu_check.record import one_rank_group
+
+GIB = 1024**3
+PACKING_UNAVAILABLE = "skipped: packing not available"  # the record of a packed variant on a trainer without it
+
+
+@dataclass(frozen=True)
+class UpdateShape:
+    rows: int  # sequences per micro-batch
+    prompt_tokens: int
+    response_tokens: int
+    micro_batches: int = 1  # per optimizer step (gradients accumulate)
+    chunk_tokens: int = 2048  # model.logprob_chunk_tokens
+    activation_checkpointing: bool = False
+    packing: bool = False
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.micro_batches * self.rows * (self.prompt_tokens + self.response_tokens)
+
+
+def packing_unavailable() -> str | None:
+    """None when this checkout's trainer has a packed update (the `packing` argument of `policy_forward` and of
+    the planner's `TrainerSetup`), else why the packed variant is skipped."""
+    from rlvr_lightning.models.forward import policy_forward
+    from rlvr_lightning.planner.trainer_memory import TrainerSetup
+
+    if "packing" not in inspect.signature(policy_forward).parameters:
+        return PACKING_UNAVAILABLE
+    if "packing" not in {f.name for f in dataclasses.fields(TrainerSetup)}:
+        return PACKING_UNAVAILABLE + " (in the planner)"
+    return None
+
+
+def _packing_args(shape: UpdateShape) -> dict:
+    return {"packing": True} if shape.packing else {}
+
+
+def param_dtype() -> str:
+    return "bfloat16" if torch.cuda.is_available() else "float32"
+
+
+def trainer_setup(model_config, shape: UpdateShape):
+    from rlvr_lightning.planner.trainer_memory import TrainerSetup
+
+    return TrainerSetup(
+        model_config, 1, True, param_dtype(), "32-true", shape.activation_checkpointing, shape.rows,
+        shape.prompt_tokens, shape.response_tokens, shape.chunk_tokens, with_reference=False, separate_old_pass=False,
+        capture_lm_head=False, fused_attention=torch.cuda.is_available(), accumulates=shape.micro_batches > 1,
+        **_packing_args(shape),
+    )  # fmt: skip
+
+
+@cache  # the CPU's figures are measured: once, so that every figure of a check divides by the same ones
+def device_hardware():
+    """The planner's `Hardware` for this device (None for a GPU it does not list)."""
+    from rlvr_lightning.planner.hardware import GPUS, hardware
+
+    if not torch.cuda.is_available():
+        return hardware("cpu")
+    name = torch.cuda.get_device_name(0).lower()
+    for key in ("h200", "h100", "l40s"):
+        if key in name:
+            return GPUS[key]
+    if "a100" in name:
+        return GPUS["a100-80g" if torch.cuda.get_device_properties(0).total_memory > 50 * GIB else "a100-40g"]
+    return None
+
+
+def planned(model_config, shape: UpdateShape) -> dict:
+    """The planner's peak (PyTorch's tensors of the trainer) and its step-time estimate of the update."""
+    from rlvr_lightning.planner.step_time import DECODE_EFFICIENCY, TRAINER_EFFICIENCY
+    from rlvr_lightning.planner.trainer_memory import measure_trainer
+
+    trainer = measure_trainer(trainer_setup(model_config, shape))
+    hw = device_hardware()
+    update_flops = sum(s.flops for s in trainer.stages if s.stage.startswith("update"))
+    if shape.micro_batches > 2:  # the planner runs two passes (the second with gradients held); the rest are alike
+        held = next(s.flops for s in trainer.stages if s.stage.endswith("gradients held"))
+        update_flops += (shape.micro_batches - 2) * held
+    out = {"peak_gib": round(trainer.peak.peak_bytes / GIB, 4), "peak_stage": trainer.peak.stage,
+           "update_flops": update_flops, "parameters": trainer.parameters}  # fmt: skip
+    if hw is not None:
+        compute = update_flops / (hw.tflops * 1e12 * TRAINER_EFFICIENCY)
+        optimizer = trainer.parameters * 28 / (hw.memory_tb_s * 1e12 * DECODE_EFFICIENCY)  # as planner.step_time
+        out |= {"hardware": hw.name, "step_s": round(compute + optimizer, 4),
+                "assumption": f"{TRAINER_EFFICIENCY:.0%} of {hw.tflops:.4g} TFLOP/s; AdamW at {DECODE_EFFICIENCY:.0%} of {hw.memory_tb_s:.3g} TB/s"}  # fmt: skip
+    return out
+
+
+def model_flops_per_step(model_config, shape: UpdateShape) -> float:
+    """Model FLOPs of one optimizer step, the usual MFU count: 6 × the matmul parameters (every Linear, the LM
+    head included, the embedding lookup not) per token, plus causal attention's 6 × layers × 2 × s² × the
+    attention width per sequence (forward QKᵀ and PV on half the scores, ×3 with the backward); activation
+    checkpointing's recomputation is not counted."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(model_config)
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
+    width = model_config.num_attention_heads * head_dim
+    s = shape.prompt_tokens + shape.response_tokens
+    sequences = shape.rows * shape.micro_batches
+    attention = 6 * model_config.num_hidden_layers * 2 * s * s * width / 2 * sequences
+    return 6 * linear * shape.tokens_per_step + attention
+
+
+def _batch(vocab: int, shape: UpdateShape, device: torch.device, seed: int):
+    from rlvr_lightning.rollout.types import RolloutTensors
+
+    g = torch.Generator().manual_seed(seed)
+    n, P, T = shape.rows, shape.prompt_tokens, shape.response_tokens
+    ids = torch.randint(3, vocab, (n, P + T), generator=g)
+    ones = torch.ones(n, P + T, dtype=torch.long)
+    return RolloutTensors(ids, ones, torch.arange(P + T).expand(n, -1).contiguous(), torch.ones(n, T),
+                          torch.zeros(n, T), P).to(device)  # fmt: skip
+
+
+def measured(model_config, shape: UpdateShape, workdir: Path, steps: int = 2) -> dict:
+    """The update on this device: one warm-up step (it creates AdamW's state), then `steps` timed steps."""
+    from transformers import AutoModelForCausalLM
+
+    from rlvr_lightning.models.forward import policy_forward
+    from rlvr_lightning.parallel import shard_policy
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    with one_rank_group(workdir) as mesh:
+        torch.manual_seed(0)
+        with torch.device(device):  # random weights made where they live: no slow CPU initialisation of a 1.5B model
+            policy = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32).eval()
+        policy.config.use_cache = False
+        shard_policy(policy, mesh, param_dtype(), shape.activation_checkpointing)
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+        batches = [_batch(model_config.vocab_size, shape, device, seed) for seed in range(shape.micro_batches)]
+        losses: list[float] = []
+
+        def micro_batch(batch) -> None:
+            out = policy_forward(policy, batch, 1.0, with_entropy=True, chunk_tokens=shape.chunk_tokens,
+                                 **_packing_args(shape))  # fmt: skip
+            loss = -out.logp.sum() / batch.response_mask.sum()
+            loss.backward()
+            losses.append(float(loss.detach()))
+
+        def optimizer_step() -> None:
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        phases = [partial(micro_batch, b) for b in batches] + [optimizer_step]
+
+        def step() -> None:
+            for phase in phases:
+                phase()
+
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+        seconds = (time.perf_counter() - t0) / steps
+        out = {"step_s": round(seconds, 4), "tokens_per_s": round(shape.tokens_per_step / seconds, 1),
+               "last_loss": losses[-1]}  # fmt: skip
+        if cuda:
+            out |= {"peak_allocated_gib": round(torch.cuda.max_memory_allocated() / GIB, 4),
+                    "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / GIB, 4),
+                    "memory_source": "torch.cuda.max_memory_allocated / max_memory_reserved"}  # fmt: skip
+        else:
+            out |= {"peak_allocated_gib": round(_tracked_peak(policy, optimizer, phases) / GIB, 4),
+                    "peak_reserved_gib": None, "memory_source": "FSDPMemTracker (CPU: no allocator to read)"}  # fmt: skip
+    return out
+
+
+def _tracked_peak(policy, optimizer, phases) -> int:
+    """The peak over one step's phases (each micro-batch, the optimizer step) by PyTorch's FSDPMemTracker."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    from rlvr_lightning.planner.measure import peak_over_phases
+    from rlvr_lightning.planner.trainer_memory import tracker_hooking_trained_only
+
+    return peak_over_phases(tracker_hooking_trained_only(FSDPMemTracker)(policy, optimizer), phases)
+
+
+def compared(model_config, shape: UpdateShape, workdir: Path, steps: int = 2) -> dict | str:
+    """Planned and measured side by side, with their ratios; a packed shape is skipped where packing is missing."""
+    if shape.packing and (why := packing_unavailable()):
+        return why
+    plan = planned(model_config, shape)
+    real = measured(model_config, shape, workdir, steps)
+    out = {"planned": plan, "measured": real, "tokens_per_step": shape.tokens_per_step}
+    out["memory_ratio_planned_to_allocated"] = round(plan["peak_gib"] / real["peak_allocated_gib"], 3)
+    if "step_s" in plan:
+        out["time_ratio_planned_to_measured"] = round(plan["step_s"] / real["step_s"], 3)
+    return out

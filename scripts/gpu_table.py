@@ -1,0 +1,111 @@
+"""The Markdown tables of docs/gpu.md from one gpu-check's JSON (`make gpu-check OUT=DIR`), never edited by hand.
+
+    python scripts/gpu_table.py DIR            # print
+    python scripts/gpu_table.py DIR --write    # replace the part of docs/gpu.md between its two markers
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "gpu.md"
+BEGIN, END = "<!-- gpu-table: begin -->", "<!-- gpu-table: end -->"
+
+
+def load(folder: Path) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+
+
+def cell(value, digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value).replace("|", "\\|")  # a figure's |Δ| must not end the table's cell
+
+
+def header_table(runs: dict[str, dict]) -> list[str]:
+    env = runs.get("environment") or next(iter(runs.values()))
+    lines = ["| card | date | commit | torch | transformers | tiny shapes |", "|---|---|---|---|---|---|",
+             f"| {env['card']} | {env['date']} | `{env['commit'][:12]}` | {env['torch']} | {env['transformers']} | {env['tiny_shapes']} |",
+             "", "| step | status | seconds | problems |", "|---|---|---|---|"]  # fmt: skip
+    for step, r in runs.items():
+        if step != "environment":
+            lines.append(f"| {step} | {r['status']} | {cell(r.get('elapsed_s'))} | {'; '.join(r.get('problems', [])) or '–'} |")
+    return lines
+
+
+def measured_rows(title: str, runs: dict, mfu: bool = False) -> list[str]:
+    head = "| run | planned GiB | allocated GiB | reserved GiB | planned / allocated | planned s | measured s | tokens/s |"
+    lines = [f"**{title}**", "", head + (" MFU |" if mfu else ""), "|---" * (head.count("|") - 1 + mfu) + "|"]
+    for name, r in runs.items():
+        if not isinstance(r, dict) or "measured" not in r:
+            why = r if isinstance(r, str) else r.get("error") or r.get("skipped")
+            lines.append(f"| {name} | {why} |")
+            continue
+        p, m = r["planned"], r["measured"]
+        row = [name, cell(p["peak_gib"]), cell(m["peak_allocated_gib"]), cell(m["peak_reserved_gib"]),
+               cell(r["memory_ratio_planned_to_allocated"]), cell(p.get("step_s")), cell(m["step_s"]), cell(m["tokens_per_s"], 4)]  # fmt: skip
+        lines.append("| " + " | ".join(row + ([cell(r.get("mfu"))] if mfu else [])) + " |")
+    return lines + [""]
+
+
+def tables(runs: dict[str, dict]) -> str:
+    lines = header_table(runs) + [""]
+    if "doctor" in runs:
+        lines += ["**Doctor rows**", "", "| configuration | check | result | figure |", "|---|---|---|---|"]
+        for config, r in runs["doctor"].get("configs", {}).items():
+            for row in r.get("rows", []) if isinstance(r, dict) else []:
+                lines.append(f"| {config} | {row['check']} | {row['result']} | {cell(row['figure'] or row['note'])} |")
+        lines.append("")
+    if "planner" in runs:
+        lines += measured_rows("The planner against the measured update", runs["planner"].get("runs", {}))
+    if "throughput" in runs:
+        t = runs["throughput"]
+        pub = t.get("published", {})
+        lines += measured_rows(f"Trainer throughput at {pub.get('setup')} (published: {pub.get('tokens_per_s')} tokens/s, "
+                               f"MFU {pub.get('mfu')})", t.get("runs", {}), mfu=True)  # fmt: skip
+    if "engine" in runs:
+        lines += ["**HF engine generation**", "", "| policy | sequences | tokens | seconds | tokens/s |", "|---|---|---|---|---|"]
+        for name, r in runs["engine"].get("runs", {}).items():
+            if "tokens_per_s" in r:
+                lines.append(f"| {name} | {r['sequences']} | {r['generated_tokens']} | {cell(r['seconds'])} | {cell(r['tokens_per_s'], 4)} |")
+            else:
+                lines.append(f"| {name} | {r.get('error') or r.get('skipped')} |")
+        lines.append("")
+    if "rl_runs" in runs:
+        keys = ["train/reward_mean", "train/loss", "train/entropy", "train/grad_norm", "val/accuracy"]
+        lines += [f"**RL runs** ({runs['rl_runs'].get('policy')})", "", "| run | seconds | " + " | ".join(keys) + " |",
+                  "|---" * (len(keys) + 2) + "|"]  # fmt: skip
+        for name, r in runs["rl_runs"].get("runs", {}).items():
+            if "final_metrics" not in r:
+                lines.append(f"| {name} | {r.get('error') or r.get('skipped')} |")
+                continue
+            lines.append(f"| {name} | {cell(r['seconds'])} | " + " | ".join(cell(r["final_metrics"].get(k)) for k in keys) + " |")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("folder", type=Path)
+    p.add_argument("--write", action="store_true", help=f"into {DOC.relative_to(REPO)} between its markers")
+    args = p.parse_args()
+    runs = load(args.folder)
+    if not runs:
+        sys.exit(f"error: no JSON files in {args.folder}")
+    text = tables(runs)
+    if not args.write:
+        print(text, end="")
+        return
+    doc = DOC.read_text()
+    start, end = doc.index(BEGIN) + len(BEGIN), doc.index(END)
+    DOC.write_text(doc[:start] + "\n" + text + doc[end:])
+    print(f"wrote the tables of {args.folder} into {DOC}")
+
+
+if __name__ == "__main__":
+    main()
