@@ -12,8 +12,6 @@ real tensors). The prediction is `planner.trainer_memory.measure_trainer` on the
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import time
 from dataclasses import dataclass
 from functools import cache, partial
@@ -24,7 +22,6 @@ import torch
 from bench.gpu_check.record import one_rank_group
 
 GIB = 1024**3
-PACKING_UNAVAILABLE = "skipped: packing not available"  # the record of a packed variant on a trainer without it
 
 
 @dataclass(frozen=True)
@@ -42,23 +39,6 @@ class UpdateShape:
         return self.micro_batches * self.rows * (self.prompt_tokens + self.response_tokens)
 
 
-def packing_unavailable() -> str | None:
-    """None when this checkout's trainer has a packed update (the `packing` argument of `policy_forward` and of
-    the planner's `TrainerSetup`), else why the packed variant is skipped."""
-    from rlvr_lightning.models.forward import policy_forward
-    from rlvr_lightning.planner.trainer_memory import TrainerSetup
-
-    if "packing" not in inspect.signature(policy_forward).parameters:
-        return PACKING_UNAVAILABLE
-    if "packing" not in {f.name for f in dataclasses.fields(TrainerSetup)}:
-        return PACKING_UNAVAILABLE + " (in the planner)"
-    return None
-
-
-def _packing_args(shape: UpdateShape) -> dict:
-    return {"packing": True} if shape.packing else {}
-
-
 def param_dtype() -> str:
     return "bfloat16" if torch.cuda.is_available() else "float32"
 
@@ -70,7 +50,6 @@ def trainer_setup(model_config, shape: UpdateShape):
         model_config, 1, True, param_dtype(), "32-true", shape.activation_checkpointing, shape.rows,
         shape.prompt_tokens, shape.response_tokens, shape.chunk_tokens, with_reference=False, separate_old_pass=False,
         capture_lm_head=False, fused_attention=torch.cuda.is_available(), accumulates=shape.micro_batches > 1,
-        **_packing_args(shape),
     )  # fmt: skip
 
 
@@ -161,7 +140,7 @@ def measured(model_config, shape: UpdateShape, workdir: Path, steps: int = 2) ->
 
         def micro_batch(batch) -> None:
             out = policy_forward(policy, batch, 1.0, with_entropy=True, chunk_tokens=shape.chunk_tokens,
-                                 **_packing_args(shape))  # fmt: skip
+                                 packed=shape.packing)  # fmt: skip
             loss = -out.logp.sum() / batch.response_mask.sum()
             loss.backward()
             losses.append(float(loss.detach()))
@@ -210,9 +189,8 @@ def _tracked_peak(policy, optimizer, phases) -> int:
 
 
 def compared(model_config, shape: UpdateShape, workdir: Path, steps: int = 2) -> dict | str:
-    """Planned and measured side by side, with their ratios; a packed shape is skipped where packing is missing."""
-    if shape.packing and (why := packing_unavailable()):
-        return why
+    """Planned and measured side by side, with their ratios. The plan of a packed shape is the padded one's: the
+    rows are all at full length, so both hold the same tokens (what differs is the attention kernel)."""
     plan = planned(model_config, shape)
     real = measured(model_config, shape, workdir, steps)
     out = {"planned": plan, "measured": real, "tokens_per_step": shape.tokens_per_step}
