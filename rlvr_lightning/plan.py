@@ -1,5 +1,5 @@
 """`python -m rlvr_lightning.plan [make train's --config files and flags] [--hardware h100] [--devices 8]
-[--nodes 1] [--json plan.json]`: each rank's predicted memory and the step time, before renting anything.
+[--nodes 1] [--mean-prompt-length P] [--mean-response-length T] [--json plan.json]`: each rank's predicted memory and the step time, before renting anything.
 
 It parses exactly what `make train` parses (the same LightningCLI, with `--plan.*` too) and builds no
 weights: see `rlvr_lightning/planner/trainer_memory.py` for how the trainer is measured.
@@ -23,12 +23,17 @@ def parse(argv: list[str]):
     own.add_argument("--hardware")
     own.add_argument("--devices", type=int)
     own.add_argument("--nodes", type=int)
+    own.add_argument("--mean-prompt-length")
+    own.add_argument("--mean-response-length")
     own.add_argument("--json", type=Path)
     opts, rest = own.parse_known_args(argv)
     if opts.hardware:
         rest += ["--plan.hardware", opts.hardware]
     if opts.devices:
         rest += ["--trainer.devices", str(opts.devices)]
+    for flag in ("mean_prompt_length", "mean_response_length"):
+        if getattr(opts, flag) is not None:
+            rest += [f"--plan.{flag}", getattr(opts, flag)]
     if opts.nodes:
         rest += ["--trainer.num_nodes", str(opts.nodes)]
     check_renamed(rest)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlvr_lightning.device_defaults import gpu_memory_share
 from rlvr_lightning.planner.engine_memory import EngineShare, engine_share, rollout_buffers_bytes
 from rlvr_lightning.planner.hardware import GIB
 from rlvr_lightning.planner.run_spec import RunSpec
@@ -87,9 +88,10 @@ def plan_run(spec: RunSpec, estimate_time: bool = True) -> Plan:
     """The plan of `spec`; without `estimate_time` (a fix being tried) no FLOPs are counted and the step
     time is left empty."""
     trainer = measure_trainer(trainer_setup(spec), with_flops=estimate_time)
-    engine = engine_share(spec, engine_parameters(spec, trainer))
+    held = engine_parameters(spec, trainer)
+    engine = engine_share(spec, held)
     runtime = GPU_RUNTIME_GIB if spec.hardware.gpu else process_libraries_gib(spec)
-    step = estimate_step(spec, trainer, engine) if estimate_time else StepTime({}, [])
+    step = estimate_step(spec, trainer, engine, held) if estimate_time else StepTime({}, [])
     return Plan(spec, trainer, engine, rollout_buffers_bytes(spec) / GIB, runtime, step)
 
 
@@ -123,7 +125,7 @@ def candidate_changes(spec: RunSpec) -> list[tuple[str, dict]]:
     if not spec.activation_checkpointing:
         out.append(("--model.init_args.activation_checkpointing true", {"activation_checkpointing": True}))
     if spec.hardware.gpu and spec.engine.startswith("vllm") and not spec.engine_elsewhere and spec.sleep_level == 0:
-        out.append(("--rollout.sleep_level 1", {"sleep_level": 1}))
+        out.append(sleep_mode_change(spec))
     rows = spec.rows_per_forward
     while rows > 1:  # rows of 1 and 2 are measured for every plan: trying these costs nothing
         rows //= 2
@@ -137,6 +139,20 @@ def candidate_changes(spec: RunSpec) -> list[tuple[str, dict]]:
             out.append((f"--trainer.devices {devices} --trainer.num_nodes {nodes} (FSDP2)",
                         {"devices": devices, "nodes": nodes, "fsdp": True}))  # fmt: skip
     return out
+
+
+def sleep_mode_change(spec: RunSpec) -> tuple[str, dict]:
+    """Sleep mode, and the engine's larger share that it allows (its memory comes back for the update): the
+    share `make train` resolves for sleep mode when the share follows the device, else the user's share
+    raised to it, named in the change."""
+    share = gpu_memory_share(1, engine_elsewhere=False)
+    d = spec.device_defaults
+    follows = d is not None and "rollout.gpu_memory_utilization" in d.from_device
+    raised = max(share, spec.gpu_memory_utilization)
+    change = {"sleep_level": 1, "gpu_memory_utilization": raised}
+    if follows or raised == spec.gpu_memory_utilization:
+        return "--rollout.sleep_level 1", change  # the device default follows the sleep level: nothing more to set
+    return f"--rollout.sleep_level 1 --rollout.gpu_memory_utilization {raised:g}", change
 
 
 REDUCES = {  # what a change can lower, at most: a change that cannot fit even if that fell to 0 is not tried alone

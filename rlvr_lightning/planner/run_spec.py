@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from rlvr_lightning.device_defaults import Accelerator, config_device_defaults
+from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.planner.hardware import Hardware
 
 
@@ -50,6 +51,11 @@ class RunSpec:
     # as a fused kernel either way: varlen packed, flash or memory-efficient padded).
     packing: bool = False
     device_defaults: object | None = None  # device_defaults.DeviceDefaults: what the device chose, for the report
+    enforce_eager: bool = False  # rollout.enforce_eager, resolved: vLLM without CUDA graphs
+    # The lengths a step time is expected at (plan.mean_prompt_length / mean_response_length); None: the
+    # limits. Memory is planned at the limits whatever these are.
+    mean_prompt_length: float | None = None
+    mean_response_length: float | None = None
 
     @property
     def world_size(self) -> int:
@@ -73,6 +79,14 @@ class RunSpec:
             if self.whole_groups:
                 rows = max(1, rows // self.group_size) * self.group_size
         return min(rows, per_mini_batch)
+
+    @property
+    def expected_prompt_length(self) -> float:
+        return self.max_prompt_length if self.mean_prompt_length is None else self.mean_prompt_length
+
+    @property
+    def expected_response_length(self) -> float:
+        return self.max_response_length if self.mean_response_length is None else self.mean_response_length
 
     @property
     def micro_batches_per_step(self) -> int:
@@ -102,6 +116,13 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
     devices = 1 if devices in ("auto", None) else len(devices) if isinstance(devices, list) else int(devices)
     source = behaviour_source(h.behaviour_logprobs, h.num_mini_batches * h.ppo_epochs, module.corrects_rollouts,
                               module.objective.reads_step_first, bool(rollout.batches_ahead))  # fmt: skip
+    plan = getattr(cfg, "plan", None)
+    means = {name: getattr(plan, f"mean_{name}_length", None) for name in ("prompt", "response")}
+    for name, cap, flag in (("prompt", data.max_prompt_length, "data.max_prompt_length"),
+                            ("response", rollout.max_response_length, "rollout.max_response_length")):  # fmt: skip
+        mean = means[name]
+        if mean is not None and not 0 < mean <= cap:
+            raise ConfigError(f"plan.mean_{name}_length must be in (0, {flag}={cap}], got {mean:g}")
     return RunSpec(
         model=data.model_name_or_path, model_config=model_config(data.model_name_or_path), hardware=hardware,
         devices=devices, nodes=int(trainer.num_nodes or 1), fsdp=strategy.endswith("FSDP2Strategy"),
@@ -116,5 +137,6 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
         engine_elsewhere=bool(rollout.server_urls or rollout.server_cuda_devices), batches_ahead=rollout.batches_ahead,
         thr="THRAttribution" in callbacks, oar="OARAttribution" in callbacks,
         whole_groups=module.objective.needs_whole_groups or "THRAttribution" in callbacks or "OARAttribution" in callbacks,
-        lora=module.lora, device_defaults=defaults, packing=bool(h.packing),
+        lora=module.lora, device_defaults=defaults, packing=bool(h.packing), enforce_eager=bool(rollout.enforce_eager),
+        mean_prompt_length=means["prompt"], mean_response_length=means["response"],
     )  # fmt: skip

@@ -8,7 +8,14 @@ from rlvr_lightning.planner.hardware import CHOICES
 
 
 class PlanSettings:
-    def __init__(self, check: bool = True, hardware: str | None = None, device_gib: float | None = None) -> None:
+    def __init__(
+        self,
+        check: bool = True,
+        hardware: str | None = None,
+        device_gib: float | None = None,
+        mean_prompt_length: float | None = None,
+        mean_response_length: float | None = None,
+    ) -> None:
         """Every argument is a CLI flag, `--plan.<name>`.
 
         Args:
@@ -17,9 +24,17 @@ class PlanSettings:
             hardware: the device to plan for (h100, h200, a100-80g, a100-40g, l40s, cpu); default: the
                 machine's own (its GPU's memory as CUDA reports it, or the CPU).
             device_gib: the device's memory in GiB, instead of the hardware's.
+            mean_prompt_length: the mean prompt length the step time is expected at (default: the limit,
+                `data.max_prompt_length`). Memory is planned at the limits whatever this is.
+            mean_response_length: the mean response length the step time is expected at (default: the limit,
+                `rollout.max_response_length`: every response at the cap, the worst case).
         """
         if hardware is not None and hardware not in CHOICES:
             raise ConfigError(f"plan.hardware: unknown hardware {hardware!r}; valid: {', '.join(CHOICES)}")
         if device_gib is not None and device_gib <= 0:
             raise ConfigError(f"plan.device_gib must be > 0, got {device_gib}")
+        for name, mean in (("mean_prompt_length", mean_prompt_length), ("mean_response_length", mean_response_length)):
+            if mean is not None and mean <= 0:
+                raise ConfigError(f"plan.{name} must be > 0, got {mean}")
         self.check, self.hardware, self.device_gib = check, hardware, device_gib
+        self.mean_prompt_length, self.mean_response_length = mean_prompt_length, mean_response_length

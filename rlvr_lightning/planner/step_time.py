@@ -1,46 +1,120 @@
-"""A step-time estimate per stage, from counted FLOPs and bytes against the hardware's published peaks.
+"""A step-time estimate per stage, from counted FLOPs and bytes against the hardware's published peaks, at
+the lengths the user expects (`plan.mean_prompt_length`, `plan.mean_response_length`) and at the worst
+case (every sequence at its limits, what the memory plan takes).
 
 An estimate, not a measurement: the trainer's FLOPs are those PyTorch's `FlopCounterMode` counts in the
-planner's own run of one micro-batch (attention, the chunked LM head's recomputation and activation
-checkpointing included), divided by the device's dense peak times TRAINER_EFFICIENCY; FSDP's
-all-gathers and reduce-scatters are bytes over the intra-node link, overlapped with compute (the larger
-of the two counts). Generation is vLLM's decode as a memory-bound loop: every decode step reads the
-weights once and the KV cache of the sequences in flight, at DECODE_EFFICIENCY of the bandwidth, every
-sequence running to `rollout.max_response_length` (the worst case the memory plan also takes).
+planner's own run of one micro-batch at the limits (attention, the chunked LM head's recomputation and
+activation checkpointing included), scaled to the expected tokens of a micro-batch (packed: the mean
+lengths; padded: the mean prompt and the expected longest response of its rows), divided by the
+device's dense peak times TRAINER_EFFICIENCY; FSDP's all-gathers and reduce-scatters are bytes over the
+intra-node link, overlapped with compute (the larger of the two counts). Generation is simulated as the
+engine schedules it (`planner/generation.py`); the weight sync as the engines do it
+(`planner/weight_sync.py`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlvr_lightning.planner.engine_memory import EngineShare, dtype_bytes, vllm_batch_limits
+from rlvr_lightning.planner.generation import DecodeCosts, Generation, continuous_batching, padded_batch
+from rlvr_lightning.planner.lengths import LengthSpread, expected_longest, response_lengths, submission_order
 from rlvr_lightning.planner.run_spec import RunSpec
 from rlvr_lightning.planner.trainer_memory import TrainerMemory
+from rlvr_lightning.planner.weight_sync import WeightSync, weight_sync
 
 TRAINER_EFFICIENCY = 0.4  # share of dense peak FLOP/s a trainer's matmuls sustain (typical FSDP MFU: 0.3–0.5)
 PREFILL_EFFICIENCY = 0.5
 DECODE_EFFICIENCY = 0.7  # share of peak memory bandwidth a decode step sustains
 
 
+# vLLM's per-decode-step overhead beyond the bytes and FLOPs (scheduling, sampling, detokenising, kernel
+# launches): roughly 10–20 ms eager (`rollout.enforce_eager`) and 1–5 ms with CUDA graphs, as vLLM's users
+# report it (rlvr_lightning/device_defaults.py); the central values are assumptions, to calibrate on a GPU.
+# The HF engine's `generate` and vLLM on the CPU run eager.
+STEP_OVERHEAD_EAGER_S = 0.015
+STEP_OVERHEAD_GRAPHS_S = 0.003
+
+
 @dataclass(frozen=True)
 class StepTime:
-    stages: dict[str, float]  # seconds per rollout batch, by stage
+    stages: dict[str, float]  # seconds per rollout batch, by stage, at the expected lengths
     assumptions: list[str]
+    worst_stages: dict[str, float] = field(default_factory=dict)  # every sequence at its limits
+    generation: Generation | None = None  # at the expected lengths
+    worst_generation: Generation | None = None
+    sync: WeightSync | None = None
+    overlapped: bool = False  # rollout.batches_ahead 1: generation overlaps the update
+    notes: list[str] = field(default_factory=list)  # what the user should know (generation dominates, …)
 
     @property
     def total(self) -> float:
-        return sum(self.stages.values())
+        """The expected step."""
+        return step_seconds(self.stages, self.overlapped)
+
+    @property
+    def worst_total(self) -> float:
+        return step_seconds(self.worst_stages or self.stages, self.overlapped)
 
 
-def estimate_step(spec: RunSpec, trainer: TrainerMemory, engine: EngineShare) -> StepTime:
+def step_seconds(stages: dict[str, float], overlapped: bool) -> float:
+    """The stages in sequence; with `overlapped` generation runs beside the update: the longer of the two,
+    plus the weight sync, which neither hides."""
+    if not overlapped:
+        return sum(stages.values())
+    generation, sync = stages.get("generation", 0.0), stages.get("weight sync", 0.0)
+    return max(generation, sum(stages.values()) - generation - sync) + sync
+
+
+def estimate_step(spec: RunSpec, trainer: TrainerMemory, engine: EngineShare, engine_parameters: int | None = None) -> StepTime:
+    hw = spec.hardware
+    engine_parameters = engine_parameters or trainer.parameters
+    N, P, T = spec.sequences_per_rank, spec.max_prompt_length, spec.max_response_length
+    spread = response_lengths(spec.expected_response_length, T, N)
+    worst = response_lengths(T, T, N)
+    expected_gen = generation(spec, engine_parameters, engine, round(spec.expected_prompt_length), spread)
+    worst_gen = generation(spec, engine_parameters, engine, P, worst)
+    longest = spread.mean if spec.packing else expected_longest(spread.lengths, spec.rows_per_forward)
+    token_share = (spec.expected_prompt_length + longest) / (P + T)
+    nbytes = dtype_bytes(spec.engine_dtype, spec.model_config)
+    adapter_only = spec.lora is not None and spec.lora.sync == "adapter"
+    sent = trainer.trained if adapter_only else trainer.parameters - trainer.trained
+    sync = weight_sync(spec, sent * nbytes, engine_parameters * nbytes)
+    stages = {"generation": expected_gen.seconds, **trainer_stages(spec, trainer, token_share)}
+    worst_stages = {"generation": worst_gen.seconds, **trainer_stages(spec, trainer, 1.0)}
+    if spec.engine != "hf":
+        stages["weight sync"] = worst_stages["weight sync"] = sync.seconds
+    flop_share = "packed: the mean lengths" if spec.packing else f"padded: the expected longest response of {spec.rows_per_forward} rows"
+    assumptions = [
+        f"lengths: prompts of {spec.expected_prompt_length:g} tokens; {spread.describe()}",
+        f"trainer at {TRAINER_EFFICIENCY:.0%} of {hw.tflops:.3g} TFLOP/s; FLOPs counted by PyTorch on one micro-batch at the limits × "
+        f"{math.ceil(N / spec.rows_per_forward)} micro-batches, × {token_share:.2f} for the expected tokens ({flop_share})",
+        f"generation: {expected_gen.model}; decode at {DECODE_EFFICIENCY:.0%} of {hw.memory_tb_s:.3g} TB/s (the weights "
+        f"once, the KV of every live token), compute at {PREFILL_EFFICIENCY:.0%} of peak, "
+        f"{step_overhead(spec) * 1e3:.0f} ms per decode step ({overhead_source(spec)})",
+        sync.describe(),
+    ]
+    if spec.engine_elsewhere:
+        assumptions.append("vLLM servers: each rank's sequences as on one engine of its own (the KV cache of one server's share)")
+    if spec.fsdp and spec.world_size > 1:
+        assumptions.append(f"FSDP collectives over {hw.link_gb_s:.3g} GB/s per device, overlapped with compute")
+    notes = overlap_notes(spec, stages)
+    if spec.engine != "hf" and P + T > engine.kv_tokens:
+        notes.append(f"the KV cache ({engine.kv_tokens:,} tokens) holds less than one sequence at the limits "
+                     f"({P + T:,}): vLLM refuses to start; generation is priced as if it held one")  # fmt: skip
+    return StepTime(stages, assumptions, worst_stages, expected_gen, worst_gen, sync, bool(spec.batches_ahead), notes)
+
+
+def trainer_stages(spec: RunSpec, trainer: TrainerMemory, token_share: float) -> dict[str, float]:
+    """Seconds per trainer stage, its counted FLOPs × `token_share` (the expected tokens' share of the limits')."""
     hw = spec.hardware
     flop_s = hw.tflops * 1e12 * TRAINER_EFFICIENCY
     micro_batches = math.ceil(spec.sequences_per_rank / spec.rows_per_forward)
     W = spec.world_size if spec.fsdp else 1
     gathered = trainer.parameters * (2 if spec.fsdp_param_dtype == "bfloat16" else 4) * (W - 1) / W if spec.fsdp else 0
     link = hw.link_gb_s * 1e9
-    stages: dict[str, float] = {"generation": generation_seconds(spec, trainer.parameters, engine)}
+    stages: dict[str, float] = {}
     for s in trainer.stages:
         if s.stage == "optimizer step":
             # AdamW reads and writes the rank's fp32 parameters, gradients and two moments: ~7 × 4 bytes each.
@@ -50,35 +124,58 @@ def estimate_step(spec: RunSpec, trainer: TrainerMemory, engine: EngineShare) ->
         passes = spec.ppo_epochs if s.stage.startswith("update") else 1
         comm = gathered * (3 if s.stage.startswith("update") else 1) / link  # forward + backward gathers, reduce-scatter
         name = "update forward + backward" if s.stage.startswith("update") else s.stage
-        stages[name] = passes * micro_batches * max(s.flops / flop_s, comm)
-    if spec.engine != "hf":
-        adapter_only = spec.lora is not None and spec.lora.sync == "adapter"
-        sent = trainer.trained if adapter_only else trainer.parameters - trainer.trained
-        stages["weight sync"] = sent * dtype_bytes(spec.engine_dtype, spec.model_config) / link
-    assumptions = [
-        f"trainer at {TRAINER_EFFICIENCY:.0%} of {hw.tflops:.3g} TFLOP/s; FLOPs counted by PyTorch on one micro-batch × {micro_batches} micro-batches",
-        f"generation: every sequence to {spec.max_response_length} tokens; decode at {DECODE_EFFICIENCY:.0%} of {hw.memory_tb_s:.3g} TB/s, "
-        f"prefill at {PREFILL_EFFICIENCY:.0%} of peak",
-    ]
-    if spec.fsdp and W > 1:
-        assumptions.append(f"FSDP collectives over {hw.link_gb_s:.3g} GB/s per device, overlapped with compute")
+        stages[name] = passes * micro_batches * max(s.flops * token_share / flop_s, comm)
+    return stages
+
+
+def step_overhead(spec: RunSpec) -> float:
+    graphs = spec.hardware.gpu and spec.engine != "hf" and not spec.enforce_eager
+    return STEP_OVERHEAD_GRAPHS_S if graphs else STEP_OVERHEAD_EAGER_S
+
+
+def overhead_source(spec: RunSpec) -> str:
+    if spec.engine == "hf":
+        return "HF generate, eager"
+    if not spec.hardware.gpu:
+        return "vLLM on CPU, eager"
+    return "enforce_eager: no CUDA graphs" if spec.enforce_eager else "CUDA graphs"
+
+
+def streamed_parameters(spec: RunSpec, parameters: int) -> int:
+    """The parameters a decode step reads: all but the input embedding, whose rows are gathered (an LM head
+    tied to it is still read whole for the logits)."""
+    cfg = spec.model_config
+    if getattr(cfg, "tie_word_embeddings", False):
+        return parameters
+    return parameters - cfg.vocab_size * cfg.hidden_size
+
+
+def generation(spec: RunSpec, parameters: int, engine: EngineShare, prompt: int, spread: LengthSpread) -> Generation:
+    """One engine's rollout of the rank's sequences, with these response lengths, after `prompt`-token prompts."""
+    hw = spec.hardware
+    streamed = streamed_parameters(spec, parameters)
+    costs = DecodeCosts(
+        weight_bytes=streamed * dtype_bytes(spec.engine_dtype, spec.model_config),
+        kv_bytes_per_token=engine.kv_bytes_per_token, bandwidth=hw.memory_tb_s * 1e12 * DECODE_EFFICIENCY,
+        flops_per_token=2 * streamed, flop_s=hw.tflops * 1e12 * PREFILL_EFFICIENCY, step_overhead_s=step_overhead(spec),
+    )  # fmt: skip
+    lengths = [max(1, round(spread.lengths[i])) for i in submission_order(len(spread.lengths))]
+    if spec.engine == "hf":
+        return padded_batch(prompt, lengths, costs)
+    kv_tokens = max(engine.kv_tokens, spec.max_prompt_length + spec.max_response_length)
+    return continuous_batching(prompt, lengths, kv_tokens, vllm_batch_limits(hw)[0], costs)
+
+
+def overlap_notes(spec: RunSpec, stages: dict[str, float]) -> list[str]:
+    """Where generation outlasts the update, and what `rollout.batches_ahead 1` hides (or hides already)."""
+    generation_s, sync = stages["generation"], stages.get("weight sync", 0.0)
+    update = sum(stages.values()) - generation_s - sync
+    overlapped = max(generation_s, update) + sync
     if spec.batches_ahead:
-        assumptions.append("rollout.batches_ahead 1: generation overlaps the update; the total counts both")
-    return StepTime(stages, assumptions)
-
-
-def generation_seconds(spec: RunSpec, parameters: int, engine: EngineShare) -> float:
-    """Prefill of every prompt, then max_response_length decode steps per round of sequences in flight
-    (as many as the KV cache and vLLM's max_num_seqs allow)."""
-    hw, cfg = spec.hardware, spec.model_config
-    P, T, N = spec.max_prompt_length, spec.max_response_length, spec.sequences_per_rank
-    nbytes = dtype_bytes(spec.engine_dtype, cfg)
-    max_num_seqs = vllm_batch_limits(hw)[0] if spec.engine != "hf" else N
-    in_flight = max(1, min(N, max_num_seqs, engine.kv_tokens // (P + T) if engine.kv_tokens else N))
-    rounds = math.ceil(N / in_flight)
-    prefill = 2 * parameters * P * N / (hw.tflops * 1e12 * PREFILL_EFFICIENCY)
-    bandwidth = hw.memory_tb_s * 1e12 * DECODE_EFFICIENCY
-    weights = parameters * nbytes
-    kv_read = in_flight * (P + T / 2) * engine.kv_bytes_per_token  # the mean context over the round
-    compute = 2 * parameters * in_flight / (hw.tflops * 1e12 * PREFILL_EFFICIENCY)
-    return prefill + rounds * T * max((weights + kv_read) / bandwidth, compute)
+        return [f"rollout.batches_ahead {spec.batches_ahead}: generation ({generation_s:.1f} s) runs beside the update "
+                f"({update:.1f} s): the step is the longer plus the weight sync, {overlapped:.1f} s"]  # fmt: skip
+    if generation_s <= update:
+        return []
+    return [f"generation ({generation_s:.1f} s) outlasts the update ({update:.1f} s): --rollout.batches_ahead 1 would "
+            f"run the next rollout beside the update (one step off-policy), a step of ≈ {overlapped:.1f} s "
+            f"instead of {sum(stages.values()):.1f} s"]  # fmt: skip
