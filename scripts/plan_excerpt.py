@@ -36,13 +36,13 @@ def plan_text() -> tuple[str, float]:
 
 
 def short(text: str) -> str:
-    """README's excerpt: the header, the verdict, the step time by stage with the generation's split, the fixes."""
+    """README's excerpt: the header, the verdict, the step time and the expected generation, the note on
+    overlap, the fixes (the stages by stage are docs/planning.md's)."""
     lines = text.splitlines()
     keep = lines[:2]
-    keep += [line for line in lines if line.lstrip().startswith("peak ")]
-    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("step time, estimated"))
-    keep += [line for line in lines[start:] if not line.lstrip().startswith("(")]
-    return "\n".join(line for line in keep if line.strip())
+    starts = ("peak ", "step time, estimated", "generation, expected", "note:", "changes that fit", "--")
+    keep += [line for line in lines[2:] if line.lstrip().startswith(starts)]
+    return "\n".join(keep)
 
 
 def rewrite(path: Path, body: str) -> None:
@@ -57,7 +57,7 @@ def main() -> None:
     text, seconds = plan_text()
     footer = f"(planned in {seconds:.0f} s on this machine, from the model's configuration: no weights)"
     rewrite(ROOT / "docs" / "planning.md", f"{text}\n\n{footer}")
-    rewrite(ROOT / "README.md", f"{short(text)}\n{footer}")
+    rewrite(ROOT / "README.md", short(text))
     print(f"rewrote the excerpts of README.md and docs/planning.md ({seconds:.0f} s)")
 
 
