@@ -101,6 +101,7 @@ bench: setup $(VENV)/.bench-installed
 	$(PY) bench/scale.py
 	$(PY) bench/plan_accuracy.py
 	$(PY) bench/published_figures.py
+	$(PY) bench/published_e2e.py
 
 # No `setup`: the GPU machine has no venv; the script uses .venv's Python where there is one, else python3.
 gpu-check:
