@@ -198,3 +198,29 @@ def test_a_mean_beyond_its_limit_is_one_line(capsys, monkeypatch):
         from rlvr_lightning.planner.settings import PlanSettings
 
         PlanSettings(mean_response_length=-1)
+
+
+def test_a_decode_step_streams_every_weight_but_the_gathered_input_embedding(docs_7b):
+    """Qwen2.5-Math-7B's embedding is its own matrix: its rows are gathered, not read whole each step; a head tied
+    to the embedding is read whole for the logits."""
+    from rlvr_lightning.planner.step_time import streamed_parameters
+
+    spec, parameters, _ = docs_7b
+    cfg = spec.model_config
+    assert not cfg.tie_word_embeddings
+    assert streamed_parameters(spec, parameters) == parameters - cfg.vocab_size * cfg.hidden_size
+    tied = spec.changed(model_config=cfg.__class__.from_dict({**cfg.to_dict(), "tie_word_embeddings": True}))
+    assert streamed_parameters(tied, parameters) == parameters
+
+
+def test_fsdp_collectives_across_nodes_run_at_the_network_not_nvlink(docs_7b):
+    """A step whose compute is negligible is its collectives: over two nodes, at the network's 50 GB/s per GPU
+    instead of NVLink's 450 (the ring runs at its slowest link)."""
+    from rlvr_lightning.planner.step_time import trainer_stages
+    from rlvr_lightning.planner.trainer_memory import StagePeak, TrainerMemory
+
+    spec, parameters, _ = docs_7b
+    trainer = TrainerMemory([StagePeak("update backward", 0, {}, flops=1)], parameters)
+    one_node = trainer_stages(spec, trainer, 1.0)["update forward + backward"]
+    two_nodes = spec.changed(devices=4, nodes=2)  # the same 8 ranks
+    assert trainer_stages(two_nodes, trainer, 1.0)["update forward + backward"] == pytest.approx(one_node * 450 / 50)

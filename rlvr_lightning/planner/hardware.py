@@ -25,14 +25,18 @@ class Hardware:
     memory_tb_s: float  # memory bandwidth per device
     link_gb_s: float  # one direction, per device: NVLink (or PCIe) for FSDP's all-gathers
     gpu: bool = True
+    # One direction, per device, between nodes: FSDP's collectives over several nodes run at the slower link.
+    # The usual rail-optimised cluster gives each GPU its own NIC: InfiniBand NDR (400 Gb/s) on H100/H200
+    # systems, HDR (200 Gb/s) on A100s, 100 Gb/s Ethernet on PCIe cards.
+    network_gb_s: float = 50.0
 
 
 GPUS = {
     "h100": Hardware("h100", 79.2, 989.4, 3.35, 450.0),  # H100 SXM5 80 GB, NVLink 4
     "h200": Hardware("h200", 139.8, 989.4, 4.8, 450.0),  # H200 SXM 141 GB, NVLink 4
-    "a100-80g": Hardware("a100-80g", 79.2, 312.0, 2.039, 300.0),  # A100 SXM4 80 GB, NVLink 3
-    "a100-40g": Hardware("a100-40g", 39.4, 312.0, 1.555, 300.0),  # A100 SXM4 40 GB
-    "l40s": Hardware("l40s", 44.4, 362.1, 0.864, 32.0),  # L40S 48 GB GDDR6, PCIe 4.0 x16
+    "a100-80g": Hardware("a100-80g", 79.2, 312.0, 2.039, 300.0, network_gb_s=25.0),  # A100 SXM4 80 GB, NVLink 3
+    "a100-40g": Hardware("a100-40g", 39.4, 312.0, 1.555, 300.0, network_gb_s=25.0),  # A100 SXM4 40 GB
+    "l40s": Hardware("l40s", 44.4, 362.1, 0.864, 32.0, network_gb_s=12.5),  # L40S 48 GB GDDR6, PCIe 4.0 x16
 }
 CHOICES = (*GPUS, "cpu")
 

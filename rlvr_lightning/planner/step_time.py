@@ -98,7 +98,8 @@ def estimate_step(spec: RunSpec, trainer: TrainerMemory, engine: EngineShare, en
     if spec.engine_elsewhere:
         assumptions.append("vLLM servers: each rank's sequences as on one engine of its own (the KV cache of one server's share)")
     if spec.fsdp and spec.world_size > 1:
-        assumptions.append(f"FSDP collectives over {hw.link_gb_s:.3g} GB/s per device, overlapped with compute")
+        between = f" (between nodes: {hw.network_gb_s:.3g} GB/s)" if spec.nodes > 1 else ""
+        assumptions.append(f"FSDP collectives over {collective_gb_s(spec):.3g} GB/s per device{between}, overlapped with compute")
     notes = overlap_notes(spec, stages)
     if spec.engine != "hf" and P + T > engine.kv_tokens:
         notes.append(f"the KV cache ({engine.kv_tokens:,} tokens) holds less than one sequence at the limits "
@@ -113,7 +114,7 @@ def trainer_stages(spec: RunSpec, trainer: TrainerMemory, token_share: float) ->
     micro_batches = math.ceil(spec.sequences_per_rank / spec.rows_per_forward)
     W = spec.world_size if spec.fsdp else 1
     gathered = trainer.parameters * (2 if spec.fsdp_param_dtype == "bfloat16" else 4) * (W - 1) / W if spec.fsdp else 0
-    link = hw.link_gb_s * 1e9
+    link = collective_gb_s(spec) * 1e9
     stages: dict[str, float] = {}
     for s in trainer.stages:
         if s.stage == "optimizer step":
@@ -126,6 +127,13 @@ def trainer_stages(spec: RunSpec, trainer: TrainerMemory, token_share: float) ->
         name = "update forward + backward" if s.stage.startswith("update") else s.stage
         stages[name] = passes * micro_batches * max(s.flops * token_share / flop_s, comm)
     return stages
+
+
+def collective_gb_s(spec: RunSpec) -> float:
+    """FSDP's all-gathers and reduce-scatters run at the slowest link of the ring: between nodes where there
+    are several."""
+    hw = spec.hardware
+    return hw.link_gb_s if spec.nodes == 1 else min(hw.link_gb_s, hw.network_gb_s)
 
 
 def step_overhead(spec: RunSpec) -> float:
