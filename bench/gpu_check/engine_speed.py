@@ -4,6 +4,10 @@ Two policies: the embedded default's architecture (what the RL runs of step 5 sa
 built from its configuration with random weights, in the trainer's dtype (bf16 on CUDA, fp32 on the CPU).
 Random prompts of 64 tokens; an untrained model rarely samples its EOS, so nearly every sequence runs to
 `max_tokens`. One untimed warm-up call, then one timed call; tokens/s counts the tokens generated.
+
+Calibration of the planner's HF-engine model (`planner/generation.py: padded_batch`): the same rollout planned
+without its per-decode-step overhead, and the overhead per step that the measured time implies, beside the
+planner's constant (`STEP_OVERHEAD_EAGER_S`).
 """
 
 from __future__ import annotations
@@ -59,12 +63,39 @@ def generation(config, sizes: dict) -> dict:
     if cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    tokens = sum(len(c.token_ids) for group in groups for c in group)
+    lengths = [len(c.token_ids) for group in groups for c in group]
+    tokens = sum(lengths)
     logps = [lp for group in groups for c in group for lp in c.logprobs]
     engine.close()
     return {**sizes, "sequences": sizes["prompts"] * sizes["group_size"], "generated_tokens": tokens, "seconds": round(seconds, 3),
             "tokens_per_s": round(tokens / seconds, 1), "dtype": str(dtype).removeprefix("torch."),
-            "mean_logprob": sum(logps) / max(1, len(logps))}  # fmt: skip
+            "mean_logprob": sum(logps) / max(1, len(logps)),
+            "planner": planned_without_overhead(config, sizes["prompt_tokens"], lengths, dtype, seconds)}  # fmt: skip
+
+
+def planned_without_overhead(config, prompt_tokens: int, lengths: list[int], dtype: torch.dtype, measured_s: float) -> dict:
+    """The planner's HF-engine rollout of these lengths with no per-step overhead, and the overhead per decode
+    step that would make it the measured time."""
+    from bench.gpu_check.update_step import device_hardware
+    from rlvr_lightning.planner.engine_memory import kv_bytes_per_token
+    from rlvr_lightning.planner.generation import DecodeCosts, padded_batch
+    from rlvr_lightning.planner.step_time import DECODE_EFFICIENCY, PREFILL_EFFICIENCY, STEP_OVERHEAD_EAGER_S
+
+    hw = device_hardware()
+    if hw is None:
+        return {"skipped": "a GPU the planner does not list"}
+    with torch.device("meta"):
+        from transformers import AutoModelForCausalLM
+
+        parameters = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    streamed = parameters - (0 if config.tie_word_embeddings else config.vocab_size * config.hidden_size)
+    nbytes = torch.finfo(dtype).bits // 8
+    costs = DecodeCosts(streamed * nbytes, kv_bytes_per_token(config, nbytes), hw.memory_tb_s * 1e12 * DECODE_EFFICIENCY,
+                        2 * streamed, hw.tflops * 1e12 * PREFILL_EFFICIENCY, step_overhead_s=0.0)  # fmt: skip
+    plan = padded_batch(prompt_tokens, lengths, costs)
+    return {"hardware": hw.name, "decode_steps": plan.decode_steps, "seconds_without_overhead": round(plan.seconds, 4),
+            "implied_step_overhead_s": round((measured_s - plan.seconds) / max(1, plan.decode_steps), 5),
+            "planner_step_overhead_s": STEP_OVERHEAD_EAGER_S}  # fmt: skip
 
 
 def run(ctx) -> dict:

@@ -197,4 +197,6 @@ def compared(model_config, shape: UpdateShape, workdir: Path, steps: int = 2) ->
     out["memory_ratio_planned_to_allocated"] = round(plan["peak_gib"] / real["peak_allocated_gib"], 3)
     if "step_s" in plan:
         out["time_ratio_planned_to_measured"] = round(plan["step_s"] / real["step_s"], 3)
+        # The planner's TRAINER_EFFICIENCY as this device reached it: the counted FLOPs over the measured step.
+        out["trainer_efficiency_measured"] = round(plan["update_flops"] / real["step_s"] / (device_hardware().tflops * 1e12), 4)
     return out
