@@ -224,3 +224,21 @@ def test_fsdp_collectives_across_nodes_run_at_the_network_not_nvlink(docs_7b):
     one_node = trainer_stages(spec, trainer, 1.0)["update forward + backward"]
     two_nodes = spec.changed(devices=4, nodes=2)  # the same 8 ranks
     assert trainer_stages(two_nodes, trainer, 1.0)["update forward + backward"] == pytest.approx(one_node * 450 / 50)
+
+
+def test_packed_micro_batches_at_the_expected_lengths_are_fewer_and_gather_the_weights_fewer_times(docs_7b):
+    """Under a token budget, packed micro-batches hold the expected real tokens: at a quarter of the limits'
+    tokens a quarter as many, so a step bound by its FSDP gathers takes a quarter of the time; padded ones
+    (or rows) stay as many as at the limits."""
+    from rlvr_lightning.planner.step_time import expected_micro_batches, trainer_stages
+    from rlvr_lightning.planner.trainer_memory import StagePeak, TrainerMemory
+
+    spec, parameters, _ = docs_7b
+    row = spec.max_prompt_length + spec.max_response_length
+    packed = spec.changed(packing=True, max_tokens_per_micro_batch=4 * row, devices=4, nodes=2)  # 4 rows at the limits
+    assert (expected_micro_batches(packed, 1.0), expected_micro_batches(packed, 0.25)) == (256, 64)
+    padded = packed.changed(packing=False)
+    assert expected_micro_batches(padded, 0.25) == expected_micro_batches(spec, 0.25) == 256 // 2
+    trainer = TrainerMemory([StagePeak("update backward", 0, {}, flops=1)], parameters)
+    gathers = {share: trainer_stages(packed, trainer, share)["update forward + backward"] for share in (1.0, 0.25)}
+    assert gathers[0.25] == pytest.approx(gathers[1.0] / 4)

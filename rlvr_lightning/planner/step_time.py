@@ -89,7 +89,8 @@ def estimate_step(spec: RunSpec, trainer: TrainerMemory, engine: EngineShare, en
     assumptions = [
         f"lengths: prompts of {spec.expected_prompt_length:g} tokens; {spread.describe()}",
         f"trainer at {TRAINER_EFFICIENCY:.0%} of {hw.tflops:.3g} TFLOP/s; FLOPs counted by PyTorch on one micro-batch at the limits × "
-        f"{math.ceil(N / spec.rows_per_forward)} micro-batches, × {token_share:.2f} for the expected tokens ({flop_share})",
+        f"{math.ceil(N / spec.rows_per_forward)} micro-batches, × {token_share:.2f} for the expected tokens ({flop_share}); "
+        f"{expected_micro_batches(spec, token_share)} micro-batches per pass expected, each gathering the weights",
         f"generation: {expected_gen.model}; decode at {DECODE_EFFICIENCY:.0%} of {hw.memory_tb_s:.3g} TB/s (the weights "
         f"once, the KV of every live token), compute at {PREFILL_EFFICIENCY:.0%} of peak, "
         f"{step_overhead(spec) * 1e3:.0f} ms per decode step ({overhead_source(spec)})",
@@ -108,10 +109,12 @@ def estimate_step(spec: RunSpec, trainer: TrainerMemory, engine: EngineShare, en
 
 
 def trainer_stages(spec: RunSpec, trainer: TrainerMemory, token_share: float) -> dict[str, float]:
-    """Seconds per trainer stage, its counted FLOPs × `token_share` (the expected tokens' share of the limits')."""
+    """Seconds per trainer stage: its counted FLOPs × `token_share` (the expected tokens' share of the limits'),
+    or its micro-batches' FSDP collectives where they take longer (each micro-batch gathers the weights anew)."""
     hw = spec.hardware
     flop_s = hw.tflops * 1e12 * TRAINER_EFFICIENCY
-    micro_batches = math.ceil(spec.sequences_per_rank / spec.rows_per_forward)
+    at_limits = math.ceil(spec.sequences_per_rank / spec.rows_per_forward)
+    micro_batches = expected_micro_batches(spec, token_share)
     W = spec.world_size if spec.fsdp else 1
     gathered = trainer.parameters * (2 if spec.fsdp_param_dtype == "bfloat16" else 4) * (W - 1) / W if spec.fsdp else 0
     link = collective_gb_s(spec) * 1e9
@@ -124,9 +127,21 @@ def trainer_stages(spec: RunSpec, trainer: TrainerMemory, token_share: float) ->
             continue
         passes = spec.ppo_epochs if s.stage.startswith("update") else 1
         comm = gathered * (3 if s.stage.startswith("update") else 1) / link  # forward + backward gathers, reduce-scatter
+        compute = at_limits * s.flops * token_share / flop_s  # the pass's FLOPs at the expected tokens
         name = "update forward + backward" if s.stage.startswith("update") else s.stage
-        stages[name] = passes * micro_batches * max(s.flops * token_share / flop_s, comm)
+        stages[name] = passes * micro_batches * max(compute / micro_batches, comm)
     return stages
+
+
+def expected_micro_batches(spec: RunSpec, token_share: float) -> int:
+    """Micro-batches per pass at the expected lengths: packed under a token budget they hold the expected real
+    tokens, so fewer than at the limits; otherwise (rows, or padded to the longest) as many."""
+    at_limits = math.ceil(spec.sequences_per_rank / spec.rows_per_forward)
+    if not spec.packing or spec.max_tokens_per_micro_batch is None or token_share >= 1:
+        return at_limits
+    per_mini_batch = max(1, spec.sequences_per_rank // spec.num_mini_batches)
+    tokens = per_mini_batch * (spec.max_prompt_length + spec.max_response_length) * token_share
+    return min(at_limits, spec.num_mini_batches * math.ceil(tokens / spec.max_tokens_per_micro_batch))
 
 
 def collective_gb_s(spec: RunSpec) -> float:
