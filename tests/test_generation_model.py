@@ -5,6 +5,7 @@ worst-case steps of a plan. Small cases are checked against sums done by hand.""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -242,3 +243,15 @@ def test_packed_micro_batches_at_the_expected_lengths_are_fewer_and_gather_the_w
     trainer = TrainerMemory([StagePeak("update backward", 0, {}, flops=1)], parameters)
     gathers = {share: trainer_stages(packed, trainer, share)["update forward + backward"] for share in (1.0, 0.25)}
     assert gathers[0.25] == pytest.approx(gathers[1.0] / 4)
+
+
+@pytest.mark.e2e
+def test_a_published_end_to_end_run_is_planned_within_the_bounds_the_docs_state(monkeypatch):
+    """NeMo-RL v0.3's FSDP2 run (bench/published_e2e.py, sources in bench/README.md): 122 s a step, 57 s of it
+    generation, planned at its published mean lengths within [0.6, 1.6] of the step and [0.5, 2] of generation."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    from published_e2e import RUNS, compared, plan_run
+
+    run = next(r for r in RUNS if "FSDP2" in r.name)
+    result = compared(run, plan_run(run))
+    assert 0.6 <= result["total_ratio"] <= 1.6 and 0.5 <= result["generation_ratio"] <= 2, result
