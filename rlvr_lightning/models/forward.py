@@ -21,7 +21,7 @@ from rlvr_lightning.models.lm_head import (
     untransformed_head_output,
 )
 from rlvr_lightning.models.packed_attention import packed_forward, prepare_packed_attention, varlen_kwargs
-from rlvr_lightning.models.packing import PackedLayout, packed_layout
+from rlvr_lightning.models.packing import packed_layout
 from rlvr_lightning.rollout.types import RolloutTensors
 from rlvr_lightning.tensor_math import entropy_from_logprobs, log_softmax_at
 
@@ -56,9 +56,9 @@ def policy_forward(
     response tokens' log-probs `chunk_tokens` at a time (`models.lm_head`). The swap happens inside the
     model's own forward, so wrappers that gather the head's weight around it (FSDP) still do.
 
-    `packed`: the forward runs over the real tokens only (`packed_policy_forward`); the same results."""
+    `packed`: the forward runs over the real tokens only (`_packed_forward`); the same results."""
     if packed:
-        return packed_policy_forward(model, t, temperature, with_entropy, capture_lm_head, chunk_tokens)
+        return _packed_forward(model, t, temperature, with_entropy, capture_lm_head, chunk_tokens)
     T = t.response_mask.shape[1]
     if chunk_tokens > 0 and supports_chunked_head(model) is None:
         return _chunked_forward(model, t, temperature, with_entropy, capture_lm_head, chunk_tokens, unpadded)
@@ -136,26 +136,17 @@ def _chunked_forward(
     return PolicyForward(out.logits, found["entropy"], found["lm_head_in"], t)
 
 
-def packed_policy_forward(
-    model: torch.nn.Module,
-    t: RolloutTensors,
-    temperature: float,
-    with_entropy: bool = False,
-    capture_lm_head: bool = False,
-    chunk_tokens: int = 0,
-    layout: PackedLayout | None = None,
-) -> PolicyForward:
+def _packed_forward(model, t: RolloutTensors, temperature, with_entropy, capture_lm_head, chunk_tokens) -> PolicyForward:
     """`policy_forward` over the micro-batch's real tokens packed into one row [1, S] (`models.packing`):
     no padding in the forward, and only the S − n hidden states that predict response tokens reach the
     LM head (`logits_to_keep` as an index; with `chunk_tokens` > 0 the chunked head). The same
     `PolicyForward`: logp and entropy [n, T], 0 on padding; `lm_head_in` [n, T+1, d] holds each row's
     response-predicting inputs (rows :L of a response of L tokens, what THR reads), zeros elsewhere.
 
-    `layout`: built from `t.token_counts` when not given (one device-to-host copy of [n, 2] counts).
-    On CUDA the model's attention is switched to a varlen one first (`models.packed_attention`)."""
+    The layout comes from `t.token_counts` (one device-to-host copy of [n, 2] counts). On CUDA the model's
+    attention is switched to a varlen one first (`models.packed_attention`)."""
     n, T = t.response_mask.shape
-    device = t.input_ids.device
-    layout = layout or packed_layout(t.token_counts, t.prompt_width, T, device)
+    layout = packed_layout(t.token_counts, t.prompt_width, T, t.input_ids.device)
     prepare_packed_attention(model)
     chunked = chunk_tokens > 0 and supports_chunked_head(model) is None
     head = _chunked_head(model, temperature, chunk_tokens, with_entropy) if chunked else None

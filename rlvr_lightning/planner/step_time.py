@@ -89,7 +89,7 @@ def estimate_step(spec: RunSpec, trainer: TrainerMemory, engine: EngineShare, en
     assumptions = [
         f"lengths: prompts of {spec.expected_prompt_length:g} tokens; {spread.describe()}",
         f"trainer at {TRAINER_EFFICIENCY:.0%} of {hw.tflops:.3g} TFLOP/s; FLOPs counted by PyTorch on one micro-batch at the limits × "
-        f"{math.ceil(N / spec.rows_per_forward)} micro-batches, × {token_share:.2f} for the expected tokens ({flop_share}); "
+        f"{expected_micro_batches(spec, 1.0)} micro-batches, × {token_share:.2f} for the expected tokens ({flop_share}); "
         f"{expected_micro_batches(spec, token_share)} micro-batches per pass expected, each gathering the weights",
         f"generation: {expected_gen.model}; decode at {DECODE_EFFICIENCY:.0%} of {hw.memory_tb_s:.3g} TB/s (the weights "
         f"once, the KV of every live token), compute at {PREFILL_EFFICIENCY:.0%} of peak, "
@@ -113,7 +113,7 @@ def trainer_stages(spec: RunSpec, trainer: TrainerMemory, token_share: float) ->
     or its micro-batches' FSDP collectives where they take longer (each micro-batch gathers the weights anew)."""
     hw = spec.hardware
     flop_s = hw.tflops * 1e12 * TRAINER_EFFICIENCY
-    at_limits = math.ceil(spec.sequences_per_rank / spec.rows_per_forward)
+    at_limits = expected_micro_batches(spec, 1.0)
     micro_batches = expected_micro_batches(spec, token_share)
     W = spec.world_size if spec.fsdp else 1
     gathered = trainer.parameters * (2 if spec.fsdp_param_dtype == "bfloat16" else 4) * (W - 1) / W if spec.fsdp else 0

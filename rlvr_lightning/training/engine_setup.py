@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from rlvr_lightning.device_defaults import Accelerator, detect_accelerator
+from rlvr_lightning.device_defaults import Accelerator
 from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.models.lora import LoraSettings, warn_on_merged_half_precision
 from rlvr_lightning.rollout.engine import RolloutEngine
@@ -23,15 +23,14 @@ def trainer_compute_dtype(precision: str, fsdp_param_dtype: str | None) -> str:
     return "float16" if precision.startswith("16") else "float32"
 
 
-def engine_compute_dtype(rollout: Any, policy_config: Any, trainer_dtype: str, accelerator: Accelerator | None = None) -> str:
-    """The dtype the rollout engine computes in on `accelerator` (default: this machine's), for the run and
+def engine_compute_dtype(rollout: Any, policy_config: Any, trainer_dtype: str, accelerator: Accelerator) -> str:
+    """The dtype the rollout engine computes in on `accelerator`, for the run and
     for `rlvr_lightning.doctor` alike: `rollout.dtype`; `auto`: what vLLM makes of the checkpoint's dtype
     (`policy_config.dtype`); the HF engine is the trainer's own module."""
     if rollout.engine == "hf":
         return trainer_dtype
     if rollout.dtype != "auto":
         return rollout.dtype
-    accelerator = accelerator or detect_accelerator()
     checkpoint = str(getattr(policy_config, "dtype", None) or getattr(policy_config, "torch_dtype", None) or "float32")
     return vllm_auto_dtype(checkpoint.removeprefix("torch."), accelerator.is_cuda, accelerator.bf16)
 

@@ -77,9 +77,11 @@ def split_rows(
     # its real prompt and response tokens: what it adds to the micro-batch's row.
     counts = token_counts[units.cpu()]  # [U, unit, 2]
     extent = counts.sum(1) if packed else counts.amax(1)  # [U, 2]
-    orders = _orders(extent)[:1] if packed else _orders(extent)  # packed: by total tokens, longest first
-    packings = [_pack(order, extent, unit, max_tokens, packed) for order in orders]
-    bins = min(packings, key=lambda bins: (len(bins), sum(_slots(extent[b], unit, packed) for b in bins)))
+    if packed:  # by total tokens, longest first
+        bins = _first_fit(_orders(extent)[0], extent.sum(1).tolist(), max_tokens)
+    else:
+        packings = [_pack(order, extent, unit, max_tokens) for order in _orders(extent)]
+        bins = min(packings, key=lambda bins: (len(bins), sum(_slots(extent[b], unit) for b in bins)))
     if agree_count is not None:
         bins = _split_to_count(bins, agree_count(len(bins)), extent, unit, packed)
     return [units[b].flatten() for b in bins]
@@ -103,11 +105,9 @@ def _orders(extent: torch.Tensor) -> list[list[int]]:
     return orders[:1] if orders[0] == orders[1] else orders
 
 
-def _pack(order: list[int], extent: torch.Tensor, unit: int, max_tokens: int, packed: bool = False) -> list[list[int]]:
+def _pack(order: list[int], extent: torch.Tensor, unit: int, max_tokens: int) -> list[list[int]]:
     """Contiguous bins of the units in `order`: as few as fit the budget (greedy), then, for not too many
-    units, the split into that many with the fewest slots (`_least_padding`). Packed: `_first_fit`."""
-    if packed:
-        return _first_fit(order, extent.sum(1).tolist(), max_tokens)
+    units, the split into that many with the fewest slots (`_least_padding`)."""
     bins: list[list[int]] = []
     width = (0, 0)  # the longest prompt and response of the last bin
     pairs = extent.tolist()
