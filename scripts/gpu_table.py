@@ -32,15 +32,17 @@ def header_table(runs: dict[str, dict]) -> list[str]:
     env = runs.get("environment") or next(iter(runs.values()))
     lines = ["| card | date | commit | torch | transformers | tiny shapes |", "|---|---|---|---|---|---|",
              f"| {env['card']} | {env['date']} | `{env['commit'][:12]}` | {env['torch']} | {env['transformers']} | {env['tiny_shapes']} |",
-             "", "| step | status | seconds | problems |", "|---|---|---|---|"]  # fmt: skip
+             "", "| step | status | seconds | date | commit | problems |", "|---|---|---|---|---|---|"]  # fmt: skip
     for step, r in runs.items():
-        if step != "environment":
-            lines.append(f"| {step} | {r['status']} | {cell(r.get('elapsed_s'))} | {'; '.join(r.get('problems', [])) or '–'} |")
+        if step != "environment":  # a step rerun alone has its own date and commit
+            lines.append(f"| {step} | {r['status']} | {cell(r.get('elapsed_s'))} | {r['date'][:16]} | `{r['commit'][:12]}` "
+                         f"| {'; '.join(r.get('problems', [])) or '–'} |")  # fmt: skip
     return lines
 
 
 def measured_rows(title: str, runs: dict, mfu: bool = False) -> list[str]:
-    head = "| run | planned GiB | allocated GiB | reserved GiB | planned / allocated | planned s | measured s | tokens/s |"
+    head = ("| run | planned GiB | allocated GiB | reserved GiB | planned / allocated | planned s | measured s | tokens/s "
+            "| trainer efficiency |")
     lines = [f"**{title}**", "", head + (" MFU |" if mfu else ""), "|---" * (head.count("|") - 1 + mfu) + "|"]
     for name, r in runs.items():
         if not isinstance(r, dict) or "measured" not in r:
@@ -49,7 +51,7 @@ def measured_rows(title: str, runs: dict, mfu: bool = False) -> list[str]:
             continue
         p, m = r["planned"], r["measured"]
         row = [name, cell(p["peak_gib"]), cell(m["peak_allocated_gib"]), cell(m["peak_reserved_gib"]),
-               cell(r["memory_ratio_planned_to_allocated"]), cell(p.get("step_s")), cell(m["step_s"]), cell(m["tokens_per_s"], 4)]  # fmt: skip
+               cell(r["memory_ratio_planned_to_allocated"]), cell(p.get("step_s")), cell(m["step_s"]), cell(m["tokens_per_s"], 4), cell(r.get("trainer_efficiency_measured"), 2)]  # fmt: skip
         lines.append("| " + " | ".join(row + ([cell(r.get("mfu"))] if mfu else [])) + " |")
     return lines + [""]
 

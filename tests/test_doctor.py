@@ -39,7 +39,7 @@ def test_the_doctor_passes_on_this_cpu_machine_with_the_embedded_default():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = table_rows(proc.stdout)
     expected = {"torch", "CUDA", "NCCL", "vLLM", "flash-attn", "transformers", "lightning", "FSDP2 training step",
-                "chunked LM head", "rollout engine", "weight sync",
+                "chunked LM head", "packed micro-batches", "rollout engine", "weight sync",
                 "engine sleep → wake", "flash-attention vs SDPA"}  # fmt: skip
     assert set(rows) == expected, proc.stdout
     for check, (result, rest) in rows.items():
@@ -51,6 +51,7 @@ def test_the_doctor_passes_on_this_cpu_machine_with_the_embedded_default():
     assert rows["weight sync"][1].startswith("in-process load_weights")
     assert "vLLM's sleep mode needs CUDA" in rows["engine sleep → wake"][1]
     assert "no CUDA device" in rows["flash-attention vs SDPA"][1]
+    assert "block-diagonal mask" in rows["packed micro-batches"][1]
 
 
 @pytest.mark.e2e
@@ -127,3 +128,18 @@ def test_a_lora_run_checks_the_adapter_sync_through_vllms_lora_path(capsys):
         assert not exit_.code, capsys.readouterr().out
     rows = table_rows(capsys.readouterr().out)
     assert rows["weight sync"][0] == PASS and rows["weight sync"][1].startswith("LoRA r=8, adapter"), rows
+
+
+def test_the_packed_row_runs_the_cuda_attention_function_and_passes(tmp_path):
+    """The packed row through `PACKED_SDPA`, the attention a CUDA run packs with (here its per-sequence
+    path: no varlen kernel on the CPU): agreement with the padded forward, no leak past a sequence's end."""
+    from rlvr_lightning.doctor.checks import Setup, packed_micro_batches
+    from rlvr_lightning.models.packed_attention import PACKED_SDPA, prepare_packed_attention
+    from rlvr_lightning.plan import parse
+
+    cfg, _ = parse([*CONFIG, "--rollout.engine", "hf"])
+    setup = Setup(cfg, tmp_path)
+    assert prepare_packed_attention(setup.trainer_policy, force=True) == PACKED_SDPA
+    row = packed_micro_batches(setup)
+    assert row.result == PASS, row
+    assert PACKED_SDPA in row.figure and "leak 0.0e+00" in row.figure, row

@@ -1,12 +1,14 @@
 """Step 2: the planner against the measured update for real architectures built from their configurations
 with random weights (`rlvr_lightning/planner/model_configs/`), padded and packed, with and without activation
-checkpointing: peak allocated and reserved memory and the update's step time (`update_step.compared`).
+checkpointing: peak allocated and reserved memory and the update's step time (`update_step.compared`); first,
+the packed forward's agreement with the padded one at the same shape (`packed_agreement`).
 With tiny shapes the same architectures are shrunk (2 layers, width 64, a 1,024-token vocabulary)."""
 
 from __future__ import annotations
 
 import copy
 
+from bench.gpu_check.packed_agreement import agreement
 from bench.gpu_check.record import attempt
 from bench.gpu_check.update_step import UpdateShape, compared
 
@@ -34,6 +36,8 @@ def run(ctx) -> dict:
 
     base = TINY if ctx.tiny else FULL
     results: dict = {"shape": vars(base) | {"tokens_per_micro_batch": base.tokens_per_step}, "runs": {}}
+    first = model_config(ARCHITECTURES[0])
+    attempt(results, "packed_agreement", ctx.deadline, agreement, shrunk(first) if ctx.tiny else first, base)
     for name in ARCHITECTURES:
         config = model_config(name)
         config = shrunk(config) if ctx.tiny else config
@@ -41,5 +45,9 @@ def run(ctx) -> dict:
             for packing in (False, True):
                 shape = replace(base, activation_checkpointing=checkpointing, packing=packing)
                 key = f"{name} {'packed' if packing else 'padded'}{', AC' if checkpointing else ''}"
-                attempt(results["runs"], key, ctx.deadline, compared, config, shape, ctx.workdir)
+                done = attempt(results["runs"], key, ctx.deadline, compared, config, shape, ctx.workdir)
+                padded = results["runs"].get(key.replace("packed", "padded"))
+                if packing and isinstance(done, dict) and "measured" in done and "measured" in (padded or {}):
+                    # The same tokens and initial weights: only the attention kernel differs (bf16 noise, no bias).
+                    done["first_loss_minus_padded"] = done["measured"]["first_loss"] - padded["measured"]["first_loss"]
     return results

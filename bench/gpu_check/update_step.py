@@ -157,6 +157,7 @@ def measured(model_config, shape: UpdateShape, workdir: Path, steps: int = 2) ->
                 phase()
 
         step()
+        first_loss = losses[0]  # the initial weights' loss: padded and packed runs of a shape compare here
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -167,7 +168,7 @@ def measured(model_config, shape: UpdateShape, workdir: Path, steps: int = 2) ->
             torch.cuda.synchronize()
         seconds = (time.perf_counter() - t0) / steps
         out = {"step_s": round(seconds, 4), "tokens_per_s": round(shape.tokens_per_step / seconds, 1),
-               "last_loss": losses[-1]}  # fmt: skip
+               "first_loss": first_loss, "last_loss": losses[-1]}  # fmt: skip
         if cuda:
             out |= {"peak_allocated_gib": round(torch.cuda.max_memory_allocated() / GIB, 4),
                     "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / GIB, 4),
@@ -191,9 +192,12 @@ def _tracked_peak(policy, optimizer, phases) -> int:
 def compared(model_config, shape: UpdateShape, workdir: Path, steps: int = 2) -> dict | str:
     """Planned and measured side by side, with their ratios. The plan of a packed shape is the padded one's: the
     rows are all at full length, so both hold the same tokens (what differs is the attention kernel)."""
+    t0 = time.perf_counter()
     plan = planned(model_config, shape)
+    t1 = time.perf_counter()
     real = measured(model_config, shape, workdir, steps)
-    out = {"planned": plan, "measured": real, "tokens_per_step": shape.tokens_per_step}
+    out = {"planned": plan, "measured": real, "tokens_per_step": shape.tokens_per_step,
+           "seconds": {"plan": round(t1 - t0, 1), "measure": round(time.perf_counter() - t1, 1)}}  # fmt: skip
     out["memory_ratio_planned_to_allocated"] = round(plan["peak_gib"] / real["peak_allocated_gib"], 3)
     if "step_s" in plan:
         out["time_ratio_planned_to_measured"] = round(plan["step_s"] / real["step_s"], 3)

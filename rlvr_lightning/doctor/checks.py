@@ -293,6 +293,41 @@ def chunked_head(s: Setup) -> Row:
     return Row(name, PASS, figure)
 
 
+# ---- 3b. packed micro-batches ------------------------------------------------------------------------------
+# Changing a sequence's last token may change no other log-prob of a packed row: not the sequence's earlier
+# tokens (causal), not the next sequence's (isolated). In a deterministic kernel nothing else moves at all.
+PACKED_LEAK_TOL = 1e-4
+
+
+def packed_micro_batches(s: Setup) -> Row:
+    """A packed forward (`model.packing`; on CUDA the varlen kernel of `models.packed_attention`) against the
+    padded one, and its causality and isolation: the bugs of a varlen kernel's arguments (a window that is not
+    causal, boundaries off by one) pass a loose agreement on a random model, so each is probed on its own."""
+    from rlvr_lightning.models.packed_attention import attention_implementation
+
+    name, model = "packed micro-batches", s.trainer_policy
+    t = random_batch(model.config.vocab_size).to(s.device)
+    last = t.prompt_width + t.response_mask.sum(1).long() - 1  # each row's last response token
+    changed_ids = t.input_ids.clone()
+    rows = torch.arange(len(last), device=s.device)
+    changed_ids[rows, last] = 3 + (changed_ids[rows, last] - 2) % (model.config.vocab_size - 3)
+    changed = RolloutTensors(changed_ids, *(getattr(t, f) for f in ("attention_mask", "position_ids", "response_mask", "rollout_logp")), t.prompt_width)  # fmt: skip
+    with torch.no_grad():
+        padded = policy_forward(model, t, s.rollout.temperature).logp
+        packed = policy_forward(model, t, s.rollout.temperature, packed=True).logp
+        packed_changed = policy_forward(model, changed, s.rollout.temperature, packed=True).logp
+    kept = t.response_mask.clone()
+    kept[rows, last - t.prompt_width] = 0  # the changed tokens' own log-probs are meant to change
+    diff, tol = masked_max(packed - padded, t.response_mask), default_sync_tol(s.trainer_dtype, s.trainer_dtype)
+    leak = masked_max(packed_changed - packed, kept)
+    used = attention_implementation(model)  # after the packed forward switched it, where it does
+    used = "sdpa, block-diagonal mask" if used == "sdpa" else used
+    figure = f"max |Δ log-prob| {diff:.1e} (tol {tol:g}), leak {leak:.1e} (tol {PACKED_LEAK_TOL:g}); {used}, {s.trainer_dtype}"
+    if diff > tol or leak > PACKED_LEAK_TOL:
+        return Row(name, FAIL, figure, "set model.init_args.packing false (padded micro-batches) and report it")
+    return Row(name, PASS, figure)
+
+
 # ---- 4. the engine's samples and log-probs against the trainer's -------------------------------------------
 def engine_logprobs(s: Setup) -> Row:
     name, what = "rollout engine", f"{s.rollout.engine}, {s.engine_dtype}"
@@ -411,6 +446,7 @@ CHECKS = [
     ("libraries", libraries, "make setup"),
     ("FSDP2 training step", fsdp_step, "NCCL_DEBUG=INFO shows a NCCL failure; see docs/doctor.md"),
     ("chunked LM head", chunked_head, "set model.init_args.logprob_chunk_tokens 0 (full logits)"),
+    ("packed micro-batches", packed_micro_batches, "set model.init_args.packing false (padded micro-batches)"),
     ("rollout engine", engine_logprobs, "compare rollout.dtype with trainer.precision; see docs/doctor.md"),
     ("weight sync", weight_sync, "rollouts would come from a stale policy; see docs/doctor.md"),
     ("engine sleep → wake", sleep_wake, "set rollout.sleep_level 0"),
