@@ -324,10 +324,13 @@ RENAMED = {
     "variant": ("policy_loss", {"anchor": "real-anchor", "bce": "real-bce", "pairwise": "real-pairwise"}),
 }
 # Options that moved to another section or name: old dotted key → new dotted key (values unchanged).
-# The `rollout:` section's options were the data module's, except `batches_ahead` (`data.async_rollouts`).
+# The `rollout:` section's options were the data module's, except `max_staleness` (`data.async_rollouts`, then
+# `rollout.batches_ahead`, whose 0 and 1 mean the same) and `partial_rollouts` (new).
 MOVED = {
-    **{f"data.{k}": f"rollout.{k}" for k in inspect.signature(RolloutSettings).parameters if k != "batches_ahead"},
-    "data.async_rollouts": "rollout.batches_ahead",
+    **{f"data.{k}": f"rollout.{k}" for k in inspect.signature(RolloutSettings).parameters
+       if k not in ("max_staleness", "partial_rollouts")},
+    "data.async_rollouts": "rollout.max_staleness",
+    "rollout.batches_ahead": "rollout.max_staleness",
     "model.mini_batches": "model.num_mini_batches",
 }
 
@@ -350,7 +353,7 @@ def given_options(argv: list[str]) -> list[tuple[str, object]]:
                 continue  # jsonargparse reports it
             if not isinstance(cfg, dict):
                 continue
-            for section in ("model", "data"):
+            for section in ("model", "data", "rollout"):
                 args = cfg.get(section) or {}
                 args = (args.get("init_args") or {}) if isinstance(args, dict) and "init_args" in args else args
                 given += [(f"{section}.{k}", v) for k, v in (args.items() if isinstance(args, dict) else ())]

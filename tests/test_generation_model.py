@@ -255,3 +255,34 @@ def test_a_published_end_to_end_run_is_planned_within_the_bounds_the_docs_state(
     run = next(r for r in RUNS if "FSDP2" in r.name)
     result = compared(run, plan_run(run))
     assert 0.6 <= result["total_ratio"] <= 1.6 and 0.5 <= result["generation_ratio"] <= 2, result
+
+
+def test_partial_rollouts_cut_each_response_at_the_segment_caps():
+    """Hand check: caps ⌈12·1/2⌉ = 6 and 12; a response of 3 is one piece, 10 is 6 + 4, 12 is 6 + 6; the
+    pieces after the first start 6 tokens in."""
+    from rlvr_lightning.planner.lengths import LengthSpread
+    from rlvr_lightning.planner.step_time import partial_segments
+
+    pieces, before = partial_segments(LengthSpread((3.0, 10.0, 12.0), 12, 6.0, 1.0), 2)
+    assert pieces.lengths == (3.0, 4.0, 6.0, 6.0, 6.0) and pieces.cap == 6
+    assert before == pytest.approx((0 + 0 + 6 + 0 + 6) / 5)
+    whole, _ = partial_segments(LengthSpread((3.0, 10.0, 12.0), 12, 6.0, 1.0), 1)
+    assert whole.lengths == (3.0, 10.0, 12.0)
+
+
+def test_partial_rollouts_shorten_a_steps_generation_and_the_plan_names_the_staleness_that_hides_it(docs_7b):
+    """A long tail (mean 500 of 8,192 tokens): whole sequences make each step wait for the longest; pieces of
+    at most L/s tokens, s batches at a time, keep more sequences in flight. (At a mean of 2,000 the KV cache
+    is full throughout and the pieces' prefills make partial rollouts slower: the plan shows that too.)"""
+    from rlvr_lightning.planner.step_time import overlap_notes, segmented_generation
+
+    spec, parameters, engine = docs_7b
+    spread = response_lengths(500, spec.max_response_length, spec.sequences_per_rank)
+    at = {s: segmented_generation(spec, parameters, engine, 512, spread, s).seconds for s in (1, 2, 4)}
+    assert at[4] < at[2] < at[1]
+    update = (at[2] + at[4]) / 2  # an update that hides s = 4's generation, not s = 2's
+    stages = {"generation": at[1], "update": update}
+    notes = overlap_notes(spec, stages, lambda s: segmented_generation(spec, parameters, engine, 512, spread, s).seconds)
+    assert any("--rollout.max_staleness 1 would" in n for n in notes), notes
+    hidden = [n for n in notes if "partial rollouts at --rollout.max_staleness" in n]
+    assert hidden and ("max_staleness 3 " in hidden[0] or "max_staleness 4 " in hidden[0]), notes

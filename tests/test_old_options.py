@@ -18,7 +18,8 @@ from tests.test_presets_config import BASE
         (["--model.init_args.tis_level", "tok"], "rollout_correction (none | tis-token | tis-sequence)"),
         (["--data.group_size", "4"], "data.group_size is now rollout.group_size: use --rollout.group_size"),
         (["--data.engine=hf"], "data.engine is now rollout.engine"),
-        (["--data.async_rollouts", "1"], "data.async_rollouts is now rollout.batches_ahead"),
+        (["--data.async_rollouts", "1"], "data.async_rollouts is now rollout.max_staleness"),
+        (["--rollout.batches_ahead", "1"], "rollout.batches_ahead is now rollout.max_staleness"),
         (["--model.init_args.mini_batches", "2"], "use --model.init_args.num_mini_batches"),
     ],
 )

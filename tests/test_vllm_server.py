@@ -234,7 +234,7 @@ def test_cli_run_on_two_replicas_one_step_off_policy(tmp_path, tiny_policy_dir):
 
     model_dir = shutil.copytree(tiny_policy_dir, tmp_path / "policy")  # its own path: its servers are told apart
     args = [*small_run_args(tmp_path, model_dir), "--trainer.max_steps", "3", "--rollout.engine", "vllm-server",
-            "--rollout.server_replicas", "2", "--rollout.batches_ahead", "1", "--model.init_args.sync_check_every", "1"]  # fmt: skip
+            "--rollout.server_replicas", "2", "--rollout.max_staleness", "1", "--model.init_args.sync_check_every", "1"]  # fmt: skip
     proc = run_cli(args, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
@@ -243,7 +243,7 @@ def test_cli_run_on_two_replicas_one_step_off_policy(tmp_path, tiny_policy_dir):
         return [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]
 
     # The first batch is generated before any update; every later one while the previous batch trained.
-    assert history("train/batches_ahead") == [(0, 0.0), (1, 1.0), (2, 1.0)]
+    assert history("train/staleness_max") == [(0, 0.0), (1, 1.0), (2, 1.0)]
     assert [s for s, _ in history("time/rollout_wait")] == [0, 1, 2]
     assert max(v for _, v in history("train/sync_probe_max_abs_diff")) < 1e-3  # probed after every sync
     assert run.data.tags["engine"] == "vllm-server"
@@ -279,7 +279,7 @@ def test_two_fsdp_ranks_share_attached_servers(tmp_path, quick_warm_start):
     try:
         url = launcher.replicas[0].url
         args = [*fsdp_args(tmp_path, model_dir), "--rollout.engine", "vllm-server", "--rollout.server_urls", f"[{url}]",
-                "--rollout.batches_ahead", "1", "--model.init_args.sync_check_every", "1"]  # fmt: skip
+                "--rollout.max_staleness", "1", "--model.init_args.sync_check_every", "1"]  # fmt: skip
         proc = run_cli(args, tmp_path, timeout=600)
         assert proc.returncode == 0, proc.stderr[-4000:]
         assert launcher.replicas[0].process.alive()  # attached: the trainer left it running
@@ -289,7 +289,7 @@ def test_two_fsdp_ranks_share_attached_servers(tmp_path, quick_warm_start):
             assert json.loads((tmp_path / "probe" / f"rank{r}_engine.json").read_text())["max_abs_diff"] < 1e-3
         client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
         (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
-        lags = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/batches_ahead"))
+        lags = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/staleness_max"))
         assert lags == [(0, 0.0), *((s, 1.0) for s in range(1, STEPS))]
         assert max(m.value for m in client.get_metric_history(run.info.run_id, "train/sync_probe_max_abs_diff")) < 1e-3
     finally:

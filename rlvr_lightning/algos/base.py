@@ -43,7 +43,7 @@ from rlvr_lightning.training.objective import Objective
 from rlvr_lightning.training.optim import adamw_with_schedule
 from rlvr_lightning.training.plan import Optimization, UpdatePlan
 from rlvr_lightning.training.prepare import prepare_update
-from rlvr_lightning.training.rollouts_ahead import RolloutsAhead
+from rlvr_lightning.training.rollout_stream import RolloutStream
 from rlvr_lightning.training.shaping import compose_token_weights, shaper_metrics
 from rlvr_lightning.training.step_metrics import StageTimer, StepResult, step_metrics
 from rlvr_lightning.training.update import NonFiniteGuard, PolicyUpdate
@@ -149,7 +149,8 @@ class RLVRModule(L.LightningModule):
             tol=FP32_SYNC_TOL if sync_check_tol is None else sync_check_tol, check_every=sync_check_every
         )
         self.nonfinite = NonFiniteGuard(max_nonfinite_steps)
-        self.rollouts_ahead: RolloutsAhead | None = None  # rollout.batches_ahead: the batch generated ahead
+        self.rollout_stream: RolloutStream | None = None  # rollout.max_staleness > 0: the batches generated ahead
+        self._stream_state: dict | None = None  # a checkpoint's batches in flight, until the stream is built
         self._engine: RolloutEngine | None = None  # built on first use, from the `rollout:` section
 
     # ---- the pieces ----------------------------------------------------------------------------
@@ -225,10 +226,10 @@ class RLVRModule(L.LightningModule):
         _ = self.engine  # built now, so its start-up cost is not charged to the first step
 
     def teardown(self, stage: str) -> None:
-        for part in (self.rollouts_ahead, self._engine):  # the batch ahead is generated on the engine: first
+        for part in (self.rollout_stream, self._engine):  # the batches ahead are generated on the engine: first
             if part is not None:
                 part.close()
-        self.rollouts_ahead, self._engine = None, None
+        self.rollout_stream, self._engine = None, None
 
     def on_train_start(self) -> None:
         # Resumed (the engine has the base weights; FSDP restores between on_fit_start and here; every rank
@@ -249,18 +250,18 @@ class RLVRModule(L.LightningModule):
         """Checks that need the data settings or the callbacks too; run before anything expensive starts."""
         shapers = [type(cb).__name__ for cb in advantage_shapers(self.trainer)]
         check_run(self.hparams, self.datamodule.hparams.batch_size, self.datamodule.rollout, self.objective,
-                  self.update_plan(), shapers, self.corrects_rollouts, self.generates_ahead)  # fmt: skip
+                  self.update_plan(), shapers, self.corrects_rollouts, self.max_staleness)  # fmt: skip
 
     def behaviour_source(self) -> BehaviourSource:
         """Where θ_old's log-probs come from (`rlvr_lightning.training.behaviour`)."""
         h, steps = self.hparams, self.hparams.num_mini_batches * self.hparams.ppo_epochs
         return behaviour_source(h.behaviour_logprobs, steps, self.corrects_rollouts, self.objective.reads_step_first,
-                                self.generates_ahead)  # fmt: skip
+                                self.max_staleness > 0)  # fmt: skip
 
     @property
-    def generates_ahead(self) -> bool:
-        """Whether rollouts are generated one batch ahead (`rollout.batches_ahead`), hence one version behind."""
-        return bool(getattr(getattr(getattr(self._trainer, "datamodule", None), "rollout", None), "batches_ahead", 0))
+    def max_staleness(self) -> int:
+        """How many versions ahead of the trainer the rollouts may be generated (`rollout.max_staleness`)."""
+        return int(getattr(getattr(getattr(self._trainer, "datamodule", None), "rollout", None), "max_staleness", 0))
 
     # ---- the step's context and the algorithm's own stages -----------------------------------
     def step_context(self) -> StepContext:
@@ -281,10 +282,19 @@ class RLVRModule(L.LightningModule):
 
     def collect_rollout(self, step: StepContext, batch: PromptBatch, timer: StageTimer) -> Rollout | None:
         """The scored rollout batch to train on, or None to skip the step. DAPO samples dynamically."""
-        if self.generates_ahead:
-            self.rollouts_ahead = self.rollouts_ahead or RolloutsAhead()
-            return self.rollouts_ahead.collect(step, batch, timer)
+        if self.max_staleness > 0:
+            return self.stream().collect(step, batch, timer)
         return generate_and_score(step, batch, timer)
+
+    def stream(self) -> RolloutStream:
+        """The rollout stream (`rollout.max_staleness` > 0), built on first use with a checkpoint's batches."""
+        if self.rollout_stream is None:
+            rollout = self.datamodule.rollout
+            self.rollout_stream = RolloutStream(rollout.max_staleness, rollout.partial_rollouts)
+            if self._stream_state is not None:
+                self.rollout_stream.load_state_dict(self._stream_state)
+                self._stream_state = None
+        return self.rollout_stream
 
     def generate(self, batch: PromptBatch, sampling: SamplingConfig | None = None) -> Rollout:
         """Sample completions for a prompt batch (training sampling settings unless given)."""
@@ -318,15 +328,15 @@ class RLVRModule(L.LightningModule):
         with timer("update"):
             update_metrics = update.run(step, inputs, len(rollout.batch), self.optimization())
         token_weights = compose_token_weights(weights, inputs.behaviour.token_weights())
-        if self.rollouts_ahead is not None:
-            self.rollouts_ahead.wait(timer)  # the servers take new weights once the batch ahead is done
+        if self.rollout_stream is not None:
+            self.rollout_stream.wait(timer)  # the servers take new weights between segments only
         with timer("weight_sync"):
             trainer_score = partial(sequence_logprobs, self.policy, chunk_tokens=h.logprob_chunk_tokens)
             self.engine_sync.sync(step.engine, self.load_engine, self.policy_version + 1, rollout, trainer_score)
             step.after_engine_sync()
             self.policy_version += 1
         metrics = {**update_metrics, **prepare_metrics, **shaper_metrics(advantage_shapers(self.trainer)),
-                   "batches_ahead": float(step.policy_version - rollout.policy_version)}  # fmt: skip
+                   **rollout.staleness(step.policy_version)}  # fmt: skip
         return StepResult(scored, inputs, token_weights, metrics, timer.finish())
 
     def prepare(
@@ -356,8 +366,11 @@ class RLVRModule(L.LightningModule):
         run_id = getattr(self.logger, "run_id", None)  # the CLI reopens this MLflow run on resume
         checkpoint["rlvr"] = {"policy_version": self.policy_version, "rollout_batches": self.rollout_batches,
                               "mlflow_run_id": run_id}  # fmt: skip
+        if self.rollout_stream is not None:  # the batches in flight: a resumed run continues them
+            checkpoint["rlvr"]["rollout_stream"] = self.rollout_stream.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint.get("rlvr", {})
         self.policy_version = state.get("policy_version", 0)
         self.rollout_batches = state.get("rollout_batches", 0)
+        self._stream_state = state.get("rollout_stream")

@@ -73,10 +73,10 @@ class DAPO(GRPO):
     def validate_config(self) -> None:
         super().validate_config()
         dm, rollout = self.datamodule.hparams, self.datamodule.rollout
-        if self.generates_ahead and self.hparams.dynamic_sampling:
+        if self.max_staleness and self.hparams.dynamic_sampling:
             raise ConfigError(
-                "rollout.batches_ahead=1 with model.dynamic_sampling=true is not supported: dynamic sampling "
-                "decides how many prompts to generate from the rewards of the rounds before"
+                f"rollout.max_staleness={self.max_staleness} with model.dynamic_sampling=true is not supported yet: "
+                "dynamic sampling decides how many prompts to generate from the rewards of the rounds before"
             )
         if self.hparams.gen_batch_size is not None and self.hparams.gen_batch_size < dm.batch_size:
             raise ConfigError(

@@ -41,11 +41,12 @@ class RunSpec:
     sleep_level: int
     kv_cache_gib: float  # the CPU engine's KV cache
     engine_elsewhere: bool  # servers on GPUs the trainer does not use (server_cuda_devices / server_urls)
-    batches_ahead: int
+    max_staleness: int  # rollout.max_staleness: versions generated ahead of the update
     thr: bool  # THR attribution reads the LM head's inputs in the update
     oar: bool
     whole_groups: bool = False  # micro-batches hold whole groups (a group-level loss; THR or OAR reading them)
     lora: object | None = None  # models.lora.LoraSettings of a LoRA policy
+    partial_rollouts: bool = False  # rollout.partial_rollouts
     # model.packing: micro-batches of real tokens only. The worst case planned has no padding, so a packed
     # forward holds the same tokens as a padded one and the plan is the same (on a GPU attention is planned
     # as a fused kernel either way: varlen packed, flash or memory-efficient padded).
@@ -115,7 +116,7 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
     devices = trainer.devices
     devices = 1 if devices in ("auto", None) else len(devices) if isinstance(devices, list) else int(devices)
     source = behaviour_source(h.behaviour_logprobs, h.num_mini_batches * h.ppo_epochs, module.corrects_rollouts,
-                              module.objective.reads_step_first, bool(rollout.batches_ahead))  # fmt: skip
+                              module.objective.reads_step_first, rollout.max_staleness > 0)  # fmt: skip
     plan = getattr(cfg, "plan", None)
     means = {name: getattr(plan, f"mean_{name}_length", None) for name in ("prompt", "response")}
     for name, cap, flag in (("prompt", data.max_prompt_length, "data.max_prompt_length"),
@@ -134,7 +135,8 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
         max_prompt_length=data.max_prompt_length, max_response_length=rollout.max_response_length,
         engine=rollout.engine, engine_dtype=rollout.dtype, gpu_memory_utilization=rollout.gpu_memory_utilization,
         sleep_level=rollout.sleep_level, kv_cache_gib=rollout.kv_cache_gib,
-        engine_elsewhere=bool(rollout.server_urls or rollout.server_cuda_devices), batches_ahead=rollout.batches_ahead,
+        engine_elsewhere=bool(rollout.server_urls or rollout.server_cuda_devices), max_staleness=rollout.max_staleness,
+        partial_rollouts=bool(rollout.partial_rollouts),
         thr="THRAttribution" in callbacks, oar="OARAttribution" in callbacks,
         whole_groups=module.objective.needs_whole_groups or "THRAttribution" in callbacks or "OARAttribution" in callbacks,
         lora=module.lora, device_defaults=defaults, packing=bool(h.packing), enforce_eager=bool(rollout.enforce_eager),

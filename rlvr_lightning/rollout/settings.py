@@ -71,7 +71,8 @@ class RolloutSettings:
         weight_transfer: Literal["auto", "snapshot", "nccl"] = "auto",
         weight_transfer_host: str | None = None,
         weight_transfer_timeout_s: float = 120.0,
-        batches_ahead: Literal[0, 1] = 0,
+        max_staleness: int = 0,
+        partial_rollouts: bool = False,
     ) -> None:
         """Every argument is a CLI flag, `--rollout.<name>`.
 
@@ -113,8 +114,13 @@ class RolloutSettings:
                 server).
             weight_transfer_timeout_s: `nccl`: how long the rendezvous with a server's workers may take;
                 past it, the error names the address and port they were to reach.
-            batches_ahead: 1 generates rollout batch k+1 while the trainer updates on batch k (one step
-                off policy, engine `vllm-server`); 0 alternates generation and update.
+            max_staleness: how many policy versions the servers may generate ahead of the trainer (engine
+                `vllm-server`): rollout batch t + s is sampled while batch t trains, so no trained token is more
+                than s versions older than the policy it trains (`training/rollout_stream.py`). 0: generation
+                and update alternate (synchronous); 1: one batch generated ahead by the previous version.
+            partial_rollouts: with max_staleness ≥ 2, each batch is generated over the versions it has before it
+                trains, in segments: sequences interrupted by a weight sync continue under the new weights
+                from where they stopped, every token keeping the version and log-prob that sampled it.
         """
         if None in (dtype, gpu_memory_utilization, enforce_eager):  # built in Python: this machine's defaults
             given = {"rollout.dtype": dtype, "rollout.gpu_memory_utilization": gpu_memory_utilization,
@@ -125,14 +131,17 @@ class RolloutSettings:
             enforce_eager = values["rollout.enforce_eager"]
         check_choice("rollout.engine", engine, ENGINES)
         check_choice("rollout.weight_transfer", weight_transfer, ("auto", "snapshot", "nccl"))
-        check_choice("rollout.batches_ahead", batches_ahead, (0, 1))
         check_choice("rollout.dtype", dtype, ("float32", "bfloat16", "float16", "auto"))
         check_choice("rollout.sleep_level", sleep_level, (0, 1, 2))
-        if batches_ahead and engine != "vllm-server":
+        if not isinstance(max_staleness, int) or max_staleness < 0:
+            raise ConfigError(f"rollout.max_staleness must be an integer ≥ 0, got {max_staleness!r}")
+        if max_staleness and engine != "vllm-server":
             raise ConfigError(
-                f"rollout.batches_ahead=1 needs rollout.engine=vllm-server (got {engine}): the rollouts of the next "
-                "batch run on the servers while this process updates the policy"
+                f"rollout.max_staleness={max_staleness} needs rollout.engine=vllm-server (got {engine}): the rollouts "
+                "ahead run on the servers while this process updates the policy"
             )
+        if partial_rollouts and max_staleness < 1:
+            raise ConfigError("rollout.partial_rollouts continues sequences across weight syncs: set rollout.max_staleness ≥ 1")
         if engine == "vllm-server" and not server_urls and server_replicas < 1:
             raise ConfigError(f"rollout.server_replicas must be ≥ 1, got {server_replicas}")
         if group_size < 2:
@@ -151,7 +160,8 @@ class RolloutSettings:
         self.gpu_memory_utilization, self.enforce_eager = gpu_memory_utilization, enforce_eager
         self.sleep_level, self.server_replicas, self.server_urls = sleep_level, server_replicas, server_urls
         self.server_cuda_devices, self.server_start_timeout_s = server_cuda_devices, server_start_timeout_s
-        self.server_args, self.weight_transfer, self.batches_ahead = server_args, weight_transfer, batches_ahead
+        self.server_args, self.weight_transfer = server_args, weight_transfer
+        self.max_staleness, self.partial_rollouts = max_staleness, partial_rollouts
         self.server_request_timeout_s, self.weight_transfer_host = server_request_timeout_s, weight_transfer_host
         self.weight_transfer_timeout_s = weight_transfer_timeout_s
 

@@ -44,6 +44,12 @@ class Completion:
     token_ids: list[int]  # generated tokens, EOS included when the model stopped on it
     logprobs: list[float]  # engine log-prob of each generated token, log_softmax(logits / T)
     finish_reason: str  # "stop" (EOS) or "length" (truncated)
+    # The policy version that sampled each token, where a sequence was continued across weight syncs
+    # (partial rollouts); empty: every token by its rollout's `policy_version`.
+    versions: list[int] = field(default_factory=list)
+
+    def versions_or(self, version: int) -> list[int]:
+        return self.versions or [version] * len(self.token_ids)
 
 
 @dataclass
@@ -82,6 +88,11 @@ class Rollout:
     @property
     def truncated(self) -> torch.Tensor:
         return torch.tensor([c.finish_reason == "length" for c in self.completions])
+
+    def staleness(self, trainer_version: int) -> dict[str, float]:
+        """How many versions older than the trainer's the sampler of each response token was: mean, max."""
+        ages = [trainer_version - v for c in self.completions for v in c.versions_or(self.policy_version)]
+        return {"staleness_mean": sum(ages) / max(1, len(ages)), "staleness_max": float(max(ages, default=0))}
 
     @property
     def response_lengths(self) -> torch.Tensor:

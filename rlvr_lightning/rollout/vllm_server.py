@@ -9,7 +9,7 @@ other nodes) and talks to them over vLLM's HTTP API:
   `/reset_prefix_cache` → `/resume`, all vLLM's own RL routes (they need `VLLM_SERVER_DEV_MODE=1`).
 
 Why not the in-process `LLM`: rollouts can run on their own devices or nodes and overlap with the
-update (`rollout.batches_ahead`). Launched servers (`server_process.py`) are stopped on close and at
+update (`rollout.max_staleness`). Launched servers (`server_process.py`) are stopped on close and at
 interpreter exit; a replica found dead during a rollout is restarted from the current weights and its
 prompts retried once.
 """

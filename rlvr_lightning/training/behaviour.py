@@ -29,17 +29,18 @@ def behaviour_source(
     optimizer_steps_per_batch: int,
     corrected: bool,
     reads_step_first: bool,
-    generated_ahead: bool = False,
+    stale: bool = False,
 ) -> BehaviourSource:
     """`update` wherever it is exact: one optimizer step per rollout batch, no rollout correction (its
     weights are needed before the update) and no loss that reads the whole step before any forward
     with grad (`reads_step_first`: the two-pass method, a token selection such as Clip-Cov's).
-    `generated_ahead` (`rollout.batches_ahead`: sampled by the previous policy version): the trainer's
-    weights are not the behaviour policy, so θ_old is the engine's log-probs, unless a rollout
-    correction (`corrected`) weighs the trainer's θ_old against them."""
-    if behaviour_logprobs == "rollout" or (generated_ahead and not corrected):
+    `stale` (`rollout.max_staleness` > 0: sampled by older policy versions, token by token): the trainer's
+    weights are not the behaviour policy, so θ_old is the engine's log-probs (each token's from the version
+    that sampled it), unless a rollout correction (`corrected`) weighs the trainer's θ_old (the proximal
+    policy of decoupled PPO) against them."""
+    if behaviour_logprobs == "rollout" or (stale and not corrected):
         return "rollout"
-    if generated_ahead:
+    if stale:
         return "trainer"
     if optimizer_steps_per_batch == 1 and not corrected and not reads_step_first:
         return "update"

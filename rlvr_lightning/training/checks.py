@@ -56,7 +56,7 @@ def check_pieces(h: Mapping[str, Any], objective: Objective, correction: Piece) 
 
 def check_run(
     h: Mapping[str, Any], batch_size: int, rollout: Any, objective: Objective, plan: UpdatePlan,
-    shapers: list[str], corrects_rollouts: bool, generates_ahead: bool,
+    shapers: list[str], corrects_rollouts: bool, max_staleness: int,
 ) -> None:  # fmt: skip
     """`batch_size`: prompts per rollout batch; `rollout`: the `rollout:` section (`RolloutSettings`);
     `shapers`: the names of the advantage shapers."""
@@ -69,7 +69,7 @@ def check_run(
             f"data.batch_size={batch_size} prompts must divide into model.num_mini_batches="
             f"{h['num_mini_batches']} mini-batches of whole groups"
         )
-    check_behaviour_logprobs(h, rollout, corrects_rollouts, generates_ahead)
+    check_behaviour_logprobs(h, rollout, corrects_rollouts, max_staleness)
     if objective.needs_whole_groups and not plan.keeps_groups_whole(G):
         raise ConfigError(
             f"model.policy_loss={h['policy_loss']} couples the {G} rollouts of a group, but model.micro_batch_size="
@@ -83,12 +83,12 @@ def check_run(
 
 
 def check_behaviour_logprobs(
-    h: Mapping[str, Any], rollout: Any, corrects_rollouts: bool, generates_ahead: bool
+    h: Mapping[str, Any], rollout: Any, corrects_rollouts: bool, max_staleness: int
 ) -> None:
-    uses_engine = corrects_rollouts or h["behaviour_logprobs"] == "rollout" or generates_ahead
+    uses_engine = corrects_rollouts or h["behaviour_logprobs"] == "rollout" or max_staleness > 0
     if rollout.samples_truncated_distribution and uses_engine and not h["allow_filtered_rollout_logprobs"]:
         what = (f"model.rollout_correction={h['rollout_correction']}" if corrects_rollouts else
-                "model.behaviour_logprobs=rollout" if h["behaviour_logprobs"] == "rollout" else "rollout.batches_ahead=1")  # fmt: skip
+                "model.behaviour_logprobs=rollout" if h["behaviour_logprobs"] == "rollout" else f"rollout.max_staleness={max_staleness}")  # fmt: skip
         raise ConfigError(
             f"{what} uses the rollout engine's log-probs as the behaviour policy, but rollout.top_p={rollout.top_p} / "
             f"rollout.top_k={rollout.top_k} sample from a truncated distribution whose log-probs are not the "
