@@ -46,7 +46,7 @@ def args_for(run_dir: Path, model_dir: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def histories(run_dir: Path):
+def histories(run_dir: Path, keys: tuple[str, ...] = COMPARED):
     import mlflow
 
     client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{run_dir}/mlflow.db")
@@ -54,7 +54,7 @@ def histories(run_dir: Path):
     assert len(runs) == 1, [r.info.run_id for r in runs]  # the resumed run is the same MLflow run
     run = runs[0]
     out = {}
-    for key in COMPARED:
+    for key in keys:
         points = client.get_metric_history(run.info.run_id, key)
         steps = [m.step for m in points]
         assert len(steps) == len(set(steps)), (key, sorted(steps))  # one point per step, resumed or not

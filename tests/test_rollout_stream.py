@@ -35,6 +35,8 @@ class VersionedEngine:
     prompt, it stops with EOS after a drawn length or at `max_tokens`, and each token's log-prob names the
     weight version the engine holds (−(version + 1)/10), so a test reads which version sampled it."""
 
+    concurrent_requests = True  # thread-safe, each sample a function of its request: segments run side by side
+
     def __init__(self) -> None:
         self.version = 0
         self.calls: list[tuple[list[list[int]], SamplingConfig, int]] = []
@@ -260,11 +262,11 @@ def lagged_module(tiny_policy_dir):
     from rlvr_lightning.rollout.settings import RolloutSettings
     from rlvr_lightning.standalone import standalone
 
-    def build(max_staleness=1, partial_rollouts=False, **model_kwargs):
+    def build(max_staleness=1, partial_rollouts=False, module_class=GRPO, callbacks=(), **model_kwargs):
         rollout = RolloutSettings(engine="hf", group_size=2, max_response_length=4)
         rollout.max_staleness, rollout.partial_rollouts = max_staleness, partial_rollouts  # as a server run's
         dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=2, val_data=None, rollout=rollout)
-        return standalone(GRPO(**model_kwargs), dm, callbacks=[RewardVerifier(num_workers=1)])
+        return standalone(module_class(**model_kwargs), dm, callbacks=[RewardVerifier(num_workers=1), *callbacks])
 
     built = []
 
@@ -328,6 +330,7 @@ def test_two_versions_ahead_with_partial_rollouts_train_on_each_tokens_own_behav
         module.rollout_batches += 1
     stale = [r.metrics["staleness_max"] for r in results]
     assert stale == [0.0, 1.0, 2.0, 2.0]
+    assert all(r.times["rollout"] > 0 and "rollout_wait" in r.times for r in results)  # each batch's own generation
     last = results[-1]
     assert module.behaviour_source() == "rollout"
     t = last.inputs.tensors
@@ -336,3 +339,43 @@ def test_two_versions_ahead_with_partial_rollouts_train_on_each_tokens_own_behav
     versions = {v for c in last.rollout.completions for v in c.versions}
     assert versions <= {1, 2} and 1 in versions  # batch 3: its first half by version 1, the rest by version 2
     assert module.rollout_stream.state_dict()["in_flight"]  # batches 4 and 5 are in flight between steps
+
+
+def _real():
+    from rlvr_lightning.algos import REAL
+
+    return {"module_class": REAL}
+
+
+def _thr():
+    from rlvr_lightning.callbacks.attribution import THRAttribution
+
+    return {"callbacks": [THRAttribution(p=0.5)]}  # p = 0 would be the base algorithm, not scored
+
+
+def _lora():
+    return {"lora": {"rank": 4}}
+
+
+@pytest.mark.parametrize("setup, ran", [(_real, "s_bar_pos"), (_thr, "thr/dominant_frac"), (_lora, "grad_norm")],
+                         ids=["real", "thr", "lora"])  # fmt: skip
+def test_real_thr_and_a_lora_policy_train_two_versions_ahead_with_partial_rollouts(lagged_module, setup, ran):
+    """REAL's whole groups, THR scoring with the policy being updated, and a LoRA policy's weight sync, each
+    through the module's steps at max_staleness 2 with partial rollouts."""
+    import math
+
+    from tests.test_fsdp_resume import ParityReward
+
+    kwargs = setup()
+    # Rewards the untrained policy earns (mixed groups), so REAL's and THR's signals are not all zero.
+    kwargs["callbacks"] = [*kwargs.get("callbacks", []), ParityReward()]
+    module = lagged_module(max_staleness=2, partial_rollouts=True, **kwargs)
+    batches = iter(module.datamodule.train_dataloader())
+    results = []
+    for _ in range(3):
+        results.append(module.train_on_batch(next(batches)))
+        module.rollout_batches += 1
+    assert [r.metrics["staleness_max"] for r in results] == [0.0, 1.0, 2.0]
+    assert all(math.isfinite(r.metrics["loss"]) for r in results)
+    assert any(ran in r.metrics for r in results), [sorted(r.metrics) for r in results]  # the piece ran
+    assert module.policy_version == 3 and module.events.count("load_weights") == 3

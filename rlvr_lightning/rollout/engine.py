@@ -18,6 +18,10 @@ class WeightSyncError(RuntimeError):
 
 
 class RolloutEngine(Protocol):
+    # Whether `generate` may run in several threads at once, each call's samples independent of the others'
+    # (seeded per request): the rollout stream then runs the segments of several batches side by side.
+    concurrent_requests: bool = False
+
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[list[Completion]]:
         """`sampling.group_size` completions for every prompt, grouped per prompt, in prompt order."""
 

@@ -74,6 +74,8 @@ def post(session, url: str, route: str, timeout: float, **kwargs) -> dict:
 class VLLMServerEngine:
     """The rollout engine over `vllm serve` replicas (see the module docstring)."""
 
+    concurrent_requests = True  # each request carries its own seed; the servers batch them as they come
+
     def __init__(
         self,
         spec: ServerSpec,

@@ -55,6 +55,7 @@ class InFlightBatch:
     segments: int  # versions it is generated under (1 without partial rollouts)
     done: int = 0  # segments generated
     sequences: list[Completion] = field(default_factory=list)  # B·G, group-contiguous, after the first segment
+    seconds: float = 0.0  # its segments' generation time (each beside the update and other batches' segments)
 
     @property
     def complete(self) -> bool:
@@ -89,10 +90,10 @@ class RolloutStream:
             raise RuntimeError(f"rollout batch {k} in flight holds other prompts than the dataloader's batch {k}")
         if current is None:  # the first step (or a checkpoint without a stream): generated now, whole
             current = self._new(step, batch, k, segments=1)
-            started = time.perf_counter()
             with timer("rollout_wait"):
                 self._segment(step, current)
-            timer.times["rollout"] = timer.times.get("rollout", 0.0) + time.perf_counter() - started
+        # The batch's own generation time, overlapped or not (`rollout_wait` is what the step waited).
+        timer.times["rollout"] = timer.times.get("rollout", 0.0) + current.seconds
         if not current.complete:
             raise RuntimeError(f"rollout batch {k} is needed but {current.segments - current.done} segments are left")
         self._start_background(step)
@@ -107,9 +108,8 @@ class RolloutStream:
         if self.work:
             with timer("rollout_wait"):
                 work, self.work = self.work, []
-                seconds = [f.result() for f in work]  # an engine error surfaces here
-            # The background generation's own duration (its segments ran side by side), overlapped or not.
-            timer.times["rollout"] = timer.times.get("rollout", 0.0) + max(seconds)
+                for f in work:
+                    f.result()  # an engine error surfaces here
 
     def close(self) -> None:
         for f in self.work:
@@ -153,17 +153,15 @@ class RolloutStream:
                 continue
             segments = j if self.partial_rollouts else 1
             self.in_flight[index] = self._new(step, step.data.train_batch_at(index), index, segments)
-        for b in sorted(self.in_flight.values(), key=lambda b: b.index):
-            if not b.complete:
-                self.work.append(self.pool.submit(self._timed_segment, step, b))
-
-    def _timed_segment(self, step: StepContext, b: InFlightBatch) -> float:
-        started = time.perf_counter()
-        self._segment(step, b)
-        return time.perf_counter() - started
+        pending = [b for b in sorted(self.in_flight.values(), key=lambda b: b.index) if not b.complete]
+        if getattr(step.engine, "concurrent_requests", False):  # the segments share the servers' batches
+            self.work += [self.pool.submit(self._segment, step, b) for b in pending]
+        elif pending:  # an engine whose calls must not overlap (one process's RNG): one after the other
+            self.work.append(self.pool.submit(lambda: [self._segment(step, b) for b in pending]))
 
     def _segment(self, step: StepContext, b: InFlightBatch) -> None:
         """Generate segment `b.done` of batch `b` under the version the engine holds now."""
+        started = time.perf_counter()
         version, cap = step.policy_version, b.cap(b.done)
         if b.done == 0:
             groups = step.engine.generate(b.prompt_ids, replace(b.sampling, max_tokens=cap))
@@ -178,6 +176,7 @@ class RolloutStream:
                 for n, (more,) in zip(rows, step.engine.generate(prompts, sampling), strict=True):
                     b.sequences[n] = extended(b.sequences[n], more, version)
         b.done += 1
+        b.seconds += time.perf_counter() - started
 
 
 def with_version(c: Completion, version: int) -> Completion:
