@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -47,3 +49,70 @@ def quick_warm_start(tmp_path_factory):
     os.environ["RLVR_CACHE_DIR"] = str(tmp_path_factory.mktemp("rlvr_cache"))
     cfg = WarmStartConfig(steps=60, warmup_steps=10)
     return cfg, embedded_policy_path(cfg)
+
+
+# ---- a module whose rollout batches run ahead (rollout.max_staleness), without servers ------------------------
+
+
+class SlowAheadServer:
+    """Stands where a rollout server would: the HF engine on its own copy of the policy, which gets the
+    trainer's weights only through `load_weights`. A generation running in the look-ahead thread takes
+    0.5 s more and records when it ends, so a weight sync that did not wait for it would be seen
+    loading weights first."""
+
+    def __init__(self, policy, tokenizer, events: list[str]) -> None:
+        import copy
+        from functools import partial
+
+        from rlvr_lightning.models.forward import sequence_logprobs
+        from rlvr_lightning.rollout.hf_engine import HFGenerateEngine
+
+        self.model, self.events = copy.deepcopy(policy), events
+        score = partial(sequence_logprobs, self.model)
+        self.engine = HFGenerateEngine(self.model, tokenizer.pad_token_id, tokenizer.eos_token_id, score)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, prompt_ids, sampling):
+        groups = self.engine.generate(prompt_ids, sampling)
+        if threading.current_thread().name.startswith("rollout-ahead"):
+            time.sleep(0.5)
+            self.events.append("ahead generated")
+        return groups
+
+    def load_weights(self, weights, version=None):
+        self.events.append("load_weights")
+        self.model.load_state_dict(dict(weights), strict=False)
+
+
+@pytest.fixture
+def lagged_module(tiny_policy_dir):
+    """GRPO with rollouts generated ahead (`rollout.max_staleness`, which the settings allow only with
+    servers) from a `SlowAheadServer`: the step's code path is the same whatever engine generates."""
+    from rlvr_lightning.algos import GRPO
+    from rlvr_lightning.callbacks.reward import RewardVerifier
+    from rlvr_lightning.data.datamodule import RolloutDataModule
+    from rlvr_lightning.rollout.settings import RolloutSettings
+    from rlvr_lightning.standalone import standalone
+
+    def build(max_staleness=1, partial_rollouts=False, module_class=GRPO, callbacks=(), **model_kwargs):
+        rollout = RolloutSettings(engine="hf", group_size=2, max_response_length=4)
+        rollout.max_staleness, rollout.partial_rollouts = max_staleness, partial_rollouts  # as a server run's
+        dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=2, val_data=None, rollout=rollout)
+        return standalone(module_class(**model_kwargs), dm, callbacks=[RewardVerifier(num_workers=1), *callbacks])
+
+    built = []
+
+    def with_server(**kw):
+        module = build(**kw)
+        module.events = []
+        module._engine = SlowAheadServer(module.policy, module.datamodule.tokenizer, module.events)
+        built.append(module)
+        return module
+
+    yield with_server
+    for module in built:
+        module.teardown("fit")
+        for cb in module.trainer.callbacks:
+            cb.teardown(module.trainer, module, "fit")

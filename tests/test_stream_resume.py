@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import shutil
+import signal
 
 import pytest
 

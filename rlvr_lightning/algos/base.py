@@ -70,6 +70,7 @@ class RLVRModule(L.LightningModule):
         loss_agg: kinds.LossAggName = "seq-mean-token-mean",
         kl_estimator: kinds.KLEstimatorName = "k3",
         rollout_correction: kinds.RolloutCorrectionName = "none",
+        proximal_policy: kinds.ProximalPolicyName = "recompute",
         clip_eps_low: float = 0.2,
         clip_eps_high: float = 0.2,
         kl_coef: float = 0.0,
@@ -107,6 +108,9 @@ class RLVRModule(L.LightningModule):
             loss_agg: a registered loss aggregator: how per-token losses are reduced.
             kl_estimator: a registered KL estimator for the penalty to the frozen initial policy.
             rollout_correction: a registered correction of the engine ≠ trainer mismatch (`tis-token`, …).
+            proximal_policy: with a rollout correction, the policy the clip is anchored to (decoupled PPO):
+                `recompute` (θ_old from the trainer's pass before the update) or `loglinear` (A-3PO's
+                interpolation between the engine's and the update's log-probs, no extra forward).
             clip_eps_low: ε_low of the clip range [1−ε_low, 1+ε_high] of clipped losses.
             clip_eps_high: ε_high (ε_high > ε_low is DAPO's clip-higher).
             kl_coef: β of the KL penalty; 0 = no KL term and no reference model.
@@ -256,7 +260,7 @@ class RLVRModule(L.LightningModule):
         """Where θ_old's log-probs come from (`rlvr_lightning.training.behaviour`)."""
         h, steps = self.hparams, self.hparams.num_mini_batches * self.hparams.ppo_epochs
         return behaviour_source(h.behaviour_logprobs, steps, self.corrects_rollouts, self.objective.reads_step_first,
-                                self.max_staleness > 0)  # fmt: skip
+                                self.max_staleness > 0, self.pieces.approximates_proximal)  # fmt: skip
 
     @property
     def max_staleness(self) -> int:
@@ -335,7 +339,8 @@ class RLVRModule(L.LightningModule):
             self.engine_sync.sync(step.engine, self.load_engine, self.policy_version + 1, rollout, trainer_score)
             step.after_engine_sync()
             self.policy_version += 1
-        metrics = {**update_metrics, **prepare_metrics, **shaper_metrics(advantage_shapers(self.trainer)),
+        behaviour_metrics = getattr(inputs.behaviour, "metrics", dict)()  # a correction read in the update's forwards
+        metrics = {**update_metrics, **prepare_metrics, **behaviour_metrics, **shaper_metrics(advantage_shapers(self.trainer)),
                    **rollout.staleness(step.policy_version)}  # fmt: skip
         return StepResult(scored, inputs, token_weights, metrics, timer.finish())
 
@@ -348,7 +353,7 @@ class RLVRModule(L.LightningModule):
         scored = ScoredBatch(rollout, rewards, advantages)
         inputs, correction_metrics, weights = prepare_update(
             step, scored, plan or self.update_plan(), self.behaviour_source(), self.pieces.correct,
-            self.hparams.mask_truncated, advantage_shapers(self.trainer), timer,
+            self.hparams.mask_truncated, advantage_shapers(self.trainer), timer, self.pieces.approximate_proximal,
         )  # fmt: skip
         return scored, inputs, {**reward_metrics, **advantage_metrics, **correction_metrics}, weights
 

@@ -1,4 +1,4 @@
-"""The five kinds of algorithm pieces, their registries, and the typed inputs each kind receives.
+"""The six kinds of algorithm pieces, their registries, and the typed inputs each kind receives.
 
 Shapes: N sequences stored group-contiguously (sequence n = b·G + j); per-token tensors are [n, T]
 over response positions, `mask` is 1 on response tokens, and padded log-probs hold 0.
@@ -87,6 +87,19 @@ class CorrectionInputs:
     mask: Tensor  # [N, T]
 
 
+@dataclass(frozen=True)
+class ProximalInputs:
+    """A proximal policy's inputs (decoupled PPO, docs/algorithms.md#decoupled-ppo-and-the-proximal-policy),
+    for the sequences of one micro-batch, read in the update's forward."""
+
+    behaviour_logp: Tensor  # [n, T] log π_behav: the engine's log-probs, each token's from the version that sampled it
+    current_logp: Tensor  # [n, T] log π_θ of this forward, detached
+    behaviour_version: Tensor  # [n, T] the policy version that sampled each token
+    proximal_version: int  # the trainer's version when this rollout batch's update began (θ_old's)
+    current_version: int  # proximal_version + the optimizer steps taken on this rollout batch so far
+    mask: Tensor  # [n, T]
+
+
 advantage_estimators = Registry(
     "advantage estimator", "model.advantage_estimator",
     "fn(AdvantageInputs, *, knobs) → sequence advantages [N], or (advantages [N], statistics {name: float})",
@@ -117,10 +130,19 @@ rollout_corrections = Registry(
     traits={"level": "token"},
 )  # fmt: skip
 
-KINDS = (advantage_estimators, policy_losses, loss_aggregators, kl_estimators, rollout_corrections)
+proximal_policies = Registry(
+    "proximal policy", "model.proximal_policy",
+    "fn(ProximalInputs, *, knobs) → log π_prox [n, T], detached (the clip's anchor; a rollout correction then weighs "
+    "π_prox against π_behav)",
+    # forward: θ_old comes from the trainer's no-grad pass before the update (the piece's function is not called).
+    traits={"forward": False},
+)  # fmt: skip
+
+KINDS = (advantage_estimators, policy_losses, loss_aggregators, kl_estimators, rollout_corrections, proximal_policies)
 
 AdvantageEstimatorName = name_type(advantage_estimators, "AdvantageEstimatorName", __name__)
 PolicyLossName = name_type(policy_losses, "PolicyLossName", __name__)
 LossAggName = name_type(loss_aggregators, "LossAggName", __name__)
 KLEstimatorName = name_type(kl_estimators, "KLEstimatorName", __name__)
 RolloutCorrectionName = name_type(rollout_corrections, "RolloutCorrectionName", __name__)
+ProximalPolicyName = name_type(proximal_policies, "ProximalPolicyName", __name__)

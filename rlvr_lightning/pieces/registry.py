@@ -227,6 +227,8 @@ class Registry:
 
     @property
     def plural(self) -> str:
+        if self.kind.endswith("y"):  # proximal policy → proximal policies
+            return self.kind[:-1] + "ies"
         return self.kind + ("es" if self.kind.endswith("s") else "s")
 
     @property

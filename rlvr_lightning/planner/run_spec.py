@@ -116,7 +116,8 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
     devices = trainer.devices
     devices = 1 if devices in ("auto", None) else len(devices) if isinstance(devices, list) else int(devices)
     source = behaviour_source(h.behaviour_logprobs, h.num_mini_batches * h.ppo_epochs, module.corrects_rollouts,
-                              module.objective.reads_step_first, rollout.max_staleness > 0)  # fmt: skip
+                              module.objective.reads_step_first, rollout.max_staleness > 0,
+                              module.pieces.approximates_proximal)  # fmt: skip
     plan = getattr(cfg, "plan", None)
     means = {name: getattr(plan, f"mean_{name}_length", None) for name in ("prompt", "response")}
     for name, cap, flag in (("prompt", data.max_prompt_length, "data.max_prompt_length"),

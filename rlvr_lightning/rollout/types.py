@@ -89,6 +89,14 @@ class Rollout:
     def truncated(self) -> torch.Tensor:
         return torch.tensor([c.finish_reason == "length" for c in self.completions])
 
+    def token_versions(self, width: int) -> torch.Tensor:
+        """[N, width] the policy version that sampled each response token (padding: the rollout's)."""
+        out = torch.full((self.num_sequences, width), self.policy_version, dtype=torch.long)
+        for n, c in enumerate(self.completions):
+            if c.versions:
+                out[n, : len(c.versions)] = torch.tensor(c.versions[:width])
+        return out
+
     def staleness(self, trainer_version: int) -> dict[str, float]:
         """How many versions older than the trainer's the sampler of each response token was: mean, max."""
         ages = [trainer_version - v for c in self.completions for v in c.versions_or(self.policy_version)]

@@ -1,5 +1,5 @@
 """The pieces an algorithm's hyper-parameters select, checked and bound once when the module is built:
-the update's objective, the advantage estimator and the rollout correction."""
+the update's objective, the advantage estimator, the rollout correction and the proximal policy."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from rlvr_lightning.pieces import advantage_estimators, rollout_corrections
+from rlvr_lightning.pieces import advantage_estimators, proximal_policies, rollout_corrections
 from rlvr_lightning.pieces.advantages import advantage_stats
 from rlvr_lightning.pieces.kinds import AdvantageInputs
 from rlvr_lightning.pieces.registry import Piece
@@ -24,19 +24,26 @@ class BoundPieces:
     estimator: Callable  # the advantage estimator, knobs bound
     correction: Piece  # the rollout correction
     correct: Callable  # the rollout correction, knobs bound
+    proximal: Piece  # the proximal policy
+    approximate_proximal: Callable  # the proximal policy, knobs bound
 
     @classmethod
     def of(cls, h: Mapping[str, Any]) -> BoundPieces:
         """Bind the selected pieces (each runs its own knob check) and check that they combine."""
         check_piece_args(h)
         pieces = cls(compose_objective(h), advantage_estimators.bound(h), rollout_corrections.selected(h),
-                     rollout_corrections.bound(h))  # fmt: skip
-        check_pieces(h, pieces.objective, pieces.correction)
+                     rollout_corrections.bound(h), proximal_policies.selected(h), proximal_policies.bound(h))  # fmt: skip
+        check_pieces(h, pieces.objective, pieces.correction, pieces.proximal)
         return pieces
 
     @property
     def corrects_rollouts(self) -> bool:
         return self.correction.name != "none"
+
+    @property
+    def approximates_proximal(self) -> bool:
+        """θ_old (the proximal policy) from the update's own forward, not from the trainer's pass before it."""
+        return not self.proximal["forward"]
 
     def advantages(self, inputs: AdvantageInputs) -> tuple[torch.Tensor, dict[str, float]]:
         """Sequence advantages [N] and their statistics (`adv_*`), with the estimator's own, if it returns any."""

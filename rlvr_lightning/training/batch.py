@@ -37,7 +37,8 @@ class BehaviourLogprobs(Protocol):
     source: str  # "trainer", "rollout" or "update"
     reads_lm_head: bool  # the update's forwards must capture the LM-head inputs (shapers read them there)
 
-    def loss_batch(self, inputs: UpdateInputs, rows: torch.Tensor, forward: PolicyForward) -> LossBatch: ...
+    def loss_batch(self, inputs: UpdateInputs, rows: torch.Tensor, forward: PolicyForward, updates: int = 0) -> LossBatch:
+        """`updates`: the optimizer steps taken on this rollout batch before this forward."""
 
     def old_logp_all(self) -> torch.Tensor:
         """[N, T] θ_old log-probs of the whole rollout batch (for logging, after the update)."""
@@ -62,9 +63,9 @@ class UpdateInputs:
     temperature: float  # the rollout's sampling temperature: log-probs are those of π/T
     behaviour: BehaviourLogprobs
 
-    def loss_batch(self, rows: torch.Tensor, forward: PolicyForward) -> LossBatch:
+    def loss_batch(self, rows: torch.Tensor, forward: PolicyForward, updates: int = 0) -> LossBatch:
         """The micro-batch `rows` as the loss reads it, given its forward under the current policy."""
-        return self.behaviour.loss_batch(self, rows, forward)
+        return self.behaviour.loss_batch(self, rows, forward, updates)
 
     def with_behaviour(self, behaviour: BehaviourLogprobs) -> UpdateInputs:
         return replace(self, behaviour=behaviour)

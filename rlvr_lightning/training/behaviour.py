@@ -6,22 +6,28 @@
 - `update`: with exactly one optimizer step per rollout batch the update runs at θ_old, so each
   micro-batch's forward gives θ_old's log-probs (detached) for free (`FromUpdateForward`); the ratio is
   exactly 1 and its gradient that of log π_θ. THR's LM-head inputs are then read there too.
+- `proximal`: decoupled PPO with a proximal-policy piece that needs no pass (`model.proximal_policy
+  loglinear`): each micro-batch's θ_old comes from its own forward and the engine's log-probs, and the rollout
+  correction's weights from that θ_old (`ApproximateProximal`).
 The same no-grad pass also gives the reference log-probs of the KL term.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Literal
 
 import torch
 
 from rlvr_lightning.models.forward import PolicyForward, policy_forward
+from rlvr_lightning.pieces.kinds import CorrectionInputs, ProximalInputs
 from rlvr_lightning.rollout.types import RolloutTensors
 from rlvr_lightning.training.batch import LossBatch, UpdateInputs, select_loss_batch
 from rlvr_lightning.training.shaping import HiddenScorer
 
-BehaviourSource = Literal["trainer", "rollout", "update"]
+BehaviourSource = Literal["trainer", "rollout", "update", "proximal"]
 
 
 def behaviour_source(
@@ -30,6 +36,7 @@ def behaviour_source(
     corrected: bool,
     reads_step_first: bool,
     stale: bool = False,
+    approximates_proximal: bool = False,
 ) -> BehaviourSource:
     """`update` wherever it is exact: one optimizer step per rollout batch, no rollout correction (its
     weights are needed before the update) and no loss that reads the whole step before any forward
@@ -37,9 +44,12 @@ def behaviour_source(
     `stale` (`rollout.max_staleness` > 0: sampled by older policy versions, token by token): the trainer's
     weights are not the behaviour policy, so θ_old is the engine's log-probs (each token's from the version
     that sampled it), unless a rollout correction (`corrected`) weighs the trainer's θ_old (the proximal
-    policy of decoupled PPO) against them."""
+    policy of decoupled PPO) against them; `approximates_proximal`: a proximal-policy piece that needs no pass
+    gives that θ_old in the update (`proximal`)."""
     if behaviour_logprobs == "rollout" or (stale and not corrected):
         return "rollout"
+    if approximates_proximal and corrected:
+        return "proximal"
     if stale:
         return "trainer"
     if optimizer_steps_per_batch == 1 and not corrected and not reads_step_first:
@@ -55,7 +65,7 @@ class Precomputed:
     def __init__(self, old_logp: torch.Tensor, source: BehaviourSource) -> None:
         self.old_logp, self.source = old_logp, source
 
-    def loss_batch(self, inputs: UpdateInputs, rows: torch.Tensor, forward: PolicyForward) -> LossBatch:
+    def loss_batch(self, inputs: UpdateInputs, rows: torch.Tensor, forward: PolicyForward, updates: int = 0) -> LossBatch:
         return select_loss_batch(inputs, rows, forward.tensors, self.old_logp[rows])
 
     def old_logp_all(self) -> torch.Tensor:
@@ -78,7 +88,7 @@ class FromUpdateForward:
         self._old_logp = torch.zeros(shape, device=device)  # filled micro-batch by micro-batch, for logging
         self._weights = torch.ones(shape) if scorer is not None else None
 
-    def loss_batch(self, inputs: UpdateInputs, rows: torch.Tensor, forward: PolicyForward) -> LossBatch:
+    def loss_batch(self, inputs: UpdateInputs, rows: torch.Tensor, forward: PolicyForward, updates: int = 0) -> LossBatch:
         old_logp = forward.logp.detach()
         width = old_logp.shape[1]
         self._old_logp[rows, :width] = old_logp
@@ -96,6 +106,46 @@ class FromUpdateForward:
 
     def token_weights(self) -> torch.Tensor | None:
         return self._weights
+
+
+class ApproximateProximal:
+    """θ_old, the proximal policy of decoupled PPO, from each micro-batch's own forward by a proximal-policy
+    piece (`pieces/proximal.py`), and the rollout correction's weights of that θ_old against the engine's
+    log-probs, both in the update: no pass before it. `versions` [N, T]: the version that sampled each token;
+    `version`: the trainer's when the update began."""
+
+    source: BehaviourSource = "proximal"
+    reads_lm_head = False
+
+    def __init__(self, approximate: Callable, correct: Callable, versions: torch.Tensor, version: int) -> None:
+        self.approximate, self.correct, self.versions, self.version = approximate, correct, versions, version
+        self._old_logp = torch.zeros(versions.shape, device=versions.device)  # the last pass's, for logging
+        self._stats: dict[str, float] = defaultdict(float)
+        self._tokens = 0.0
+
+    def loss_batch(self, inputs: UpdateInputs, rows: torch.Tensor, forward: PolicyForward, updates: int = 0) -> LossBatch:
+        width = forward.logp.shape[1]
+        behaviour, mask = inputs.tensors.rollout_logp[rows, :width], inputs.loss_mask[rows, :width]
+        old_logp = self.approximate(ProximalInputs(
+            behaviour, forward.logp.detach(), self.versions[rows, :width], self.version, self.version + updates, mask,
+        ))  # fmt: skip
+        weight, stats = self.correct(CorrectionInputs(old_logp, behaviour, mask))
+        tokens = float(mask.sum())
+        for k, v in stats.items():  # token-weighted over the micro-batches of every step
+            self._stats[k] += v * tokens
+        self._tokens += tokens
+        self._old_logp[rows, :width] = old_logp
+        return replace(select_loss_batch(inputs, rows, forward.tensors, old_logp), is_weight=weight)
+
+    def old_logp_all(self) -> torch.Tensor:
+        return self._old_logp
+
+    def token_weights(self) -> torch.Tensor | None:
+        return None
+
+    def metrics(self) -> dict[str, float]:
+        """The rollout correction's statistics over the update's micro-batches."""
+        return {k: v / max(self._tokens, 1.0) for k, v in self._stats.items()}
 
 
 @torch.no_grad()

@@ -29,10 +29,22 @@ def check_values(h: Mapping[str, Any]) -> None:
         raise ConfigError(f"model.sync_check_every must be ≥ 1, got {h['sync_check_every']}")
 
 
-def check_pieces(h: Mapping[str, Any], objective: Objective, correction: Piece) -> None:
+def check_pieces(h: Mapping[str, Any], objective: Objective, correction: Piece, proximal: Piece | None = None) -> None:
     """Which pieces combine; each piece's own knobs were checked when it was bound (its `check`)."""
     loss = objective.policy_loss
     corrects_rollouts = correction.name != "none"
+    if proximal is not None and not proximal["forward"]:
+        if not corrects_rollouts or h["behaviour_logprobs"] == "rollout":
+            raise ConfigError(
+                f"model.proximal_policy={proximal.name} approximates decoupled PPO's proximal policy, which a rollout "
+                "correction weighs against the behaviour policy: set model.rollout_correction (tis-token, icepop, …) "
+                "and keep model.behaviour_logprobs=trainer"
+            )
+        if h["two_pass"] or objective.reads_step_first:
+            raise ConfigError(
+                f"model.proximal_policy={proximal.name} is read in each micro-batch's forward; {loss.name} needs θ_old "
+                "before the step's first forward: use model.proximal_policy=recompute"
+            )
     if objective.group_level and corrects_rollouts:
         raise ConfigError(
             f"model.rollout_correction={h['rollout_correction']} re-weights token-level losses; "

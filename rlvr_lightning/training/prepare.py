@@ -12,7 +12,13 @@ from rlvr_lightning.callbacks.rollout import AdvantageShaper
 from rlvr_lightning.context import ScoredBatch, StepContext
 from rlvr_lightning.pieces.kinds import CorrectionInputs
 from rlvr_lightning.training.batch import UpdateInputs
-from rlvr_lightning.training.behaviour import BehaviourSource, FromUpdateForward, Precomputed, separate_pass
+from rlvr_lightning.training.behaviour import (
+    ApproximateProximal,
+    BehaviourSource,
+    FromUpdateForward,
+    Precomputed,
+    separate_pass,
+)
 from rlvr_lightning.training.plan import UpdatePlan
 from rlvr_lightning.training.shaping import compose_token_weights, hidden_scorer, rollout_token_weights
 from rlvr_lightning.training.step_metrics import StageTimer
@@ -21,6 +27,7 @@ from rlvr_lightning.training.step_metrics import StageTimer
 def prepare_update(
     step: StepContext, batch: ScoredBatch, plan: UpdatePlan, source: BehaviourSource, correction: Callable,
     mask_truncated: bool, shapers: list[AdvantageShaper], timer: StageTimer | None = None,
+    approximate_proximal: Callable | None = None,
 ) -> tuple[UpdateInputs, dict[str, float], torch.Tensor | None]:  # fmt: skip
     """The batch ready for the update, the rollout correction's statistics, and the shapers' token
     weights known before the update (those read in the update's own forward come from
@@ -50,11 +57,16 @@ def prepare_update(
     loss_mask = t.response_mask
     if mask_truncated:
         loss_mask = loss_mask * (~rollout.truncated).to(device, loss_mask.dtype)[:, None]
+    is_weight, is_stats = None, {}
     if source == "update":
         behaviour = FromUpdateForward(t.response_mask.shape, device, scorer if score_in_update else None)
+    elif source == "proximal":  # θ_old and the correction's weights come from the update's forwards
+        versions = rollout.token_versions(t.response_mask.shape[1]).to(device)
+        behaviour = ApproximateProximal(approximate_proximal, correction, versions, step.policy_version)
     else:
         behaviour = Precomputed(t.rollout_logp if source == "rollout" else old_logp, source)
-    is_weight, is_stats = correction(CorrectionInputs(old_logp, t.rollout_logp, loss_mask))
+    if source != "proximal":
+        is_weight, is_stats = correction(CorrectionInputs(old_logp, t.rollout_logp, loss_mask))
     correct = rollout.correct.to(device, torch.float32)
     inputs = UpdateInputs(t, advantages, ref_logp, loss_mask, is_weight, correct, G, temperature, behaviour)
     return inputs, is_stats, weights

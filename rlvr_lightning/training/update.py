@@ -114,7 +114,7 @@ class PolicyUpdate:
 
     def at_theta_old(self, inputs: UpdateInputs) -> bool:
         """θ is still the θ_old of the loss's log-probs: no step since the rollout, and θ_old is the trainer's."""
-        return self.updates_since_rollout == 0 and inputs.behaviour.source in ("trainer", "update")
+        return self.updates_since_rollout == 0 and inputs.behaviour.source in ("trainer", "update", "proximal")
 
     def select_tokens(
         self, step: StepContext, inputs: UpdateInputs, rows: torch.Tensor, acc: MetricAccumulator | None
@@ -153,7 +153,7 @@ class PolicyUpdate:
             step.policy, inputs.tensors.select(idx).trimmed(), inputs.temperature, with_entropy=with_entropy,
             capture_lm_head=capture, chunk_tokens=self.plan.logprob_chunk_tokens, packed=self.plan.packing,
         )  # fmt: skip
-        return forward, inputs.loss_batch(idx, forward)
+        return forward, inputs.loss_batch(idx, forward, self.updates_since_rollout)
 
     def _two_pass(
         self, step: StepContext, inputs: UpdateInputs, rows: torch.Tensor, norms: StepNorms, backward, acc
