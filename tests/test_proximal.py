@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlvr_lightning.callbacks.rollout import RolloutCallback
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces.kinds import ProximalInputs
 from rlvr_lightning.pieces.proximal import loglinear
@@ -51,13 +52,22 @@ def test_loglinear_needs_a_rollout_correction_and_a_loss_that_reads_no_step_firs
     GRPO(proximal_policy="loglinear", rollout_correction="tis-token")
 
 
+class AlternatingReward(RolloutCallback):
+    """Every other sequence correct: each group of two is mixed, whatever the untrained policy writes."""
+
+    def on_rollout_generated(self, step, rollout) -> None:
+        rollout.correct = torch.tensor([float(n % 2) for n in range(rollout.num_sequences)])
+        rollout.rewards = rollout.correct.clone()
+
+
 def test_with_one_step_per_batch_loglinear_trains_as_the_recomputed_theta_old(lagged_module):
     """One optimizer step per rollout batch: the update runs at θ_old, so A-3PO's π_prox (α = 1) is the update
     forward's own log-probs, and the step (loss, TIS weights, gradient norm) is the recomputed θ_old's, up to
     the rounding of two forwards laid out differently; the first batch ahead is stale (version 0 at 1)."""
     runs = {}
-    for proximal in ("recompute", "loglinear"):
-        module = lagged_module(max_staleness=1, rollout_correction="tis-token", proximal_policy=proximal)
+    for proximal in ("recompute", "loglinear"):  # every group mixed, and steps large enough to move the weights
+        module = lagged_module(max_staleness=1, rollout_correction="tis-token", proximal_policy=proximal,
+                               callbacks=[AlternatingReward()], tis_cap=1.001, lr=1e-2)  # fmt: skip
         batches = iter(module.datamodule.train_dataloader())
         steps = []
         for _ in range(2):
@@ -65,7 +75,9 @@ def test_with_one_step_per_batch_loglinear_trains_as_the_recomputed_theta_old(la
             module.rollout_batches += 1
         runs[proximal] = (module.behaviour_source(), steps)
     assert runs["recompute"][0] == "trainer" and runs["loglinear"][0] == "proximal"
+    assert runs["loglinear"][1][1].metrics["tis_capped_frac"] > 0  # the stale batch: sampled by version 0
     for a, b in zip(runs["recompute"][1], runs["loglinear"][1], strict=True):
-        for key in ("loss", "grad_norm", "tis_weight_mean", "staleness_max"):
+        assert b.metrics["grad_norm"] > 0  # the weights act on a gradient
+        for key in ("loss", "grad_norm", "tis_weight_mean", "tis_capped_frac", "staleness_max"):
             assert b.metrics[key] == pytest.approx(a.metrics[key], rel=1e-4, abs=1e-6), key
         torch.testing.assert_close(b.inputs.behaviour.old_logp_all(), a.inputs.behaviour.old_logp_all(), atol=1e-5, rtol=0)
