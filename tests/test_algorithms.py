@@ -349,9 +349,7 @@ def test_rollouts_ahead_are_refused_where_they_cannot_run(tiny_policy_dir):
     with pytest.raises(ConfigError, match="max_staleness must be an integer ≥ 0"):
         RolloutSettings(engine="vllm-server", max_staleness=-1)
     ahead = {"engine": "vllm-server", "max_staleness": 2}  # no server starts: the engine is built on first use
-    with pytest.raises(ConfigError, match="dynamic_sampling=true is not supported"):
-        attach(DAPO, tiny_policy_dir, ahead).validate_config()
-    attach(DAPO, tiny_policy_dir, ahead, dynamic_sampling=False).validate_config()
+    attach(DAPO, tiny_policy_dir, ahead).validate_config()  # dynamic sampling refills from the stream
 
 
 def test_contradictory_or_invalid_settings_are_clear_errors():

@@ -313,3 +313,34 @@ def test_real_thr_and_a_lora_policy_train_two_versions_ahead_with_partial_rollou
     assert all(math.isfinite(r.metrics["loss"]) for r in results)
     assert any(ran in r.metrics for r in results), [sorted(r.metrics) for r in results]  # the piece ran
     assert module.policy_version == 3 and module.events.count("load_weights") == 3
+
+
+class HalfMixedReward(RolloutCallback):
+    """Groups of two: the first of every other group correct, so half the groups are mixed."""
+
+    def on_rollout_generated(self, step, rollout):
+        import torch
+
+        rollout.correct = torch.tensor([float(n % 4 == 0) for n in range(rollout.num_sequences)])
+        rollout.rewards = rollout.correct.clone()
+
+
+def test_dapo_takes_its_first_round_from_the_stream_and_refills_it_with_the_current_policy(lagged_module):
+    """DAPO's dynamic sampling two versions ahead: round 0 (the dataloader's batch and its extra prompts) was
+    generated ahead; with one mixed group of the two it needs, a second round is generated now, by the
+    version being trained, and the batch keeps each token's version."""
+    from rlvr_lightning.algos import DAPO
+
+    module = lagged_module(max_staleness=2, partial_rollouts=True, module_class=DAPO, gen_batch_size=2,
+                           callbacks=[HalfMixedReward()])  # fmt: skip
+    batches = iter(module.datamodule.train_dataloader())
+    results = []
+    for _ in range(3):
+        results.append(module.train_on_batch(next(batches)))
+        module.rollout_batches += 1
+    last = results[-1]
+    assert [r.rollout.metrics["dynamic_sampling_rounds"] for r in results] == [2.0, 2.0, 2.0]
+    assert len(last.rollout.batch) == 2  # the batch's two prompts: one mixed group from each round
+    versions = [set(c.versions) for c in last.rollout.completions]
+    assert versions[2:] == [{2}, {2}]  # the refill, generated now by version 2
+    assert versions[0] <= {0, 1} and last.metrics["staleness_max"] == 2.0  # round 0: ahead, by versions 0 and 1

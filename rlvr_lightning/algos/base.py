@@ -290,11 +290,15 @@ class RLVRModule(L.LightningModule):
             return self.stream().collect(step, batch, timer)
         return generate_and_score(step, batch, timer)
 
+    def rollout_prompts(self, step: StepContext, index: int) -> PromptBatch:
+        """The prompts rollout batch `index` generates: the dataloader's batch (DAPO adds its first round's)."""
+        return step.data.train_batch_at(index)
+
     def stream(self) -> RolloutStream:
         """The rollout stream (`rollout.max_staleness` > 0), built on first use with a checkpoint's batches."""
         if self.rollout_stream is None:
             rollout = self.datamodule.rollout
-            self.rollout_stream = RolloutStream(rollout.max_staleness, rollout.partial_rollouts)
+            self.rollout_stream = RolloutStream(rollout.max_staleness, rollout.partial_rollouts, self.rollout_prompts)
             if self._stream_state is not None:
                 self.rollout_stream.load_state_dict(self._stream_state)
                 self._stream_state = None

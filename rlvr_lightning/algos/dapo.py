@@ -73,11 +73,6 @@ class DAPO(GRPO):
     def validate_config(self) -> None:
         super().validate_config()
         dm, rollout = self.datamodule.hparams, self.datamodule.rollout
-        if self.max_staleness and self.hparams.dynamic_sampling:
-            raise ConfigError(
-                f"rollout.max_staleness={self.max_staleness} with model.dynamic_sampling=true is not supported yet: "
-                "dynamic sampling decides how many prompts to generate from the rewards of the rounds before"
-            )
         if self.hparams.gen_batch_size is not None and self.hparams.gen_batch_size < dm.batch_size:
             raise ConfigError(
                 f"model.gen_batch_size={self.hparams.gen_batch_size} must be ≥ data.batch_size={dm.batch_size}"
@@ -97,7 +92,10 @@ class DAPO(GRPO):
     def collect_rollout(self, step: StepContext, batch: PromptBatch, timer: StageTimer) -> Rollout | None:
         if not self.hparams.dynamic_sampling:
             return super().collect_rollout(step, batch, timer)
-        collected = self.dynamic_sampler.collect(step, batch, timer)
+        # Generated ahead (rollout.max_staleness), the first round comes from the stream; the rounds that
+        # refill it are generated now, by the current policy.
+        first = self.stream().collect(step, batch, timer) if self.max_staleness else None
+        collected = self.dynamic_sampler.collect(step, batch, timer, first)
         if collected.rollout is None:
             self.log_train_metrics({f"train/{k}": v for k, v in collected.empty_metrics.items()}, batch_size=len(batch))
         if collected.stop_run:
@@ -105,6 +103,10 @@ class DAPO(GRPO):
         return collected.rollout
 
     # ---- 4. reward: ±1 correctness plus the overlong penalty ---------------------------------
+    def rollout_prompts(self, step: StepContext, index: int) -> PromptBatch:
+        batch = super().rollout_prompts(step, index)
+        return self.dynamic_sampler.first_round_prompts(step, batch) if self.hparams.dynamic_sampling else batch
+
     def rewards(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         h = self.hparams
         correct = rollout.correct.float()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -89,6 +89,11 @@ class Rollout:
     def truncated(self) -> torch.Tensor:
         return torch.tensor([c.finish_reason == "length" for c in self.completions])
 
+    def with_token_versions(self) -> Rollout:
+        """The same rollout with every completion's per-token versions written out."""
+        completions = [replace(c, versions=c.versions_or(self.policy_version)) for c in self.completions]
+        return replace(self, completions=completions)
+
     def token_versions(self, width: int) -> torch.Tensor:
         """[N, width] the policy version that sampled each response token (padding: the rollout's)."""
         out = torch.full((self.num_sequences, width), self.policy_version, dtype=torch.long)
@@ -121,14 +126,18 @@ class Rollout:
 
     @staticmethod
     def concat(rollouts: list[Rollout]) -> Rollout:
-        """Several scored rollouts of the same policy as one (DAPO's generation rounds).
+        """Several scored rollouts as one (DAPO's generation rounds). Parts sampled by different policy versions
+        (a round generated ahead, the rounds refilling it now) keep each token's version; the whole's
+        `policy_version` is the oldest.
 
         Metrics become sequence-weighted means over the parts, except running totals (`*_total`),
         which keep their latest value.
         """
         first = rollouts[0]
-        if any(r.group_size != first.group_size or r.policy_version != first.policy_version for r in rollouts):
-            raise ValueError("can only concatenate rollouts with the same group size and policy version")
+        if any(r.group_size != first.group_size for r in rollouts):
+            raise ValueError("can only concatenate rollouts with the same group size")
+        if len({r.policy_version for r in rollouts}) > 1:
+            rollouts = [r.with_token_versions() for r in rollouts]
         metrics: dict[str, float] = {}
         weights = [r.num_sequences for r in rollouts]
         for key in {k for r in rollouts for k in r.metrics}:
@@ -146,7 +155,7 @@ class Rollout:
             batch=PromptBatch.concat([r.batch for r in rollouts]), group_size=first.group_size,
             prompt_ids=[p for r in rollouts for p in r.prompt_ids],
             completions=[c for r in rollouts for c in r.completions], sampling=first.sampling,
-            policy_version=first.policy_version, texts=[t for r in rollouts for t in r.texts],
+            policy_version=min(r.policy_version for r in rollouts), texts=[t for r in rollouts for t in r.texts],
             rewards=cat("rewards"), correct=cat("correct"), metrics=metrics,
         )  # fmt: skip
 

@@ -133,15 +133,24 @@ class DynamicSampler:
         self.on_exhausted, self.max_empty_batches = on_exhausted, max_empty_batches
         self.empty_streak = 0
 
-    def collect(self, step: StepContext, batch: PromptBatch, timer: StageTimer) -> Collected:
+    def first_round_prompts(self, step: StepContext, batch: PromptBatch) -> PromptBatch:
+        """Round 0's prompts: the dataloader's batch, so every prompt of an epoch is still seen, then extra ones."""
+        return self._with_extra(step, batch, self.gen_batch_size or 3 * len(batch))
+
+    @staticmethod
+    def _with_extra(step: StepContext, prompts: PromptBatch, size: int) -> PromptBatch:
+        missing = size - len(prompts)
+        return PromptBatch.concat([prompts, step.data.extra_prompts(missing)]) if missing > 0 else prompts
+
+    def collect(self, step: StepContext, batch: PromptBatch, timer: StageTimer, first: Rollout | None = None) -> Collected:
+        """`first`: round 0 already generated and scored (by the rollout stream, ahead); the rounds after it are
+        generated now, by the current policy."""
         gen_batch_size = self.gen_batch_size or 3 * len(batch)
 
         def draw_round(k: int) -> Rollout:
-            # Round 0 starts from the dataloader's batch, so every prompt of an epoch is still seen.
-            prompts = batch if k == 0 else PromptBatch([], [], [])
-            missing = gen_batch_size - len(prompts)
-            if missing > 0:
-                prompts = PromptBatch.concat([prompts, step.data.extra_prompts(missing)])
+            if k == 0 and first is not None:
+                return first
+            prompts = self.first_round_prompts(step, batch) if k == 0 else self._with_extra(step, PromptBatch([], [], []), gen_batch_size)
             return generate_and_score(step, prompts, timer, round_index=k)
 
         fewest = lambda n: step.collectives.agree(n, op="min")  # noqa: E731

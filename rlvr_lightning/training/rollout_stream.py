@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
@@ -71,11 +72,19 @@ class InFlightBatch:
         return [n for n, c in enumerate(self.sequences) if c.finish_reason == "length" and len(c.token_ids) == previous]
 
 
+def dataloader_batch(step: StepContext, index: int) -> PromptBatch:
+    return step.data.train_batch_at(index)
+
+
 class RolloutStream:
-    def __init__(self, max_staleness: int, partial_rollouts: bool) -> None:
+    """`prompts(step, index)`: what rollout batch `index` generates, called once per batch, in batch order, when
+    it starts; its first prompts are the dataloader's batch (DAPO adds its first round's extra prompts)."""
+
+    def __init__(self, max_staleness: int, partial_rollouts: bool,
+                 prompts: Callable[[StepContext, int], PromptBatch] = dataloader_batch) -> None:  # fmt: skip
         if max_staleness < 1:
             raise ValueError("a rollout stream generates ahead: max_staleness ≥ 1")
-        self.max_staleness, self.partial_rollouts = max_staleness, partial_rollouts
+        self.max_staleness, self.partial_rollouts, self.prompts = max_staleness, partial_rollouts, prompts
         self.pool = ThreadPoolExecutor(max_workers=max_staleness, thread_name_prefix="rollout-ahead")
         self.in_flight: dict[int, InFlightBatch] = {}
         self.work: list[Future] = []
@@ -86,12 +95,12 @@ class RolloutStream:
         k = step.rollout_batch
         self.wait(timer)  # normally done already: the last sync waited for it
         current = self.in_flight.pop(k, None)
-        if current is not None and current.batch.ids != batch.ids:
-            raise RuntimeError(f"rollout batch {k} in flight holds other prompts than the dataloader's batch {k}")
         if current is None:  # the first step (or a checkpoint without a stream): generated now, whole
-            current = self._new(step, batch, k, segments=1)
+            current = self._new(step, self.prompts(step, k), k, segments=1)
             with timer("rollout_wait"):
                 self._segment(step, current)
+        if current.batch.ids[: len(batch)] != batch.ids:
+            raise RuntimeError(f"rollout batch {k} in flight holds other prompts than the dataloader's batch {k}")
         # The batch's own generation time, overlapped or not (`rollout_wait` is what the step waited).
         timer.times["rollout"] = timer.times.get("rollout", 0.0) + current.seconds
         if not current.complete:
@@ -152,7 +161,7 @@ class RolloutStream:
             if index >= step.total_rollout_batches or index in self.in_flight:
                 continue
             segments = j if self.partial_rollouts else 1
-            self.in_flight[index] = self._new(step, step.data.train_batch_at(index), index, segments)
+            self.in_flight[index] = self._new(step, self.prompts(step, index), index, segments)
         pending = [b for b in sorted(self.in_flight.values(), key=lambda b: b.index) if not b.complete]
         if getattr(step.engine, "concurrent_requests", False):  # the segments share the servers' batches
             self.work += [self.pool.submit(self._segment, step, b) for b in pending]
