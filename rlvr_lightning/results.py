@@ -72,6 +72,8 @@ CLAIMS = [
     ("KL-Cov above GRPO at equal updates", "kl-cov", "val/accuracy", +1),
     # RLOO's advantage is G/(G−1) × Dr. GRPO's: AdamW is blind to that scale, up to its ε and the clip.
     ("RLOO equals Dr. GRPO (GRPO without std, scaled)", "rloo", "val/accuracy", 0, "dr-grpo"),
+    # Asynchronous RL's premise: training two versions off policy (with partial rollouts) learns as synchronous does.
+    ("GRPO two versions ahead with partial rollouts learns as synchronous GRPO", "grpo-async", "val/accuracy", 0),
 ]
 
 

@@ -254,7 +254,7 @@ def test_preset_instantiates_without_training(preset, offline):
     assert isinstance(logger, MLFlowLogger)
     assert cli.config.trainer.logger.init_args.run_name == preset.stem  # the preset's own pieces: its name alone
     h = cli.model.hparams
-    pieces = {f"piece.{k}": h[k] for k in ("advantage_estimator", "policy_loss", "loss_agg", "rollout_correction")}
+    pieces = {f"piece.{k}": h[k] for k in ("advantage_estimator", "policy_loss", "loss_agg", "rollout_correction", "proximal_policy")}
     pieces |= {"piece.kl_estimator": h.kl_estimator} if h.kl_coef > 0 else {}
     assert logger.tags == {"algorithm": cls.__name__, "preset": preset.stem, **pieces,
                            "model": dm.hparams.model_name_or_path, "dataset": dm.hparams.train_data}  # fmt: skip
