@@ -270,7 +270,7 @@ def test_the_summary_names_the_run_and_its_pieces():
     lines = summary_lines(SimpleNamespace(loggers=[], callbacks=[]), GRPO(policy_loss="cispo", kl_coef=0.0))
     assert lines[:2] == ["rlvr_lightning: GRPO, 0 rollout batches",
                          "  pieces: advantage_estimator=grpo, policy_loss=cispo, loss_agg=seq-mean-token-mean, "
-                         "rollout_correction=none"]  # fmt: skip
+                         "rollout_correction=none, proximal_policy=recompute"]  # fmt: skip
 
 
 def test_make_plan_takes_a_preset_files_path_as_algo(tmp_path):

@@ -344,3 +344,18 @@ def test_dapo_takes_its_first_round_from_the_stream_and_refills_it_with_the_curr
     versions = [set(c.versions) for c in last.rollout.completions]
     assert versions[2:] == [{2}, {2}]  # the refill, generated now by version 2
     assert versions[0] <= {0, 1} and last.metrics["staleness_max"] == 2.0  # round 0: ahead, by versions 0 and 1
+
+
+def test_every_step_of_a_stream_logs_its_wait_the_last_one_too():
+    """The last rollout batch starts nothing in the background, yet its step logs `time/rollout_wait` (0)."""
+    engine, stream = VersionedEngine(), RolloutStream(2, partial_rollouts=True)
+    timers = []
+    try:
+        for k in range(3):
+            timers.append(StageTimer())
+            stream.collect(context(3, 1, engine, k), batch_at(k), timers[-1])
+            stream.wait(StageTimer())
+            engine.version = k + 1
+    finally:
+        stream.close()
+    assert all("rollout_wait" in t.times and "rollout" in t.times for t in timers), [t.times for t in timers]

@@ -94,6 +94,7 @@ class RolloutStream:
         """Rollout batch `step.rollout_batch`, scored; starts the background work of this step's version."""
         k = step.rollout_batch
         self.wait(timer)  # normally done already: the last sync waited for it
+        timer.times.setdefault("rollout_wait", 0.0)  # every step of a stream logs it, the last one too
         current = self.in_flight.pop(k, None)
         if current is None:  # the first step (or a checkpoint without a stream): generated now, whole
             current = self._new(step, self.prompts(step, k), k, segments=1)
