@@ -32,9 +32,9 @@ def agreement(model_config, shape, seed: int = 0) -> dict:
     from transformers import AutoModelForCausalLM
 
     from bench.gpu_check.update_step import _batch
+    from rlvr_lightning.doctor.checks import last_tokens_changed, masked_max
     from rlvr_lightning.models import packed_attention
     from rlvr_lightning.models.forward import policy_forward
-    from rlvr_lightning.rollout.types import RolloutTensors
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     torch.manual_seed(seed)
@@ -55,14 +55,8 @@ def agreement(model_config, shape, seed: int = 0) -> dict:
     alone = torch.cat([logp(model, t.select(torch.tensor([i], device=device)), False) for i in range(shape.rows)])
     out["bf16_packed_vs_padded"] = _stats(packed, padded, mask)
     out["bf16_padded_batch_vs_alone"] = _stats(padded, alone, mask)
-    last = t.prompt_width + mask.sum(1).long() - 1
-    rows = torch.arange(shape.rows, device=device)
-    ids = t.input_ids.clone()
-    ids[rows, last] = 3 + (ids[rows, last] - 2) % (model_config.vocab_size - 3)
-    changed = RolloutTensors(ids, t.attention_mask, t.position_ids, mask, t.rollout_logp, t.prompt_width)
-    kept = mask.clone()
-    kept[rows, last - t.prompt_width] = 0
-    out["bf16_leak"] = float(((logp(model, changed, True) - packed).abs().float() * kept).max())
+    changed, kept = last_tokens_changed(t, model_config.vocab_size)  # the doctor's leak probe, at this shape
+    out["bf16_leak"] = masked_max(logp(model, changed, True) - packed, kept)
     kernel = packed_attention._varlen_kernel()
     out["packed_attention"] = packed_attention.attention_implementation(model)
     out["varlen_kernel"] = None if kernel is None else sorted(kernel[1])

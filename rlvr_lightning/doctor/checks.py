@@ -13,7 +13,7 @@ import importlib.util
 import json
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property, partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -299,6 +299,18 @@ def chunked_head(s: Setup) -> Row:
 PACKED_LEAK_TOL = 1e-4
 
 
+def last_tokens_changed(t: RolloutTensors, vocab: int) -> tuple[RolloutTensors, torch.Tensor]:
+    """`t` with each row's last response token replaced by another, and the mask of the response tokens whose
+    log-probs must not move for it (all but those last ones): the packed forward's leak probe."""
+    last = t.prompt_width + t.response_mask.sum(1).long() - 1
+    rows = torch.arange(len(last), device=last.device)
+    ids = t.input_ids.clone()
+    ids[rows, last] = 3 + (ids[rows, last] - 2) % (vocab - 3)
+    kept = t.response_mask.clone()
+    kept[rows, last - t.prompt_width] = 0  # the changed tokens' own log-probs are meant to change
+    return replace(t, input_ids=ids), kept
+
+
 def packed_micro_batches(s: Setup) -> Row:
     """A packed forward (`model.packing`; on CUDA the varlen kernel of `models.packed_attention`) against the
     padded one, and its causality and isolation: the bugs of a varlen kernel's arguments (a window that is not
@@ -307,17 +319,11 @@ def packed_micro_batches(s: Setup) -> Row:
 
     name, model = "packed micro-batches", s.trainer_policy
     t = random_batch(model.config.vocab_size).to(s.device)
-    last = t.prompt_width + t.response_mask.sum(1).long() - 1  # each row's last response token
-    changed_ids = t.input_ids.clone()
-    rows = torch.arange(len(last), device=s.device)
-    changed_ids[rows, last] = 3 + (changed_ids[rows, last] - 2) % (model.config.vocab_size - 3)
-    changed = RolloutTensors(changed_ids, *(getattr(t, f) for f in ("attention_mask", "position_ids", "response_mask", "rollout_logp")), t.prompt_width)  # fmt: skip
+    changed, kept = last_tokens_changed(t, model.config.vocab_size)
     with torch.no_grad():
         padded = policy_forward(model, t, s.rollout.temperature).logp
         packed = policy_forward(model, t, s.rollout.temperature, packed=True).logp
         packed_changed = policy_forward(model, changed, s.rollout.temperature, packed=True).logp
-    kept = t.response_mask.clone()
-    kept[rows, last - t.prompt_width] = 0  # the changed tokens' own log-probs are meant to change
     diff, tol = masked_max(packed - padded, t.response_mask), default_sync_tol(s.trainer_dtype, s.trainer_dtype)
     leak = masked_max(packed_changed - packed, kept)
     used = attention_implementation(model)  # after the packed forward switched it, where it does

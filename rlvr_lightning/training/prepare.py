@@ -57,15 +57,15 @@ def prepare_update(
     loss_mask = t.response_mask
     if mask_truncated:
         loss_mask = loss_mask * (~rollout.truncated).to(device, loss_mask.dtype)[:, None]
-    is_weight, is_stats = None, {}
-    if source == "update":
-        behaviour = FromUpdateForward(t.response_mask.shape, device, scorer if score_in_update else None)
-    elif source == "proximal":  # θ_old and the correction's weights come from the update's forwards
+    if source == "proximal":  # θ_old and the correction's weights come from the update's forwards
         versions = rollout.token_versions(t.response_mask.shape[1]).to(device)
         behaviour = ApproximateProximal(approximate_proximal, correction, versions, step.policy_version)
+        is_weight, is_stats = None, {}
     else:
-        behaviour = Precomputed(t.rollout_logp if source == "rollout" else old_logp, source)
-    if source != "proximal":
+        if source == "update":
+            behaviour = FromUpdateForward(t.response_mask.shape, device, scorer if score_in_update else None)
+        else:
+            behaviour = Precomputed(t.rollout_logp if source == "rollout" else old_logp, source)
         is_weight, is_stats = correction(CorrectionInputs(old_logp, t.rollout_logp, loss_mask))
     correct = rollout.correct.to(device, torch.float32)
     inputs = UpdateInputs(t, advantages, ref_logp, loss_mask, is_weight, correct, G, temperature, behaviour)
