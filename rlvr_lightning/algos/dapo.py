@@ -102,11 +102,11 @@ class DAPO(GRPO):
             self.trainer.should_stop = True
         return collected.rollout
 
-    # ---- 4. reward: ±1 correctness plus the overlong penalty ---------------------------------
     def rollout_prompts(self, step: StepContext, index: int) -> PromptBatch:
         batch = super().rollout_prompts(step, index)
         return self.dynamic_sampler.first_round_prompts(step, batch) if self.hparams.dynamic_sampling else batch
 
+    # ---- 4. reward: ±1 correctness plus the overlong penalty ---------------------------------
     def rewards(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         h = self.hparams
         correct = rollout.correct.float()

@@ -133,9 +133,13 @@ class DynamicSampler:
         self.on_exhausted, self.max_empty_batches = on_exhausted, max_empty_batches
         self.empty_streak = 0
 
+    def round_size(self, batch: PromptBatch) -> int:
+        """Prompts per generation round: `gen_batch_size`, default 3 × the dataloader's batch."""
+        return self.gen_batch_size or 3 * len(batch)
+
     def first_round_prompts(self, step: StepContext, batch: PromptBatch) -> PromptBatch:
         """Round 0's prompts: the dataloader's batch, so every prompt of an epoch is still seen, then extra ones."""
-        return self._with_extra(step, batch, self.gen_batch_size or 3 * len(batch))
+        return self._with_extra(step, batch, self.round_size(batch))
 
     @staticmethod
     def _with_extra(step: StepContext, prompts: PromptBatch, size: int) -> PromptBatch:
@@ -145,7 +149,7 @@ class DynamicSampler:
     def collect(self, step: StepContext, batch: PromptBatch, timer: StageTimer, first: Rollout | None = None) -> Collected:
         """`first`: round 0 already generated and scored (by the rollout stream, ahead); the rounds after it are
         generated now, by the current policy."""
-        gen_batch_size = self.gen_batch_size or 3 * len(batch)
+        gen_batch_size = self.round_size(batch)
 
         def draw_round(k: int) -> Rollout:
             if k == 0 and first is not None:
