@@ -96,9 +96,11 @@ def lagged_module(tiny_policy_dir):
     from rlvr_lightning.rollout.settings import RolloutSettings
     from rlvr_lightning.standalone import standalone
 
-    def build(max_staleness=1, partial_rollouts=False, module_class=GRPO, callbacks=(), **model_kwargs):
+    def build(max_staleness=1, partial_rollouts=False, module_class=GRPO, callbacks=(), stream_mode="reproducible",
+              stale_groups="hold", **model_kwargs):  # fmt: skip
         rollout = RolloutSettings(engine="hf", group_size=2, max_response_length=4)
         rollout.max_staleness, rollout.partial_rollouts = max_staleness, partial_rollouts  # as a server run's
+        rollout.stream_mode, rollout.stale_groups = stream_mode, stale_groups
         dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=2, val_data=None, rollout=rollout)
         return standalone(module_class(**model_kwargs), dm, callbacks=[RewardVerifier(num_workers=1), *callbacks])
 

@@ -250,6 +250,58 @@ def test_cli_run_on_two_replicas_one_step_off_policy(tmp_path, tiny_policy_dir):
     assert serve_processes(model_dir) == []  # the trainer took its servers down with it
 
 
+def test_requests_frozen_across_a_sync_continue_under_the_new_weights_with_each_tokens_version(servers, policy):
+    """The throughput stream's partial rollouts: a sync during a request freezes it (`/pause?mode=keep`), and
+    its later tokens come from the new weights; vLLM's weight-version spans give each token's version."""
+    import threading
+
+    tok, model = policy
+    servers.load_weights(full_weights(model), version=6)
+    servers.stream_across_syncs(keep_partial=True)
+    try:
+        out = {}
+        sampling = SamplingConfig(group_size=64, temperature=1.0, max_tokens=100, seed=5)
+        request = threading.Thread(target=lambda: out.update(g=servers.generate([tok("Hi\n").input_ids], sampling)))
+        request.start()
+        time.sleep(0.3)  # generating (64 × 100 tokens take seconds on CPU)
+        servers.load_weights(full_weights(perturbed(model)), version=7)
+        request.join()
+        (group,) = out["g"]
+        versions = [c.versions for c in group]
+        assert all(len(v) == len(c.token_ids) == len(c.logprobs) for v, c in zip(versions, group))
+        assert all(v == sorted(v) and set(v) <= {6, 7} for v in versions)  # version 6 until the sync, then 7
+        assert any(6 in v and 7 in v for v in versions), "no sequence was interrupted by the sync"
+    finally:
+        servers.across_syncs, servers.pause_mode = False, "wait"
+        servers.load_weights(full_weights(model), version=8)
+
+
+def test_cli_run_in_throughput_mode_trains_groups_as_they_finish_within_the_staleness(tmp_path, tiny_policy_dir):
+    """GRPO in the throughput mode (k = 2, partial rollouts, late groups dropped) on a `vllm serve` replica."""
+    import shutil
+
+    import mlflow
+
+    from tests.cli import run_cli, small_run_args
+
+    model_dir = shutil.copytree(tiny_policy_dir, tmp_path / "policy")
+    args = [*small_run_args(tmp_path, model_dir), "--trainer.max_steps", "5", "--rollout.engine", "vllm-server",
+            "--rollout.max_staleness", "2", "--rollout.partial_rollouts", "true", "--rollout.stream_mode",
+            "throughput", "--rollout.stale_groups", "drop", "--model.init_args.sync_check_every", "1"]  # fmt: skip
+    proc = run_cli(args, tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
+
+    def history(key):
+        return [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]
+
+    assert [s for s, _ in history("train/groups_dropped")] == [0, 1, 2, 3, 4]
+    assert all(0 <= v <= 2 for _, v in history("train/staleness_max"))
+    assert max(v for _, v in history("train/sync_probe_max_abs_diff")) < 1e-3
+    assert serve_processes(model_dir) == []
+
+
 def test_an_attached_server_that_dies_stops_the_run_with_how_to_resume(servers, policy):
     """Last of the tests on the shared servers: it kills one."""
     tok, _ = policy
@@ -265,8 +317,9 @@ def test_an_attached_server_that_dies_stops_the_run_with_how_to_resume(servers, 
 
 
 def test_two_fsdp_ranks_share_attached_servers(tmp_path, quick_warm_start):
-    """Two trainer ranks (FSDP2 on CPU) sharing one attached server: rank 0 alone writes the weights,
-    every rank gathers them and waits for the sync before it samples or probes again."""
+    """Two trainer ranks (FSDP2 on CPU) sharing one attached server, each streaming two versions ahead with
+    partial rollouts: rank 0 alone writes the weights, every rank gathers them and waits for the sync (and its
+    own segments) before it samples or probes again."""
     import json
 
     import mlflow
@@ -279,7 +332,8 @@ def test_two_fsdp_ranks_share_attached_servers(tmp_path, quick_warm_start):
     try:
         url = launcher.replicas[0].url
         args = [*fsdp_args(tmp_path, model_dir), "--rollout.engine", "vllm-server", "--rollout.server_urls", f"[{url}]",
-                "--rollout.max_staleness", "1", "--model.init_args.sync_check_every", "1"]  # fmt: skip
+                "--rollout.max_staleness", "2", "--rollout.partial_rollouts", "true",
+                "--model.init_args.sync_check_every", "1"]  # fmt: skip
         proc = run_cli(args, tmp_path, timeout=600)
         assert proc.returncode == 0, proc.stderr[-4000:]
         assert launcher.replicas[0].process.alive()  # attached: the trainer left it running
@@ -290,7 +344,7 @@ def test_two_fsdp_ranks_share_attached_servers(tmp_path, quick_warm_start):
         client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
         (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
         lags = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/staleness_max"))
-        assert lags == [(0, 0.0), *((s, 1.0) for s in range(1, STEPS))]
+        assert lags == [(0, 0.0), (1, 1.0), *((s, 2.0) for s in range(2, STEPS))]  # two versions ahead
         assert max(m.value for m in client.get_metric_history(run.info.run_id, "train/sync_probe_max_abs_diff")) < 1e-3
     finally:
         launcher.close()

@@ -46,6 +46,7 @@ from rlvr_lightning.training.prepare import prepare_update
 from rlvr_lightning.training.rollout_stream import RolloutStream
 from rlvr_lightning.training.shaping import compose_token_weights, shaper_metrics
 from rlvr_lightning.training.step_metrics import StageTimer, StepResult, step_metrics
+from rlvr_lightning.training.throughput_stream import ThroughputStream
 from rlvr_lightning.training.update import NonFiniteGuard, PolicyUpdate
 
 
@@ -153,7 +154,8 @@ class RLVRModule(L.LightningModule):
             tol=FP32_SYNC_TOL if sync_check_tol is None else sync_check_tol, check_every=sync_check_every
         )
         self.nonfinite = NonFiniteGuard(max_nonfinite_steps)
-        self.rollout_stream: RolloutStream | None = None  # rollout.max_staleness > 0: the batches generated ahead
+        # rollout.max_staleness > 0: the rollouts generated ahead (rollout.stream_mode)
+        self.rollout_stream: RolloutStream | ThroughputStream | None = None
         self._stream_state: dict | None = None  # a checkpoint's batches in flight, until the stream is built
         self._engine: RolloutEngine | None = None  # built on first use, from the `rollout:` section
 
@@ -294,11 +296,15 @@ class RLVRModule(L.LightningModule):
         """The prompts rollout batch `index` generates: the dataloader's batch (DAPO adds its first round's)."""
         return step.data.train_batch_at(index)
 
-    def stream(self) -> RolloutStream:
+    def stream(self) -> RolloutStream | ThroughputStream:
         """The rollout stream (`rollout.max_staleness` > 0), built on first use with a checkpoint's batches."""
         if self.rollout_stream is None:
-            rollout = self.datamodule.rollout
-            self.rollout_stream = RolloutStream(rollout.max_staleness, rollout.partial_rollouts, self.rollout_prompts)
+            r = self.datamodule.rollout
+            if r.stream_mode == "throughput":
+                self.rollout_stream = ThroughputStream(r.max_staleness, r.partial_rollouts, r.stale_groups == "hold",
+                                                       self.rollout_prompts)  # fmt: skip
+            else:
+                self.rollout_stream = RolloutStream(r.max_staleness, r.partial_rollouts, self.rollout_prompts)
             if self._stream_state is not None:
                 self.rollout_stream.load_state_dict(self._stream_state)
                 self._stream_state = None
@@ -343,6 +349,8 @@ class RLVRModule(L.LightningModule):
             self.engine_sync.sync(step.engine, self.load_engine, self.policy_version + 1, rollout, trainer_score)
             step.after_engine_sync()
             self.policy_version += 1
+        if self.rollout_stream is not None:
+            self.rollout_stream.synced(self.policy_version)
         behaviour_metrics = getattr(inputs.behaviour, "metrics", dict)()  # a correction read in the update's forwards
         metrics = {**update_metrics, **prepare_metrics, **behaviour_metrics, **shaper_metrics(advantage_shapers(self.trainer)),
                    **rollout.staleness(step.policy_version)}  # fmt: skip

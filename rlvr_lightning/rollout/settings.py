@@ -73,6 +73,8 @@ class RolloutSettings:
         weight_transfer_timeout_s: float = 120.0,
         max_staleness: int = 0,
         partial_rollouts: bool = False,
+        stream_mode: Literal["reproducible", "throughput"] = "reproducible",
+        stale_groups: Literal["hold", "drop"] = "hold",
     ) -> None:
         """Every argument is a CLI flag, `--rollout.<name>`.
 
@@ -121,6 +123,14 @@ class RolloutSettings:
             partial_rollouts: with max_staleness ≥ 2, each batch is generated over the versions it has before it
                 trains, in segments: sequences interrupted by a weight sync continue under the new weights
                 from where they stopped, every token keeping the version and log-prob that sampled it.
+            stream_mode: with max_staleness ≥ 1, `reproducible` (what is generated under which version, and
+                where sequences are interrupted, follow from the seed and the step: runs repeat and resume
+                exactly) or `throughput` (groups generated continuously and trained as they finish; timing
+                decides which, so runs do not repeat: `training/throughput_stream.py`).
+            stale_groups: `throughput` mode, a group that would train more than max_staleness versions after
+                it was issued: `hold` (steps train the groups due first, waiting for them; none is lost) or
+                `drop` (dropped and its prompt issued again; logs `train/groups_dropped` and
+                `train/dropped_response_length_mean`, since dropping favours short answers).
         """
         if None in (dtype, gpu_memory_utilization, enforce_eager):  # built in Python: this machine's defaults
             given = {"rollout.dtype": dtype, "rollout.gpu_memory_utilization": gpu_memory_utilization,
@@ -139,6 +149,15 @@ class RolloutSettings:
             raise ConfigError(
                 f"rollout.max_staleness={max_staleness} needs rollout.engine=vllm-server (got {engine}): the rollouts "
                 "ahead run on the servers while this process updates the policy"
+            )
+        check_choice("rollout.stream_mode", stream_mode, ("reproducible", "throughput"))
+        check_choice("rollout.stale_groups", stale_groups, ("hold", "drop"))
+        if stream_mode == "throughput" and max_staleness < 1:
+            raise ConfigError("rollout.stream_mode=throughput generates ahead of the trainer: set rollout.max_staleness ≥ 1")
+        if stale_groups == "drop" and stream_mode != "throughput":
+            raise ConfigError(
+                "rollout.stale_groups=drop needs rollout.stream_mode=throughput: the reproducible stream never "
+                "generates a group more than max_staleness versions ahead, so it has nothing to drop"
             )
         if partial_rollouts and max_staleness < 1:
             raise ConfigError("rollout.partial_rollouts continues sequences across weight syncs: set rollout.max_staleness ≥ 1")
@@ -162,6 +181,7 @@ class RolloutSettings:
         self.server_cuda_devices, self.server_start_timeout_s = server_cuda_devices, server_start_timeout_s
         self.server_args, self.weight_transfer = server_args, weight_transfer
         self.max_staleness, self.partial_rollouts = max_staleness, partial_rollouts
+        self.stream_mode, self.stale_groups = stream_mode, stale_groups
         self.server_request_timeout_s, self.weight_transfer_host = server_request_timeout_s, weight_transfer_host
         self.weight_transfer_timeout_s = weight_transfer_timeout_s
 
@@ -214,6 +234,12 @@ class RolloutSettings:
     def _build_server_engine(self, site: EngineSite) -> RolloutEngine:
         from rlvr_lightning.rollout.vllm_server import VLLMServerEngine
 
+        if self.stream_mode == "throughput" and self.partial_rollouts and site.lora_max_rank is not None:
+            raise ConfigError(
+                "rollout.stream_mode=throughput with rollout.partial_rollouts does not run a LoRA policy: its adapter "
+                "sync unloads the adapter that the requests frozen across it name. Set rollout.partial_rollouts "
+                "false (each sync waits for the requests in flight) or rollout.stream_mode reproducible"
+            )
         # Launched servers belong to their rank; attached ones are shared, and rank 0 alone writes the weights.
         role = "only" if site.world_size == 1 or not self.server_urls else ("leader" if site.rank == 0 else "follower")
         return VLLMServerEngine(

@@ -71,6 +71,15 @@ def post(session, url: str, route: str, timeout: float, **kwargs) -> dict:
         return {"text": resp.text}
 
 
+def token_versions(spans: list[dict], num_tokens: int, url: str) -> list[int]:
+    """Each token's weight version from vLLM's spans ({version, start, end} over output-token indexes)."""
+    versions = [int(span["version"]) for span in spans for _ in range(span["start"], span["end"])]
+    if len(versions) != num_tokens:
+        raise WeightSyncError(f"rollout server {url}: its weight-version spans {spans} do not cover the "
+                              f"{num_tokens} tokens it generated; this vLLM cannot say which weights sampled them")  # fmt: skip
+    return versions
+
+
 class VLLMServerEngine:
     """The rollout engine over `vllm serve` replicas (see the module docstring)."""
 
@@ -108,10 +117,12 @@ class VLLMServerEngine:
         self.spec, self.request_timeout_s, self.sync_role = spec, request_timeout_s, sync_role
         self.transfer_host, self.transfer_timeout_s = transfer_host, transfer_timeout_s
         self.session = requests.Session()
-        # One connection per concurrent request (the client pool's threads), not requests' default 10.
-        self.session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64))
+        # One connection per concurrent request (the client pool's threads, a throughput stream's), not 10.
+        self.session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=256))
         self.log_dir = Path(tempfile.mkdtemp(prefix="rlvr-vllm-servers-"))
         self.version = 0
+        # A sync drains the requests in flight (`wait`) unless a throughput stream lets them run across it.
+        self.across_syncs, self.pause_mode = False, "wait"
         self._restart_lock = threading.Lock()
         self.replicas: list[Replica] = []
         if urls:
@@ -170,7 +181,11 @@ class VLLMServerEngine:
         return post(self.session, url, route, timeout or self.request_timeout_s, **kwargs)
 
     # ---- RolloutEngine ------------------------------------------------------------------------
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[list[Completion]]:
+    def generate(
+        self, prompt_ids: list[list[int]], sampling: SamplingConfig, first_replica: int = 0
+    ) -> list[list[Completion]]:
+        """Prompt i goes to replica (first_replica + i) mod replicas; one prompt is sent from this thread."""
+
         def request(i: int) -> list[Completion]:
             params = {
                 "n": sampling.group_size, "temperature": sampling.temperature, "top_p": sampling.top_p,
@@ -180,8 +195,10 @@ class VLLMServerEngine:
             if sampling.seed is not None:  # one stream per prompt (vLLM gives the n children seed + j)
                 params["seed"] = (sampling.seed * 1_000_003 + i * sampling.group_size) % (2**31)
             body = {"token_ids": list(prompt_ids[i]), "sampling_params": params, **self._adapter_field()}
-            return self._generate_one(i % len(self.replicas), body)
+            return self._generate_one((first_replica + i) % len(self.replicas), body)
 
+        if len(prompt_ids) == 1:  # a throughput stream's group: its threads are the concurrency
+            return [request(0)]
         return list(self.pool.map(request, range(len(prompt_ids))))
 
     def _generate_one(self, replica: int, body: dict) -> list[Completion]:
@@ -199,18 +216,27 @@ class VLLMServerEngine:
                 ) from e
         completions = []
         for choice in out["choices"]:
-            versions = {span["version"] for span in choice.get("weight_versions") or []}
-            if versions and versions != {str(self.version)}:
-                raise WeightSyncError(
-                    f"replica {self.replicas[replica].url} generated with weight version(s) {sorted(versions)}, "
-                    f"the trainer synced version {self.version}"
-                )
+            spans = choice.get("weight_versions") or []
             content = (choice.get("logprobs") or {}).get("content") or []
-            completions.append(Completion(
+            completion = Completion(
                 token_ids=list(choice["token_ids"]), logprobs=[c["logprob"] for c in content],
                 finish_reason=choice.get("finish_reason") or "length",
-            ))  # fmt: skip
+            )  # fmt: skip
+            if self.across_syncs:
+                completion.versions = token_versions(spans, len(completion.token_ids), self.replicas[replica].url)
+            elif {span["version"] for span in spans} - {str(self.version)}:
+                raise WeightSyncError(
+                    f"replica {self.replicas[replica].url} generated with weight version(s) "
+                    f"{sorted({span['version'] for span in spans})}, the trainer synced version {self.version}"
+                )
+            completions.append(completion)
         return completions
+
+    def stream_across_syncs(self, keep_partial: bool) -> None:
+        """Requests run while the weights change (the throughput stream): a sync freezes them and they continue
+        under the new weights (`keep_partial`), or it waits for them to finish; every completion gets the
+        version of each of its tokens from vLLM's weight-version spans."""
+        self.across_syncs, self.pause_mode = True, "keep" if keep_partial else "wait"
 
     def _recover(self, replica: int, restarts_seen: int, error: Exception) -> None:
         """A failed request: restart a launched replica that died (from the current weights), else raise.
@@ -247,7 +273,7 @@ class VLLMServerEngine:
                 pass
         else:
             for r in self.replicas:
-                self.post(r.url, "/pause", params={"mode": "wait"})
+                self.post(r.url, "/pause", params={"mode": self.pause_mode})
             try:
                 try:
                     self.transport.send(named_tensors, self.replicas)
@@ -281,7 +307,7 @@ class VLLMServerEngine:
             return
         name = adapter_name(self.version)
         for r in self.replicas:
-            self.post(r.url, "/pause", params={"mode": "wait"})
+            self.post(r.url, "/pause", params={"mode": self.pause_mode})
         try:
             try:
                 path = self.adapters.write(named_tensors, config, self.version)

@@ -121,6 +121,9 @@ class RolloutStream:
                 for f in work:
                     f.result()  # an engine error surfaces here
 
+    def synced(self, version: int) -> None:
+        """The servers hold `version` now (each segment reads the step's version itself)."""
+
     def close(self) -> None:
         for f in self.work:
             f.cancel()
