@@ -1,5 +1,6 @@
-"""Synchronous, one version ahead and two versions ahead with partial rollouts (`rollout.max_staleness` 0, 1
-and 2 with `rollout.partial_rollouts`) on `vllm serve` replicas: the embedded default GRPO step, side by side,
+"""Synchronous, one version ahead, and two versions ahead with partial rollouts in the reproducible and the
+throughput stream modes (`rollout.max_staleness` 0, 1 and 2 with `rollout.partial_rollouts`,
+`rollout.stream_mode`) on `vllm serve` replicas: the embedded default GRPO step, side by side,
 each mode in a fresh process with its own servers. Reports the median step time of each mode, its ratio to
 the synchronous step, and the overlap achieved: the share of generation time the step did not wait for
 (1 − rollout_wait / rollout), next to the update time it could hide.
@@ -23,19 +24,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import embedded_module, median, prompt_batches, run_child, write  # noqa: E402
 
-MODES = {  # name → (rollout.max_staleness, rollout.partial_rollouts)
-    "sync": (0, False),
-    "one-ahead": (1, False),
-    "two-ahead-partial": (2, True),
+MODES = {  # name → rollout settings
+    "sync": {"max_staleness": 0},
+    "one-ahead": {"max_staleness": 1},
+    "two-ahead-partial": {"max_staleness": 2, "partial_rollouts": True},
+    "two-ahead-throughput": {"max_staleness": 2, "partial_rollouts": True, "stream_mode": "throughput"},
 }
 
 
 def one(mode: str, steps: int, replicas: int) -> dict:
     from rlvr_lightning.algos import GRPO
 
-    max_staleness, partial = MODES[mode]
     module = embedded_module(GRPO(lr=3e-5, kl_coef=0.001, micro_batch_size=128), engine="vllm-server",
-                             max_staleness=max_staleness, partial_rollouts=partial, server_replicas=replicas)  # fmt: skip
+                             server_replicas=replicas, **MODES[mode])  # fmt: skip
     batches = prompt_batches(module)
     times, ahead = [], []
     try:

@@ -6,6 +6,7 @@ order (`train_on_batch`) and is never passed to them.
   generation.py       sample G completions per prompt with the engine, score them (the rollout callbacks)
   dynamic_sampling.py DAPO's rounds of generation until enough groups have mixed correctness
   rollout_stream.py   rollout batches generated ahead on the servers, up to max_staleness versions
+  throughput_stream.py  the same bound, groups generated continuously and trained as they finish
   prepare.py          lay the scored batch out as tensors; θ_old and reference log-probs; the advantage
                       shapers' token weights; loss mask; the rollout correction's weights → `UpdateInputs`
   behaviour.py        where θ_old's log-probs come from: a separate no-grad pass, the engine, or the
