@@ -250,6 +250,16 @@ def test_cli_run_on_two_replicas_one_step_off_policy(tmp_path, tiny_policy_dir):
     assert serve_processes(model_dir) == []  # the trainer took its servers down with it
 
 
+def generated_tokens(engine: VLLMServerEngine) -> float:
+    """Tokens the replicas have generated so far (vLLM's Prometheus counter)."""
+    total = 0.0
+    for r in engine.replicas:
+        for line in engine.session.get(f"{r.url}/metrics", timeout=30).text.splitlines():
+            if line.startswith("vllm:generation_tokens_total"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def test_requests_frozen_across_a_sync_continue_under_the_new_weights_with_each_tokens_version(servers, policy):
     """The throughput stream's partial rollouts: a sync during a request freezes it (`/pause?mode=keep`), and
     its later tokens come from the new weights; vLLM's weight-version spans give each token's version."""
@@ -262,9 +272,13 @@ def test_requests_frozen_across_a_sync_continue_under_the_new_weights_with_each_
         out = {}
         sampling = SamplingConfig(group_size=64, temperature=1.0, max_tokens=100, seed=5)
         request = threading.Thread(target=lambda: out.update(g=servers.generate([tok("Hi\n").input_ids], sampling)))
+        moved = full_weights(perturbed(model))  # before the request: loading it takes longer than generating
+        before = generated_tokens(servers)
         request.start()
-        time.sleep(0.3)  # generating (64 × 100 tokens take seconds on CPU)
-        servers.load_weights(full_weights(perturbed(model)), version=7)
+        deadline = time.monotonic() + 60
+        while generated_tokens(servers) == before and time.monotonic() < deadline:  # until decoding has begun
+            time.sleep(0.01)
+        servers.load_weights(moved, version=7)  # 64 × 100 tokens take about a second on CPU
         request.join()
         (group,) = out["g"]
         versions = [c.versions for c in group]
