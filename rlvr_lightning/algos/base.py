@@ -74,6 +74,7 @@ class RLVRModule(L.LightningModule):
         proximal_policy: kinds.ProximalPolicyName = "recompute",
         clip_eps_low: float = 0.2,
         clip_eps_high: float = 0.2,
+        dual_clip_c: float | None = None,
         kl_coef: float = 0.0,
         tis_cap: float = 2.0,
         two_pass: bool = False,
@@ -114,6 +115,8 @@ class RLVRModule(L.LightningModule):
                 interpolation between the engine's and the update's log-probs, no extra forward).
             clip_eps_low: ε_low of the clip range [1−ε_low, 1+ε_high] of clipped losses.
             clip_eps_high: ε_high (ε_high > ε_low is DAPO's clip-higher).
+            dual_clip_c: dual-clip PPO's c > 1 (`ppo-clip`, `gspo`, `gspo-token`): where Â < 0 the loss is also
+                capped at c·|Â|; None (default) = off. verl and SkyRL use 3.
             kl_coef: β of the KL penalty; 0 = no KL term and no reference model.
             tis_cap: upper bound of the truncated-IS weight.
             two_pass: group-level losses only: micro-batches may split groups (the exact two-pass method).

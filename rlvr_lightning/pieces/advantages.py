@@ -39,6 +39,16 @@ def dr_grpo_advantage(inputs: AdvantageInputs) -> torch.Tensor:
     return group_advantage(inputs.rewards, inputs.group_size, use_std=False)
 
 
+@advantage_estimators.register("maxrl", anchor="maxrl")
+def maxrl_advantage(inputs: AdvantageInputs) -> torch.Tensor:
+    """MaxRL: the group-centred reward over the group's mean, (r − r̄)/r̄; 0 for a group whose mean is ≤ 0 (no
+    success: no signal). With binary rewards and K of G correct, a success gets G/K − 1, a failure −1."""
+    R = inputs.rewards.view(-1, inputs.group_size).float()
+    mean = R.mean(1, keepdim=True)
+    A = torch.where(mean > 0, (R - mean) / mean.clamp(min=torch.finfo(R.dtype).tiny), torch.zeros_like(R))
+    return A.view(-1)
+
+
 @advantage_estimators.register("rloo", anchor="rloo")
 def rloo_advantage(inputs: AdvantageInputs) -> torch.Tensor:
     """RLOO: r_j minus the mean of the group's other G−1 rewards, = G/(G−1)·(r_j − mean)."""

@@ -22,6 +22,13 @@ def token_mean(per_tok: Tensor, mask: Tensor, norms: StepNorms) -> Tensor:
     return (per_tok * mask).sum() / norms.num_tokens * norms.world_size
 
 
+@loss_aggregators.register("seq-mean-token-sum", anchor="loss-aggregation")
+def seq_mean_token_sum(per_tok: Tensor, mask: Tensor, norms: StepNorms) -> Tensor:
+    """Sum over each sequence's tokens, mean over the step's sequences (verl's `seq-mean-token-sum`): a
+    sequence weighs by its length, and the loss's scale grows with the answers."""
+    return (per_tok * mask).sum() / norms.num_seqs * norms.world_size
+
+
 @loss_aggregators.register("seq-mean-token-sum-norm", anchor="loss-aggregation")
 def seq_mean_token_sum_norm(per_tok: Tensor, mask: Tensor, norms: StepNorms) -> Tensor:
     """Sum over tokens / (sequences × max_response_length), a constant (Dr. GRPO: no length bias)."""

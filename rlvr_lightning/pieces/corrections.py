@@ -117,3 +117,60 @@ def geo_mask(x: CorrectionInputs, *, is_mask_low: float = 0.999, is_mask_high: f
 def icepop(x: CorrectionInputs, *, is_mask_low: float = 0.5, is_mask_high: float = 5.0) -> Weights:
     """IcePop: two-sided token masking, w_t = π_old/π_rollout inside [α, β] = [0.5, 5], else 0."""
     return _masked(_token_log_ratio(x), x.mask, is_mask_low, is_mask_high)
+
+
+@rollout_corrections.register(
+    "tis-geo", anchor="sequence-weights-by-the-mean-log-ratio-opsm-and-kpop", check=check_tis_cap, level="sequence"
+)
+def tis_geo(x: CorrectionInputs, *, tis_cap: float) -> Weights:
+    """Truncated importance sampling per sequence by the mean log-ratio: w = min(ρ(y)^(1/|y|), cap), the
+    geometric mean of the token ratios (AReaL's sequence-level weight), on all of the sequence's tokens."""
+    log_geo = _sequence_log_ratio(x) / x.mask.sum(1, keepdim=True).clamp(min=1)
+    return _truncated(log_geo.expand_as(x.mask), x.mask, tis_cap)
+
+
+def check_opsm_delta(*, opsm_delta: float) -> None:
+    if not opsm_delta >= 0:
+        raise ValueError(f"opsm_delta (the sequence KL above which OPSM masks) must be ≥ 0, got {opsm_delta}")
+
+
+@rollout_corrections.register(
+    "opsm", anchor="sequence-weights-by-the-mean-log-ratio-opsm-and-kpop", check=check_opsm_delta, level="sequence"
+)
+@torch.no_grad()
+def opsm(x: CorrectionInputs, *, opsm_delta: float = 1e-4) -> Weights:
+    """Off-policy sequence masking (DeepSeek-V3.2; slime's `--use-opsm`): a sequence with a negative advantage
+    whose mean log-ratio log π_rollout − log π_old (a k1 estimate of KL(π_rollout‖π_old)) exceeds δ is left
+    out (weight 0); every other keeps weight 1."""
+    if x.advantages is None:
+        raise ValueError("opsm masks by the advantage's sign: its CorrectionInputs need `advantages`")
+    tokens = x.mask.sum(1, keepdim=True).clamp(min=1)
+    kl = -_sequence_log_ratio(x) / tokens
+    advantage = (x.advantages * x.mask).sum(1, keepdim=True) / tokens
+    masked = (advantage < 0) & (kl > opsm_delta)
+    weights = (~masked).to(x.mask.dtype).expand_as(x.mask) * x.mask
+    return weights, {"opsm_masked_frac": masked_mean(masked.expand_as(x.mask).float(), x.mask).item()}
+
+
+def check_kpop_threshold(*, kpop_threshold: float) -> None:
+    if not kpop_threshold > 0:
+        raise ValueError(f"kpop_threshold (the binary KL a token may reach) must be > 0, got {kpop_threshold}")
+
+
+def binary_kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """KL(Bernoulli(p) ‖ Bernoulli(q)), p and q kept inside (0, 1)."""
+    p, q = p.clamp(1e-8, 1 - 1e-8), q.clamp(1e-8, 1 - 1e-8)
+    return p * (p / q).log() + (1 - p) * ((1 - p) / (1 - q)).log()
+
+
+@rollout_corrections.register("kpop", anchor="sequence-weights-by-the-mean-log-ratio-opsm-and-kpop", check=check_kpop_threshold)
+@torch.no_grad()
+def kpop(x: CorrectionInputs, *, kpop_threshold: float = 2.0) -> Weights:
+    """KPop (AReaL): a token is kept, with weight π_old/π_rollout, when the binary KL between the two policies'
+    probabilities of it, taken both ways, stays ≤ φ; else it is left out (weight 0)."""
+    p, q = x.old_logp.exp(), x.rollout_logp.exp()
+    kept = torch.maximum(binary_kl(p, q), binary_kl(q, p)) <= kpop_threshold  # False for NaN
+    value = _token_log_ratio(x).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+    weights = torch.where(kept & x.mask.bool(), value, 0.0)
+    return weights, {"is_weight_mean": masked_mean(weights, x.mask).item(),
+                     "is_masked_frac": masked_mean((~kept).float(), x.mask).item()}  # fmt: skip

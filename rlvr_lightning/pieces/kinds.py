@@ -85,6 +85,7 @@ class CorrectionInputs:
     old_logp: Tensor  # [N, T] θ_old's log-probs as the trainer computes them
     rollout_logp: Tensor  # [N, T] the engine's log-probs of the sampled tokens
     mask: Tensor  # [N, T]
+    advantages: Tensor | None = None  # [N, T] token advantages (OPSM masks by their sign)
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,7 @@ class ApproximateProximal:
         old_logp = self.approximate(ProximalInputs(
             behaviour, forward.logp.detach(), self.versions[rows, :width], self.version, self.version + updates, mask,
         ))  # fmt: skip
-        weight, stats = self.correct(CorrectionInputs(old_logp, behaviour, mask))
+        weight, stats = self.correct(CorrectionInputs(old_logp, behaviour, mask, inputs.advantages[rows, :width]))
         tokens = float(mask.sum())
         for k, v in stats.items():  # token-weighted over the micro-batches of every step
             self._stats[k] += v * tokens

@@ -66,7 +66,7 @@ def prepare_update(
             behaviour = FromUpdateForward(t.response_mask.shape, device, scorer if score_in_update else None)
         else:
             behaviour = Precomputed(t.rollout_logp if source == "rollout" else old_logp, source)
-        is_weight, is_stats = correction(CorrectionInputs(old_logp, t.rollout_logp, loss_mask))
+        is_weight, is_stats = correction(CorrectionInputs(old_logp, t.rollout_logp, loss_mask, advantages))
     correct = rollout.correct.to(device, torch.float32)
     inputs = UpdateInputs(t, advantages, ref_logp, loss_mask, is_weight, correct, G, temperature, behaviour)
     return inputs, is_stats, weights

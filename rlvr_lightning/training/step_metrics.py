@@ -94,7 +94,8 @@ class MetricAccumulator:
 
     def result(self) -> dict[str, float]:
         out = {k: self.sums[k] / self.counts[k] for k in self.sums if self.counts[k] > 0}
-        for old, new in (("clipped_low", "clip_frac_low"), ("clipped_high", "clip_frac_high"), ("ratio", "ratio_mean")):
+        for old, new in (("clipped_low", "clip_frac_low"), ("clipped_high", "clip_frac_high"), ("clipped_dual", "clip_frac_dual"),
+                         ("ratio", "ratio_mean")):  # fmt: skip
             if old in out:
                 out[new] = out.pop(old)
         if "clip_frac_low" in out:

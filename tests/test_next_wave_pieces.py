@@ -1,0 +1,170 @@
+"""The pieces the field adopted lately, each against its paper's formula on hand-checkable tensors:
+dual-clip PPO, DPPO's trust-region masks, DRO, MaxRL, seq-mean-token-sum, and the rollout corrections
+tis-geo, OPSM and KPop."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlvr_lightning.pieces.kinds import (
+    AdvantageInputs,
+    CorrectionInputs,
+    StepNorms,
+    TokenLossInputs,
+    advantage_estimators,
+    loss_aggregators,
+    policy_losses,
+    rollout_corrections,
+)
+
+
+def loss(name: str, logp, old_logp, adv, mask=None, **knobs):
+    mask = torch.ones_like(logp) if mask is None else mask
+    bound = policy_losses.get(name).bind({"clip_eps_low": 0.2, "clip_eps_high": 0.2, **knobs})
+    return bound(TokenLossInputs(logp, old_logp, adv, mask))
+
+
+# ---- dual-clip PPO --------------------------------------------------------------------------------------
+def test_dual_clip_caps_the_loss_of_negative_advantages_at_c_times_their_size():
+    ratio = torch.tensor([[0.5, 1.5, 2.5, 4.0, 2.9]])
+    logp = ratio.log().requires_grad_()
+    adv = torch.full((1, 5), -2.0)
+    per_tok, stats = loss("ppo-clip", logp, torch.zeros(1, 5), adv, dual_clip_c=3.0)
+    # PPO: max(2ρ, 2·clip(ρ, 0.8, 1.2)) = 1.6, 3, 5, 8, 5.8; the dual clip caps it at c·|Â| = 6.
+    torch.testing.assert_close(per_tok, torch.tensor([[1.6, 3.0, 5.0, 6.0, 5.8]]))
+    assert stats["clipped_dual"].tolist() == [[False, False, False, True, False]]
+    per_tok.sum().backward()
+    # d(2ρ)/d log π = 2ρ where the unclipped branch acts; nothing past the cap or inside the lower clip.
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 3.0, 5.0, 0.0, 5.8]]))
+
+
+def test_dual_clip_leaves_positive_advantages_and_the_default_alone():
+    logp, old = torch.tensor([[0.1, 1.6, -0.7]]), torch.zeros(1, 3)
+    for adv in (torch.ones(1, 3), -torch.ones(1, 3)):
+        plain, _ = loss("ppo-clip", logp, old, adv)
+        off, stats = loss("ppo-clip", logp, old, adv, dual_clip_c=None)
+        assert torch.equal(plain, off) and "clipped_dual" not in stats
+    positive, _ = loss("ppo-clip", logp, old, torch.ones(1, 3), dual_clip_c=3.0)
+    assert torch.equal(positive, loss("ppo-clip", logp, old, torch.ones(1, 3))[0])
+
+
+def test_dual_clip_on_gspo_acts_on_the_sequence_ratio():
+    # Sequence log-ratio mean(log 4, log 4) = log 4: s = 4 > c = 3, Â = −1: every token's term is capped at 3.
+    logp = torch.full((1, 2), math.log(4.0))
+    per_tok, stats = loss("gspo", logp, torch.zeros(1, 2), -torch.ones(1, 2), dual_clip_c=3.0)
+    torch.testing.assert_close(per_tok, torch.full((1, 2), 3.0))
+    assert stats["clipped_dual"].all()
+
+
+@pytest.mark.parametrize("c", [1.0, 0.5])
+def test_dual_clip_needs_c_above_one(c):
+    with pytest.raises(ValueError, match="dual_clip_c"):
+        policy_losses.get("ppo-clip").check_knobs({"clip_eps_low": 0.2, "clip_eps_high": 0.2, "dual_clip_c": c})
+
+
+# ---- DPPO ------------------------------------------------------------------------------------------------
+def probs(pi: list[float], mu: list[float]):
+    logp = torch.tensor([pi]).log().requires_grad_()
+    return logp, torch.tensor([mu]).log()
+
+
+@pytest.mark.parametrize("adv, masked", [(1.0, [True, False, False]), (-1.0, [False, True, False])])
+def test_dppo_tv_masks_only_the_direction_the_advantage_pushes(adv, masked):
+    # π − μ: +0.2 (left the region upwards), −0.2 (downwards), +0.009 (a rare token whose ratio is 10).
+    logp, old = probs([0.7, 0.3, 0.01], [0.5, 0.5, 0.001])
+    A = torch.full((1, 3), adv)
+    per_tok, stats = loss("dppo-tv", logp, old, A, clip_eps_low=0.15, clip_eps_high=0.15)
+    assert (stats["clipped_high"] | stats["clipped_low"]).tolist() == [masked]
+    per_tok.sum().backward()
+    ratio = torch.tensor([0.7 / 0.5, 0.3 / 0.5, 10.0])
+    expected = torch.where(torch.tensor(masked), 0.0, -adv * ratio)  # −Â·min(r, C) on the kept, C = 10
+    torch.testing.assert_close(logp.grad, expected[None], rtol=1e-4, atol=1e-6)
+
+
+def test_dppo_kl_uses_the_binary_kl_of_the_sampled_token():
+    # μ = 0.5: π = 0.6 → D = 0.0204 (kept), 0.8 → 0.2231 (up), 0.3 → 0.0872 (down); δ = 0.05.
+    logp, old = probs([0.6, 0.8, 0.3], [0.5, 0.5, 0.5])
+    up, stats_up = loss("dppo-kl", logp, old, torch.ones(1, 3), clip_eps_low=0.05, clip_eps_high=0.05)
+    down, stats_down = loss("dppo-kl", logp, old, -torch.ones(1, 3), clip_eps_low=0.05, clip_eps_high=0.05)
+    assert stats_up["clipped_high"].tolist() == [[False, True, False]]
+    assert stats_down["clipped_low"].tolist() == [[False, False, True]]
+
+
+def test_dppo_caps_the_ratio_weight():
+    logp, old = probs([0.01], [0.001])
+    per_tok, _ = loss("dppo-tv", logp, old, -torch.ones(1, 1), dppo_ratio_cap=3.0)
+    per_tok.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[3.0]]))
+
+
+# ---- DRO -------------------------------------------------------------------------------------------------
+def test_dro_gradient_is_minus_the_advantage_plus_beta_times_the_log_ratio():
+    d = torch.tensor([[0.0, 0.5, -0.2]])
+    old = torch.tensor([[-1.0, -2.0, -0.5]])
+    logp = (old + d).requires_grad_()
+    A = torch.tensor([[1.0, 0.5, -1.0]])
+    per_tok, _ = loss("dro", logp, old, A, dro_beta=1.0)
+    torch.testing.assert_close(per_tok, -(A * logp - 0.5 * d**2))
+    per_tok.sum().backward()
+    # −Â + β·d; the second token sits where the log-ratio reached Â/β: no gradient.
+    torch.testing.assert_close(logp.grad, torch.tensor([[-1.0, 0.0, 0.8]]))
+
+
+# ---- MaxRL -----------------------------------------------------------------------------------------------
+def maxrl(rewards: list[float], G: int) -> list[float]:
+    x = torch.tensor(rewards)
+    return advantage_estimators.get("maxrl").fn(AdvantageInputs(x, (x > 0).float(), G)).tolist()
+
+
+def test_maxrl_divides_the_centred_reward_by_the_group_mean():
+    assert maxrl([1, 0, 0, 0, 1, 1, 0, 0], 4) == [3.0, -1.0, -1.0, -1.0, 1.0, 1.0, -1.0, -1.0]  # G/K − 1, −1
+    assert maxrl([0, 0, 1, 1], 2) == [0.0, 0.0, 0.0, 0.0]  # no success, or all: no signal
+    scaled = maxrl([0.5, 0, 0.25, 0.25], 4)  # r/r̄ − 1, invariant to scaling r
+    assert scaled == pytest.approx(maxrl([2, 0, 1, 1], 4)) and sum(scaled) == pytest.approx(0)
+
+
+# ---- seq-mean-token-sum ----------------------------------------------------------------------------------
+def test_seq_mean_token_sum_sums_each_sequence_and_averages_over_the_steps_sequences():
+    per_tok = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])  # the 9 is padding
+    norms = StepNorms(num_seqs=4.0, num_tokens=5.0, num_groups=1.0, num_mixed_seqs=0.0, world_size=2, norm_const=3.0)
+    # (6 + 9) / 4 sequences of the whole step, × 2 ranks (undoing the gradient averaging).
+    assert loss_aggregators.get("seq-mean-token-sum").fn(per_tok, mask, norms).item() == pytest.approx(15 / 4 * 2)
+
+
+# ---- rollout corrections: tis-geo, OPSM, KPop ------------------------------------------------------------
+def correction(name: str, old: list[list[float]], rollout: list[list[float]], mask=None, advantages=None, **knobs):
+    old_t, rollout_t = torch.tensor(old), torch.tensor(rollout)
+    mask = torch.ones_like(old_t) if mask is None else torch.tensor(mask)
+    adv = None if advantages is None else torch.tensor(advantages)
+    return rollout_corrections.get(name).fn(CorrectionInputs(old_t, rollout_t, mask, adv), **knobs)
+
+
+def test_tis_geo_weighs_each_sequence_by_the_geometric_mean_of_its_ratios():
+    ln2 = math.log(2)
+    weights, _ = correction("tis-geo", [[ln2, -ln2, 0.0], [ln2, ln2, 50.0]], [[0.0] * 3] * 2, mask=[[1, 1, 0], [1, 1, 0]],
+                            tis_cap=1.5)  # fmt: skip
+    # ρ = (2, ½): geometric mean 1; ρ = (2, 2): 2, capped at 1.5; the padded position changes neither.
+    torch.testing.assert_close(weights, torch.tensor([[1.0, 1.0, 0.0], [1.5, 1.5, 0.0]]))
+
+
+def test_opsm_masks_negative_sequences_whose_rollout_drifted_from_theta_old():
+    rollout = [[0.0, 0.0]] * 3
+    old = [[-0.1, -0.1], [-0.1, -0.1], [-1e-4, -1e-4]]  # mean log π_rollout − log π_old: 0.1, 0.1, exactly δ
+    weights, stats = correction("opsm", old, rollout, advantages=[[-1.0, -1.0], [1.0, 1.0], [-1.0, -1.0]], opsm_delta=1e-4)
+    assert weights.tolist() == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]  # Â ≥ 0 kept; at δ kept (strict)
+    assert stats["opsm_masked_frac"] == pytest.approx(1 / 3)
+
+
+def test_kpop_keeps_a_token_while_the_binary_kl_both_ways_stays_under_the_threshold():
+    old, rollout = [[math.log(0.5), math.log(0.3)]], [[math.log(0.25), math.log(0.3)]]
+    # p = 0.5, q = 0.25: KL(p‖q) = 0.1438, KL(q‖p) = 0.1308.
+    tight, _ = correction("kpop", old, rollout, kpop_threshold=0.1)
+    between, _ = correction("kpop", old, rollout, kpop_threshold=0.135)  # over one way only: still masked
+    loose, _ = correction("kpop", old, rollout, kpop_threshold=0.15)
+    torch.testing.assert_close(tight, torch.tensor([[0.0, 1.0]]))
+    torch.testing.assert_close(between, torch.tensor([[0.0, 1.0]]))
+    torch.testing.assert_close(loose, torch.tensor([[2.0, 1.0]]))  # kept: weighted by π_old/π_rollout
