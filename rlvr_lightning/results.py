@@ -72,6 +72,9 @@ CLAIMS = [
     ("KL-Cov above GRPO at equal updates", "kl-cov", "val/accuracy", +1),
     # RLOO's advantage is G/(G−1) × Dr. GRPO's: AdamW is blind to that scale, up to its ε and the clip.
     ("RLOO equals Dr. GRPO (GRPO without std, scaled)", "rloo", "val/accuracy", 0, "dr-grpo"),
+    ("DPPO's trust region above GRPO at equal updates", "dppo-tv", "val/accuracy", +1),
+    # MaxRL's claim: a better pass@k than GRPO at the same samples (it optimises the likelihood of success).
+    ("MaxRL raises pass@8 above GRPO", "maxrl", "pass@8", +1),
     # Asynchronous RL's premise: training two versions off policy (with partial rollouts) learns as synchronous does.
     ("GRPO two versions ahead with partial rollouts learns as synchronous GRPO", "grpo-async", "val/accuracy", 0),
 ]

@@ -168,3 +168,26 @@ def test_kpop_keeps_a_token_while_the_binary_kl_both_ways_stays_under_the_thresh
     torch.testing.assert_close(tight, torch.tensor([[0.0, 1.0]]))
     torch.testing.assert_close(between, torch.tensor([[0.0, 1.0]]))
     torch.testing.assert_close(loose, torch.tensor([[2.0, 1.0]]))  # kept: weighted by π_old/π_rollout
+
+
+# ---- Kimi-style regulariser ------------------------------------------------------------------------------
+def test_kimi_is_the_squared_log_ratio_to_the_behaviour_policy_and_loads_no_reference():
+    from types import SimpleNamespace
+
+    from rlvr_lightning.training.objective import compose_objective
+
+    values = {"policy_loss": "ppo-clip", "loss_agg": "token-mean", "clip_eps_low": 0.2, "clip_eps_high": 0.2,
+              "kl_estimator": "kimi", "kl_coef": 0.1}  # fmt: skip
+    objective = compose_objective(values)
+    assert not objective.needs_reference and compose_objective({**values, "kl_estimator": "k3"}).needs_reference
+    old = torch.tensor([[-1.0, -2.0, -0.5]])
+    logp = (old + torch.tensor([[0.0, 0.3, -0.2]])).requires_grad_()
+    mb = SimpleNamespace(old_logp=old, ref_logp=None, loss_mask=torch.ones(1, 3))  # no reference log-probs at all
+    norms = StepNorms(num_seqs=1.0, num_tokens=3.0, num_groups=1.0, num_mixed_seqs=0.0, world_size=1, norm_const=3.0)
+    stats = {}
+    term = objective.kl_loss(mb, logp, norms, stats)
+    # τ·mean_t (log π_θ − log π_old)², no ½: (0 + 0.09 + 0.04)/3 · 0.1; its gradient 2τℓ/3 per token.
+    assert term.item() == pytest.approx(0.1 * 0.13 / 3)
+    term.backward()
+    torch.testing.assert_close(logp.grad, 2 * 0.1 * torch.tensor([[0.0, 0.3, -0.2]]) / 3)
+    torch.testing.assert_close(stats["kl"], torch.tensor([[0.0, 0.09, 0.04]]))

@@ -57,6 +57,37 @@ def test_pieces_of_four_papers_compose_in_one_run(tmp_path, quick_warm_start):
     assert_thr_reweighted(history)
 
 
+THIS_YEARS = [
+    "--model.init_args.policy_loss=dppo-tv", "--model.init_args.advantage_estimator=maxrl",
+    "--model.init_args.loss_agg=seq-mean-token-sum", "--model.init_args.rollout_correction=opsm",
+    # On CPU the engine's and the trainer's log-probs agree to ~1e-7: at δ = 0 OPSM masks the negative
+    # sequences whose rollout log-probs came out the higher, as a real mismatch past δ would.
+    "--model.init_args.piece_args={opsm_delta: 0.0}",
+    "--model.init_args.kl_estimator=kimi", "--model.init_args.kl_coef=0.001",
+    "--trainer.callbacks+=rlvr_lightning.callbacks.attribution.THRAttribution", "--trainer.callbacks.p=0.2",
+    "--model.init_args.num_mini_batches=2",
+]  # fmt: skip
+
+
+@pytest.mark.e2e
+def test_this_years_pieces_compose_with_thr_in_one_run(tmp_path, quick_warm_start):
+    """DPPO's trust-region loss, MaxRL's advantages, the token-sum aggregation, OPSM's sequence mask and
+    Kimi's regulariser to the behaviour policy, with THR's token reweighting, through the CLI."""
+    _, model_dir = quick_warm_start
+    args = [*preset_args(tmp_path, "grpo", model_dir, max_response_length=40), "--trainer.max_steps", "4"]
+    proc = run_cli([*args, *THIS_YEARS], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run, history = finished_run(tmp_path, "grpo")
+    params = run.data.params
+    assert [params[f"model.init_args.{k}"] for k in ("policy_loss", "advantage_estimator", "loss_agg",
+            "rollout_correction", "kl_estimator")] == ["dppo-tv", "maxrl", "seq-mean-token-sum", "opsm", "kimi"]  # fmt: skip
+    for key in ("train/opsm_masked_frac", "train/kl", "train/clip_frac_high", "train/thr/dominant_frac", "train/loss"):
+        assert [m.step for m in history[key]] == [0, 1], key
+    assert max(values(history, "train/opsm_masked_frac")) > 0  # OPSM masked some negative sequences
+    assert max(values(history, "train/kl")) > 0  # the second mini-batch moved away from θ_old
+    assert_thr_reweighted(history)
+
+
 def values(history, key: str) -> list[float]:
     return [m.value for m in history[key]]
 

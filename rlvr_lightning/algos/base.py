@@ -117,7 +117,8 @@ class RLVRModule(L.LightningModule):
             clip_eps_high: ε_high (ε_high > ε_low is DAPO's clip-higher).
             dual_clip_c: dual-clip PPO's c > 1 (`ppo-clip`, `gspo`, `gspo-token`): where Â < 0 the loss is also
                 capped at c·|Â|; None (default) = off. verl and SkyRL use 3.
-            kl_coef: β of the KL penalty; 0 = no KL term and no reference model.
+            kl_coef: β of the KL penalty; 0 = no KL term and no reference model (`kimi`: τ of its regulariser
+                to the behaviour policy, which needs no reference model).
             tis_cap: upper bound of the truncated-IS weight.
             two_pass: group-level losses only: micro-batches may split groups (the exact two-pass method).
             piece_args: knobs of pieces that are not arguments of the algorithm (your own pieces').
@@ -194,7 +195,7 @@ class RLVRModule(L.LightningModule):
     def configure_model(self) -> None:
         if self.policy is None:
             h = self.hparams
-            self.policy, self.ref_policy = load_policies(self.datamodule.policy_path, h.kl_coef > 0, self.device_mesh,
+            self.policy, self.ref_policy = load_policies(self.datamodule.policy_path, self.objective.needs_reference, self.device_mesh,
                                                          h.fsdp_param_dtype, h.activation_checkpointing, self.lora,
                                                          self.datamodule.hparams.seed)  # fmt: skip
 

@@ -123,7 +123,12 @@ policy_losses = Registry(
 loss_aggregators = Registry(
     "loss aggregator", "model.loss_agg", "fn(per_token [n, T], mask [n, T], StepNorms) → the micro-batch's loss"
 )
-kl_estimators = Registry("KL estimator", "model.kl_estimator", "fn(logp [n, T], ref_logp [n, T]) → per-token KL")
+kl_estimators = Registry(
+    "KL estimator", "model.kl_estimator", "fn(logp [n, T], anchor_logp [n, T]) → per-token KL",
+    # against: `reference` (the frozen initial policy, which the run then loads) or `behaviour` (π_old, the policy
+    # that sampled: the regulariser keeps the update near it, and no reference model is loaded).
+    traits={"against": "reference"},
+)  # fmt: skip
 rollout_corrections = Registry(
     "rollout correction", "model.rollout_correction",
     "fn(CorrectionInputs, *, knobs) → (detached per-token weights [N, T] or None, statistics)",

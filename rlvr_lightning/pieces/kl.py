@@ -1,5 +1,5 @@
 """KL estimators (docs/algorithms.md#kl-penalty): per-token estimates of KL(π_θ‖π_ref) from the sampled
-tokens' log-probs (Schulman's k1, k2, k3)."""
+tokens' log-probs (Schulman's k1, k2, k3), and Kimi's squared log-ratio to the behaviour policy."""
 
 from __future__ import annotations
 
@@ -26,3 +26,9 @@ def k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """e^d − d − 1 with d = log π_ref − log π_θ: unbiased, non-negative (GRPO); clamped as in verl."""
     d = (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return (d.exp() - d - 1).clamp(-10.0, 10.0)
+
+
+@kl_estimators.register("kimi", anchor="kimi-style-regulariser", against="behaviour")
+def kimi(logp: Tensor, old_logp: Tensor) -> Tensor:
+    """(log π_θ − log π_old)², anchored to the policy that sampled (Kimi K2.5): τ = kl_coef, no ½."""
+    return (logp - old_logp) ** 2

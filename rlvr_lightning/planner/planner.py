@@ -99,7 +99,7 @@ def trainer_setup(spec: RunSpec) -> TrainerSetup:
     return TrainerSetup(
         spec.model_config, spec.world_size, spec.fsdp, spec.fsdp_param_dtype, spec.precision,
         spec.activation_checkpointing, spec.rows_per_forward, spec.max_prompt_length, spec.max_response_length,
-        spec.chunk_tokens, spec.kl_coef > 0, spec.separate_old_pass, spec.thr, fused_attention=spec.hardware.gpu,
+        spec.chunk_tokens, spec.with_reference, spec.separate_old_pass, spec.thr, fused_attention=spec.hardware.gpu,
         accumulates=spec.micro_batches_per_step > 1, lora=spec.lora,
     )  # fmt: skip
 

@@ -27,7 +27,7 @@ class RunSpec:
     micro_batch_size: int
     max_tokens_per_micro_batch: int | None
     chunk_tokens: int  # model.logprob_chunk_tokens
-    kl_coef: float
+    with_reference: bool  # a KL term against the frozen initial policy, which the run loads
     num_mini_batches: int
     ppo_epochs: int
     separate_old_pass: bool  # θ_old from the trainer's own no-grad pass (behaviour source `trainer`)
@@ -131,7 +131,7 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
         precision=str(defaults.values["trainer.precision"]), fsdp_param_dtype=h.fsdp_param_dtype,
         activation_checkpointing=h.activation_checkpointing, micro_batch_size=h.micro_batch_size,
         max_tokens_per_micro_batch=h.max_tokens_per_micro_batch, chunk_tokens=h.logprob_chunk_tokens,
-        kl_coef=h.kl_coef, num_mini_batches=h.num_mini_batches, ppo_epochs=h.ppo_epochs,
+        with_reference=module.objective.needs_reference, num_mini_batches=h.num_mini_batches, ppo_epochs=h.ppo_epochs,
         separate_old_pass=source == "trainer", prompts_per_rank=data.batch_size, group_size=rollout.group_size,
         max_prompt_length=data.max_prompt_length, max_response_length=rollout.max_response_length,
         engine=rollout.engine, engine_dtype=rollout.dtype, gpu_memory_utilization=rollout.gpu_memory_utilization,

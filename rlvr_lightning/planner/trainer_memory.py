@@ -52,7 +52,7 @@ class TrainerSetup:
     prompt_tokens: int
     response_tokens: int
     chunk_tokens: int  # model.logprob_chunk_tokens
-    with_reference: bool  # kl_coef > 0: a frozen copy of the initial policy
+    with_reference: bool  # a KL term against the frozen initial policy: a copy of it
     separate_old_pass: bool  # θ_old from a no-grad forward before the update
     capture_lm_head: bool  # THR reads the LM head's inputs in the update's forward
     fused_attention: bool = False  # plan attention as a GPU's fused kernel (see the module's docstring)

@@ -31,9 +31,15 @@ class Objective:
     aggregate: Callable  # the loss aggregator
     kl: Callable | None  # the KL estimator; None: no KL term (and no reference policy)
     kl_coef: float
+    kl_against: str = "reference"  # the policy the KL term is taken against (the estimator's `against` trait)
     two_pass: bool = False  # group-level loss over micro-batches that split groups (`training.update`)
     grad_weights: Callable | None = None  # group level: the closed-form ∂L/∂s̄ with the knobs bound
     select: Callable | None = None  # token level: the loss's token selection over a step, knobs bound
+
+    @property
+    def needs_reference(self) -> bool:
+        """A KL term against the frozen initial policy: the run loads it."""
+        return self.kl is not None and self.kl_against == "reference"
 
     @property
     def group_level(self) -> bool:
@@ -68,10 +74,11 @@ class Objective:
         return loss + self.kl_loss(mb, logp, norms, stats), stats
 
     def kl_loss(self, mb: LossBatch, logp: torch.Tensor, norms: StepNorms, stats: dict) -> torch.Tensor:
-        """β·KL(π_θ‖π_ref) inside the loss, with the same aggregator as the policy term."""
+        """β·KL(π_θ‖π_ref) inside the loss, with the same aggregator as the policy term (or against π_old, the
+        behaviour policy, for an estimator whose `against` trait says so)."""
         if self.kl is None:
             return logp.new_zeros(())
-        kl = self.kl(logp, mb.ref_logp)
+        kl = self.kl(logp, mb.old_logp if self.kl_against == "behaviour" else mb.ref_logp)
         stats["kl"] = kl.detach()
         return self.kl_coef * self.aggregate(kl, mb.loss_mask, norms)
 
@@ -114,7 +121,8 @@ def compose_objective(values: Mapping[str, Any]) -> Objective:
     return Objective(
         policy_loss=loss, loss=loss.bind(values, args), aggregate=loss_aggregators.bound(values),
         kl=kl_estimators.bound(values) if values["kl_coef"] > 0 else None,
-        kl_coef=values["kl_coef"], two_pass=values.get("two_pass", False),
+        kl_coef=values["kl_coef"], kl_against=kl_estimators.selected(values)["against"],
+        two_pass=values.get("two_pass", False),
         grad_weights=None if grad_weights is None else bind_knobs(grad_weights, f"policy loss {loss.name!r}", values, args),
         select=None if select is None else bind_knobs(select, f"policy loss {loss.name!r}", values, args),
     )  # fmt: skip
