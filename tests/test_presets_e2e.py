@@ -40,11 +40,7 @@ COMPOSED = [
 @pytest.mark.e2e
 def test_pieces_of_four_papers_compose_in_one_run(tmp_path, quick_warm_start):
     """CISPO's loss, RLOO's advantages, IcePop's rollout correction and THR's token reweighting."""
-    _, model_dir = quick_warm_start
-    args = [*preset_args(tmp_path, "cispo", model_dir, max_response_length=40), "--trainer.max_steps", "4"]
-    proc = run_cli([*args, *COMPOSED], tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    run, history = finished_run(tmp_path, "cispo")
+    run, history = composed_run(tmp_path, quick_warm_start[1], "cispo", COMPOSED)
     params = run.data.params
     assert (params["model.init_args.policy_loss"], params["model.init_args.advantage_estimator"],
             params["model.init_args.rollout_correction"]) == ("cispo", "rloo", "icepop")  # fmt: skip
@@ -73,11 +69,7 @@ THIS_YEARS = [
 def test_this_years_pieces_compose_with_thr_in_one_run(tmp_path, quick_warm_start):
     """DPPO's trust-region loss, MaxRL's advantages, the token-sum aggregation, OPSM's sequence mask and
     Kimi's regulariser to the behaviour policy, with THR's token reweighting, through the CLI."""
-    _, model_dir = quick_warm_start
-    args = [*preset_args(tmp_path, "grpo", model_dir, max_response_length=40), "--trainer.max_steps", "4"]
-    proc = run_cli([*args, *THIS_YEARS], tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    run, history = finished_run(tmp_path, "grpo")
+    run, history = composed_run(tmp_path, quick_warm_start[1], "grpo", THIS_YEARS)
     params = run.data.params
     assert [params[f"model.init_args.{k}"] for k in ("policy_loss", "advantage_estimator", "loss_agg",
             "rollout_correction", "kl_estimator")] == ["dppo-tv", "maxrl", "seq-mean-token-sum", "opsm", "kimi"]  # fmt: skip
@@ -108,6 +100,15 @@ def callback_param(run, class_name: str, arg: str) -> str:
     (index,) = [k.split(".")[2] for k, v in params.items()
                 if k.startswith("trainer.callbacks.") and k.endswith(".class_path") and v.endswith(class_name)]  # fmt: skip
     return params[f"trainer.callbacks.{index}.init_args.{arg}"]
+
+
+def composed_run(tmp_path: Path, model_dir: Path, preset: str, pieces: list[str]):
+    """The preset with `pieces` over it, 2 rollout batches of 40-token answers (4 optimizer steps): its run
+    and metric history."""
+    args = [*preset_args(tmp_path, preset, model_dir, max_response_length=40), "--trainer.max_steps", "4"]
+    proc = run_cli([*args, *pieces], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return finished_run(tmp_path, preset)
 
 
 def finished_run(tmp_path: Path, algo: str):
