@@ -46,7 +46,7 @@ class RunSpec:
     oar: bool
     whole_groups: bool = False  # micro-batches hold whole groups (a group-level loss; THR or OAR reading them)
     lora: object | None = None  # models.lora.LoraSettings of a LoRA policy
-    partial_rollouts: bool = False  # rollout.partial_rollouts
+    partial_rollouts: bool = False  # rollout.partial_rollouts in the reproducible stream: segments, each prefilled again
     # model.packing: micro-batches of real tokens only. The worst case planned has no padding, so a packed
     # forward holds the same tokens as a padded one and the plan is the same (on a GPU attention is planned
     # as a fused kernel either way: varlen packed, flash or memory-efficient padded).
@@ -137,7 +137,9 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
         engine=rollout.engine, engine_dtype=rollout.dtype, gpu_memory_utilization=rollout.gpu_memory_utilization,
         sleep_level=rollout.sleep_level, kv_cache_gib=rollout.kv_cache_gib,
         engine_elsewhere=bool(rollout.server_urls or rollout.server_cuda_devices), max_staleness=rollout.max_staleness,
-        partial_rollouts=bool(rollout.partial_rollouts),
+        # The throughput stream's partial rollouts are requests frozen across a sync (vLLM keeps their KV cache):
+        # generation is not cut into segments, so it is planned as one continuous batch.
+        partial_rollouts=bool(rollout.partial_rollouts) and rollout.stream_mode == "reproducible",
         thr="THRAttribution" in callbacks, oar="OARAttribution" in callbacks,
         whole_groups=module.objective.needs_whole_groups or "THRAttribution" in callbacks or "OARAttribution" in callbacks,
         lora=module.lora, device_defaults=defaults, packing=bool(h.packing), enforce_eager=bool(rollout.enforce_eager),
