@@ -202,3 +202,19 @@ def test_a_checkpoint_keeps_the_finished_groups_and_issues_the_others_again():
     fresh = ThroughputStream(2, True, hold=True, prompts=None)
     fresh.load_state_dict({"max_staleness": 2, "partial_rollouts": True, "in_flight": []})  # the reproducible mode's
     assert (fresh.groups, list(fresh.queue)) == ([], [])
+
+
+def test_dapo_takes_its_first_round_from_the_throughput_stream(lagged_module):
+    """DAPO's round 0 is as many groups as its first round has prompts (the batch and its extra prompts),
+    taken as they finish; its refills are generated now, by the version being trained."""
+    from rlvr_lightning.algos import DAPO
+    from tests.test_rollout_stream import HalfMixedReward
+
+    module = lagged_module(max_staleness=2, stream_mode="throughput", module_class=DAPO, gen_batch_size=3,
+                           callbacks=[HalfMixedReward()])  # fmt: skip
+    server = module._engine = GatedServer(module.policy, module.datamodule.tokenizer)
+    server.gate.set()
+    results = run_steps(module, 3)
+    assert module.rollout_stream.per_step == 3  # a round of gen_batch_size 3: the batch's 2 prompts and 1 extra
+    assert all(len(r.rollout.batch) == 2 for r in results)
+    assert all(r.metrics["staleness_max"] <= 2 for r in results)
