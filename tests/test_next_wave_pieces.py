@@ -91,6 +91,9 @@ def test_dppo_kl_uses_the_binary_kl_of_the_sampled_token():
     down, stats_down = loss("dppo-kl", logp, old, -torch.ones(1, 3), clip_eps_low=0.05, clip_eps_high=0.05)
     assert stats_up["clipped_high"].tolist() == [[False, True, False]]
     assert stats_down["clipped_low"].tolist() == [[False, False, True]]
+    # KL(μ‖π) = 0.0872 at π = 0.3, KL(π‖μ) = 0.0823: a δ between them tells the direction apart.
+    _, between = loss("dppo-kl", logp, old, -torch.ones(1, 3), clip_eps_low=0.085, clip_eps_high=0.085)
+    assert between["clipped_low"].tolist() == [[False, False, True]]
 
 
 def test_dppo_caps_the_ratio_weight():
@@ -145,10 +148,12 @@ def correction(name: str, old: list[list[float]], rollout: list[list[float]], ma
 
 def test_tis_geo_weighs_each_sequence_by_the_geometric_mean_of_its_ratios():
     ln2 = math.log(2)
-    weights, _ = correction("tis-geo", [[ln2, -ln2, 0.0], [ln2, ln2, 50.0]], [[0.0] * 3] * 2, mask=[[1, 1, 0], [1, 1, 0]],
-                            tis_cap=1.5)  # fmt: skip
-    # ρ = (2, ½): geometric mean 1; ρ = (2, 2): 2, capped at 1.5; the padded position changes neither.
-    torch.testing.assert_close(weights, torch.tensor([[1.0, 1.0, 0.0], [1.5, 1.5, 0.0]]))
+    ln4 = 2 * ln2
+    weights, _ = correction("tis-geo", [[ln2, -ln2, 0.0], [ln2, ln2, 50.0], [ln4, ln4, 0.0]], [[0.0] * 3] * 3,
+                            mask=[[1, 1, 0], [1, 1, 0], [1, 1, 0]], tis_cap=3.0)  # fmt: skip
+    # ρ = (2, ½): geometric mean 1 (product 1); (2, 2): 2 (product 4); (4, 4): 4, capped at 3; the padded
+    # position changes none.
+    torch.testing.assert_close(weights, torch.tensor([[1.0, 1.0, 0.0], [2.0, 2.0, 0.0], [3.0, 3.0, 0.0]]))
 
 
 def test_opsm_masks_negative_sequences_whose_rollout_drifted_from_theta_old():
