@@ -444,7 +444,7 @@ def test_hparams_and_logged_params_are_the_effective_values_class_defaults_inclu
         assert objective.policy_loss.fn is policy_losses.get(expected["policy_loss"]).fn
         assert objective.aggregate.func is loss_aggregators.get(module.hparams.loss_agg).fn
         if "clip_eps_low" in expected:
-            assert objective.loss.keywords == {"clip_eps_low": 3e-4, "clip_eps_high": 4e-4}
+            assert objective.loss.keywords == {"clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "dual_clip_c": None}
         else:
             assert objective.loss.keywords == {"tau": 0.5}
         assert advantage_estimators.selected(module.hparams).name == expected["advantage_estimator"]
