@@ -218,3 +218,39 @@ def test_dapo_takes_its_first_round_from_the_throughput_stream(lagged_module):
     assert module.rollout_stream.per_step == 3  # a round of gen_batch_size 3: the batch's 2 prompts and 1 extra
     assert all(len(r.rollout.batch) == 2 for r in results)
     assert all(r.metrics["staleness_max"] <= 2 for r in results)
+
+
+def test_a_weight_sync_lets_the_producer_issue_at_once():
+    """After a step takes its groups the stream holds s·B until the sync; the sync itself must wake the
+    producer to issue the next B (not the next group to finish, when none is generating)."""
+    from types import SimpleNamespace
+
+    from rlvr_lightning.rollout.types import SamplingConfig
+    from rlvr_lightning.training.throughput_stream import ThroughputStream
+
+    def generate(prompt_ids, sampling, first_replica=0):
+        return [[Completion([1], [0.0], "stop", [0]) for _ in range(sampling.group_size)]]
+
+    engine = SimpleNamespace(stream_across_syncs=lambda keep_partial: None, generate=generate)
+    step = SimpleNamespace(engine=engine, total_rollout_batches=100, rollout_batch=0, seed=0, policy_version=0,
+                           collectives=SimpleNamespace(rank=0), sampling=lambda **kw: SamplingConfig(group_size=2, **kw),
+                           tokenizer=lambda text, add_special_tokens=False: SimpleNamespace(input_ids=[1]))  # fmt: skip
+    batch = lambda step, i: PromptBatch([f"{i}.{j}" for j in range(2)], ["p", "p"], ["1", "1"])  # noqa: E731
+    stream = ThroughputStream(1, False, hold=True, prompts=batch)
+    with stream.lock:
+        stream.step = step
+        stream._refill(step)
+        stream._start(step)
+        stream.lock.notify_all()
+    try:
+        with stream.lock:  # (s + 1)·B = 4 issued and finished
+            assert stream.lock.wait_for(lambda: len(stream.groups) == 4 and all(g.ready for g in stream.groups), 10)
+        taken, _, _ = stream._take()
+        assert len(taken) == 2
+        with stream.lock:
+            assert not stream.lock.wait_for(lambda: len(stream.groups) > 2, 0.5)  # s·B until the sync
+        stream.synced(1)
+        with stream.lock:
+            assert stream.lock.wait_for(lambda: len(stream.groups) == 4, 5)
+    finally:
+        stream.close()

@@ -171,8 +171,10 @@ class ThroughputStream:
         """Nothing to wait for: the servers' sync freezes (or drains) the requests in flight itself."""
 
     def synced(self, version: int) -> None:
+        """The servers hold `version`: groups issued from now carry it, and there is room for s·B more."""
         with self.lock:
             self.version = version
+            self.lock.notify_all()
 
     def close(self) -> None:
         with self.lock:
