@@ -133,6 +133,10 @@ class GatedServer:
             self.model.load_state_dict(dict(weights), strict=False)
             self.version = version
 
+    def score(self, prompt_ids, completion_ids, *args, **kwargs):  # the sync probe: not beside a generation
+        with self.lock:
+            return self.engine.score(prompt_ids, completion_ids, *args, **kwargs)
+
 
 def run_steps(module, steps: int) -> list:
     """`steps` more steps of the module; each step's result."""
