@@ -19,3 +19,10 @@ def log_softmax_at(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tens
 def entropy_from_logprobs(logp: torch.Tensor) -> torch.Tensor:
     """Entropy −Σ p·log p along the last axis, from the full log-probs of `log_softmax_at`."""
     return -(logp.exp() * logp).sum(-1)
+
+
+def binary_kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """KL(Bernoulli(p) ‖ Bernoulli(q)), p and q kept inside (0, 1): a sampled token's probability under two
+    policies read as the two-outcome distribution (the token, everything else)."""
+    p, q = p.clamp(1e-8, 1 - 1e-8), q.clamp(1e-8, 1 - 1e-8)
+    return p * (p / q).log() + (1 - p) * ((1 - p) / (1 - q)).log()

@@ -225,23 +225,32 @@ def serve_processes(model_dir) -> list[int]:
     return out
 
 
-def test_cli_run_on_two_replicas_one_step_off_policy(tmp_path, tiny_policy_dir):
+def server_cli_run(tmp_path, tiny_policy_dir, steps: int, *flags: str):
+    """A small CLI run on `vllm serve` replicas (with `flags`) probing every sync: the policy's own copy (its
+    servers are told apart by path), the MLflow run, and `history(key)`, a metric's (step, value) pairs."""
     import shutil
 
     import mlflow
 
     from tests.cli import run_cli, small_run_args
 
-    model_dir = shutil.copytree(tiny_policy_dir, tmp_path / "policy")  # its own path: its servers are told apart
-    args = [*small_run_args(tmp_path, model_dir), "--trainer.max_steps", "3", "--rollout.engine", "vllm-server",
-            "--rollout.server_replicas", "2", "--rollout.max_staleness", "1", "--model.init_args.sync_check_every", "1"]  # fmt: skip
+    model_dir = shutil.copytree(tiny_policy_dir, tmp_path / "policy")
+    args = [*small_run_args(tmp_path, model_dir), "--trainer.max_steps", str(steps), "--rollout.engine", "vllm-server",
+            *flags, "--model.init_args.sync_check_every", "1"]  # fmt: skip
     proc = run_cli(args, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
+
     def history(key):
         return [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]
 
+    return model_dir, run, history
+
+
+def test_cli_run_on_two_replicas_one_step_off_policy(tmp_path, tiny_policy_dir):
+    model_dir, run, history = server_cli_run(tmp_path, tiny_policy_dir, 3, "--rollout.server_replicas", "2",
+                                             "--rollout.max_staleness", "1")  # fmt: skip
     # The first batch is generated before any update; every later one while the previous batch trained.
     assert history("train/staleness_max") == [(0, 0.0), (1, 1.0), (2, 1.0)]
     assert [s for s, _ in history("time/rollout_wait")] == [0, 1, 2]
@@ -292,24 +301,9 @@ def test_requests_frozen_across_a_sync_continue_under_the_new_weights_with_each_
 
 def test_cli_run_in_throughput_mode_trains_groups_as_they_finish_within_the_staleness(tmp_path, tiny_policy_dir):
     """GRPO in the throughput mode (k = 2, partial rollouts, late groups dropped) on a `vllm serve` replica."""
-    import shutil
-
-    import mlflow
-
-    from tests.cli import run_cli, small_run_args
-
-    model_dir = shutil.copytree(tiny_policy_dir, tmp_path / "policy")
-    args = [*small_run_args(tmp_path, model_dir), "--trainer.max_steps", "5", "--rollout.engine", "vllm-server",
-            "--rollout.max_staleness", "2", "--rollout.partial_rollouts", "true", "--rollout.stream_mode",
-            "throughput", "--rollout.stale_groups", "drop", "--model.init_args.sync_check_every", "1"]  # fmt: skip
-    proc = run_cli(args, tmp_path, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
-    (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
-
-    def history(key):
-        return [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]
-
+    model_dir, _, history = server_cli_run(tmp_path, tiny_policy_dir, 5, "--rollout.max_staleness", "2",
+                                           "--rollout.partial_rollouts", "true", "--rollout.stream_mode", "throughput",
+                                           "--rollout.stale_groups", "drop")  # fmt: skip
     assert [s for s, _ in history("train/groups_dropped")] == [0, 1, 2, 3, 4]
     assert all(0 <= v <= 2 for _, v in history("train/staleness_max"))
     assert max(v for _, v in history("train/sync_probe_max_abs_diff")) < 1e-3

@@ -14,7 +14,7 @@ import math
 import torch
 
 from rlvr_lightning.pieces.kinds import CorrectionInputs, rollout_corrections
-from rlvr_lightning.tensor_math import LOG_RATIO_CLAMP, masked_mean
+from rlvr_lightning.tensor_math import LOG_RATIO_CLAMP, binary_kl, masked_mean
 
 Weights = tuple[torch.Tensor | None, dict[str, float]]
 
@@ -78,9 +78,16 @@ def tis_sequence(x: CorrectionInputs, *, tis_cap: float) -> Weights:
 def _masked(log_w: torch.Tensor, mask: torch.Tensor, low: float, high: float, *, weighted: bool = True) -> Weights:
     """w = ρ (or 1 when not `weighted`) where ρ = exp(log_w) lies in [low, high], 0 outside: masked, not
     truncated (the token stays in the normaliser). The band is tested on log ρ, so a ratio past float32
-    is still compared exactly; the weight's exponent is clamped (a band to ∞ keeps it finite)."""
+    is still compared exactly."""
     log_low = math.log(low) if low > 0 else -math.inf
     kept = (log_w >= log_low) & (log_w <= math.log(high))  # False for NaN: such a token is dropped
+    return _kept_only(log_w, kept, mask, weighted=weighted)
+
+
+@torch.no_grad()
+def _kept_only(log_w: torch.Tensor, kept: torch.Tensor, mask: torch.Tensor, *, weighted: bool = True) -> Weights:
+    """w = ρ = exp(log_w) (or 1 when not `weighted`) on the `kept` tokens, 0 on the others; the weight's
+    exponent is clamped (a band to ∞ keeps it finite)."""
     value = log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp() if weighted else torch.ones_like(log_w)
     weights = torch.where(kept & mask.bool(), value, 0.0)
     stats = {
@@ -157,12 +164,6 @@ def check_kpop_threshold(*, kpop_threshold: float) -> None:
         raise ValueError(f"kpop_threshold (the binary KL a token may reach) must be > 0, got {kpop_threshold}")
 
 
-def binary_kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """KL(Bernoulli(p) ‖ Bernoulli(q)), p and q kept inside (0, 1)."""
-    p, q = p.clamp(1e-8, 1 - 1e-8), q.clamp(1e-8, 1 - 1e-8)
-    return p * (p / q).log() + (1 - p) * ((1 - p) / (1 - q)).log()
-
-
 @rollout_corrections.register("kpop", anchor="sequence-weights-by-the-mean-log-ratio-opsm-and-kpop", check=check_kpop_threshold)
 @torch.no_grad()
 def kpop(x: CorrectionInputs, *, kpop_threshold: float = 2.0) -> Weights:
@@ -170,7 +171,4 @@ def kpop(x: CorrectionInputs, *, kpop_threshold: float = 2.0) -> Weights:
     probabilities of it, taken both ways, stays ≤ φ; else it is left out (weight 0)."""
     p, q = x.old_logp.exp(), x.rollout_logp.exp()
     kept = torch.maximum(binary_kl(p, q), binary_kl(q, p)) <= kpop_threshold  # False for NaN
-    value = _token_log_ratio(x).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
-    weights = torch.where(kept & x.mask.bool(), value, 0.0)
-    return weights, {"is_weight_mean": masked_mean(weights, x.mask).item(),
-                     "is_masked_frac": masked_mean((~kept).float(), x.mask).item()}  # fmt: skip
+    return _kept_only(_token_log_ratio(x), kept, x.mask)

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from rlvr_lightning.pieces.kinds import TokenLossInputs, policy_losses
-from rlvr_lightning.tensor_math import LOG_RATIO_CLAMP
+from rlvr_lightning.tensor_math import LOG_RATIO_CLAMP, binary_kl
 
 GSPO_LOG_RATIO_MAX = 10.0  # as verl's GSPO: the sequence log-ratio is clamped above before exp()
 LossAndStats = tuple[Tensor, dict[str, Tensor]]
@@ -179,8 +179,6 @@ def dppo_tv(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float, dp
 def dppo_kl(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float, dppo_ratio_cap: float = 10.0) -> LossAndStats:
     """DPPO's binary KL mask: D = KL(Bernoulli(μ) ‖ Bernoulli(π)) of the sampled token; a token with Â > 0 is
     masked when D > δ_high and π > μ, one with Â ≤ 0 when D > δ_low and π < μ."""
-    from rlvr_lightning.pieces.corrections import binary_kl
-
     pi, mu = x.logp.detach().exp(), x.old_logp.exp()
     d = binary_kl(mu, pi)
     return trust_region_masked(x, (d > clip_eps_high) & (pi > mu), (d > clip_eps_low) & (pi < mu), dppo_ratio_cap)

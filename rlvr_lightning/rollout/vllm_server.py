@@ -224,10 +224,10 @@ class VLLMServerEngine:
             )  # fmt: skip
             if self.across_syncs:
                 completion.versions = token_versions(spans, len(completion.token_ids), self.replicas[replica].url)
-            elif {span["version"] for span in spans} - {str(self.version)}:
+            elif (versions := {span["version"] for span in spans}) - {str(self.version)}:
                 raise WeightSyncError(
-                    f"replica {self.replicas[replica].url} generated with weight version(s) "
-                    f"{sorted({span['version'] for span in spans})}, the trainer synced version {self.version}"
+                    f"replica {self.replicas[replica].url} generated with weight version(s) {sorted(versions)}, "
+                    f"the trainer synced version {self.version}"
                 )
             completions.append(completion)
         return completions

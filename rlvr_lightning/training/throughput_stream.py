@@ -32,7 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from rlvr_lightning.context import StepContext
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout
@@ -61,6 +61,10 @@ class Group:
     @property
     def ready(self) -> bool:
         return self.completions is not None
+
+    def to_issue(self, attempt: int) -> Group:
+        """This group's prompt, to be issued (again): nothing generated, no version yet."""
+        return Group(self.source, self.prompt, self.prompt_ids, issued=-1, attempt=attempt)
 
 
 def must_train_now(deadlines: list[int], step: int, per_step: int) -> int:
@@ -165,7 +169,7 @@ class ThroughputStream:
         self.dropped += 1
         if g.ready:
             self.dropped_lengths += [len(c.token_ids) for c in g.completions]
-        self.queue.appendleft(Group(g.source, g.prompt, g.prompt_ids, issued=-1, attempt=g.attempt + 1))
+        self.queue.appendleft(g.to_issue(g.attempt + 1))
 
     def wait(self, timer: StageTimer) -> None:
         """Nothing to wait for: the servers' sync freezes (or drains) the requests in flight itself."""
@@ -189,7 +193,7 @@ class ThroughputStream:
     def state_dict(self) -> dict:
         """The finished groups, and the prompts not yet trained (those being generated are issued again)."""
         with self.lock:
-            waiting = [replace(g, completions=None, finished=-1, seconds=0.0) for g in self.groups if not g.ready]
+            waiting = [g.to_issue(g.attempt) for g in self.groups if not g.ready]
             return {"mode": "throughput", "max_staleness": self.max_staleness, "next_batch": self.next_batch,
                     "per_step": self.per_step,
                     "finished": [asdict(g) for g in self.groups if g.ready],
