@@ -56,6 +56,25 @@ def measured_rows(title: str, runs: dict, mfu: bool = False) -> list[str]:
     return lines + [""]
 
 
+def packed_rows(planner: dict) -> list[str]:
+    """Packed against padded: the forwards' per-token log-probs (`packed_agreement`) and each packed update's first
+    loss beside its padded twin's."""
+    agreement = planner.get("packed_agreement")
+    gaps = {k: r["first_loss_minus_padded"] for k, r in planner.get("runs", {}).items()
+            if isinstance(r, dict) and "first_loss_minus_padded" in r}  # fmt: skip
+    if not isinstance(agreement, dict) and not gaps:
+        return []
+    lines = ["**Packed against padded**", "", "| comparison | max \\|Δ\\| | mean \\|Δ\\| | mean Δ |", "|---|---|---|---|"]
+    if isinstance(agreement, dict):
+        for key in ("fp32_packed_vs_padded", "bf16_packed_vs_padded", "bf16_padded_batch_vs_alone"):
+            if isinstance(agreement.get(key), dict):
+                d = agreement[key]
+                lines.append(f"| log-probs, {key.replace('_', ' ')} | {cell(d['max_abs'])} | {cell(d['mean_abs'])} | {cell(d['mean'])} |")
+        lines.append(f"| log-probs, bf16 leak past a sequence's end | {cell(agreement.get('bf16_leak'))} | – | – |")
+    lines += [f"| first loss, {name} − padded | – | – | {cell(gap)} |" for name, gap in gaps.items()]
+    return lines + [""]
+
+
 def tables(runs: dict[str, dict]) -> str:
     lines = header_table(runs) + [""]
     if "doctor" in runs:
@@ -66,6 +85,7 @@ def tables(runs: dict[str, dict]) -> str:
         lines.append("")
     if "planner" in runs:
         lines += measured_rows("The planner against the measured update", runs["planner"].get("runs", {}))
+        lines += packed_rows(runs["planner"])
     if "throughput" in runs:
         t = runs["throughput"]
         pub = t.get("published", {})

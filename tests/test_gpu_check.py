@@ -95,9 +95,14 @@ def test_the_table_script_reads_what_the_check_writes(tmp_path):
     (tmp_path / "environment.json").write_text(json.dumps(header))
     doctor = {**header, "configs": {"c": {"rows": [{"check": "chunked LM head", "result": "pass", "figure": "max |Δ| 1e-3", "note": ""}]}}}
     (tmp_path / "doctor.json").write_text(json.dumps(doctor))
-    (tmp_path / "planner.json").write_text(json.dumps({**header, "runs": {"m packed": "skipped: packing not available"}}))
+    same = {"max_abs": 0.0, "mean_abs": 0.0, "mean": 0.0}
+    agreement = {"fp32_packed_vs_padded": same, "bf16_packed_vs_padded": same | {"mean": 5e-6}, "bf16_leak": 0.0}
+    runs = {"m packed": "skipped: packing not available", "n packed": {"first_loss_minus_padded": -4.4e-5}}
+    (tmp_path / "planner.json").write_text(json.dumps({**header, "packed_agreement": agreement, "runs": runs}))
     text = subprocess.run([sys.executable, "scripts/gpu_table.py", str(tmp_path)], cwd=REPO, capture_output=True,
                           text=True, check=True).stdout  # fmt: skip
     assert "| NVIDIA H100 80GB HBM3 | 2026-01-01 | `000000000000` |" in text
     assert "max \\|Δ\\| 1e-3" in text
     assert "| m packed | skipped: packing not available |" in text
+    assert "| log-probs, bf16 packed vs padded | 0 | 0 | 5e-06 |" in text
+    assert "| first loss, n packed − padded | – | – | -4.4e-05 |" in text

@@ -183,3 +183,25 @@ def test_a_lora_policy_is_planned_as_pytorch_accounts_it_and_below_full_fine_tun
     with_reference = measure_trainer(dataclasses.replace(adapted, with_reference=True), with_flops=False)
     assert with_reference.peak.breakdown.get("reference", 0) == 0  # the base is the policy's own weights
     assert with_reference.peak.peak_bytes < planned.peak.peak_bytes + frozen * 4 / 2
+
+
+def test_planning_leaves_the_callers_model_config_as_it_was():
+    """The plan of a GPU run builds its fake model with a mask-free causal attention. It once wrote that into the
+    config it was given, so a model built later from the same config attended across the sequences of a packed
+    forward (the GPU check's packed updates did, 0.01-0.025 nats of loss off their padded twins')."""
+    from rlvr_lightning.models.forward import policy_forward
+    from rlvr_lightning.rollout.types import RolloutTensors
+
+    config = tiny_config(1024)
+    measure_trainer(setup_for(config, 2, 16, 0, False, fused_attention=True), with_flops=False)
+    assert config._attn_implementation in (None, "sdpa")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    P, T = 4, 6
+    ids = torch.randint(3, 1024, (3, P + T))
+    ones = torch.ones(3, P + T, dtype=torch.long)
+    batch = RolloutTensors(ids, ones, torch.arange(P + T).expand(3, -1).contiguous(), torch.ones(3, T), torch.zeros(3, T), P)
+    with torch.no_grad():
+        padded = policy_forward(model, batch, 1.0).logp
+        packed = policy_forward(model, batch, 1.0, packed=True).logp
+    torch.testing.assert_close(packed, padded)

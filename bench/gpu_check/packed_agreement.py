@@ -14,7 +14,8 @@ in the same dtype and on the same weights (no grad, no FSDP):
   - `bf16_leak`: each sequence's last token changed: the largest change of any other token's log-prob
     (0 unless a sequence sees past its end or into the next one).
 Packing is sound when the leak is 0, fp32 agrees to rounding, and bf16's packed difference is of the size of
-the batch-composition one.
+the batch-composition one. (On the H100 all three held; the first run's gap came from the planner, which wrote
+its mask-free attention into the shared model configuration: docs/gpu.md.)
 """
 
 from __future__ import annotations

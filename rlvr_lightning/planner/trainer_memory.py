@@ -19,6 +19,7 @@ Two modelling choices, both stated in the plan's output:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
 import math
@@ -135,8 +136,12 @@ def _run_fake_step(setup: TrainerSetup, count_flops: bool) -> TrainerMemory:
     from rlvr_lightning.parallel import checkpoint_layers, shard_policy
 
     attention = {"attn_implementation": _fused_causal_attention()} if setup.fused_attention else {}
+    # `from_config` writes the attention implementation into the config it is given: a copy, or every model
+    # the caller builds later from its config gets the planner's mask-free causal attention (a packed forward
+    # then attends across its sequences' boundaries).
+    config = copy.deepcopy(setup.model_config)
     with fake_world(setup.world_size if setup.fsdp else 0) as mesh, FakeTensorMode():
-        build = lambda: AutoModelForCausalLM.from_config(setup.model_config, dtype=torch.float32, **attention).eval()  # noqa: E731
+        build = lambda: AutoModelForCausalLM.from_config(config, dtype=torch.float32, **attention).eval()  # noqa: E731
         policy = build()
         if setup.lora is not None:  # PEFT's own layers, as the run injects them; the reference is the base itself
             with _adapters_created_in_place():
