@@ -170,10 +170,29 @@ class PresetRuns:
         return RunHistory(self.name, "", "FINISHED", algorithm, history)
 
 
+# Step 0's greedy held-out accuracy: one value per warm start, verifier and evaluation, whatever the seed.
+START_KEY = "val/accuracy_greedy"
+
+
+def same_start(a: RunHistory, b: RunHistory) -> bool:
+    """Whether two runs began from the same held-out evaluation: their step-0 greedy accuracies are equal. It
+    depends on no seed, so it differs only where the warm start, the verifier or the evaluation did (a run
+    recorded before a verifier fix, say); such runs are not paired. Runs without the metric cannot tell."""
+    first_a, first_b = a.history.get(START_KEY, [])[:1], b.history.get(START_KEY, [])[:1]
+    return not first_a or not first_b or list(first_a[0]) == list(first_b[0])
+
+
+def unpaired_seeds(preset: PresetRuns, baseline: PresetRuns) -> list[int]:
+    """The seeds both finished whose runs began from different evaluations (`same_start`)."""
+    both = sorted(preset.runs.keys() & baseline.runs.keys())
+    return [s for s in both if not same_start(preset.runs[s], baseline.runs[s])]
+
+
 def paired_difference(preset: PresetRuns, baseline: PresetRuns, key: str, how: str) -> tuple[float, float, int]:
-    """(mean, 95% half-width, seeds) of preset − baseline over the seeds both finished."""
+    """(mean, 95% half-width, seeds) of preset − baseline over the seeds both finished from the same start."""
     a, b = preset.values(key, how), baseline.values(key, how)
-    diffs = [a[s] - b[s] for s in sorted(a.keys() & b.keys())]
+    skip = set(unpaired_seeds(preset, baseline))
+    diffs = [a[s] - b[s] for s in sorted(a.keys() & b.keys()) if s not in skip]
     if not diffs:
         return math.nan, math.nan, 0
     return (*t_interval(diffs), len(diffs))
@@ -236,6 +255,7 @@ def differences_table(results: dict[str, PresetRuns]) -> list[str]:
     columns = [m for m in METRICS if m[2] != "mean"]  # time is not paired noise; it is in the table above
     header = ["preset", "baseline", *[f"Δ {col}" for col, _, _ in columns]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    unpaired = []
     for name, pr in results.items():
         base = BASELINES.get(pr.steps_per_batch)
         if base is None or base == name or base not in results:
@@ -245,6 +265,12 @@ def differences_table(results: dict[str, PresetRuns]) -> list[str]:
             mean, half, n = paired_difference(pr, results[base], key, how)
             cells.append("–" if n == 0 else fmt(mean, half))
         lines.append("| " + " | ".join(cells) + " |")
+        if seeds := unpaired_seeds(pr, results[base]):
+            unpaired.append(f"`{name}` seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}")
+    if unpaired:
+        lines += ["", "Not paired, their baseline's run having begun from another held-out evaluation (its step-0 greedy "
+                  "accuracy differs: another warm start, verifier or evaluation; rerun both at one commit): "
+                  + "; ".join(unpaired) + "."]  # fmt: skip
     return lines
 
 
@@ -258,6 +284,10 @@ def claims_table(results: dict[str, PresetRuns]) -> list[str]:
             lines.append(f"| {claim} | {preset} − {base or 'its baseline'} | {column} | – | 0 | not run |")
             continue
         mean, half, n = paired_difference(pr, results[base], *by_column[column])
+        if n == 0:
+            why = "not comparable (the runs began from different evaluations)" if unpaired_seeds(pr, results[base]) else "no seed in common"  # fmt: skip
+            lines.append(f"| {claim} | {preset} − {base} | {column} | – | 0 | {why} |")
+            continue
         lines.append(f"| {claim} | {preset} − {base} | {column} | {fmt(mean, half)} | {n} | {verdict(mean, half, direction)} |")
     return lines
 
@@ -287,6 +317,19 @@ def update_readme(readme: Path, lines: list[str]) -> None:
     readme.write_text(head + README_BEGIN + "\n" + "\n".join(lines) + "\n" + README_END + tail)
 
 
+def start_sentence(results: dict[str, PresetRuns]) -> str:
+    """What `before` is: one start for every run, or the runs' several step-0 greedy accuracies by commit."""
+    starts: dict[float, set[str]] = {}
+    for pr in results.values():
+        for r in pr.runs.values():
+            if first := r.history.get(START_KEY, [])[:1]:
+                starts.setdefault(first[0][1], set()).add(r.commit or "not recorded")
+    if len(starts) <= 1:
+        return "`before` is the same warm start for every preset"
+    by_start = "; ".join(f"{v:.3f} at {', '.join(f'`{c}`' for c in sorted(cs))}" for v, cs in sorted(starts.items()))
+    return f"`before` is not one start: the runs' step-0 greedy accuracy is {by_start}"
+
+
 def write_page(args: argparse.Namespace, presets: list[Path], outcomes: dict[str, tuple[int, float]]) -> Path:
     results = load_presets(read_records(records_dir(args)), presets, args)
     figures = args.out.parent / args.out.stem.lower()  # docs/RESULTS.md → docs/results/: one folder per page
@@ -314,7 +357,7 @@ def write_page(args: argparse.Namespace, presets: list[Path], outcomes: dict[str
         "rollout batch; every preset gets K × the same rollout batches.",
         f"- Evaluation: {args.val_size} held-out problems × 8 samples at temperature 1 before training and at the end; "
         "greedy = temperature 0. Cells are the mean over seeds ± the half-width of its 95% Student-t interval "
-        "(`before → after` for held-out metrics; `before` is the same warm start for every preset).",
+        f"(`before → after` for held-out metrics; {start_sentence(results)}).",
         f"- Machine: {platform.machine()}, {os.cpu_count()} CPU cores, no GPU; commit {commit}; {date}; {hours:.2f} h of "
         "training in all (the MLflow runs' wall times, summed).",
         "",

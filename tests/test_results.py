@@ -8,7 +8,16 @@ import math
 import pytest
 
 from rlvr_lightning.compare import RunHistory
-from rlvr_lightning.results import PresetRuns, main, paired_difference, t_interval, verdict
+from rlvr_lightning.results import (
+    PresetRuns,
+    claims_table,
+    differences_table,
+    main,
+    paired_difference,
+    start_sentence,
+    t_interval,
+    verdict,
+)
 
 
 def test_t_interval_matches_the_textbook_formula():
@@ -44,6 +53,33 @@ def test_paired_difference_pairs_by_seed_and_skips_unpaired_seeds():
     assert n == 3 and mean == pytest.approx(0.02) and half == pytest.approx(0.0, abs=1e-12)
     unpaired_half = t_interval([0.12, 0.32, 0.52])[1]
     assert unpaired_half > 0.4  # what comparing the means without pairing would have to allow
+
+
+def with_start(pr: PresetRuns, greedy_before: dict[int, float], commit: str) -> PresetRuns:
+    for seed, r in pr.runs.items():
+        r.history["val/accuracy_greedy"] = [(0, greedy_before[seed]), (60, 0.5)]
+        r.commit = commit
+    return pr
+
+
+def test_runs_that_began_from_different_evaluations_are_not_paired():
+    """A baseline recorded before a verifier fix began from another greedy accuracy than a preset run after it:
+    their difference would be the fix's, so those seeds are left out, and the page says which and why."""
+    from rlvr_lightning.results import CLAIMS
+
+    base = with_start(runs("grpo", {0: 0.10, 1: 0.30, 2: 0.50}), {0: 0.345, 1: 0.345, 2: 0.45}, "old")
+    other = with_start(runs("maxrl", {0: 0.12, 1: 0.32, 2: 0.55}), {0: 0.45, 1: 0.45, 2: 0.45}, "new")
+    mean, half, n = paired_difference(other, base, "val/accuracy", "last")
+    assert n == 1 and mean == pytest.approx(0.05) and math.isnan(half)  # seed 2 alone began where its baseline did
+    results = {"grpo": base, "maxrl": other}
+    assert "Not paired" in differences_table(results)[-1] and "`maxrl` seeds 0, 1" in differences_table(results)[-1]
+    assert "0.345 at `old`; 0.450 at `new`" in start_sentence(results)
+    with_start(base, {0: 0.345, 1: 0.345, 2: 0.345}, "old")
+    claim = next(c[0] for c in CLAIMS if c[1] == "maxrl")
+    row = next(line for line in claims_table(results) if line.startswith(f"| {claim} |"))
+    assert row.endswith("| – | 0 | not comparable (the runs began from different evaluations) |")
+    same = with_start(runs("maxrl", {0: 0.12}), {0: 0.345}, "old")
+    assert start_sentence({"grpo": base, "maxrl": same}).startswith("`before` is the same warm start")
 
 
 def log_budget(client, run, max_steps: str, model: str) -> None:
