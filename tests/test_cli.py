@@ -139,6 +139,19 @@ def test_embedded_warm_start_is_cached_and_partially_correct(quick_warm_start):
     assert (path / "tokenizer.json").exists() and (path / "config.json").exists()
 
 
+def test_a_run_names_the_warm_start_it_began_from(quick_warm_start, monkeypatch, tiny_policy_dir):
+    """Each embedded run tags the digest of the warm-start weights it loaded (a build elsewhere may differ)."""
+    import hashlib
+
+    from rlvr_lightning.models import warm_start
+
+    cfg, path = quick_warm_start
+    monkeypatch.setitem(warm_start.EMBEDDED_WARM_STARTS, "embedded-quick", cfg)
+    expected = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()[:12]
+    assert warm_start.warm_start_digest("embedded-quick") == expected
+    assert warm_start.warm_start_digest(str(tiny_policy_dir)) is None  # a model's own path names it
+
+
 # ---- a researcher's own pieces, from a directory outside the package --------------------------------------
 
 # An advantage estimator and a policy loss as a researcher writes them, in their own module.

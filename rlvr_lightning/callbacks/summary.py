@@ -20,6 +20,7 @@ from rlvr_lightning.callbacks.checkpoint import ResumableCheckpoint
 from rlvr_lightning.callbacks.evaluation import Evaluation
 from rlvr_lightning.callbacks.export import HFExport
 from rlvr_lightning.models.lora import parameter_counts
+from rlvr_lightning.models.warm_start import warm_start_digest
 from rlvr_lightning.pieces.selection import selected_pieces
 from rlvr_lightning.tracking import ui_link
 
@@ -95,6 +96,8 @@ def run_tags(trainer: L.Trainer, module) -> dict[str, str]:
     tags = {"model_family": str(getattr(config, "model_type", "?")), "params": f"{params / 1e6:.1f}M",
             "trainable_params": f"{trainable / 1e6:.3f}M ({trainable / params:.2%})",
             "engine": str(trainer.datamodule.rollout.engine), "devices": str(trainer.world_size)}  # fmt: skip
+    if digest := warm_start_digest(trainer.datamodule.hparams.model_name_or_path):
+        tags["warm_start_sha256"] = digest
     commit = git_commit()
     return tags | ({"git_commit": commit} if commit else {})
 

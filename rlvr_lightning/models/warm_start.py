@@ -138,6 +138,18 @@ EMBEDDED_WARM_STARTS = {  # a name usable as data.model_name_or_path → the war
 }
 
 
+def warm_start_digest(name_or_path: str) -> str | None:
+    """The sha256 (first 12 hex digits) of an embedded warm start's weights; None for any other model (its name
+    or path says what it is). The warm start is built where it is first used, and a build on another machine
+    or with other library versions need not be bit-identical: runs that began from different builds are not
+    comparable, and this digest (an MLflow tag of each run) tells them apart."""
+    cfg = EMBEDDED_WARM_STARTS.get(name_or_path)
+    if cfg is None:
+        return None
+    weights = embedded_policy_path(cfg) / "model.safetensors"
+    return hashlib.sha256(weights.read_bytes()).hexdigest()[:12] if weights.is_file() else None
+
+
 def resolve_policy_path(name_or_path: str) -> str:
     """A name in `EMBEDDED_WARM_STARTS` → its cached warm-start directory (built on first use); anything
     else is returned for HF to resolve."""
