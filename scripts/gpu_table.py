@@ -28,14 +28,19 @@ def cell(value, digits: int = 3) -> str:
     return str(value).replace("|", "\\|")  # a figure's |Δ| must not end the table's cell
 
 
+def short(commit: str) -> str:
+    """A commit's first 12 digits, keeping `+dirty` (a step run with changes not yet committed says so)."""
+    return commit[:12] + ("+dirty" if commit.endswith("+dirty") else "")
+
+
 def header_table(runs: dict[str, dict]) -> list[str]:
     env = runs.get("environment") or next(iter(runs.values()))
     lines = ["| card | date | commit | torch | transformers | tiny shapes |", "|---|---|---|---|---|---|",
-             f"| {env['card']} | {env['date']} | `{env['commit'][:12]}` | {env['torch']} | {env['transformers']} | {env['tiny_shapes']} |",
+             f"| {env['card']} | {env['date']} | `{short(env['commit'])}` | {env['torch']} | {env['transformers']} | {env['tiny_shapes']} |",
              "", "| step | status | seconds | date | commit | problems |", "|---|---|---|---|---|---|"]  # fmt: skip
     for step, r in runs.items():
         if step != "environment":  # a step rerun alone has its own date and commit
-            lines.append(f"| {step} | {r['status']} | {cell(r.get('elapsed_s'))} | {r['date'][:16]} | `{r['commit'][:12]}` "
+            lines.append(f"| {step} | {r['status']} | {cell(r.get('elapsed_s'))} | {r['date'][:16]} | `{short(r['commit'])}` "
                          f"| {'; '.join(r.get('problems', [])) or '–'} |")  # fmt: skip
     return lines
 
