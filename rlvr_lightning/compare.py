@@ -40,6 +40,7 @@ class RunHistory:
     history: dict[str, list[tuple[int, float]]]  # metric → [(step, value)] sorted by step
     seconds: float = math.nan  # the MLflow run's wall time, start to end
     commit: str | None = None  # the code's git commit, as the run's summary tagged it
+    warm_start: str | None = None  # the embedded warm start's weights digest the run began from (its tag)
 
 
 def select_runs(client, experiment_id: str, wanted: list[str] | None) -> list:
@@ -76,8 +77,8 @@ def load_history(client, run, columns=TABLE_METRICS) -> RunHistory:
     changed = [c for c in run.data.tags.get("changed_pieces", "").split("+") if c]
     algorithm = "+".join([run.data.tags.get("algorithm", "?"), *changed, *shapers])
     seconds = (run.info.end_time - run.info.start_time) / 1000 if run.info.end_time else math.nan
-    commit = run.data.tags.get("git_commit")
-    return RunHistory(run.info.run_name, run.info.run_id, run.info.status, algorithm, history, seconds, commit)
+    commit, warm_start = run.data.tags.get("git_commit"), run.data.tags.get("warm_start_sha256")
+    return RunHistory(run.info.run_name, run.info.run_id, run.info.status, algorithm, history, seconds, commit, warm_start)
 
 
 def summary(points: list[tuple[int, float]], how: str) -> float | None:

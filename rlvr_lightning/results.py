@@ -175,9 +175,12 @@ START_KEY = "val/accuracy_greedy"
 
 
 def same_start(a: RunHistory, b: RunHistory) -> bool:
-    """Whether two runs began from the same held-out evaluation: their step-0 greedy accuracies are equal. It
-    depends on no seed, so it differs only where the warm start, the verifier or the evaluation did (a run
-    recorded before a verifier fix, say); such runs are not paired. Runs without the metric cannot tell."""
+    """Whether two runs began from the same weights and held-out evaluation: the same warm-start digest where
+    both runs tagged one, and equal step-0 greedy accuracies. That accuracy depends on no seed, so it differs
+    only where the weights, the verifier or the evaluation did (runs on another build of the warm start, say);
+    such runs are not paired. Runs without either cannot tell."""
+    if a.warm_start and b.warm_start and a.warm_start != b.warm_start:
+        return False
     first_a, first_b = a.history.get(START_KEY, [])[:1], b.history.get(START_KEY, [])[:1]
     return not first_a or not first_b or list(first_a[0]) == list(first_b[0])
 
@@ -268,8 +271,9 @@ def differences_table(results: dict[str, PresetRuns]) -> list[str]:
         if seeds := unpaired_seeds(pr, results[base]):
             unpaired.append(f"`{name}` seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}")
     if unpaired:
-        lines += ["", "Not paired, their baseline's run having begun from another held-out evaluation (its step-0 greedy "
-                  "accuracy differs: another warm start, verifier or evaluation; rerun both at one commit): "
+        lines += ["", "Not paired, their baseline's run having begun from other weights or another held-out evaluation "
+                  "(another warm-start digest, or another step-0 greedy accuracy: another verifier or evaluation; rerun "
+                  "both at one commit on one warm start): "
                   + "; ".join(unpaired) + "."]  # fmt: skip
     return lines
 
@@ -285,7 +289,7 @@ def claims_table(results: dict[str, PresetRuns]) -> list[str]:
             continue
         mean, half, n = paired_difference(pr, results[base], *by_column[column])
         if n == 0:
-            why = "not comparable (the runs began from different evaluations)" if unpaired_seeds(pr, results[base]) else "no seed in common"  # fmt: skip
+            why = "not comparable (the runs began from different starts)" if unpaired_seeds(pr, results[base]) else "no seed in common"  # fmt: skip
             lines.append(f"| {claim} | {preset} − {base} | {column} | – | 0 | {why} |")
             continue
         lines.append(f"| {claim} | {preset} − {base} | {column} | {fmt(mean, half)} | {n} | {verdict(mean, half, direction)} |")

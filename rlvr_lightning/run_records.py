@@ -40,7 +40,7 @@ def write_record(record: RunRecord, directory: Path) -> Path:
     r = record.run
     path = directory / f"{r.name}.json"
     body = {
-        "name": r.name, "run_id": r.run_id, "algorithm": r.algorithm, "commit": r.commit,
+        "name": r.name, "run_id": r.run_id, "algorithm": r.algorithm, "commit": r.commit, "warm_start": r.warm_start,
         "seconds": None if math.isnan(r.seconds) else r.seconds, "max_steps": record.max_steps,
         "model": record.model, "start_time": record.start_time,
         "history": {key: [[step, value] for step, value in points] for key, points in sorted(r.history.items())},
@@ -60,7 +60,8 @@ def read_records(directory: Path) -> dict[str, RunRecord]:
             d = json.loads(path.read_text())
             history = {key: [(int(s), float(v)) for s, v in points] for key, points in d["history"].items()}
             seconds = math.nan if d.get("seconds") is None else float(d["seconds"])
-            run = RunHistory(d["name"], d.get("run_id", ""), "FINISHED", d.get("algorithm", "?"), history, seconds, d.get("commit"))
+            run = RunHistory(d["name"], d.get("run_id", ""), "FINISHED", d.get("algorithm", "?"), history, seconds,
+                             d.get("commit"), d.get("warm_start"))  # fmt: skip
             out[run.name] = RunRecord(run, str(d["max_steps"]), str(d["model"]), int(d.get("start_time", 0)))
         except (KeyError, TypeError, ValueError) as e:
             raise SystemExit(f"error: run record {path} is not a record `make results` wrote ({e!r}); delete it to retrain that run") from e

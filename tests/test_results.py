@@ -77,9 +77,12 @@ def test_runs_that_began_from_different_evaluations_are_not_paired():
     with_start(base, {0: 0.345, 1: 0.345, 2: 0.345}, "old")
     claim = next(c[0] for c in CLAIMS if c[1] == "maxrl")
     row = next(line for line in claims_table(results) if line.startswith(f"| {claim} |"))
-    assert row.endswith("| – | 0 | not comparable (the runs began from different evaluations) |")
+    assert row.endswith("| – | 0 | not comparable (the runs began from different starts) |")
     same = with_start(runs("maxrl", {0: 0.12}), {0: 0.345}, "old")
     assert start_sentence({"grpo": base, "maxrl": same}).startswith("`before` is the same warm start")
+    assert paired_difference(same, base, "val/accuracy", "last")[2] == 1
+    base.runs[0].warm_start, same.runs[0].warm_start = "66d538c8f3b0", "0123456789ab"  # another build, same greedy
+    assert paired_difference(same, base, "val/accuracy", "last")[2] == 0
 
 
 def log_budget(client, run, max_steps: str, model: str) -> None:
@@ -182,7 +185,8 @@ def test_records_rebuild_the_page_and_resume_without_the_store(tmp_path, monkeyp
                                                   ("grpo-seed1", 0.25, "60", "embedded", 1_000),
                                                   ("thr-seed0", 0.30, "30", "embedded", 1_000),  # another budget
                                                   ("thr-seed1", 0.35, "60", "embedded-balanced", 1_000)]:  # model
-        run = client.create_run(exp, run_name=name, tags={"algorithm": "GRPO", "git_commit": "cafe"}, start_time=start)
+        tags = {"algorithm": "GRPO", "git_commit": "cafe", "warm_start_sha256": "66d538c8f3b0"}
+        run = client.create_run(exp, run_name=name, tags=tags, start_time=start)
         log_budget(client, run, max_steps, model)
         client.log_metric(run.info.run_id, "val/accuracy", 0.15, step=0)
         client.log_metric(run.info.run_id, "val/accuracy", final, step=60)
@@ -192,6 +196,9 @@ def test_records_rebuild_the_page_and_resume_without_the_store(tmp_path, monkeyp
     main(["--skip-training", "--tracking-uri", uri, *argv])
     records = sorted(p.name for p in (tmp_path / "docs" / "results" / "runs").glob("*"))
     assert records == ["grpo-seed0.json", "grpo-seed1.json", "thr-seed0.json", "thr-seed1.json"]
+    from rlvr_lightning.run_records import read_records
+
+    assert read_records(tmp_path / "docs" / "results" / "runs")["grpo-seed0"].run.warm_start == "66d538c8f3b0"
     page = out.read_text()
     assert "| grpo | GRPO | 1 | 2 | 0.150 → 0.225 ± 0.318 |" in page  # seed 0's later run (0.20), seed 1's 0.25
     assert "| thr |" not in page  # its runs have another budget or model
