@@ -20,6 +20,8 @@ its mask-free attention into the shared model configuration: docs/gpu.md.)
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 
@@ -40,7 +42,7 @@ def agreement(model_config, shape, seed: int = 0) -> dict:
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     torch.manual_seed(seed)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(model_config), dtype=torch.float32).eval()  # as update_step
     t = _batch(model_config.vocab_size, shape, device, seed)
     mask = t.response_mask
 

@@ -12,6 +12,7 @@ real tensors). The prediction is `planner.trainer_memory.measure_trainer` on the
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from functools import cache, partial
@@ -131,7 +132,10 @@ def measured(model_config, shape: UpdateShape, workdir: Path, steps: int = 2) ->
     with one_rank_group(workdir) as mesh:
         torch.manual_seed(0)
         with torch.device(device):  # random weights made where they live: no slow CPU initialisation of a 1.5B model
-            policy = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32).eval()
+            # From a copy: `from_config` keeps the config it is given and writes its attention implementation
+            # into it (the packed forward's switch too), which would change the planner's cache key for the
+            # next variant of the same architecture (a miss costs a fake-tensor run, 15-20 s on the GPU machine).
+            policy = AutoModelForCausalLM.from_config(copy.deepcopy(model_config), dtype=torch.float32).eval()
         policy.config.use_cache = False
         shard_policy(policy, mesh, param_dtype(), shape.activation_checkpointing)
         optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
