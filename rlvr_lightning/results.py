@@ -171,7 +171,7 @@ class PresetRuns:
 
 
 # Step 0's greedy held-out accuracy: one value per warm start, verifier and evaluation, whatever the seed.
-START_KEY = "val/accuracy_greedy"
+START_KEY = next(key for column, key, _ in METRICS if column == "greedy")
 
 
 def same_start(a: RunHistory, b: RunHistory) -> bool:

@@ -20,8 +20,6 @@ its mask-free attention into the shared model configuration: docs/gpu.md.)
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
 
@@ -32,9 +30,7 @@ def _stats(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> dict:
 
 
 def agreement(model_config, shape, seed: int = 0) -> dict:
-    from transformers import AutoModelForCausalLM
-
-    from bench.gpu_check.update_step import _batch
+    from bench.gpu_check.update_step import _batch, model_from
     from rlvr_lightning.doctor.checks import last_tokens_changed, masked_max
     from rlvr_lightning.models import packed_attention
     from rlvr_lightning.models.forward import policy_forward
@@ -42,7 +38,7 @@ def agreement(model_config, shape, seed: int = 0) -> dict:
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     torch.manual_seed(seed)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(copy.deepcopy(model_config), dtype=torch.float32).eval()  # as update_step
+        model = model_from(model_config, dtype=torch.float32).eval()
     t = _batch(model_config.vocab_size, shape, device, seed)
     mask = t.response_mask
 

@@ -91,15 +91,23 @@ def planned(model_config, shape: UpdateShape) -> dict:
     return out
 
 
+def model_from(model_config, **kwargs):
+    """`AutoModelForCausalLM.from_config` on a copy of `model_config`: it keeps the config it is given and writes
+    its attention implementation into it (the packed forward's switch too), which would change the planner's
+    cache key for the next variant of the same architecture (a miss costs a fake-tensor run, 15-30 s on the
+    GPU machine)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(copy.deepcopy(model_config), **kwargs)
+
+
 def model_flops_per_step(model_config, shape: UpdateShape) -> float:
     """Model FLOPs of one optimizer step, the usual MFU count: 6 × the matmul parameters (every Linear, the LM
     head included, the embedding lookup not) per token, plus causal attention's 6 × layers × 2 × s² × the
     attention width per sequence (forward QKᵀ and PV on half the scores, ×3 with the backward); activation
     checkpointing's recomputation is not counted."""
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(model_config)
+        model = model_from(model_config)
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
     width = model_config.num_attention_heads * head_dim
@@ -122,8 +130,6 @@ def _batch(vocab: int, shape: UpdateShape, device: torch.device, seed: int):
 
 def measured(model_config, shape: UpdateShape, workdir: Path, steps: int = 2) -> dict:
     """The update on this device: one warm-up step (it creates AdamW's state), then `steps` timed steps."""
-    from transformers import AutoModelForCausalLM
-
     from rlvr_lightning.models.forward import policy_forward
     from rlvr_lightning.parallel import shard_policy
 
@@ -132,10 +138,7 @@ def measured(model_config, shape: UpdateShape, workdir: Path, steps: int = 2) ->
     with one_rank_group(workdir) as mesh:
         torch.manual_seed(0)
         with torch.device(device):  # random weights made where they live: no slow CPU initialisation of a 1.5B model
-            # From a copy: `from_config` keeps the config it is given and writes its attention implementation
-            # into it (the packed forward's switch too), which would change the planner's cache key for the
-            # next variant of the same architecture (a miss costs a fake-tensor run, 15-20 s on the GPU machine).
-            policy = AutoModelForCausalLM.from_config(copy.deepcopy(model_config), dtype=torch.float32).eval()
+            policy = model_from(model_config, dtype=torch.float32).eval()
         policy.config.use_cache = False
         shard_policy(policy, mesh, param_dtype(), shape.activation_checkpointing)
         optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
