@@ -79,13 +79,24 @@ def algorithm_lines() -> list[str]:
     return lines
 
 
+def knob_feeds(knobs: tuple[str, ...], arguments: set[str]) -> str:
+    """Which of a piece's knobs an algorithm argument of the same name feeds (when the algorithm sets it:
+    `rlvr_lightning.pieces.registry.AlgorithmArgs`), and which `piece_args` does."""
+    fed = [k for k in knobs if k in arguments]
+    own = [k for k in knobs if k not in arguments]
+    parts = ([f"knobs from --model.init_args: {', '.join(fed)}"] if fed else []) + (
+        [f"{'' if fed else 'knobs '}from piece_args: {', '.join(own)}"] if own else [])
+    return "; ".join(parts)
+
+
 def piece_lines() -> list[str]:
+    arguments = set(inspect.signature(algos.RLVRModule.__init__).parameters)
     lines = []
     for registry in KINDS:
         lines += wrapped(f"  {registry.plural} (--model.init_args.{registry.key}): ", registry.description, 6)
         for piece in registry.pieces():
             summary = first_sentence(inspect.getdoc(piece.fn) or "")
-            knobs = f" [knobs: {', '.join(piece.knobs)}]" if piece.knobs else ""
+            knobs = f" [{knob_feeds(piece.knobs, arguments)}]" if piece.knobs else ""
             lines.append(f"    {piece.name:<24} {summary}{knobs}  ({piece.docs})")  # one line: `make list | grep`
     return lines
 

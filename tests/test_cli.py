@@ -202,7 +202,7 @@ def test_imports_makes_ones_own_piece_names_parse_and_list(tmp_path, own_pieces)
     proc = run_cli(["list", "--imports", "my_rl_pieces"], tmp_path, timeout=300, pythonpath=(own_pieces,))
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    assert "    centred                  The group-centred reward, times centred_scale. [knobs: centred_scale]  (my_rl_pieces)" in lines
+    assert "    centred                  The group-centred reward, times centred_scale. [knobs from piece_args: centred_scale]  (my_rl_pieces)" in lines
     assert "    plain-ratio              The unclipped surrogate: minus the per-token ratio times the advantage.  (my_rl_pieces)" in lines
 
 

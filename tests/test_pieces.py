@@ -5,7 +5,6 @@ example, `docs/examples/my_pieces.py`), and `python -m rlvr_lightning list`."""
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -99,10 +98,11 @@ def test_group_level_losses_compose_with_any_algorithm():
     assert REAL(policy_loss="real-bce", tau=0.25).objective.loss.keywords == {"tau": 0.25}
 
 
-def test_list_names_every_preset_algorithm_and_piece():
-    out = subprocess.run([sys.executable, "-m", "rlvr_lightning", "list"], capture_output=True, text=True, cwd=REPO,
-                         timeout=300)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-2000:]
+def test_list_names_every_preset_algorithm_and_piece(capsys):
+    from rlvr_lightning.catalogue import main
+
+    main([])
+    out = SimpleNamespace(stdout=capsys.readouterr().out)
     for preset in (REPO / "configs" / "algo").glob("*.yaml"):
         assert re.search(rf"^  {re.escape(preset.stem)} ", out.stdout, re.M), preset.stem
     import rlvr_lightning.algos as algos
@@ -113,6 +113,9 @@ def test_list_names_every_preset_algorithm_and_piece():
         assert f"--model.init_args.{registry.key}" in out.stdout
         for piece in (p for p in registry.pieces() if p.fn.__module__.startswith("rlvr_lightning.")):
             assert re.search(rf"^    {re.escape(piece.name)} .*\({re.escape(piece.docs)}\)$", out.stdout, re.M), piece.name
+    # Which knobs the algorithm's arguments feed, and which piece_args does.
+    assert "[knobs from --model.init_args: clip_eps_low, clip_eps_high, dual_clip_c]" in out.stdout
+    assert "[knobs from --model.init_args: clip_eps_low, clip_eps_high; from piece_args: clip_cov_ratio, " in out.stdout
 
 
 def test_every_builtin_piece_names_a_docs_section_that_exists():
@@ -146,3 +149,55 @@ def test_the_readme_is_a_short_guide_whose_links_exist_and_whose_example_is_the_
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
             if "://" not in target:
                 assert (page.parent / target).exists(), f"{page.name} links {target}, which does not exist"
+
+
+# A researcher's loss written before the algorithms had a dual_clip_c argument: its own default is 3.
+@policy_losses.register("test-dual-clip-own-default", anchor=None)
+def dual_clip_loss_with_own_default(x, *, clip_eps_low: float, clip_eps_high: float, dual_clip_c: float = 3.0):
+    """PPO's clipped surrogate, dual-clipped at c."""
+    return policy_losses.get("ppo-clip").fn(x, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, dual_clip_c=dual_clip_c)
+
+
+@policy_losses.register("test-dual-clip-required", anchor=None)
+def dual_clip_loss_without_default(x, *, clip_eps_low: float, clip_eps_high: float, dual_clip_c: float):
+    """The same, with c required."""
+    return dual_clip_loss_with_own_default(x, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, dual_clip_c=dual_clip_c)
+
+
+def dual_clipped_token_loss(module) -> float:
+    """One token at ratio e² with advantage −1: the clipped surrogate's loss is e² ≈ 7.39, dual-clipped at c."""
+    from rlvr_lightning.pieces.kinds import TokenLossInputs
+
+    one = torch.ones(1, 1)
+    per_token, _ = module.objective.loss(TokenLossInputs(2 * one, 0 * one, -one, one.bool()))
+    return float(per_token)
+
+
+def test_an_unset_algorithm_argument_leaves_a_pieces_own_default():
+    """The module's dual_clip_c defaults to None (off); a piece's own default 3 wins until the user sets it."""
+    assert dual_clipped_token_loss(GRPO(policy_loss="test-dual-clip-own-default")) == pytest.approx(3.0)
+    assert dual_clipped_token_loss(GRPO(policy_loss="test-dual-clip-own-default", dual_clip_c=2.0)) == pytest.approx(2.0)
+    assert dual_clipped_token_loss(GRPO(policy_loss="ppo-clip")) == pytest.approx(torch.e**2)  # the built-in: off
+
+
+def test_a_value_a_knob_cannot_take_is_refused_at_bind_time():
+    with pytest.raises(ConfigError, match=re.escape(
+        "policy_loss=test-dual-clip-required: its knob dual_clip_c takes float, got None (--model.init_args.dual_clip_c)"
+    )):  # fmt: skip
+        GRPO(policy_loss="test-dual-clip-required")
+    assert dual_clipped_token_loss(GRPO(policy_loss="test-dual-clip-required", dual_clip_c=1.5)) == pytest.approx(1.5)
+
+
+def test_every_algorithm_binds_the_library_pieces_as_its_arguments_say():
+    """Where an argument is left at its default, the built-in pieces' own defaults equal it (or they have
+    none): binding on purpose changes nothing for the library's algorithms."""
+    from rlvr_lightning import algos
+    from rlvr_lightning.pieces.selection import selected_pieces
+    from rlvr_lightning.training.algorithm import algorithm_args
+
+    for name in algos.__all__:
+        module = getattr(algos, name)()
+        on_purpose = algorithm_args(module.hparams, type(module))
+        for piece in selected_pieces(module.hparams).values():
+            every = piece.knob_values(dict(module.hparams), module.hparams.piece_args)  # every argument feeds
+            assert piece.knob_values(on_purpose, module.hparams.piece_args) == every, (name, piece.name)

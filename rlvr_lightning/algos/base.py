@@ -33,7 +33,7 @@ from rlvr_lightning.pieces.selection import piece_args_run_with
 from rlvr_lightning.rollout.engine import RolloutEngine
 from rlvr_lightning.rollout.sync import FP32_SYNC_TOL, EngineSync, default_sync_tol
 from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
-from rlvr_lightning.training.algorithm import BoundPieces
+from rlvr_lightning.training.algorithm import BoundPieces, algorithm_args
 from rlvr_lightning.training.batch import UpdateInputs
 from rlvr_lightning.training.behaviour import BehaviourSource, behaviour_source
 from rlvr_lightning.training.checks import check_run, check_values
@@ -148,8 +148,8 @@ class RLVRModule(L.LightningModule):
         self.hparams["lora"] = None if self.lora is None else asdict(self.lora)  # flat MLflow params, plain pickles
         self.automatic_optimization = False
         check_values(self.hparams)
-        self.pieces = BoundPieces.of(self.hparams)  # each piece checks its knobs; the combination is checked
-        self.hparams["piece_args"] = piece_args_run_with(self.hparams)  # every knob the pieces run with, for the record
+        self.pieces = BoundPieces.of(algorithm_args(self.hparams, type(self)))  # each piece checks its knobs; the combination is checked
+        self.hparams["piece_args"] = piece_args_run_with(algorithm_args(self.hparams, type(self)))  # every knob the pieces run with, for the record
         self.policy, self.ref_policy = None, None  # built in configure_model (FSDP shards them there)
         self.policy_version = 0  # weight syncs so far: the engine runs this version of the policy
         self.rollout_batches = 0  # completed training steps (rollout batches); the x-axis of every metric
@@ -259,7 +259,7 @@ class RLVRModule(L.LightningModule):
     def validate_config(self) -> None:
         """Checks that need the data settings or the callbacks too; run before anything expensive starts."""
         shapers = [type(cb).__name__ for cb in advantage_shapers(self.trainer)]
-        check_run(self.hparams, self.datamodule.hparams.batch_size, self.datamodule.rollout, self.objective,
+        check_run(algorithm_args(self.hparams, type(self)), self.datamodule.hparams.batch_size, self.datamodule.rollout, self.objective,
                   self.update_plan(), shapers, self.corrects_rollouts, self.max_staleness)  # fmt: skip
 
     def behaviour_source(self) -> BehaviourSource:

@@ -2,9 +2,11 @@
 
 An algorithm is a choice of pieces, one per kind (`KINDS`), selected by config keys on every module
 (`--model.init_args.policy_loss gspo-token`). A piece's knobs are its keyword-only parameters: when
-the module binds a piece it passes the module's hyper-parameter of the same name (`clip_eps_high`),
-else the entry of `piece_args` (`--model.init_args.piece_args '{my_knob: 3}'`), else the
-function's own default; a knob with none of these is a configuration error.
+the module binds a piece it passes the algorithm's argument of the same name (`clip_eps_high`) where the
+algorithm sets it (`AlgorithmArgs`: an argument left at the library's default does not override a piece's
+own default), else the entry of `piece_args` (`--model.init_args.piece_args '{my_knob: 3}'`), else the
+function's own default; a knob with none of these is a configuration error, and so is a value the knob's
+annotation does not take (`None` for a `float`).
 
 A user's piece lives in the user's own module and is named in the config by its dotted path:
 
@@ -35,10 +37,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Literal, Union
 
 from rlvr_lightning.errors import ConfigError
 
@@ -94,6 +98,13 @@ class Piece:
             knobs.update(knob_values(fn, self.what, values, piece_args))
         return knobs
 
+    def knob_sources(self, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None = None) -> dict[str, str]:
+        """Where each knob's value comes from (`resolved_knobs`)."""
+        sources = {}
+        for fn in self.functions:
+            sources.update({k: source for k, (_, source) in resolved_knobs(fn, self.what, values, piece_args).items()})
+        return sources
+
     def bind(self, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None = None) -> Callable:
         """The function with its knobs fixed from `values` (the module's hyper-parameters), then
         `piece_args`, then its own defaults; its check run on them (see `check_knobs`)."""
@@ -116,7 +127,7 @@ class Piece:
         try:
             self.check(**knobs)
         except ValueError as err:
-            sources = ", ".join(f"{k}={v!r} ({knob_source(k, values, piece_args) if k not in needs else 'the run'})"
+            sources = ", ".join(f"{k}={v!r} ({self.knob_sources(values, piece_args).get(k, 'its default') if k not in needs else 'the run'})"
                                 for k, v in knobs.items())  # fmt: skip
             raise ConfigError(f"{self.what}: {err} [{sources}]") from None
 
@@ -128,35 +139,94 @@ def keyword_only(fn: Callable) -> list[str]:
     return [p.name for p in inspect.signature(fn).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
 
 
-def knob_source(name: str, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None) -> str:
-    """Where a knob's value comes from, as the user would set it."""
-    if name in values:
-        return f"--model.init_args.{name}"
-    return "from piece_args" if name in (piece_args or {}) else "its default"
+class AlgorithmArgs(dict):
+    """An algorithm's arguments, with the library's default of each (`defaults`): an argument still at its
+    default is not set on purpose, so it feeds only the knobs that have no default of their own. A researcher's
+    loss with `dual_clip_c: float = 3.0` then runs with 3.0 until the user sets `--model.init_args.dual_clip_c`."""
+
+    def __init__(self, values: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
+        super().__init__(values)
+        self.defaults = dict(defaults)
 
 
-def knob_values(fn: Callable, what: str, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Each keyword-only parameter of `fn` from `values`, else `piece_args`, else its default."""
+def sets(values: Mapping[str, Any], name: str) -> bool:
+    """Whether `values` sets `name` on purpose: it holds it, at another value than the library's default
+    (a plain mapping sets everything it holds)."""
+    defaults = getattr(values, "defaults", {})
+    return name in values and (name not in defaults or values[name] != defaults[name])
+
+
+def resolved_knobs(
+    fn: Callable, what: str, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None
+) -> dict[str, tuple[Any, str]]:
+    """Each keyword-only parameter of `fn` with its value and where it came from (as the user would set it): the
+    algorithm's argument where it sets it, or where the knob has no default; else `piece_args`; else the
+    knob's default. A value the knob's annotation does not take is a ConfigError."""
     piece_args = piece_args or {}
+    hints = annotations_of(fn)
     knobs = {}
     for p in inspect.signature(fn).parameters.values():
         if p.kind is not inspect.Parameter.KEYWORD_ONLY:
             continue
-        if p.name in values:
-            knobs[p.name] = values[p.name]
+        own = p.default is not inspect.Parameter.empty
+        if p.name in values and (sets(values, p.name) or not own):
+            value, source = values[p.name], f"--model.init_args.{p.name}"
         elif p.name in piece_args:
-            knobs[p.name] = piece_args[p.name]
-        elif p.default is not inspect.Parameter.empty:
-            knobs[p.name] = p.default
+            value, source = piece_args[p.name], "from piece_args"
+        elif own:
+            value, source = p.default, "its default"
         else:
             raise ConfigError(f"{what} needs the knob {p.name!r}: set it with --model.init_args.piece_args '{{{p.name}: …}}'")
+        if p.name in hints and not accepts(hints[p.name], value):
+            raise ConfigError(f"{what}: its knob {p.name} takes {type_name(hints[p.name])}, got {value!r} ({source})")
+        knobs[p.name] = (value, source)
     return knobs
 
 
+def knob_values(fn: Callable, what: str, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Each keyword-only parameter of `fn` as it runs (`resolved_knobs` without the sources)."""
+    return {name: value for name, (value, _) in resolved_knobs(fn, what, values, piece_args).items()}
+
+
 def bind_knobs(fn: Callable, what: str, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None) -> Callable:
-    """`fn` with each keyword-only parameter fixed from `values`, else `piece_args`; defaults stay the function's."""
-    knobs = knob_values(fn, what, values, piece_args)
-    return partial(fn, **{k: v for k, v in knobs.items() if k in values or k in (piece_args or {})})
+    """`fn` with each knob fixed from the algorithm's arguments or `piece_args`; defaults stay the function's."""
+    knobs = resolved_knobs(fn, what, values, piece_args)
+    return partial(fn, **{k: v for k, (v, source) in knobs.items() if source != "its default"})
+
+
+def annotations_of(fn: Callable) -> dict[str, Any]:
+    """`fn`'s resolved annotations; none where they cannot be resolved (a user's piece may name types it
+    imports only for checkers)."""
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 (any failure to resolve: the knobs then go unchecked, as before)
+        return {}
+
+
+def accepts(annotation: Any, value: Any) -> bool:
+    """Whether a knob annotated `annotation` takes `value`: None, unions, literals and the scalar types are
+    checked; anything else (containers, classes) is left to the piece's own `check`. Written here because
+    jsonargparse's type checker is private and pydantic is not on every machine the trainer runs on."""
+    origin = typing.get_origin(annotation)
+    if annotation is Any:
+        return True
+    if annotation is None or annotation is type(None):
+        return value is None
+    if origin in (Union, types.UnionType):
+        return any(accepts(arg, value) for arg in typing.get_args(annotation))
+    if origin is Literal:
+        return value in typing.get_args(annotation)
+    if annotation is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation in (bool, str):
+        return isinstance(value, annotation)
+    return True
+
+
+def type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
 
 class Registry:

@@ -3,6 +3,7 @@ the update's objective, the advantage estimator, the rollout correction and the 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -12,10 +13,30 @@ import torch
 from rlvr_lightning.pieces import advantage_estimators, proximal_policies, rollout_corrections
 from rlvr_lightning.pieces.advantages import advantage_stats
 from rlvr_lightning.pieces.kinds import AdvantageInputs
-from rlvr_lightning.pieces.registry import Piece
+from rlvr_lightning.pieces.registry import AlgorithmArgs, Piece
 from rlvr_lightning.pieces.selection import check_piece_args
 from rlvr_lightning.training.checks import check_pieces
 from rlvr_lightning.training.objective import Objective, compose_objective
+
+
+def argument_defaults(cls: type) -> dict[str, Any]:
+    """The library's default of each argument of an algorithm class: where a subclass repeats an argument of
+    the class it extends, the base's default (DAPO's clip_eps_high=0.28 is DAPO setting it, against 0.2)."""
+    defaults: dict[str, Any] = {}
+    for klass in cls.__mro__:  # most derived first: the base-most definition is written last
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        for p in inspect.signature(init).parameters.values():
+            if p.default is not inspect.Parameter.empty:
+                defaults[p.name] = p.default
+    return defaults
+
+
+def algorithm_args(values: Mapping[str, Any], cls: type) -> AlgorithmArgs:
+    """An algorithm's arguments as its pieces read them: those left at the library's default feed only knobs
+    without a default of their own (`rlvr_lightning.pieces.registry.AlgorithmArgs`)."""
+    return AlgorithmArgs(values, argument_defaults(cls))
 
 
 @dataclass(frozen=True)
