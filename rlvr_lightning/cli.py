@@ -14,7 +14,6 @@ User errors (bad config values, data files, model paths) print one clear line, n
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import re
@@ -124,7 +123,8 @@ class RLVRCLI(LightningCLI):
         except ArgumentError as err:
             if verbose():  # -v: jsonargparse's whole account too
                 print(str(err), file=sys.stderr)
-            print(f"error: {parse_error_line(err)}", file=sys.stderr)
+            line = parse_error_line(err)
+            print(f"error: {line}{option_hint(line)}", file=sys.stderr)
             sys.exit(2)
 
     def add_arguments_to_parser(self, parser) -> None:
@@ -191,6 +191,38 @@ def spawned_rank() -> bool:
     import os
 
     return any(int(os.environ.get(name, "0") or 0) > 0 for name in ("LOCAL_RANK", "NODE_RANK", "RANK"))
+
+
+def known_options() -> dict[str, set[str]]:
+    """The options of each section, read from the signatures that LightningCLI reads (`model`: every
+    algorithm's arguments)."""
+    import inspect
+
+    import lightning as L
+
+    def names(*callables) -> set[str]:
+        return {p for c in callables for p in inspect.signature(c).parameters if p not in ("self", "args", "kwargs")}
+
+    algorithms = [getattr(rlvr_lightning.algos, n) for n in rlvr_lightning.algos.__all__]
+    return {"model": names(*algorithms), "data": names(RolloutDataModule), "rollout": names(RolloutSettings),
+            "trainer": names(L.Trainer), "plan": names(PlanSettings)}  # fmt: skip
+
+
+def option_hint(line: str) -> str:
+    """For a parse error about an unknown option, the valid options it most resembles: the same name in
+    another section (`data.group_size` → `rollout.group_size`), else the closest names in its own."""
+    import difflib
+
+    found = re.match(r"(\w+): Option '(\w+)' is not accepted", line) or re.search(r"unrecognized arguments: --(\w+)\.(?:init_args\.)?(\w+)", line)  # fmt: skip
+    if found is None:
+        return ""
+    section, name = found.groups()
+    options = known_options()
+    if section not in options:
+        return ""
+    same = [f"{other}.{name}" for other, names in options.items() if other != section and name in names]
+    close = same or [f"{section}.{n}" for n in difflib.get_close_matches(name, sorted(options[section]), n=3)]
+    return f"; did you mean {' or '.join(close)}?" if close else "; every option with its value: --print_config"
 
 
 def parse_error_line(err: ArgumentError) -> str:
@@ -315,72 +347,9 @@ def mlflow_run_exists(tracking_uri: str | None, run_id: str) -> bool:
         return False
 
 
-# Model options that became registered pieces: old name → (new name, old value → new value).
-RENAMED = {
-    "surrogate": ("policy_loss", {"ppo-clip": "ppo-clip", "gspo": "gspo", "gspo-token": "gspo-token"}),
-    "use_adv_std": ("advantage_estimator", {True: "grpo", False: "dr-grpo"}),
-    "tis_level": ("rollout_correction", {"off": "none", "token": "tis-token", "sequence": "tis-sequence"}),
-    "token_level": ("policy_loss", {True: "gspo-token", False: "gspo"}),
-    "variant": ("policy_loss", {"anchor": "real-anchor", "bce": "real-bce", "pairwise": "real-pairwise"}),
-}
-# Options that moved to another section or name: old dotted key → new dotted key (values unchanged).
-# The `rollout:` section's options were the data module's, except `max_staleness` (`data.async_rollouts`, then
-# `rollout.batches_ahead`, whose 0 and 1 mean the same) and `partial_rollouts` (new).
-MOVED = {
-    **{f"data.{k}": f"rollout.{k}" for k in inspect.signature(RolloutSettings).parameters
-       if k not in ("max_staleness", "partial_rollouts")},
-    "data.async_rollouts": "rollout.max_staleness",
-    "rollout.batches_ahead": "rollout.max_staleness",
-    "model.mini_batches": "model.num_mini_batches",
-}
-
-
-def given_options(argv: list[str]) -> list[tuple[str, object]]:
-    """(dotted key, value) of every option in flags and `--config` files, `model.init_args.` shortened to
-    `model.`."""
-    import yaml
-
-    given: list[tuple[str, object]] = []
-    for i, arg in enumerate(argv):
-        flag, _, value = arg.partition("=")
-        if flag.startswith("--") and flag != "--config":
-            key = flag[2:].replace(".init_args.", ".")
-            given.append((key, value if value else (argv[i + 1] if i + 1 < len(argv) else "")))
-        if arg == "--config" and i + 1 < len(argv) and Path(argv[i + 1]).is_file():
-            try:
-                cfg = yaml.safe_load(Path(argv[i + 1]).read_text()) or {}
-            except yaml.YAMLError:
-                continue  # jsonargparse reports it
-            if not isinstance(cfg, dict):
-                continue
-            for section in ("model", "data", "rollout"):
-                args = cfg.get(section) or {}
-                args = (args.get("init_args") or {}) if isinstance(args, dict) and "init_args" in args else args
-                given += [(f"{section}.{k}", v) for k, v in (args.items() if isinstance(args, dict) else ())]
-    return given
-
-
-def check_renamed(argv: list[str]) -> None:
-    """A one-line error for an option that was renamed or moved, in a flag or a `--config` file, naming
-    its new spelling (jsonargparse would only say that the key is unknown)."""
-    import yaml
-
-    for key, value in given_options(argv):
-        if key in MOVED:
-            new = MOVED[key]
-            raise ConfigError(f"{key} is now {new}: use --{new.replace('model.', 'model.init_args.')} (or `{new}` in YAML)")
-        name = key.removeprefix("model.")
-        if key.startswith("model.") and name in RENAMED:
-            new, values = RENAMED[name]
-            parsed = yaml.safe_load(value) if isinstance(value, str) else value
-            hint = f" {values[parsed]}" if parsed in values else f" ({' | '.join(map(str, dict.fromkeys(values.values())))})"
-            raise ConfigError(f"model.init_args.{name} is now a registered piece: use --model.init_args.{new}{hint}")
-
-
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        check_renamed(sys.argv[1:] if argv is None else argv)
         RLVRCLI(args=argv)
     except Exception as err:
         user_error = user_error_behind(err)

@@ -88,13 +88,6 @@ class PassAtK(_ProblemMean):
         self._add(pass_at_k(correct.double().sum(-1), correct.shape[-1], self.k))
 
 
-class MeanAtN(PassAtK):
-    """mean@n: the accuracy of single samples averaged over the n per problem (pass@1)."""
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(k=1, **kwargs)
-
-
 class MajAtK(_ProblemMean):
     """maj@k: accuracy of the majority answer among the first k of each problem's samples."""
 

@@ -17,7 +17,7 @@ from rlvr_lightning.errors import ConfigError
 
 def parse(argv: list[str]):
     """(the parsed `make train` configuration, the plan's own options)."""
-    from rlvr_lightning.cli import RLVRCLI, check_renamed
+    from rlvr_lightning.cli import RLVRCLI
 
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--hardware")
@@ -36,7 +36,6 @@ def parse(argv: list[str]):
             rest += [f"--plan.{flag}", getattr(opts, flag)]
     if opts.nodes:
         rest += ["--trainer.num_nodes", str(opts.nodes)]
-    check_renamed(rest)
 
     class ConfigOnly(RLVRCLI):  # parse and check the configuration; build nothing
         def before_instantiate_classes(self) -> None: ...

@@ -147,3 +147,21 @@ def test_host_heap_tuning_takes_effect_on_glibc():
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         pytest.skip("glibc only")
     assert keep_host_heap()
+
+
+def test_the_hf_engine_scores_in_the_updates_lm_head_chunks(tiny_policy_dir, monkeypatch):
+    """The HF engine's `score` (the weight-sync probe's engine side) runs the LM head in the module's
+    `logprob_chunk_tokens`, as the update does: never the whole [L × V] logits of a long completion."""
+    import rlvr_lightning.models.forward as forward
+    from rlvr_lightning.algos import GRPO
+    from rlvr_lightning.data.datamodule import RolloutDataModule
+    from rlvr_lightning.rollout.settings import RolloutSettings
+    from rlvr_lightning.standalone import standalone
+
+    dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=2, val_data=None, rollout=RolloutSettings(engine="hf"))
+    module = standalone(GRPO(logprob_chunk_tokens=3), dm)
+    chunks = []
+    monkeypatch.setattr(forward, "policy_forward", lambda *a, **kw: chunks.append(kw["chunk_tokens"]) or policy_forward(*a, **kw))
+    logp = module.engine.score([1, 2, 3], [4, 5, 6, 7])
+    assert chunks == [3] and len(logp) == 4
+    module.teardown("fit")

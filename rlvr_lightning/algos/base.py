@@ -207,7 +207,8 @@ class RLVRModule(L.LightningModule):
     def engine(self) -> RolloutEngine:
         if self._engine is None:
             engine_dtype = self.engine_dtype()
-            self._engine = build_rollout_engine(self.datamodule, self.trainer, self.policy, self.lora, engine_dtype)
+            self._engine = build_rollout_engine(self.datamodule, self.trainer, self.policy, self.lora, engine_dtype,
+                                               self.hparams.logprob_chunk_tokens)  # fmt: skip
             if self.hparams.sync_check_tol is None:
                 self.engine_sync.probe.tol = default_sync_tol(engine_dtype, self.trainer_dtype())
         return self._engine

@@ -36,12 +36,13 @@ def engine_compute_dtype(rollout: Any, policy_config: Any, trainer_dtype: str, a
 
 
 def build_rollout_engine(datamodule: Any, trainer: Any, policy: torch.nn.Module, lora: LoraSettings | None,
-                         engine_dtype: str) -> RolloutEngine:  # fmt: skip
-    """The engine of the `rollout:` section for this rank; warns (once) where a merged LoRA sync would lose updates."""
+                         engine_dtype: str, chunk_tokens: int) -> RolloutEngine:  # fmt: skip
+    """The engine of the `rollout:` section for this rank; warns (once) where a merged LoRA sync would lose updates.
+    `chunk_tokens`: the LM head's chunk when the trainer's module scores (the HF engine), as in the update."""
     adapter_rank = lora.engine_max_rank if lora is not None and lora.sync == "adapter" else None
     engine = datamodule.rollout.build_engine(EngineSite(
         datamodule.policy_path, datamodule.max_model_len(), datamodule.hparams.seed, policy,
-        partial(sequence_logprobs, policy), datamodule.tokenizer, trainer.global_rank, trainer.world_size,
+        partial(sequence_logprobs, policy, chunk_tokens=chunk_tokens), datamodule.tokenizer, trainer.global_rank, trainer.world_size,
         trainer.local_rank, trainer.num_devices, adapter_rank,
     ))  # fmt: skip
     if datamodule.rollout.engine != "hf" and trainer.is_global_zero:
