@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from rlvr_lightning.callbacks.rollout import RolloutCallback
+from rlvr_lightning.rollout.types import Verdict
 
 
 class UnevenRewards(RolloutCallback):
@@ -20,7 +21,7 @@ class UnevenRewards(RolloutCallback):
         self.out = Path(out)
         self.rounds: dict[int, list[list[str]]] = {}  # step → prompt ids of each round
 
-    def on_rollout_generated(self, step, rollout) -> None:  # after the verifier
+    def on_rollout_generated(self, step, rollout) -> Verdict:  # after the verifier: its verdict is replaced
         rounds = self.rounds.setdefault(step.rollout_batch, [])
         rounds.append(list(rollout.batch.ids))
         n, G = rollout.num_sequences, rollout.group_size
@@ -28,7 +29,7 @@ class UnevenRewards(RolloutCallback):
             correct = torch.zeros(n)
         else:
             correct = (torch.arange(n) % G == 0).float()  # one correct rollout per group
-        rollout.correct, rollout.rewards = correct, correct.clone()
+        return Verdict(correct)
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.out.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ from rlvr_lightning.callbacks.rollout import RolloutCallback
 from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.models.lora import adapter_weights
 from rlvr_lightning.models.weights import full_weights
+from rlvr_lightning.rollout.types import Verdict
 
 
 class ShardProbe(RolloutCallback):
@@ -33,16 +34,16 @@ class ShardProbe(RolloutCallback):
             if trainer.is_global_zero:
                 torch.save(adapter, self.out / "initial_adapter.pt")
 
-    def on_rollout_generated(self, step, rollout) -> None:  # after the verifier scored it
+    def on_rollout_generated(self, step, rollout) -> Verdict:  # after the verifier scored it
         # The test's 60-step warm start answers almost nothing correctly, so a step can carry no learning
         # signal at all (then nothing moves and the replay comparison proves nothing). A deterministic
         # stand-in reward, "the response has an even length", gives every step mixed groups; the replay
         # reads the same recorded rewards.
-        rollout.correct = (rollout.response_lengths % 2 == 0).float()
-        rollout.rewards = rollout.correct.clone()
+        rollout = rollout.scored(Verdict((rollout.response_lengths % 2 == 0).float()))
         record = {k: getattr(rollout, k) for k in ("batch", "group_size", "prompt_ids", "completions", "sampling",
-                                                  "texts", "correct", "rewards")}  # fmt: skip
+                                                  "texts", "correct")}  # fmt: skip
         torch.save(record, self.out / f"rank{step.collectives.rank}_step{step.rollout_batch}.pt")
+        return Verdict(rollout.correct)
 
     def on_train_end(self, trainer, pl_module) -> None:
         weights = dict(full_weights(pl_module.policy))  # collective: every rank gathers

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -65,7 +66,7 @@ def sample_rollout(module, seed=0) -> Rollout:
     return Rollout(
         batch=PromptBatch(["a", "b"], prompts, ["5", "16"]), group_size=G, prompt_ids=prompt_ids,
         completions=completions, sampling=SamplingConfig(group_size=G, max_tokens=MAX_LEN), policy_version=0,
-        texts=[""] * 8, rewards=correct.clone(), correct=correct,
+        texts=[""] * 8, correct=correct,
     )  # fmt: skip
 
 
@@ -175,7 +176,7 @@ def test_token_budget_bounds_every_forward_the_step_runs(tiny_policy_dir):
     rollout = Rollout(
         batch=PromptBatch(["a", "b"], prompts, ["8", "2"]), group_size=G, prompt_ids=prompt_ids,
         completions=completions, sampling=SamplingConfig(group_size=G, max_tokens=max_len), policy_version=0,
-        texts=[""] * 8, rewards=correct.clone(), correct=correct,
+        texts=[""] * 8, correct=correct,
     )  # fmt: skip
     t = rollout.tensors(tok.pad_token_id)
     budget = 2 * int(t.lengths.max())  # two rows of one prompt fit; two of different prompts do not
@@ -232,7 +233,7 @@ def test_first_mini_batch_after_a_rollout_is_exactly_on_policy(tiny_policy_dir, 
     one_pass = num_mini_batches == 1 and not module.objective.reads_step_first
     assert module.behaviour_source() == ("update" if one_pass else "trainer")
     rollout = sample_rollout(module)
-    rollout.sampling = SamplingConfig(group_size=G, max_tokens=MAX_LEN, temperature=0.7)
+    rollout = replace(rollout, sampling=SamplingConfig(group_size=G, max_tokens=MAX_LEN, temperature=0.7))
     inputs = prepared(module, rollout)
     received = torch.zeros(8, MAX_LEN)  # θ_old's log-probs as each micro-batch's loss got them
     seen = torch.zeros(8)

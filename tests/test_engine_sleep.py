@@ -26,7 +26,7 @@ from rlvr_lightning.callbacks.rollout import RolloutCallback
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rollout.settings import EngineSite, RolloutSettings
-from rlvr_lightning.rollout.types import SamplingConfig
+from rlvr_lightning.rollout.types import SamplingConfig, Verdict
 from rlvr_lightning.rollout.vllm_engine import SleepCycle, VLLMEngine, sleep_level_for
 
 ENGINE_LOG = "rlvr_lightning.rollout.vllm_engine"
@@ -263,11 +263,11 @@ class ScriptedScores(RolloutCallback):
     def __init__(self) -> None:
         self.rounds = 0
 
-    def on_rollout_generated(self, step, rollout) -> None:
+    def on_rollout_generated(self, step, rollout) -> Verdict:
         self.rounds += 1
         n = rollout.num_sequences
         correct = torch.ones(n) if self.rounds == 1 else (torch.arange(n) % 2).float()
-        rollout.correct, rollout.rewards = correct, correct.clone()
+        return Verdict(correct)
 
 
 @pytest.mark.parametrize("algo", ["grpo", "dapo"])

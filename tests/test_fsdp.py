@@ -56,7 +56,7 @@ def replay(model_dir: Path, probe: Path, callbacks=(), lora: LoraSettings | None
                 prompt_ids=[x for p in parts for x in p["prompt_ids"]],
                 completions=[c for p in parts for c in p["completions"]], sampling=parts[0]["sampling"],
                 policy_version=module.policy_version, texts=[t for p in parts for t in p["texts"]],
-                correct=torch.cat([p["correct"] for p in parts]), rewards=torch.cat([p["rewards"] for p in parts]),
+                correct=torch.cat([p["correct"] for p in parts]),
             )  # fmt: skip
             module.collect_rollout = lambda step, batch, timer, rollout=rollout: rollout
             module.train_on_batch(rollout.batch)

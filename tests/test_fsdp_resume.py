@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from rlvr_lightning.callbacks.rollout import RolloutCallback
+from rlvr_lightning.rollout.types import Verdict
 from tests.test_cli import REPO
 from tests.test_resume import args_for as single_process_args
 
@@ -40,9 +41,8 @@ class ParityReward(RolloutCallback):
     number". The untrained tiny policy answers nothing correctly, so with the verifier's rewards alone
     no step would move the weights or Adam's moments, and a resume that lost them would go unnoticed."""
 
-    def on_rollout_generated(self, step, rollout) -> None:
-        rollout.correct = torch.tensor([float(sum(c.token_ids) % 2 == 0) for c in rollout.completions])
-        rollout.rewards = rollout.correct.clone()
+    def on_rollout_generated(self, step, rollout) -> Verdict:
+        return Verdict(torch.tensor([float(sum(c.token_ids) % 2 == 0) for c in rollout.completions]))
 
 
 def args_for(run_dir: Path, model_dir: Path) -> list[str]:

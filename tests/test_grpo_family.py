@@ -135,12 +135,12 @@ def test_dynamic_sampling_drops_an_all_correct_group_whose_shaped_rewards_differ
     Group 0 is all correct, but DAPO's overlong penalty gives its longer rollout a lower reward (1 vs 0);
     group 1 is mixed. Only group 1 may be kept."""
     rollout = scored_rollout([[1, 1], [1, 0]], 0)  # response lengths 1, 2 in each group
-    rollout.rewards = (2 * rollout.correct - 1) + overlong_penalty(rollout.response_lengths, 2, 1)
-    assert rollout.rewards.tolist() == [1.0, 0.0, 1.0, -2.0]
-    assert (group_advantage(rollout.rewards, 2)[:2] != 0).all()  # the shaped reward does differ in group 0
+    shaped = (2 * rollout.correct - 1) + overlong_penalty(rollout.response_lengths, 2, 1)
+    assert shaped.tolist() == [1.0, 0.0, 1.0, -2.0]
+    assert (group_advantage(shaped, 2)[:2] != 0).all()  # the shaped reward does differ in group 0
     assert mixed_groups(rollout.correct, 2).tolist() == [False, True]
     kept, stats = dynamic_sample(lambda k: rollout, target_groups=1, max_rounds=1)
-    assert kept.batch.ids == ["r0p1"] and kept.correct.tolist() == [1.0, 0.0] and kept.rewards.tolist() == [1.0, -2.0]
+    assert kept.batch.ids == ["r0p1"] and kept.correct.tolist() == [1.0, 0.0]
     assert stats.groups_kept == 1 and not stats.exhausted
 
 
@@ -154,7 +154,7 @@ def scored_rollout(correct_rows: list[list[int]], round_index: int) -> Rollout:
     return Rollout(
         batch=PromptBatch(ids, [f"q{i}" for i in ids], ["1"] * B), group_size=G, prompt_ids=[[1, 2]] * B,
         completions=comps, sampling=SamplingConfig(group_size=G), policy_version=3, texts=["t"] * (B * G),
-        rewards=correct.clone(), correct=correct, metrics={"verifier_timeouts_total": float(round_index)},
+        correct=correct, metrics={"verifier_timeouts_total": float(round_index)},
     )  # fmt: skip
 
 
@@ -176,7 +176,7 @@ def test_dynamic_sampling_keeps_exactly_the_target_and_never_an_all_equal_group(
     rollout, stats = dynamic_sample(draw, target_groups=8, max_rounds=50)
     assert len(rollout.batch) == 8 and rollout.num_sequences == 32 and len(rollout.texts) == 32
     assert mixed_groups(rollout.correct, 4).all()
-    R = rollout.rewards.view(-1, 4)
+    R = rollout.correct.view(-1, 4)
     assert (R.max(1).values != R.min(1).values).all()
     assert stats.rounds == len(calls) >= 2 and not stats.exhausted
     assert 0 < stats.metrics()["dynamic_sampling_filtered_frac"] < 1

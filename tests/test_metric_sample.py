@@ -172,7 +172,7 @@ def thr_batch(G=4, d=6, V=13, correct=(1, 0, 0, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0,
     rollout = Rollout(
         batch=PromptBatch([str(b) for b in range(B)], [""] * B, [""] * B), group_size=G, prompt_ids=[[1]] * B,
         completions=completions, sampling=SamplingConfig(group_size=G, temperature=0.8), policy_version=0,
-        rewards=c.clone(), correct=c,
+        correct=c,
     )  # fmt: skip
     batch = ScoredBatch(rollout, c.clone(), group_advantage(c, G))
     hidden = {n: torch.randn(L, d, generator=g) for n, L in enumerate(lengths)}

@@ -295,7 +295,7 @@ def boxed_rollout(module):
     return Rollout(
         batch=PromptBatch(["a", "b"], prompts, ["5", "16"]), group_size=4, prompt_ids=[ids(tok, p) for p in prompts],
         completions=completions, sampling=SamplingConfig(group_size=4, max_tokens=40), policy_version=0, texts=texts,
-        rewards=correct.clone(), correct=correct,
+        correct=correct,
     )  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from rlvr_lightning.callbacks.rollout import RolloutCallback
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces.kinds import ProximalInputs
 from rlvr_lightning.pieces.proximal import loglinear
+from rlvr_lightning.rollout.types import Verdict
 
 
 def inputs(behaviour, current, versions, v_prox, v_theta):
@@ -55,9 +56,8 @@ def test_loglinear_needs_a_rollout_correction_and_a_loss_that_reads_no_step_firs
 class AlternatingReward(RolloutCallback):
     """Every other sequence correct: each group of two is mixed, whatever the untrained policy writes."""
 
-    def on_rollout_generated(self, step, rollout) -> None:
-        rollout.correct = torch.tensor([float(n % 2) for n in range(rollout.num_sequences)])
-        rollout.rewards = rollout.correct.clone()
+    def on_rollout_generated(self, step, rollout) -> Verdict:
+        return Verdict(torch.tensor([float(n % 2) for n in range(rollout.num_sequences)]))
 
 
 def test_with_one_step_per_batch_loglinear_trains_as_the_recomputed_theta_old(lagged_module):

@@ -12,6 +12,7 @@ from rlvr_lightning.algos import REAL
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces.real import real_grad_weights, real_loss
 from rlvr_lightning.pieces.token_losses import sequence_log_ratio
+from rlvr_lightning.rollout.types import Verdict
 from rlvr_lightning.training.algorithm import BoundPieces
 from tests.test_algorithms import attach, gradient, independent_logprobs, prepared, sample_rollout, with_old_logp
 
@@ -127,8 +128,7 @@ def test_non_mixed_groups_count_in_the_prompt_normaliser(tiny_policy_dir, varian
     and gradient equal the formula written out over an independent forward of the policy, off policy."""
     module = attach(REAL, tiny_policy_dir, policy_loss=f"real-{variant}", micro_batch_size=4)
     rollout = sample_rollout(module)
-    rollout.correct[4:] = 0.0
-    rollout.rewards = rollout.correct.clone()
+    rollout = rollout.scored(Verdict(torch.cat([rollout.correct[:4], torch.zeros(4)])))  # group 1 all wrong
     inputs = prepared(module, rollout)
     mask = inputs.tensors.response_mask
     behind = 0.3 * torch.rand(8, 8, generator=torch.Generator().manual_seed(0))  # off policy: s̄ > 0

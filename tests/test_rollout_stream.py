@@ -9,11 +9,12 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from rlvr_lightning.callbacks.progress import rollout_batches_total
 from rlvr_lightning.callbacks.rollout import RolloutCallback
 from rlvr_lightning.context import Collectives, StepContext
-from rlvr_lightning.rollout.types import Completion, PromptBatch, SamplingConfig
+from rlvr_lightning.rollout.types import Completion, PromptBatch, SamplingConfig, Verdict
 from rlvr_lightning.training.generation import sampling_seed
 from rlvr_lightning.training.rollout_stream import RolloutStream
 from rlvr_lightning.training.step_metrics import StageTimer
@@ -62,8 +63,7 @@ class VersionedEngine:
 
 class AllCorrect(RolloutCallback):
     def on_rollout_generated(self, step, rollout):
-        rollout.correct = [True] * len(rollout.completions)
-        rollout.rewards = [1.0] * len(rollout.completions)
+        return Verdict(torch.ones(len(rollout.completions)))
 
 
 class Tokenizer:
@@ -121,7 +121,7 @@ def test_one_version_ahead_generates_each_batch_whole_by_the_previous_policy_wit
     ctx = context(4, 1, engine)
     assert [s.seed for _, s, _ in engine.calls] == [sampling_seed(ctx, rollout_batch=k) for k in range(4)]
     assert all(s.max_tokens == MAX_TOKENS for _, s, _ in engine.calls)
-    assert [r.correct for r in rollouts] == [[True] * 4] * 4  # scored by the rollout callbacks
+    assert [r.correct.tolist() for r in rollouts] == [[1.0] * 4] * 4  # scored by the rollout callbacks
 
 
 @pytest.mark.parametrize("partial", [False, True])
@@ -321,8 +321,7 @@ class HalfMixedReward(RolloutCallback):
     def on_rollout_generated(self, step, rollout):
         import torch
 
-        rollout.correct = torch.tensor([float(n % 4 == 0) for n in range(rollout.num_sequences)])
-        rollout.rewards = rollout.correct.clone()
+        return Verdict(torch.tensor([float(n % 4 == 0) for n in range(rollout.num_sequences)]))
 
 
 def test_dapo_takes_its_first_round_from_the_stream_and_refills_it_with_the_current_policy(lagged_module):

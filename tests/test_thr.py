@@ -211,7 +211,6 @@ def thr_update(tiny_policy_dir, p, micro_batch_size, rollout_edit=None):
 
 def no_correct_in_group_1(rollout):
     rollout.correct[4:] = 0.0  # group 1 now has no correct rollout: Â ≡ 0 and no THR
-    rollout.rewards = rollout.correct.clone()
 
 
 @pytest.mark.parametrize("micro_batch_size", [4, 3])

@@ -93,7 +93,7 @@ def rank_rollout(rank: int) -> Rollout:
     return Rollout(
         batch=PromptBatch([f"r{rank}p0", f"r{rank}p1"], ["", ""], ["1", "2"]), group_size=G, prompt_ids=PROMPTS[rank],
         completions=completions, sampling=SamplingConfig(group_size=G, max_tokens=MAX_LEN), policy_version=0,
-        rewards=correct.clone(), correct=correct,
+        correct=correct,
     )  # fmt: skip
 
 
@@ -107,7 +107,7 @@ def update_inputs(policy: torch.nn.Module, rollout: Rollout, offset: torch.Tenso
     with torch.no_grad():
         logp = policy_forward(policy, t, 1.0).logp
     mask = t.response_mask
-    advantages = group_advantage(rollout.rewards, G)[:, None] * mask
+    advantages = group_advantage(rollout.correct, G)[:, None] * mask
     old = logp + offset[:, : mask.shape[1]] * mask
     return UpdateInputs(t, advantages, None, mask, None, rollout.correct, G, 1.0, Precomputed(old, "trainer"))
 
@@ -262,7 +262,7 @@ def test_the_union_reference_is_the_token_mean_formula_and_per_rank_means_would_
     logp = logits.log_softmax(-1).gather(-1, t.input_ids[:, t.prompt_width :, None]).squeeze(-1)
     ratio = torch.exp(offset[:, : mask.shape[1]].neg() * mask)  # π_θ/π_old; the old log-probs are logp + offset
     ratio = ratio * torch.exp(logp - logp.detach())  # value as above, gradient of ρ·log π_θ
-    A = group_advantage(union.rewards, G)[:, None]
+    A = group_advantage(union.correct, G)[:, None]
     per_tok = torch.maximum(-A * ratio, -A * ratio.clamp(1 - EPS_LOW, 1 + EPS_HIGH))
     T_S = sum(sum(lengths) for lengths in LENGTHS)
     assert mask.sum().item() == T_S

@@ -288,8 +288,9 @@ class RLVRModule(L.LightningModule):
         )  # fmt: skip
 
     def rewards(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
-        """The reward r [N] fed to the advantage estimator and its metrics; the verifier's (DAPO shapes it)."""
-        return rollout.rewards, {}
+        """The reward r [N] fed to the advantage estimator and its metrics: the verifier's verdict, r = c (DAPO
+        shapes it)."""
+        return rollout.correct.clone(), {}
 
     def collect_rollout(self, step: StepContext, batch: PromptBatch, timer: StageTimer) -> Rollout | None:
         """The scored rollout batch to train on, or None to skip the step. DAPO samples dynamically."""

@@ -249,7 +249,7 @@ class Evaluation(Callback):
         samples: dict[str, list] = {"prompt": [], "completion": [], "parsed_answer": [], "gold": [], "reward": []}
         for batch in batches:
             rollout = pl_module.generate(batch, sampling)
-            c, m = verifier.score(rollout.answers_per_sequence, rollout.texts, rollout.truncated)
+            c, m = verifier.score(rollout.answers_per_sequence, list(rollout.texts), rollout.truncated)
             correct.append(c)
             per_problem = c.view(len(batch), sampling.group_size)  # completions are grouped per problem
             for metric in pass_metrics.values():

@@ -18,7 +18,7 @@ from rlvr_lightning.context import StepContext
 from rlvr_lightning.data.sources import ProblemRecord
 from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.rewards.math import MathVerifier
-from rlvr_lightning.rollout.types import Rollout
+from rlvr_lightning.rollout.types import Rollout, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +123,6 @@ class RewardVerifier(RolloutCallback):
         }
         return correct, metrics
 
-    def on_rollout_generated(self, step: StepContext, rollout: Rollout) -> None:
-        correct, metrics = self.score(rollout.answers_per_sequence, rollout.texts, rollout.truncated)
-        rollout.correct = correct
-        rollout.rewards = correct.clone()  # r = c; an algorithm that shapes rewards returns its own (DAPO)
-        rollout.metrics.update(metrics)
+    def on_rollout_generated(self, step: StepContext, rollout: Rollout) -> Verdict:
+        correct, metrics = self.score(rollout.answers_per_sequence, list(rollout.texts), rollout.truncated)
+        return Verdict(correct, metrics)

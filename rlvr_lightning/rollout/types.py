@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
 
 import torch
 
@@ -52,27 +54,58 @@ class Completion:
         return self.versions or [version] * len(self.token_ids)
 
 
-@dataclass
+@dataclass(frozen=True)
+class Verdict:
+    """What a scorer (the reward verifier) returns for a rollout batch: correctness c ∈ {0, 1} per sequence
+    and its metrics. The algorithm turns it into its reward (r = c, or DAPO's shaping: `ScoredBatch`)."""
+
+    correct: torch.Tensor  # [N]
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Rollout:
     """B·G completions of one rollout batch, stored group-contiguously (sequence n = b·G + j).
 
     Ragged token lists come from the engine; `tensors()` lays them out as the trainer needs them:
     prompts left-padded, responses right-padded, explicit position ids (the positions the engine
     used), so trainer log-probs line up with the engine's token for token.
+
+    A value: nothing writes into it once made (its fields cannot be assigned, its sequences are tuples and
+    its metrics a read-only mapping). Scoring and the stream's bookkeeping make new ones (`scored`,
+    `with_metrics`).
     """
 
     batch: PromptBatch
     group_size: int
-    prompt_ids: list[list[int]]  # per prompt (B)
-    completions: list[Completion]  # per sequence (B·G)
+    prompt_ids: tuple[list[int], ...]  # per prompt (B)
+    completions: tuple[Completion, ...]  # per sequence (B·G)
     sampling: SamplingConfig
     policy_version: int
-    texts: list[str] = field(default_factory=list)  # decoded completions (B·G)
-    # Filled by the generation stage: the reward callback scores it; nothing writes into it afterwards
-    # (the algorithm's rewards and advantages are `rlvr_lightning.context.ScoredBatch`).
-    rewards: torch.Tensor | None = None  # [N] the verifier's reward r
-    correct: torch.Tensor | None = None  # [N] verifier correctness c ∈ {0,1}
-    metrics: dict[str, float] = field(default_factory=dict)  # generation's and the verifier's
+    texts: tuple[str, ...] = ()  # decoded completions (B·G)
+    correct: torch.Tensor | None = None  # [N] the verifier's verdict c ∈ {0,1}; None until scored
+    metrics: Mapping[str, float] = field(default_factory=dict)  # generation's and the verifier's
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_ids", "completions", "texts"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "metrics", MappingProxyType(dict(self.metrics)))
+
+    def __getstate__(self) -> dict:  # a read-only mapping does not pickle: its dict does
+        return {**self.__dict__, "metrics": dict(self.metrics)}
+
+    def __setstate__(self, state: dict) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "metrics", MappingProxyType(dict(self.metrics)))
+
+    def scored(self, verdict: Verdict) -> Rollout:
+        """The rollout with a scorer's verdict and metrics."""
+        return replace(self, correct=verdict.correct, metrics={**self.metrics, **verdict.metrics})
+
+    def with_metrics(self, metrics: Mapping[str, float]) -> Rollout:
+        """The rollout with more metrics (dynamic sampling's, the stream's)."""
+        return replace(self, metrics={**self.metrics, **metrics})
 
     @property
     def num_sequences(self) -> int:
@@ -119,9 +152,8 @@ class Rollout:
         return Rollout(
             batch=self.batch.select(groups), group_size=G, prompt_ids=[self.prompt_ids[g] for g in groups],
             completions=[self.completions[n] for n in seqs], sampling=self.sampling,
-            policy_version=self.policy_version, texts=[self.texts[n] for n in seqs] if self.texts else [],
-            rewards=None if self.rewards is None else self.rewards[pick],
-            correct=None if self.correct is None else self.correct[pick], metrics=dict(self.metrics),
+            policy_version=self.policy_version, texts=[self.texts[n] for n in seqs] if self.texts else (),
+            correct=None if self.correct is None else self.correct[pick], metrics=self.metrics,
         )  # fmt: skip
 
     @staticmethod
@@ -156,7 +188,7 @@ class Rollout:
             prompt_ids=[p for r in rollouts for p in r.prompt_ids],
             completions=[c for r in rollouts for c in r.completions], sampling=first.sampling,
             policy_version=min(r.policy_version for r in rollouts), texts=[t for r in rollouts for t in r.texts],
-            rewards=cat("rewards"), correct=cat("correct"), metrics=metrics,
+            correct=cat("correct"), metrics=metrics,
         )  # fmt: skip
 
     def tensors(self, pad_id: int) -> RolloutTensors:

@@ -169,5 +169,4 @@ class DynamicSampler:
                 )
             return Collected(None, stats.metrics(), stop_run=stop)
         self.empty_streak = 0
-        rollout.metrics.update(stats.metrics())
-        return Collected(rollout, {})
+        return Collected(rollout.with_metrics(stats.metrics()), {})

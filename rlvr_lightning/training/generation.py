@@ -39,11 +39,13 @@ def sampling_seed(step: StepContext, round_index: int = 0, rollout_batch: int | 
 
 
 def score_rollout(step: StepContext, rollout: Rollout, timer: StageTimer) -> Rollout:
-    """Run the rollout callbacks that score the completions (the reward verifier)."""
+    """The rollout scored by the rollout callbacks that return a verdict (the reward verifier)."""
     with timer("reward"):
         for scorer in step.scorers:
-            scorer.on_rollout_generated(step, rollout)
-    if rollout.rewards is None or rollout.correct is None:
+            verdict = scorer.on_rollout_generated(step, rollout)
+            if verdict is not None:
+                rollout = rollout.scored(verdict)
+    if rollout.correct is None:
         raise RuntimeError("no rollout callback scored the rollout (is a RewardVerifier configured?)")
     return rollout
 

@@ -139,10 +139,10 @@ class ThroughputStream:
         oldest = min(v for group in groups for c in group for v in c.versions or [self.version])
         rollout = to_rollout(step, PromptBatch.concat([g.prompt for g in taken]), [g.prompt_ids for g in taken],
                              step.sampling(), groups, oldest)  # fmt: skip
-        rollout.metrics["groups_dropped"] = float(dropped)
+        dropped_metrics = {"groups_dropped": float(dropped)}
         if lengths:
-            rollout.metrics["dropped_response_length_mean"] = sum(lengths) / len(lengths)
-        return score_rollout(step, rollout, timer)
+            dropped_metrics["dropped_response_length_mean"] = sum(lengths) / len(lengths)
+        return score_rollout(step, rollout.with_metrics(dropped_metrics), timer)
 
     def _take(self) -> tuple[list[Group], int, list[int]]:
         """This step's groups, the groups dropped since the last step and the lengths of those that finished."""
