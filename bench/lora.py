@@ -44,7 +44,7 @@ def ours(variant: str, steps: int) -> dict:
     engine = "hf" if variant == "lora-hf" else "vllm"
     module = embedded_module(module, engine=engine, batch_size=B, group_size=G, max_response_length=MAX_TOKENS)
     if lora is not None and lora.sync == "adapter" and engine == "vllm":
-        module.load_engine(0)  # as on_train_start does: every request carries the adapter from the start
+        module.engines.load(0)  # as on_train_start does: every request carries the adapter from the start
     sent = adapter_weights if lora is not None and lora.sync == "adapter" else full_weights
     sync_bytes = 0 if engine == "hf" else sum(t.numel() * t.element_size() for _, t in sent(module.policy))
     trainable, total = parameter_counts(module.policy)

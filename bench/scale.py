@@ -237,7 +237,7 @@ def record_peaks(module) -> dict[str, float]:
     update_cls = base.PolicyUpdate
     run = update_cls.run
     update_cls.run = after("update", run)
-    module.engine_sync.sync = after("weight_sync", module.engine_sync.sync)
+    module.session.sync.sync = after("weight_sync", module.session.sync.sync)
     return peaks
 
 

@@ -1,7 +1,7 @@
 """What the stages of a training step receive instead of the LightningModule: the step's context
-(policy, engine, tokenizer, prompt source, counters, collectives across ranks) and the scored batch
-that the algorithm's rewards and advantages turn a rollout into. Built by the module once per step;
-the stages read it and return values, and never call the module back."""
+(policy, engine session, tokenizer, prompt source, counters, collectives across ranks) and the scored
+batch that the algorithm's rewards and advantages turn a rollout into. Built by the module once per step
+from plain values and objects; the stages read it and return values, and never call the module back."""
 
 from __future__ import annotations
 
@@ -37,6 +37,13 @@ class Collectives:
         return int(self.reduce(torch.tensor(value, device=self.device), reduce_op=op))
 
 
+class EngineSource(Protocol):
+    """Where the step's rollout engine comes from (`rlvr_lightning.training.engine_session.EngineSession`)."""
+
+    @property
+    def engine(self) -> RolloutEngine: ...
+
+
 class PromptSource(Protocol):
     """The prompt stream (the rollout DataModule)."""
 
@@ -48,7 +55,7 @@ class PromptSource(Protocol):
 class StepContext:
     policy: torch.nn.Module
     ref_policy: torch.nn.Module | None
-    rollout_engine: Callable[[], RolloutEngine]  # built on first use (a stage that generates nothing starts none)
+    engines: EngineSource  # its `engine` is built on first use (a stage that generates nothing starts none)
     tokenizer: Any
     data: PromptSource
     sampling: Callable[..., SamplingConfig]  # the training sampling settings, with overrides (`rollout:`)
@@ -62,15 +69,7 @@ class StepContext:
 
     @property
     def engine(self) -> RolloutEngine:
-        return self.rollout_engine()
-
-    def after_engine_sync(self) -> None:
-        """Called by every rank after it handed its weights to the engine. Servers the ranks share are
-        written by rank 0 alone, so no rank samples or probes them before that write is done. (Under FSDP
-        the weight gather already orders the ranks, since rank 0 pauses the servers before it and a paused
-        server holds new requests; this keeps the order where no gather is needed.)"""
-        if getattr(self.engine, "shared_by_ranks", False) and self.collectives.barrier is not None:
-            self.collectives.barrier()
+        return self.engines.engine
 
 
 @dataclass(frozen=True)

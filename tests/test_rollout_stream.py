@@ -82,7 +82,7 @@ def context(max_steps: int, num_mini_batches: int, engine, k: int = 0, group_siz
         trainer, SimpleNamespace(hparams=SimpleNamespace(num_mini_batches=num_mini_batches, ppo_epochs=1))
     )
     return StepContext(
-        policy=None, ref_policy=None, rollout_engine=lambda: engine, tokenizer=Tokenizer(), data=data,
+        policy=None, ref_policy=None, engines=SimpleNamespace(engine=engine), tokenizer=Tokenizer(), data=data,
         sampling=lambda seed: SamplingConfig(group_size=group_size, max_tokens=MAX_TOKENS, seed=seed),
         collectives=Collectives(), device=None, rollout_batch=k, policy_version=k, total_rollout_batches=total,
         seed=3, scorers=(AllCorrect(),),
@@ -272,7 +272,7 @@ def test_two_versions_ahead_with_partial_rollouts_train_on_each_tokens_own_behav
     torch.testing.assert_close(last.inputs.behaviour.old_logp_all(), t.rollout_logp * t.response_mask)
     versions = {v for c in last.rollout.completions for v in c.versions}
     assert versions <= {1, 2} and 1 in versions  # batch 3: its first half by version 1, the rest by version 2
-    assert module.rollout_stream.state_dict()["in_flight"]  # batches 4 and 5 are in flight between steps
+    assert module.session.stream.state_dict()["in_flight"]  # batches 4 and 5 are in flight between steps
 
 
 def _real():

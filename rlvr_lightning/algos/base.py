@@ -27,26 +27,23 @@ from rlvr_lightning.device_defaults import accelerator_of_device, default_for
 from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.models.lora import LoraSettings, as_settings, trainable_parameters
 from rlvr_lightning.models.policy import load_policies
-from rlvr_lightning.models.weights import full_weights, load_into_engine
 from rlvr_lightning.pieces import kinds
 from rlvr_lightning.pieces.selection import piece_args_run_with
 from rlvr_lightning.rollout.engine import RolloutEngine
-from rlvr_lightning.rollout.sync import FP32_SYNC_TOL, EngineSync, default_sync_tol
 from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.training.algorithm import BoundPieces, algorithm_args
 from rlvr_lightning.training.batch import UpdateInputs
 from rlvr_lightning.training.behaviour import BehaviourSource, behaviour_source
 from rlvr_lightning.training.checks import check_run, check_values
-from rlvr_lightning.training.engine_setup import build_rollout_engine, engine_compute_dtype, trainer_compute_dtype
+from rlvr_lightning.training.engine_session import EngineSession, EngineSpec, Stream
+from rlvr_lightning.training.engine_setup import engine_compute_dtype, trainer_compute_dtype
 from rlvr_lightning.training.generation import generate, generate_and_score
 from rlvr_lightning.training.objective import Objective
 from rlvr_lightning.training.optim import adamw_with_schedule
 from rlvr_lightning.training.plan import Optimization, UpdatePlan
 from rlvr_lightning.training.prepare import prepare_update
-from rlvr_lightning.training.rollout_stream import RolloutStream
 from rlvr_lightning.training.shaping import compose_token_weights, shaper_metrics
 from rlvr_lightning.training.step_metrics import StageTimer, StepResult, step_metrics
-from rlvr_lightning.training.throughput_stream import ThroughputStream
 from rlvr_lightning.training.update import NonFiniteGuard, PolicyUpdate
 
 
@@ -151,17 +148,10 @@ class RLVRModule(L.LightningModule):
         self.pieces = BoundPieces.of(algorithm_args(self.hparams, type(self)))  # each piece checks its knobs; the combination is checked
         self.hparams["piece_args"] = piece_args_run_with(algorithm_args(self.hparams, type(self)))  # every knob the pieces run with, for the record
         self.policy, self.ref_policy = None, None  # built in configure_model (FSDP shards them there)
-        self.policy_version = 0  # weight syncs so far: the engine runs this version of the policy
         self.rollout_batches = 0  # completed training steps (rollout batches); the x-axis of every metric
         self.latest_val: dict[str, float] = {}
-        self.engine_sync = EngineSync(
-            tol=FP32_SYNC_TOL if sync_check_tol is None else sync_check_tol, check_every=sync_check_every
-        )
+        self.session = EngineSession(sync_check_tol, sync_check_every)  # the engine, weight sync, stream
         self.nonfinite = NonFiniteGuard(max_nonfinite_steps)
-        # rollout.max_staleness > 0: the rollouts generated ahead (rollout.stream_mode)
-        self.rollout_stream: RolloutStream | ThroughputStream | None = None
-        self._stream_state: dict | None = None  # a checkpoint's batches in flight, until the stream is built
-        self._engine: RolloutEngine | None = None  # built on first use, from the `rollout:` section
 
     # ---- the pieces ----------------------------------------------------------------------------
     @property
@@ -204,14 +194,21 @@ class RLVRModule(L.LightningModule):
         return self.trainer.datamodule
 
     @property
+    def engines(self) -> EngineSession:
+        """The engine session, given what builds the engine once the policy is on its device."""
+        if self.session.spec is None:
+            self.session.attach(EngineSpec(self.datamodule, self.trainer, self.policy, self.lora, self.engine_dtype(),
+                                           self.trainer_dtype(), self.hparams.logprob_chunk_tokens, self.trainer.strategy.barrier))  # fmt: skip
+        return self.session
+
+    @property
     def engine(self) -> RolloutEngine:
-        if self._engine is None:
-            engine_dtype = self.engine_dtype()
-            self._engine = build_rollout_engine(self.datamodule, self.trainer, self.policy, self.lora, engine_dtype,
-                                               self.hparams.logprob_chunk_tokens)  # fmt: skip
-            if self.hparams.sync_check_tol is None:
-                self.engine_sync.probe.tol = default_sync_tol(engine_dtype, self.trainer_dtype())
-        return self._engine
+        return self.engines.engine
+
+    @property
+    def policy_version(self) -> int:
+        """Weight syncs so far: the engine runs this version of the policy."""
+        return self.session.policy_version
 
     def engine_dtype(self) -> str:
         return engine_compute_dtype(self.datamodule.rollout, self.policy.config, self.trainer_dtype(),
@@ -237,25 +234,10 @@ class RLVRModule(L.LightningModule):
         _ = self.engine  # built now, so its start-up cost is not charged to the first step
 
     def teardown(self, stage: str) -> None:
-        for part in (self.rollout_stream, self._engine):  # the batches ahead are generated on the engine: first
-            if part is not None:
-                part.close()
-        self.rollout_stream, self._engine = None, None
+        self.session.close()
 
     def on_train_start(self) -> None:
-        # Resumed (the engine has the base weights; FSDP restores between on_fit_start and here; every rank
-        # takes part in the gather), or attached servers that may hold any weights.
-        foreign = getattr(self.engine, "holds_foreign_weights", False)
-        if foreign and self.lora is not None and self.lora.sync == "adapter":
-            self.engine.load_weights(full_weights(self.policy, merged=False), version=self.policy_version)  # the base
-        # An adapter sync starts from the initial (zero) adapter: every request then carries one (see VLLMEngine).
-        if self.policy_version > 0 or foreign or (self.lora is not None and self.lora.sync == "adapter"):
-            self.load_engine(self.policy_version)
-            self.step_context().after_engine_sync()
-
-    def load_engine(self, version: int) -> None:
-        """Hand the policy to the rollout engine as `version`: its full weights, or its LoRA adapter."""
-        load_into_engine(self.engine, self.policy, version, self.lora, self.datamodule.policy_path)
+        self.engines.start()  # after FSDP restored a resumed run's weights (between on_fit_start and here)
 
     def validate_config(self) -> None:
         """Checks that need the data settings or the callbacks too; run before anything expensive starts."""
@@ -280,7 +262,7 @@ class RLVRModule(L.LightningModule):
         strategy = trainer.strategy
         collectives = Collectives(trainer.world_size, self.global_rank, strategy.reduce, self.device, strategy.barrier)
         return StepContext(
-            policy=self.policy, ref_policy=self.ref_policy, rollout_engine=lambda: self.engine,
+            policy=self.policy, ref_policy=self.ref_policy, engines=self.engines,
             tokenizer=self.datamodule.tokenizer, data=self.datamodule, sampling=self.datamodule.rollout.sampling,
             collectives=collectives, device=self.device, rollout_batch=self.rollout_batches,
             policy_version=self.policy_version, total_rollout_batches=rollout_batches_total(trainer, self),
@@ -302,19 +284,9 @@ class RLVRModule(L.LightningModule):
         """The prompts rollout batch `index` generates: the dataloader's batch (DAPO adds its first round's)."""
         return step.data.train_batch_at(index)
 
-    def stream(self) -> RolloutStream | ThroughputStream:
+    def stream(self) -> Stream:
         """The rollout stream (`rollout.max_staleness` > 0), built on first use with a checkpoint's batches."""
-        if self.rollout_stream is None:
-            r = self.datamodule.rollout
-            if r.stream_mode == "throughput":
-                self.rollout_stream = ThroughputStream(r.max_staleness, r.partial_rollouts, r.stale_groups == "hold",
-                                                       self.rollout_prompts)  # fmt: skip
-            else:
-                self.rollout_stream = RolloutStream(r.max_staleness, r.partial_rollouts, self.rollout_prompts)
-            if self._stream_state is not None:
-                self.rollout_stream.load_state_dict(self._stream_state)
-                self._stream_state = None
-        return self.rollout_stream
+        return self.engines.rollout_stream(self.datamodule.rollout, self.rollout_prompts)
 
     def generate(self, batch: PromptBatch, sampling: SamplingConfig | None = None) -> Rollout:
         """Sample completions for a prompt batch (training sampling settings unless given)."""
@@ -327,7 +299,7 @@ class RLVRModule(L.LightningModule):
             old_logp = result.inputs.behaviour.old_logp_all()
             metrics = step_metrics(
                 result.batch, result.inputs.tensors, old_logp, result.metrics, result.times,
-                self.policy_version, self.engine_sync.probe.last_diff,
+                self.policy_version, self.session.sync.probe.last_diff,
             )  # fmt: skip
             self.log_train_metrics(metrics, batch_size=len(result.rollout.batch))
             bar = {"reward": metrics["train/reward_mean"], "acc": metrics["train/accuracy"]}
@@ -348,15 +320,7 @@ class RLVRModule(L.LightningModule):
         with timer("update"):
             update_metrics = update.run(step, inputs, len(rollout.batch), self.optimization())
         token_weights = compose_token_weights(weights, inputs.behaviour.token_weights())
-        if self.rollout_stream is not None:
-            self.rollout_stream.wait(timer)  # the servers take new weights between segments only
-        with timer("weight_sync"):
-            trainer_score = partial(sequence_logprobs, self.policy, chunk_tokens=h.logprob_chunk_tokens)
-            self.engine_sync.sync(step.engine, self.load_engine, self.policy_version + 1, rollout, trainer_score)
-            step.after_engine_sync()
-            self.policy_version += 1
-        if self.rollout_stream is not None:
-            self.rollout_stream.synced(self.policy_version)
+        self.session.sync_weights(rollout, partial(sequence_logprobs, self.policy, chunk_tokens=h.logprob_chunk_tokens), timer)
         behaviour_metrics = getattr(inputs.behaviour, "metrics", dict)()  # a correction read in the update's forwards
         metrics = {**update_metrics, **prepare_metrics, **behaviour_metrics, **shaper_metrics(advantage_shapers(self.trainer)),
                    **rollout.staleness(step.policy_version)}  # fmt: skip
@@ -387,13 +351,9 @@ class RLVRModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         run_id = getattr(self.logger, "run_id", None)  # the CLI reopens this MLflow run on resume
-        checkpoint["rlvr"] = {"policy_version": self.policy_version, "rollout_batches": self.rollout_batches,
-                              "mlflow_run_id": run_id}  # fmt: skip
-        if self.rollout_stream is not None:  # the batches in flight: a resumed run continues them
-            checkpoint["rlvr"]["rollout_stream"] = self.rollout_stream.state_dict()
+        checkpoint["rlvr"] = {**self.session.state_dict(), "rollout_batches": self.rollout_batches, "mlflow_run_id": run_id}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint.get("rlvr", {})
-        self.policy_version = state.get("policy_version", 0)
+        self.session.load_state_dict(state)
         self.rollout_batches = state.get("rollout_batches", 0)
-        self._stream_state = state.get("rollout_stream")

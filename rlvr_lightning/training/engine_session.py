@@ -1,0 +1,149 @@
+"""The rollout engine of one run and what lives beside it: the engine (built on first use from an
+`EngineSpec`), the weight sync with its probe and the policy version the engine holds, the rollout stream
+generating ahead (`rollout.max_staleness`) with the batches a checkpoint carries, and closing them.
+
+A plain object: the module makes one and hands it the spec once its policy exists; the step's context holds
+it, the planner's and the doctor's derivations build their own engines from the same functions
+(`engine_setup`), and nothing here calls back into the LightningModule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlvr_lightning.models.lora import LoraSettings
+from rlvr_lightning.models.weights import full_weights, load_into_engine
+from rlvr_lightning.rollout.engine import RolloutEngine, ScoreFn
+from rlvr_lightning.rollout.sync import FP32_SYNC_TOL, EngineSync, default_sync_tol
+from rlvr_lightning.rollout.types import PromptBatch, Rollout
+from rlvr_lightning.training.engine_setup import build_rollout_engine
+from rlvr_lightning.training.rollout_stream import RolloutStream
+from rlvr_lightning.training.step_metrics import StageTimer
+from rlvr_lightning.training.throughput_stream import ThroughputStream
+
+Stream = RolloutStream | ThroughputStream
+# The prompts rollout batch `index` generates, given the step's context (DAPO adds its first round's).
+PromptsFn = Callable[[Any, int], PromptBatch]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What builds this rank's engine and what it is handed at a sync."""
+
+    datamodule: Any  # the RolloutDataModule: `rollout:` settings, tokenizer, policy path, seed
+    trainer: Any  # its ranks (global, local, world size, devices)
+    policy: torch.nn.Module
+    lora: LoraSettings | None
+    engine_dtype: str  # what the engine computes in (`engine_setup.engine_compute_dtype`)
+    trainer_dtype: str  # what the trainer's forwards compute in (`engine_setup.trainer_compute_dtype`)
+    chunk_tokens: int  # the LM head's chunk where the trainer's module scores (the HF engine)
+    barrier: Callable[[], None] | None = None  # the trainer's ranks' barrier; None: one process
+
+
+class EngineSession:
+    def __init__(self, sync_check_tol: float | None = None, sync_check_every: int = 10) -> None:
+        """`sync_check_tol`: the probe's tolerance; None follows the two sides' precision once the engine is built."""
+        self.sync = EngineSync(tol=FP32_SYNC_TOL if sync_check_tol is None else sync_check_tol, check_every=sync_check_every)
+        self.tol_follows_precision = sync_check_tol is None
+        self.policy_version = 0  # weight syncs so far: the engine runs this version of the policy
+        self.stream: Stream | None = None
+        self.spec: EngineSpec | None = None
+        self._stream_state: dict | None = None  # a checkpoint's batches in flight, until the stream is built
+        self._engine: RolloutEngine | None = None
+
+    def attach(self, spec: EngineSpec) -> None:
+        """What the engine is built from and synced with (the policy exists from here on)."""
+        self.spec = spec
+
+    @property
+    def engine(self) -> RolloutEngine:
+        """This rank's engine, built on first use (a stage that generates nothing starts none)."""
+        if self._engine is None:
+            s = self.spec
+            if s is None:
+                raise RuntimeError("the engine session has no spec yet: attach() it once the policy is built")
+            self._engine = build_rollout_engine(s.datamodule, s.trainer, s.policy, s.lora, s.engine_dtype, s.chunk_tokens)
+            if self.tol_follows_precision:
+                self.sync.probe.tol = default_sync_tol(s.engine_dtype, s.trainer_dtype)
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: RolloutEngine) -> None:
+        """Use `engine` (one built elsewhere: a bench's, a test's stand-in server)."""
+        self._engine = engine
+
+    @property
+    def shared_by_ranks(self) -> bool:
+        return bool(getattr(self.engine, "shared_by_ranks", False))
+
+    def load(self, version: int) -> None:
+        """Hand the policy to the engine as `version`: its full weights, or its LoRA adapter."""
+        s = self.spec
+        load_into_engine(self.engine, s.policy, version, s.lora, s.datamodule.policy_path)
+
+    def after_sync(self) -> None:
+        """Called by every rank after it handed its weights to the engine. Servers the ranks share are
+        written by rank 0 alone, so no rank samples or probes them before that write is done. (Under FSDP
+        the weight gather already orders the ranks, since rank 0 pauses the servers before it and a paused
+        server holds new requests; this keeps the order where no gather is needed.)"""
+        if self.shared_by_ranks and self.spec.barrier is not None:
+            self.spec.barrier()
+
+    def start(self) -> None:
+        """At the start of training: hand the engine the policy where it may not hold it: a resumed run (the
+        engine has the base weights), attached servers (any weights), or an adapter sync (every request then
+        carries one, starting from the initial zero adapter)."""
+        lora = self.spec.lora
+        foreign = getattr(self.engine, "holds_foreign_weights", False)
+        adapter = lora is not None and lora.sync == "adapter"
+        if foreign and adapter:  # the base under the adapter; every rank takes part in the gather
+            self.engine.load_weights(full_weights(self.spec.policy, merged=False), version=self.policy_version)
+        if self.policy_version > 0 or foreign or adapter:
+            self.load(self.policy_version)
+            self.after_sync()
+
+    def sync_weights(self, rollout: Rollout, trainer_score: ScoreFn, timer: StageTimer) -> None:
+        """After an update: wait for the stream's segment in flight, hand the engine the next version, probe
+        it against the trainer on `rollout`'s probe sequence, and let the stream generate with it."""
+        if self.stream is not None:
+            self.stream.wait(timer)  # the servers take new weights between segments only
+        with timer("weight_sync"):
+            self.sync.sync(self.engine, self.load, self.policy_version + 1, rollout, trainer_score)
+            self.after_sync()
+            self.policy_version += 1
+        if self.stream is not None:
+            self.stream.synced(self.policy_version)
+
+    def rollout_stream(self, rollout: Any, prompts: PromptsFn) -> Stream:
+        """The stream of rollouts generated ahead (`rollout`: the `rollout:` settings), built on first use
+        with a checkpoint's batches in flight."""
+        if self.stream is None:
+            if rollout.stream_mode == "throughput":
+                self.stream = ThroughputStream(rollout.max_staleness, rollout.partial_rollouts, rollout.stale_groups == "hold", prompts)  # fmt: skip
+            else:
+                self.stream = RolloutStream(rollout.max_staleness, rollout.partial_rollouts, prompts)
+            if self._stream_state is not None:
+                self.stream.load_state_dict(self._stream_state)
+                self._stream_state = None
+        return self.stream
+
+    def close(self) -> None:
+        for part in (self.stream, self._engine):  # the batches ahead are generated on the engine: first
+            if part is not None:
+                part.close()
+        self.stream, self._engine = None, None
+
+    def state_dict(self) -> dict:
+        """The policy version, and the stream's batches in flight (a resumed run continues them)."""
+        state: dict = {"policy_version": self.policy_version}
+        if self.stream is not None:
+            state["rollout_stream"] = self.stream.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy_version = state.get("policy_version", 0)
+        self._stream_state = state.get("rollout_stream")
