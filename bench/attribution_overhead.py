@@ -22,6 +22,8 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from common import close, embedded_module, median, prompt_batches, write  # noqa: E402
 
+from rlvr_lightning.training.step_metrics import StepResult  # noqa: E402
+
 PARTS = ["step", "rollout", "reward", "old_logprob", "attribution", "update", "weight_sync"]
 
 
@@ -53,7 +55,7 @@ def main() -> None:
             module.trainer.callbacks = fixed + ([callbacks[mode]] if callbacks[mode] else [])
             result = module.train_on_batch(next(batches))
             module.rollout_batches += 1
-            if result is not None and r >= args.warmup:
+            if isinstance(result, StepResult) and r >= args.warmup:  # not a skipped batch
                 times[mode].append(result[3])
     close(module)
 

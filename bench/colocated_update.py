@@ -51,14 +51,14 @@ def one(engine: str) -> dict:
     torch.manual_seed(0)
     step = module.step_context()
     rollout = generate_and_score(step, next(batches), StageTimer())
-    inputs = module.prepare(step, rollout)[1]
+    inputs = module.rlvr_step.prepare(step, rollout)[1]
     seconds = []
     cpu0, faults0 = _thread_cpu_seconds(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(REPEATS):
         # A fresh θ_old recorder each time: every repeat reads θ_old from its own forward, as in training.
         again = inputs.with_behaviour(FromUpdateForward(inputs.tensors.response_mask.shape, module.device))
         t0 = time.perf_counter()
-        module.policy_update.run(step, again, len(rollout.batch), module.optimization())
+        module.rlvr_step.update.run(step, again, len(rollout.batch), module.optimization())
         seconds.append(time.perf_counter() - t0)
     cpu, faults = _thread_cpu_seconds() - cpu0, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
     close(module)

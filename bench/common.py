@@ -64,12 +64,14 @@ def prompt_batches(module):
 def timed_steps(module, steps: int, warmup: int = 1) -> list[tuple]:
     """`warmup` + `steps` real training steps; the `StepResult`s of the timed ones.
     Closes the module's engine and verifier."""
+    from rlvr_lightning.training.step_metrics import StepResult
+
     batches = prompt_batches(module)
     results = []
     for i in range(warmup + steps):
         result = module.train_on_batch(next(batches))
         module.rollout_batches += 1
-        if result is not None and i >= warmup:
+        if isinstance(result, StepResult) and i >= warmup:  # not a skipped batch
             results.append(result)
     close(module)
     return results

@@ -83,8 +83,8 @@ def one_update(module, rollout, layout: str, budget: int):
     h = module.hparams
     h.micro_batch_size, h.max_tokens_per_micro_batch, h.packing = rows, budget if max_tokens else None, packing
     step = module.step_context()
-    inputs = module.prepare(step, rollout)[1]  # θ_old from the update's own forward (one step per batch)
-    update = module.policy_update
+    inputs = module.rlvr_step.prepare(step, rollout)[1]  # θ_old from the update's own forward (one step per batch)
+    update = module.rlvr_step.update
     all_rows = torch.arange(len(rollout.completions))
     counts = inputs.tensors.token_counts
     batches = update.plan.micro_batches(all_rows, counts, step.collectives)

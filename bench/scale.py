@@ -218,7 +218,7 @@ def update_ab(args) -> dict:
 def record_peaks(module) -> dict[str, float]:
     """The process's peak RSS after each stage of the step (it only grows: the stage where it rises last
     holds the peak): rollout, reference/θ_old pass and layout (`prepare`), update, weight sync."""
-    import rlvr_lightning.algos.base as base
+    import rlvr_lightning.training.step as step_module
 
     peaks: dict[str, float] = {"engine_built": peak_rss_mib()}
 
@@ -232,9 +232,16 @@ def record_peaks(module) -> dict[str, float]:
 
         return wrapped
 
-    module.collect_rollout = after("rollout", module.collect_rollout)
-    base.prepare_update = after("prepare", base.prepare_update)
-    update_cls = base.PolicyUpdate
+    build_algorithm = module.step_algorithm
+
+    def timed_algorithm():
+        algorithm = build_algorithm()
+        algorithm.collect = after("rollout", algorithm.collect)
+        return algorithm
+
+    module.step_algorithm = timed_algorithm
+    step_module.prepare_update = after("prepare", step_module.prepare_update)
+    update_cls = step_module.PolicyUpdate
     run = update_cls.run
     update_cls.run = after("update", run)
     module.session.sync.sync = after("weight_sync", module.session.sync.sync)

@@ -60,7 +60,7 @@ def main() -> None:
         rollout = generate_and_score(step, next(batches), StageTimer())
         for group in mixed_groups(rollout.correct.float(), rollout.group_size).nonzero().squeeze(1).tolist():
             one = rollout.select_groups([group])
-            advantages = module.prepare(step, one)[0].advantages
+            advantages = module.rlvr_step.prepare(step, one)[0].advantages
             groups += 1
             for lr, params in runs:
                 policy = module.policy if params == "all" else head_model

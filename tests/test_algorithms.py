@@ -77,7 +77,7 @@ def set_engine_logprobs(rollout: Rollout, per_token: torch.Tensor) -> None:
 
 def prepared(module, rollout):
     """The module's own rewards, advantages and update inputs of a scored rollout."""
-    return module.prepare(module.step_context(), rollout)[1]
+    return module.rlvr_step.prepare(module.step_context(), rollout)[1]
 
 
 def gradient(module, inputs, micro_batch_size, acc=None, max_tokens=None, tweak=None):
@@ -88,7 +88,7 @@ def gradient(module, inputs, micro_batch_size, acc=None, max_tokens=None, tweak=
     module.hparams.max_tokens_per_micro_batch = max_tokens
     module.policy.zero_grad(set_to_none=True)
     rows = torch.arange(inputs.correct.shape[0])
-    update = module.policy_update
+    update = module.rlvr_step.update
     if tweak is not None:
         tweak(update)
     loss = update.accumulate_gradients(module.step_context(), inputs, rows, module.manual_backward, acc)
@@ -285,7 +285,7 @@ def test_dapo_reward_is_signed_correctness_plus_overlong_penalty(tiny_policy_dir
     rollout = sample_rollout(module)
     lengths = rollout.response_lengths
     expected = (2 * rollout.correct - 1) + ((4 - lengths) / 4).clamp(-1, 0)  # penalty from L > 8 − 4
-    torch.testing.assert_close(module.rewards(rollout)[0], expected)
+    torch.testing.assert_close(module.step_algorithm().rewards(rollout)[0], expected)
     assert (expected < 2 * rollout.correct - 1).any()  # the sample does contain penalised lengths
     assert attach(DAPO, tiny_policy_dir)._overlong_buffer_len() == MAX_LEN // 5
 
@@ -383,7 +383,7 @@ def test_several_updates_per_rollout_batch_keep_theta_old_fixed(tiny_policy_dir)
     rollout = sample_rollout(module)
     inputs = prepared(module, rollout)
     before = trainer_old_logp(module, inputs)
-    metrics = module.policy_update.run(module.step_context(), inputs, len(rollout.batch), module.optimization())
+    metrics = module.rlvr_step.update.run(module.step_context(), inputs, len(rollout.batch), module.optimization())
     assert metrics["ratio_max"] > 1 + 1e-4
     torch.testing.assert_close(inputs.behaviour.old_logp_all(), before, rtol=0, atol=1e-6)
 
@@ -396,7 +396,7 @@ def test_several_passes_over_a_rollout_batch_keep_theta_old_and_step_the_optimiz
     inputs = prepared(module, sample_rollout(module))
     before = trainer_old_logp(module, inputs)
     steps = []
-    update = module.policy_update
+    update = module.rlvr_step.update
     accumulate = update.accumulate_gradients
     update.accumulate_gradients = lambda *a, **k: steps.append(update.updates_since_rollout) or accumulate(*a, **k)
     metrics = update.run(module.step_context(), inputs, 2, module.optimization())

@@ -14,6 +14,7 @@ from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.standalone import standalone
+from rlvr_lightning.training.step_metrics import StepResult
 
 
 @pytest.mark.e2e
@@ -27,7 +28,7 @@ def test_export_reproduces_greedy_outputs_in_transformers_and_vllm(tmp_path, qui
     module = standalone(GRPO(lr=1e-3, micro_batch_size=16), dm, callbacks=[RewardVerifier(num_workers=1)])
     before = {name: p.detach().clone() for name, p in module.policy.named_parameters()}
     for batch in dm.train_dataloader():  # until a batch with a mixed group has moved the weights
-        assert module.train_on_batch(batch) is not None  # an update, then the weights go to the engine
+        assert isinstance(module.train_on_batch(batch), StepResult)  # an update, then the weights go to the engine
         module.rollout_batches += 1
         if moved(before, module.policy.named_parameters()):
             break

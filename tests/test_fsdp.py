@@ -18,6 +18,7 @@ from rlvr_lightning.models.weights import full_weights
 from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.rollout.types import PromptBatch, Rollout
 from rlvr_lightning.standalone import standalone
+from rlvr_lightning.training.step import StepAlgorithm
 from tests.cli import REPO, run_cli
 
 STEPS, PROMPTS_PER_RANK, G, RESPONSE = 3, 2, 8, 40
@@ -41,6 +42,16 @@ def fsdp_args(tmp_path: Path, model_dir: Path, algo: str = "grpo") -> list[str]:
     ]  # fmt: skip
 
 
+class Recorded(StepAlgorithm):
+    """The step trains on a recorded rollout instead of generating one."""
+
+    def __init__(self, rollout: Rollout) -> None:
+        self.rollout = rollout
+
+    def collect(self, step, batch, timer, stream) -> Rollout:
+        return self.rollout
+
+
 def replay(model_dir: Path, probe: Path, callbacks=(), lora: LoraSettings | None = None, hparams: dict = HPARAMS) -> dict[str, torch.Tensor]:
     """The same steps in one process: both ranks' rollouts of a step form one rollout batch (a LoRA policy
     from the run's initial adapter); the final weights as the engine gets them (a LoRA policy's merged)."""
@@ -58,7 +69,7 @@ def replay(model_dir: Path, probe: Path, callbacks=(), lora: LoraSettings | None
                 policy_version=module.policy_version, texts=[t for p in parts for t in p["texts"]],
                 correct=torch.cat([p["correct"] for p in parts]),
             )  # fmt: skip
-            module.collect_rollout = lambda step, batch, timer, rollout=rollout: rollout
+            module.step_algorithm = lambda rollout=rollout: Recorded(rollout)
             module.train_on_batch(rollout.batch)
             module.rollout_batches += 1
         return {k: v.detach().clone() for k, v in full_weights(module.policy)}

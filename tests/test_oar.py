@@ -308,7 +308,7 @@ def test_callback_weights_reasoning_tokens_only_with_mean_one(tiny_policy_dir, m
     module = attach(GRPO, tiny_policy_dir)
     module.trainer.callbacks.append(OARAttribution(method=method))
     rollout = boxed_rollout(module)
-    scored, inputs, metrics, w = module.prepare(module.step_context(), rollout)
+    scored, inputs, metrics, w = module.rlvr_step.prepare(module.step_context(), rollout)
     tok = module.datamodule.tokenizer
     for n, text in enumerate(rollout.texts):
         R = len(ids(tok, text[: text.rfind("\\boxed{")])) if "\\boxed{" in text else 0
@@ -334,8 +334,8 @@ def test_thr_and_oar_compose_multiplicatively(tiny_policy_dir):
         module = attach(GRPO, tiny_policy_dir)
         module.trainer.callbacks.extend(callbacks)
         step = module.step_context()
-        _, inputs, _, before_update = module.prepare(step, boxed_rollout(module))
-        module.policy_update.accumulate_gradients(step, inputs, torch.arange(8), module.manual_backward)  # THR scores in the update's forward
+        _, inputs, _, before_update = module.rlvr_step.prepare(step, boxed_rollout(module))
+        module.rlvr_step.update.accumulate_gradients(step, inputs, torch.arange(8), module.manual_backward)  # THR scores in the update's forward
         return compose_token_weights(before_update, inputs.behaviour.token_weights())
 
     thr, oar = THRAttribution(p=0.3, threshold="all"), OARAttribution(method="perturbation")

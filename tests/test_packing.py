@@ -232,7 +232,7 @@ def packed_or_padded_update(tiny_policy_dir, case, packing):
     )
     rollout = sample_rollout(module)
     set_engine_logprobs(rollout, -1.0 - 0.1 * torch.rand(8, MAX_LEN, generator=torch.Generator().manual_seed(3)))
-    _, inputs, _, before_update = module.prepare(module.step_context(), rollout)
+    _, inputs, _, before_update = module.rlvr_step.prepare(module.step_context(), rollout)
     acc = MetricAccumulator()
     loss, grad = gradient(module, inputs, module.hparams.micro_batch_size, acc, max_tokens=max_tokens)
     weights = inputs.behaviour.token_weights()

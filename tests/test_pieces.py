@@ -15,6 +15,7 @@ from rlvr_lightning.algos import GRPO, REAL
 from rlvr_lightning.context import Collectives
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces import KINDS, advantage_estimators, policy_losses
+from rlvr_lightning.pieces.kinds import AdvantageInputs
 from tests.conftest import REPO
 
 EXAMPLES = REPO / "docs" / "examples"
@@ -68,7 +69,7 @@ def test_a_users_piece_by_dotted_path_is_what_the_module_trains_with(my_pieces):
     module = GRPO(advantage_estimator="my_pieces.rank_advantage", piece_args={"rank_scale": 0.5})
     rewards = torch.tensor([1.0, 0, 0, 1, 0.2, 0.2, 0.2, 0.2])
     rollout = SimpleNamespace(correct=rewards > 0.5, group_size=4, response_lengths=torch.ones(8, dtype=torch.long))
-    got, stats = module.advantages(rewards, rollout, Collectives())
+    got, stats = module.pieces.advantages(AdvantageInputs(rewards, rollout.correct, rollout.group_size, Collectives().sum, rollout.response_lengths))
     torch.testing.assert_close(got, 0.5 * torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0, 0, 0, 0]))
     assert stats == pytest.approx({"adv_mean": 0.0, "adv_std": float(got.std()), "adv_abs_max": 1 / 3, "adv_zero_frac": 0.5})
     assert module.hparams.advantage_estimator == "my_pieces.rank_advantage"

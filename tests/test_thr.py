@@ -197,7 +197,7 @@ def thr_update(tiny_policy_dir, p, micro_batch_size, rollout_edit=None):
     rollout = sample_rollout(module)
     if rollout_edit:
         rollout_edit(rollout)
-    scored, inputs, _, before_update = module.prepare(module.step_context(), rollout)
+    scored, inputs, _, before_update = module.rlvr_step.prepare(module.step_context(), rollout)
     read_in_update = inputs.behaviour.reads_lm_head
     seen = []  # the token advantages each micro-batch loss received
 
@@ -286,7 +286,7 @@ def test_thr_sign_predicts_the_change_of_the_correct_likelihood(tiny_policy_dir)
     trials = 6
     for seed in range(trials):
         rollout = sample_rollout(module, seed)
-        scored = module.prepare(module.step_context(), rollout)[0]
+        scored = module.rlvr_step.prepare(module.step_context(), rollout)[0]
         for params, policy in (("head", head_only), ("all", module.policy)):
             out = thr_sign_check(policy, rollout, scored.advantages, pad, lr=1e-3, params=params)
             assert out["positive_tokens"] > 0 and out["negative_tokens"] > 0

@@ -12,19 +12,16 @@ several updates per rollout batch conflict with Lightning's automatic accumulati
 from __future__ import annotations
 
 from dataclasses import asdict
-from functools import partial
 from typing import Literal
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import Callback
 
 from rlvr_lightning.callbacks.progress import rollout_batches_total
 from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.callbacks.rollout import advantage_shapers, rollout_callbacks
-from rlvr_lightning.context import Collectives, ScoredBatch, StepContext
+from rlvr_lightning.context import Collectives, StepContext
 from rlvr_lightning.device_defaults import accelerator_of_device, default_for
-from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.models.lora import LoraSettings, as_settings, trainable_parameters
 from rlvr_lightning.models.policy import load_policies
 from rlvr_lightning.pieces import kinds
@@ -32,19 +29,17 @@ from rlvr_lightning.pieces.selection import piece_args_run_with
 from rlvr_lightning.rollout.engine import RolloutEngine
 from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.training.algorithm import BoundPieces, algorithm_args
-from rlvr_lightning.training.batch import UpdateInputs
 from rlvr_lightning.training.behaviour import BehaviourSource, behaviour_source
 from rlvr_lightning.training.checks import check_run, check_values
-from rlvr_lightning.training.engine_session import EngineSession, EngineSpec, Stream
+from rlvr_lightning.training.engine_session import EngineSession, EngineSpec
 from rlvr_lightning.training.engine_setup import engine_compute_dtype, trainer_compute_dtype
-from rlvr_lightning.training.generation import generate, generate_and_score
+from rlvr_lightning.training.generation import generate
 from rlvr_lightning.training.objective import Objective
 from rlvr_lightning.training.optim import adamw_with_schedule
 from rlvr_lightning.training.plan import Optimization, UpdatePlan
-from rlvr_lightning.training.prepare import prepare_update
-from rlvr_lightning.training.shaping import compose_token_weights, shaper_metrics
-from rlvr_lightning.training.step_metrics import StageTimer, StepResult, step_metrics
-from rlvr_lightning.training.update import NonFiniteGuard, PolicyUpdate
+from rlvr_lightning.training.step import Skipped, StepAlgorithm, TrainingStep
+from rlvr_lightning.training.step_metrics import StepResult, step_metrics
+from rlvr_lightning.training.update import NonFiniteGuard
 
 
 class RLVRModule(L.LightningModule):
@@ -159,13 +154,6 @@ class RLVRModule(L.LightningModule):
         """The update's loss, from the pieces and knobs in `hparams` (bound when the module was built)."""
         return self.pieces.objective
 
-    def advantages(
-        self, rewards: torch.Tensor, rollout: Rollout, collectives: Collectives
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Sequence advantages [N] and their statistics."""
-        inputs = kinds.AdvantageInputs(rewards, rollout.correct, rollout.group_size, collectives.sum, rollout.response_lengths)
-        return self.pieces.advantages(inputs)
-
     @property
     def corrects_rollouts(self) -> bool:
         return self.pieces.corrects_rollouts
@@ -175,11 +163,6 @@ class RLVRModule(L.LightningModule):
         if packing is None:  # built in Python (the CLI resolves it): the default of the device the module is on
             packing = default_for("model.packing", accelerator_of_device(self.device))
         return UpdatePlan.of(self.hparams, float(self.datamodule.rollout.max_response_length), packing)
-
-    @property
-    def policy_update(self) -> PolicyUpdate:
-        """The update of this step's rollout batch (the non-finite streak carries across batches)."""
-        return PolicyUpdate(self.objective, self.update_plan(), self.nonfinite)
 
     # ---- model, engine, optimiser, configuration checks --------------------------------------
     def configure_model(self) -> None:
@@ -269,24 +252,16 @@ class RLVRModule(L.LightningModule):
             seed=self.datamodule.hparams.seed, scorers=tuple(rollout_callbacks(trainer)),
         )  # fmt: skip
 
-    def rewards(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
-        """The reward r [N] fed to the advantage estimator and its metrics: the verifier's verdict, r = c (DAPO
-        shapes it)."""
-        return rollout.correct.clone(), {}
+    def step_algorithm(self) -> StepAlgorithm:
+        """What this algorithm changes in the step's structure: nothing (DAPO returns its own)."""
+        return StepAlgorithm()
 
-    def collect_rollout(self, step: StepContext, batch: PromptBatch, timer: StageTimer) -> Rollout | None:
-        """The scored rollout batch to train on, or None to skip the step. DAPO samples dynamically."""
-        if self.max_staleness > 0:
-            return self.stream().collect(step, batch, timer)
-        return generate_and_score(step, batch, timer)
-
-    def rollout_prompts(self, step: StepContext, index: int) -> PromptBatch:
-        """The prompts rollout batch `index` generates: the dataloader's batch (DAPO adds its first round's)."""
-        return step.data.train_batch_at(index)
-
-    def stream(self) -> Stream:
-        """The rollout stream (`rollout.max_staleness` > 0), built on first use with a checkpoint's batches."""
-        return self.engines.rollout_stream(self.datamodule.rollout, self.rollout_prompts)
+    @property
+    def rlvr_step(self) -> TrainingStep:
+        """The training step of this module's settings (`rlvr_lightning.training.step`)."""
+        return TrainingStep(self.step_algorithm(), self.pieces, self.update_plan(), self.behaviour_source(),
+                            self.hparams.mask_truncated, advantage_shapers(self.trainer), self.nonfinite, self.engines,
+                            self.datamodule.rollout, self.hparams.logprob_chunk_tokens)  # fmt: skip
 
     def generate(self, batch: PromptBatch, sampling: SamplingConfig | None = None) -> Rollout:
         """Sample completions for a prompt batch (training sampling settings unless given)."""
@@ -295,7 +270,11 @@ class RLVRModule(L.LightningModule):
     # ---- one training step -------------------------------------------------------------------
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
         result = self.train_on_batch(batch)
-        if result is not None:
+        if isinstance(result, Skipped):
+            if result.metrics:
+                self.log_train_metrics({f"train/{k}": v for k, v in result.metrics.items()}, batch_size=len(batch))
+            self.trainer.should_stop = self.trainer.should_stop or result.stop_run
+        else:
             old_logp = result.inputs.behaviour.old_logp_all()
             metrics = step_metrics(
                 result.batch, result.inputs.tensors, old_logp, result.metrics, result.times,
@@ -308,36 +287,9 @@ class RLVRModule(L.LightningModule):
             self.log_dict(bar, prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=len(batch))
         self.rollout_batches += 1
 
-    def train_on_batch(self, batch: PromptBatch) -> StepResult | None:
-        """The stages of one step on a prompt batch; None when there was nothing to learn from."""
-        step, timer, h = self.step_context(), StageTimer(), self.hparams
-        rollout = self.collect_rollout(step, batch, timer)
-        if rollout is None:
-            return None
-        step.engine.release_memory()  # vLLM sleep mode (rollout.sleep_level); the weight sync wakes it
-        update = self.policy_update
-        scored, inputs, prepare_metrics, weights = self.prepare(step, rollout, update.plan, timer)
-        with timer("update"):
-            update_metrics = update.run(step, inputs, len(rollout.batch), self.optimization())
-        token_weights = compose_token_weights(weights, inputs.behaviour.token_weights())
-        self.session.sync_weights(rollout, partial(sequence_logprobs, self.policy, chunk_tokens=h.logprob_chunk_tokens), timer)
-        behaviour_metrics = getattr(inputs.behaviour, "metrics", dict)()  # a correction read in the update's forwards
-        metrics = {**update_metrics, **prepare_metrics, **behaviour_metrics, **shaper_metrics(advantage_shapers(self.trainer)),
-                   **rollout.staleness(step.policy_version)}  # fmt: skip
-        return StepResult(scored, inputs, token_weights, metrics, timer.finish())
-
-    def prepare(
-        self, step: StepContext, rollout: Rollout, plan: UpdatePlan | None = None, timer: StageTimer | None = None
-    ) -> tuple[ScoredBatch, UpdateInputs, dict[str, float], torch.Tensor | None]:
-        """The scored batch, update inputs, reward and correction metrics, and pre-update shaper weights."""
-        rewards, reward_metrics = self.rewards(rollout)
-        advantages, advantage_metrics = self.advantages(rewards, rollout, step.collectives)
-        scored = ScoredBatch(rollout, rewards, advantages)
-        inputs, correction_metrics, weights = prepare_update(
-            step, scored, plan or self.update_plan(), self.behaviour_source(), self.pieces.correct,
-            self.hparams.mask_truncated, advantage_shapers(self.trainer), timer, self.pieces.approximate_proximal,
-        )  # fmt: skip
-        return scored, inputs, {**reward_metrics, **advantage_metrics, **correction_metrics}, weights
+    def train_on_batch(self, batch: PromptBatch) -> StepResult | Skipped:
+        """One step on a prompt batch, outside Lightning's loop too (tests, benches)."""
+        return self.rlvr_step.run(self.step_context(), batch, self.optimization())
 
     def optimization(self) -> Optimization:
         return Optimization(self.optimizers(), self.lr_schedulers(), self.policy.parameters, self.manual_backward)

@@ -20,6 +20,8 @@ from rlvr_lightning.pieces.advantages import overlong_penalty
 from rlvr_lightning.pieces.kinds import LossAggName
 from rlvr_lightning.rollout.types import PromptBatch, Rollout
 from rlvr_lightning.training.dynamic_sampling import DynamicSampler, OnExhausted
+from rlvr_lightning.training.engine_session import Stream
+from rlvr_lightning.training.step import Skipped, StepAlgorithm
 from rlvr_lightning.training.step_metrics import StageTimer
 
 
@@ -88,33 +90,39 @@ class DAPO(GRPO):
         L_max = self.datamodule.rollout.max_response_length
         return h.overlong_buffer_len if h.overlong_buffer_len is not None else L_max // 5
 
+    def step_algorithm(self) -> DAPOStep:
+        h = self.hparams
+        return DAPOStep(self.dynamic_sampler if h.dynamic_sampling else None, h.signed_reward, self._overlong_buffer_len(),
+                        h.overlong_penalty_factor, self.datamodule.rollout.max_response_length)  # fmt: skip
+
+
+class DAPOStep(StepAlgorithm):
+    """DAPO's changes to the step: the ±1 reward with the overlong penalty (4), and dynamic sampling (2)."""
+
+    def __init__(self, sampler: DynamicSampler | None, signed_reward: bool, overlong_buffer_len: int,
+                 overlong_penalty_factor: float, max_response_length: int) -> None:  # fmt: skip
+        """`sampler`: None when dynamic sampling is off."""
+        self.sampler, self.signed_reward = sampler, signed_reward
+        self.buffer, self.penalty_factor, self.L_max = overlong_buffer_len, overlong_penalty_factor, max_response_length
+
+    # ---- 4. overlong reward shaping ----------------------------------------------------------
+    def rewards(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        correct = rollout.correct.float()
+        reward = 2 * correct - 1 if self.signed_reward else correct
+        if self.buffer > 0 and self.penalty_factor:
+            penalty = overlong_penalty(rollout.response_lengths, self.L_max, self.buffer)
+            return reward + self.penalty_factor * penalty, {"overlong_penalty_mean": penalty.mean().item()}
+        return reward, {}
+
     # ---- 2. dynamic sampling -----------------------------------------------------------------
-    def collect_rollout(self, step: StepContext, batch: PromptBatch, timer: StageTimer) -> Rollout | None:
-        if not self.hparams.dynamic_sampling:
-            return super().collect_rollout(step, batch, timer)
+    def collect(self, step: StepContext, batch: PromptBatch, timer: StageTimer, stream: Stream | None) -> Rollout | Skipped:
+        if self.sampler is None:
+            return super().collect(step, batch, timer, stream)
         # Generated ahead (rollout.max_staleness), the first round comes from the stream; the rounds that
         # refill it are generated now, by the current policy.
-        first = self.stream().collect(step, batch, timer) if self.max_staleness else None
-        collected = self.dynamic_sampler.collect(step, batch, timer, first)
-        if collected.rollout is None:
-            self.log_train_metrics({f"train/{k}": v for k, v in collected.empty_metrics.items()}, batch_size=len(batch))
-        if collected.stop_run:
-            self.trainer.should_stop = True
-        return collected.rollout
+        first = stream.collect(step, batch, timer) if stream is not None else None
+        return self.sampler.collect(step, batch, timer, first)
 
-    def rollout_prompts(self, step: StepContext, index: int) -> PromptBatch:
-        batch = super().rollout_prompts(step, index)
-        return self.dynamic_sampler.first_round_prompts(step, batch) if self.hparams.dynamic_sampling else batch
-
-    # ---- 4. reward: ±1 correctness plus the overlong penalty ---------------------------------
-    def rewards(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
-        h = self.hparams
-        correct = rollout.correct.float()
-        reward = 2 * correct - 1 if h.signed_reward else correct
-        buffer = self._overlong_buffer_len()
-        if buffer > 0 and h.overlong_penalty_factor:
-            L_max = self.datamodule.rollout.max_response_length
-            penalty = overlong_penalty(rollout.response_lengths, L_max, buffer)
-            reward = reward + h.overlong_penalty_factor * penalty
-            return reward, {"overlong_penalty_mean": penalty.mean().item()}
-        return reward, {}
+    def prompts(self, step: StepContext, index: int) -> PromptBatch:
+        batch = super().prompts(step, index)
+        return self.sampler.first_round_prompts(step, batch) if self.sampler is not None else batch

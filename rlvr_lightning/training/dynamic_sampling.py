@@ -23,6 +23,7 @@ from rlvr_lightning.context import StepContext
 from rlvr_lightning.pieces.advantages import mixed_groups
 from rlvr_lightning.rollout.types import PromptBatch, Rollout
 from rlvr_lightning.training.generation import generate_and_score
+from rlvr_lightning.training.step import Skipped
 from rlvr_lightning.training.step_metrics import StageTimer
 
 log = logging.getLogger(__name__)
@@ -113,16 +114,6 @@ def dynamic_sample(
     return batch, stats
 
 
-@dataclass(frozen=True)
-class Collected:
-    """What a dynamically sampled rollout batch gave: the rollout to train on (None: no mixed group),
-    the batch's metrics when there is none, and whether the run should stop."""
-
-    rollout: Rollout | None
-    empty_metrics: dict[str, float]
-    stop_run: bool = False
-
-
 class DynamicSampler:
     """DAPO's dynamic sampling as a generation stage: rounds of `gen_batch_size` prompts (the first
     starts from the dataloader's batch) until the batch holds `data.batch_size` mixed groups; a run
@@ -146,7 +137,7 @@ class DynamicSampler:
         missing = size - len(prompts)
         return PromptBatch.concat([prompts, step.data.extra_prompts(missing)]) if missing > 0 else prompts
 
-    def collect(self, step: StepContext, batch: PromptBatch, timer: StageTimer, first: Rollout | None = None) -> Collected:
+    def collect(self, step: StepContext, batch: PromptBatch, timer: StageTimer, first: Rollout | None = None) -> Rollout | Skipped:
         """`first`: round 0 already generated and scored (by the rollout stream, ahead); the rounds after it are
         generated now, by the current policy."""
         gen_batch_size = self.round_size(batch)
@@ -167,6 +158,6 @@ class DynamicSampler:
                     "%d consecutive rollout batches had no group with mixed correctness; stopping the run",
                     self.empty_streak,
                 )
-            return Collected(None, stats.metrics(), stop_run=stop)
+            return Skipped(stats.metrics(), stop_run=stop)
         self.empty_streak = 0
-        return Collected(rollout.with_metrics(stats.metrics()), {})
+        return rollout.with_metrics(stats.metrics())

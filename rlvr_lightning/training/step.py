@@ -1,0 +1,116 @@
+"""One training step as a plain object, read top to bottom in `TrainingStep.run`:
+collect a scored rollout → rewards, advantages → θ_old, token weights (`prepare_update`) → update →
+weight sync. The LightningModule builds it from its settings each rollout batch and logs what it returns.
+
+What an algorithm changes in the step's structure (DAPO's reward shaping and dynamic sampling) is a
+`StepAlgorithm`, a small object the module hands in, not an override of the module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+
+from rlvr_lightning.callbacks.rollout import AdvantageShaper
+from rlvr_lightning.context import ScoredBatch, StepContext
+from rlvr_lightning.models.forward import sequence_logprobs
+from rlvr_lightning.pieces.kinds import AdvantageInputs
+from rlvr_lightning.rollout.types import PromptBatch, Rollout
+from rlvr_lightning.training.algorithm import BoundPieces
+from rlvr_lightning.training.batch import UpdateInputs
+from rlvr_lightning.training.behaviour import BehaviourSource
+from rlvr_lightning.training.engine_session import EngineSession, Stream
+from rlvr_lightning.training.generation import generate_and_score
+from rlvr_lightning.training.plan import Optimization, UpdatePlan
+from rlvr_lightning.training.prepare import prepare_update
+from rlvr_lightning.training.shaping import compose_token_weights, shaper_metrics
+from rlvr_lightning.training.step_metrics import StageTimer, StepResult
+from rlvr_lightning.training.update import NonFiniteGuard, PolicyUpdate
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A rollout batch with nothing to learn from (DAPO: no group of mixed correctness): its metrics, and
+    whether the run should stop."""
+
+    metrics: dict[str, float]
+    stop_run: bool = False
+
+
+class StepAlgorithm:
+    """What an algorithm changes in the structure of the step. This one changes nothing (GRPO's step): the
+    reward is the verifier's verdict (r = c), a rollout batch generates the dataloader's prompts, and its
+    rollout is generated now, or taken from the stream generating ahead (`rollout.max_staleness`)."""
+
+    def rewards(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        """The reward r [N] fed to the advantage estimator, and its metrics."""
+        return rollout.correct.clone(), {}
+
+    def prompts(self, step: StepContext, index: int) -> PromptBatch:
+        """The prompts rollout batch `index` generates (the stream asks ahead of the dataloader)."""
+        return step.data.train_batch_at(index)
+
+    def collect(self, step: StepContext, batch: PromptBatch, timer: StageTimer, stream: Stream | None) -> Rollout | Skipped:
+        """The scored rollout to train on (`batch`: the dataloader's prompts)."""
+        return stream.collect(step, batch, timer) if stream is not None else generate_and_score(step, batch, timer)
+
+
+@dataclass(frozen=True)
+class TrainingStep:
+    algorithm: StepAlgorithm
+    pieces: BoundPieces  # the advantage estimator, the objective, the rollout correction, the proximal policy
+    plan: UpdatePlan  # mini-batches, micro-batches, packing
+    behaviour: BehaviourSource  # where θ_old's log-probs come from
+    mask_truncated: bool  # leave completions cut at max_response_length out of the loss
+    shapers: Sequence[AdvantageShaper]  # THR, OAR: token weights on the advantages
+    nonfinite: NonFiniteGuard  # the streak of non-finite updates, across rollout batches
+    session: EngineSession  # the engine, the weight sync, the stream
+    rollout_settings: Any  # the `rollout:` section (its stream settings)
+    chunk_tokens: int  # the LM head's chunk of the trainer's probe forward
+
+    @property
+    def stream(self) -> Stream | None:
+        if self.rollout_settings.max_staleness <= 0:
+            return None
+        return self.session.rollout_stream(self.rollout_settings, self.algorithm.prompts)
+
+    @property
+    def update(self) -> PolicyUpdate:
+        """The update of this rollout batch (the non-finite streak carries across batches)."""
+        return PolicyUpdate(self.pieces.objective, self.plan, self.nonfinite)
+
+    def run(self, step: StepContext, batch: PromptBatch, optimization: Optimization) -> StepResult | Skipped:
+        """Train on rollout batch `step.rollout_batch`, whose dataloader prompts are `batch`."""
+        timer = StageTimer()
+        rollout = self.algorithm.collect(step, batch, timer, self.stream)
+        if isinstance(rollout, Skipped):
+            return rollout
+        step.engine.release_memory()  # vLLM sleep mode (rollout.sleep_level); the weight sync wakes it
+        scored, inputs, prepare_metrics, weights = self.prepare(step, rollout, timer)
+        with timer("update"):
+            update_metrics = self.update.run(step, inputs, len(rollout.batch), optimization)
+        token_weights = compose_token_weights(weights, inputs.behaviour.token_weights())
+        self.session.sync_weights(rollout, partial(sequence_logprobs, step.policy, chunk_tokens=self.chunk_tokens), timer)
+        behaviour_metrics = getattr(inputs.behaviour, "metrics", dict)()  # a correction read in the update's forwards
+        metrics = {**update_metrics, **prepare_metrics, **behaviour_metrics, **shaper_metrics(self.shapers),
+                   **rollout.staleness(step.policy_version)}  # fmt: skip
+        return StepResult(scored, inputs, token_weights, metrics, timer.finish())
+
+    def prepare(
+        self, step: StepContext, rollout: Rollout, timer: StageTimer | None = None
+    ) -> tuple[ScoredBatch, UpdateInputs, dict[str, float], torch.Tensor | None]:
+        """The scored batch, the update's inputs, the reward's, advantages' and correction's metrics, and the
+        shapers' weights known before the update."""
+        rewards, reward_metrics = self.algorithm.rewards(rollout)
+        inputs = AdvantageInputs(rewards, rollout.correct, rollout.group_size, step.collectives.sum, rollout.response_lengths)
+        advantages, advantage_metrics = self.pieces.advantages(inputs)
+        scored = ScoredBatch(rollout, rewards, advantages)
+        update_inputs, correction_metrics, weights = prepare_update(
+            step, scored, self.plan, self.behaviour, self.pieces.correct, self.mask_truncated, list(self.shapers), timer,
+            self.pieces.approximate_proximal,
+        )  # fmt: skip
+        return scored, update_inputs, {**reward_metrics, **advantage_metrics, **correction_metrics}, weights
