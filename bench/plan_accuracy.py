@@ -57,14 +57,11 @@ def model_dir(vocab: int) -> str:
 
 def flags(name: str, workdir: Path) -> list[str]:
     vocab, response, micro, engine, preset = CONFIGS[name]
-    from rlvr_lightning.results import steps_per_rollout_batch
-
-    steps = 2 * steps_per_rollout_batch(REPO / "configs" / "algo" / f"{preset}.yaml")
     return [
         "--config", str(REPO / "configs/base.yaml"), "--config", str(REPO / f"configs/algo/{preset}.yaml"),
         "--data.model_name_or_path", model_dir(vocab), "--data.val_data", "null", "--data.batch_size", "4",
         "--rollout.group_size", "8", "--rollout.max_response_length", str(response), "--rollout.engine", engine,
-        "--model.init_args.micro_batch_size", str(micro), "--trainer.max_steps", str(steps),
+        "--model.init_args.micro_batch_size", str(micro), "--rollout_batches", "2",
         "--trainer.logger.init_args.tracking_uri", f"sqlite:///{workdir}/mlflow.db",
         "--trainer.logger.init_args.artifact_location", str(workdir / "artifacts"),
         "--trainer.enable_progress_bar", "false",

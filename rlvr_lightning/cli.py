@@ -120,6 +120,7 @@ class RLVRCLI(LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         try:
             super().parse_arguments(parser, args)
+            resolve_run_length(self.config[self.config.subcommand] if self.config.get("subcommand") else self.config)
         except ArgumentError as err:
             if verbose():  # -v: jsonargparse's whole account too
                 print(str(err), file=sys.stderr)
@@ -132,6 +133,11 @@ class RLVRCLI(LightningCLI):
             f"--{IMPORTS}", type=list[str] | str | None, default=None,
             help="Modules to import before the configuration is read, e.g. your own pieces' (`--imports my_pieces`, "
             "`imports: [my_pieces]` in a config file); their directory must be on PYTHONPATH.",
+        )  # fmt: skip
+        parser.add_argument(
+            "--rollout_batches", type=int | None, default=None,
+            help="The run's length in rollout batches (training steps); sets trainer.max_steps, which counts optimizer "
+            "steps: model.num_mini_batches × model.ppo_epochs of them per rollout batch.",
         )  # fmt: skip
         parser.add_class_arguments(RolloutSettings, "rollout")
         parser.add_class_arguments(PlanSettings, "plan")
@@ -191,6 +197,24 @@ def spawned_rank() -> bool:
     import os
 
     return any(int(os.environ.get(name, "0") or 0) > 0 for name in ("LOCAL_RANK", "NODE_RANK", "RANK"))
+
+
+def resolve_run_length(cfg: Namespace) -> None:
+    """`rollout_batches` into Lightning's `trainer.max_steps`, which counts optimizer steps: K = num_mini_batches ×
+    ppo_epochs of them per rollout batch. The run's length is given once: a preset says 160, whatever its K."""
+    batches = cfg.get("rollout_batches")
+    if batches is None:
+        return
+    if batches < 1:
+        raise ConfigError(f"rollout_batches={batches}: the run's length must be ≥ 1 rollout batch")
+    max_steps = cfg.trainer.max_steps
+    if max_steps not in (None, -1):
+        raise ConfigError(
+            f"rollout_batches={batches} and trainer.max_steps={max_steps} both set the run's length: give it once, as "
+            "--rollout_batches (trainer.max_steps counts optimizer steps; --rollout_batches null leaves it to them)"
+        )
+    args = cfg.model.init_args
+    cfg.trainer.max_steps = batches * args.num_mini_batches * args.ppo_epochs
 
 
 def known_options() -> dict[str, set[str]]:

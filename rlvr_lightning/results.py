@@ -8,9 +8,10 @@ source papers this scale reproduces.
 
 Each (preset, seed) runs in its own process (`python -m rlvr_lightning fit`, exactly `make train` with
 `--seed_everything` and `--data.seed` set) in the MLflow experiment `results`, named `<preset>-seed<k>`,
-so a run that fails is reported and the others still run. The budget is counted in rollout batches: a
-preset taking K optimizer steps per batch (DAPO, GSPO, REAL and the REAL tables' baselines) gets
-K × rollout_batches `trainer.max_steps`, so every preset sees the same prompts and samples for a seed.
+so a run that fails is reported and the others still run. The budget is counted in rollout batches
+(`--rollout_batches`): a preset taking K optimizer steps per batch (DAPO, GSPO, REAL and the REAL tables'
+baselines) logs K × rollout_batches `trainer.max_steps`, so every preset sees the same prompts and samples for
+a seed.
 Paired differences compare a preset with `grpo` (K = 1) or `grpo-real-baseline` (K = 4) at the same
 seed: the same warm start, prompts order and held-out problems, so seed-to-seed noise largely cancels.
 
@@ -127,7 +128,7 @@ def train(preset: Path, seed: int, args: argparse.Namespace) -> tuple[int, float
     name = run_name(preset.stem, seed)
     cmd = [
         sys.executable, "-m", "rlvr_lightning", "fit", "--config", str(args.configs / "base.yaml"), "--config", str(preset),
-        f"--trainer.max_steps={args.rollout_batches * steps_per_rollout_batch(preset)}",
+        f"--rollout_batches={args.rollout_batches}",
         f"--seed_everything={seed}", f"--data.seed={seed}", f"--data.val_size={args.val_size}",
         f"--data.model_name_or_path={args.model}",
         f"--trainer.logger.init_args.experiment_name={args.experiment}",

@@ -11,22 +11,22 @@ PY=${PY:-.venv/bin/python}
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"   # this checkout, not whichever one the venv installed
-# name | preset | optimizer steps per rollout batch (the preset's num_mini_batches × ppo_epochs) | extra flags
+# name | preset | extra flags
 RUNS=(
-  "grpo|grpo|1|"
-  "dapo|dapo|4|"
-  "real|real|1|"
-  "thr|thr|1|"
-  "oar-g|oar-g|1|"
-  "grpo-async|grpo-async|1|"
-  "grpo-lora|grpo|1|--model.init_args.lora.rank 8"
+  "grpo|grpo|"
+  "dapo|dapo|"
+  "real|real|"
+  "thr|thr|"
+  "oar-g|oar-g|"
+  "grpo-async|grpo-async|"
+  "grpo-lora|grpo|--model.init_args.lora.rank 8"
 )
 for spec in "${RUNS[@]}"; do
-  IFS='|' read -r name preset per extra <<<"$spec"
+  IFS='|' read -r name preset extra <<<"$spec"
   echo "behaviour: $name ($BATCHES rollout batches)"
   # shellcheck disable=SC2086  # extra is a list of flags
   (cd "$OUT" && "$OLDPWD/$PY" -m rlvr_lightning fit --config "$OLDPWD/configs/base.yaml" --config "$OLDPWD/configs/algo/$preset.yaml" \
-      --trainer.max_steps $((BATCHES * per)) --trainer.logger.init_args.run_name "$name" \
+      --rollout_batches "$BATCHES" --trainer.logger.init_args.run_name "$name" \
       --trainer.logger.init_args.tracking_uri "sqlite:///$OUT/mlflow.db" \
       --trainer.logger.init_args.artifact_location "$OUT/artifacts" --plan.check=false $extra) >"$OUT/$name.log" 2>&1
 done

@@ -35,7 +35,7 @@ def run_cli(
 def small_run_args(tmp_path: Path, model_dir: Path) -> list[str]:
     return [
         *BASE,
-        "--trainer.max_steps", "2",
+        "--rollout_batches", "2",
         "--trainer.logger.init_args.tracking_uri", f"sqlite:///{tmp_path}/mlflow.db",
         "--trainer.logger.init_args.artifact_location", str(tmp_path / "artifacts"),
         "--data.model_name_or_path", str(model_dir),

@@ -335,7 +335,7 @@ def test_list_never_cuts_a_description_and_says_why_k_1_never_clips(capsys):
 def test_a_researchers_own_loss_and_estimator_train_and_name_the_run(tmp_path, tiny_policy_dir, own_pieces):
     """The acceptance run: a loss and an estimator written outside the package, loaded with `--imports`,
     selected by their registered names; the run's name, tags, params and summary say which pieces ran."""
-    args = [*small_run_args(tmp_path, tiny_policy_dir), "--trainer.max_steps", "1", "--imports", "my_rl_pieces",
+    args = [*small_run_args(tmp_path, tiny_policy_dir), "--rollout_batches", "1", "--imports", "my_rl_pieces",
             *OWN_ARGS, "--model.init_args.piece_args", "{centred_scale: 0.5}"]  # fmt: skip
     proc = run_cli(args, tmp_path, pythonpath=(own_pieces,))
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -84,7 +84,7 @@ def test_dapo_on_two_fsdp_ranks_with_the_hf_engine_stays_in_step(tmp_path, quick
         f"      init_args: {{out: {tmp_path / 'uneven'}}}\n"
     )
     args = fsdp_args(tmp_path, model_dir, "dapo")
-    args += ["--config", str(tmp_path / "uneven.yaml"), "--rollout.engine", "hf", "--trainer.max_steps", "4",
+    args += ["--config", str(tmp_path / "uneven.yaml"), "--rollout.engine", "hf", "--rollout_batches", "2",
              "--model.init_args.num_mini_batches=2", "--model.init_args.micro_batch_size=8"]  # fmt: skip
     proc = run_cli(args, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

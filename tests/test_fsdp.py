@@ -33,7 +33,7 @@ def fsdp_args(tmp_path: Path, model_dir: Path, algo: str = "grpo") -> list[str]:
     return [
         "fit", "--config", str(REPO / "configs/base.yaml"), "--config", str(REPO / f"configs/algo/{algo}.yaml"),
         "--config", str(REPO / "configs/strategy/fsdp.yaml"), "--config", str(tmp_path / "probe.yaml"),
-        "--trainer.devices", "2", "--trainer.accelerator", "cpu", "--trainer.max_steps", str(STEPS),
+        "--trainer.devices", "2", "--trainer.accelerator", "cpu", "--rollout_batches", str(STEPS),
         "--trainer.logger.init_args.tracking_uri", f"sqlite:///{tmp_path}/mlflow.db",
         "--trainer.logger.init_args.artifact_location", str(tmp_path / "artifacts"),
         "--data.model_name_or_path", str(model_dir), "--data.batch_size", str(PROMPTS_PER_RANK),

@@ -51,7 +51,7 @@ def args_for(run_dir: Path, model_dir: Path) -> list[str]:
     args = [
         *single_process_args(run_dir, model_dir), "--config", "configs/strategy/fsdp.yaml",
         "--config", str(run_dir / "fsdp.yaml"), "--trainer.devices", "2", "--trainer.accelerator", "cpu",
-        "--trainer.max_steps", str(STEPS),
+        "--rollout_batches", str(STEPS),
     ]  # fmt: skip
     return [str(REPO / a) if a.startswith("configs/") else a for a in args]
 

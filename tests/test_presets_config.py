@@ -23,6 +23,7 @@ import yaml
 # logger a handler bound to the sys.stderr of the moment it is first imported, which inside a test is that
 # test's capture (closed by the next test).
 from rlvr_lightning.cli import main
+from rlvr_lightning.training.algorithm import algorithm_args
 from tests.conftest import REPO
 
 BASE = REPO / "configs" / "base.yaml"
@@ -124,6 +125,7 @@ def merged(preset: dict) -> dict:
             trainer[key] = value
     return {
         "seed_everything": preset.get("seed_everything", base.get("seed_everything")),
+        "rollout_batches": preset.get("rollout_batches", base.get("rollout_batches")),
         "trainer": trainer,
         "callbacks": callbacks,
         "data": {**(base.get("data") or {}), **(preset.get("data") or {})},
@@ -239,7 +241,10 @@ def test_preset_instantiates_without_training(preset, offline):
         assert same(getattr(dm.rollout, key), value), (key, value, getattr(dm.rollout, key))
     assert dm.tokenizer is None and dm.policy_path is None and dm.train_records == [] and dm.val_records == []
 
-    # The trainer: base's settings with the preset's overrides (e.g. max_steps 640 for K = 4).
+    # The run's length: every preset trains base's 160 rollout batches, K optimizer steps each.
+    h = cli.model.hparams
+    assert want["rollout_batches"] == 160 and cli.trainer.max_steps == 160 * h.num_mini_batches * h.ppo_epochs
+    # The trainer: base's settings with the preset's overrides.
     trainer_cfg = cli.config.trainer
     for key, value in want["trainer"].items():
         if key == "logger":
@@ -346,14 +351,14 @@ def test_invalid_preset_fails_at_parse_time_naming_the_key(case, capsys, tmp_pat
         assert err == "error: rollout.engine: Expected a typing.Literal['vllm', 'vllm-server', 'hf']. Got value: sglang"
     elif case == "unknown-flag":
         err = parse_error(capsys, "grpo", grpo, overrides=("--model.init_args.not_a_param", "1"))
-        assert err == "error: model: Option 'not_a_param' is not accepted", err
+        assert err == "error: model: Option 'not_a_param' is not accepted; every option with its value: --print_config", err
     elif case == "bad-type":
         err = parse_error(capsys, "grpo", grpo, overrides=("--model.init_args.lr", "fast"))
         assert err == "error: model.lr: Expected a <class 'float'>. Got value: fast", err
     elif case == "misspelt-preset-key":
         path = preset_like(tmp_path, "grpo", lambda c: c["model"]["init_args"].update(clip_eps_hgh=0.3))
         err = parse_error(capsys, "typo", path)
-        assert err == "error: model: Option 'clip_eps_hgh' is not accepted", err
+        assert err == "error: model: Option 'clip_eps_hgh' is not accepted; did you mean model.clip_eps_high or model.clip_eps_low?", err
     else:
         path = preset_like(
             tmp_path, "grpo", lambda c: c["model"].update(class_path="rlvr_lightning.algos.grpo.NoSuchAlgo")
@@ -443,8 +448,9 @@ def test_hparams_and_logged_params_are_the_effective_values_class_defaults_inclu
         objective = module.objective
         assert objective.policy_loss.fn is policy_losses.get(expected["policy_loss"]).fn
         assert objective.aggregate.func is loss_aggregators.get(module.hparams.loss_agg).fn
-        if "clip_eps_low" in expected:
-            assert objective.loss.keywords == {"clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "dual_clip_c": None}
+        knobs = objective.policy_loss.knob_values(algorithm_args(module.hparams, type(module)), module.hparams.piece_args)
+        if "clip_eps_low" in expected:  # what the loss runs with
+            assert knobs == {"clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "dual_clip_c": None}
         else:
-            assert objective.loss.keywords == {"tau": 0.5}
+            assert knobs == {"tau": 0.5}
         assert advantage_estimators.selected(module.hparams).name == expected["advantage_estimator"]

@@ -105,7 +105,7 @@ def callback_param(run, class_name: str, arg: str) -> str:
 def composed_run(tmp_path: Path, model_dir: Path, preset: str, pieces: list[str]):
     """The preset with `pieces` over it, 2 rollout batches of 40-token answers (4 optimizer steps): its run
     and metric history."""
-    args = [*preset_args(tmp_path, preset, model_dir, max_response_length=40), "--trainer.max_steps", "4"]
+    args = [*preset_args(tmp_path, preset, model_dir, max_response_length=40), "--rollout_batches", "2"]
     proc = run_cli([*args, *pieces], tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return finished_run(tmp_path, preset)
@@ -123,23 +123,23 @@ def finished_run(tmp_path: Path, algo: str):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize(
-    "algo,cls,max_steps,extra",
+    "algo,cls,extra",
     [
-        ("dr-grpo", "DrGRPO", 2, []),
-        ("gspo", "GSPO", 8, []),  # K = 4 optimizer steps per rollout batch (gspo-token: the same class and
+        ("dr-grpo", "DrGRPO", []),
+        ("gspo", "GSPO", []),  # K = 4 optimizer steps per rollout batch (gspo-token: the same class and
         # preset but for its loss, which the module's update tests cover)
         # K = 4, as the papers' recipes: from the second update on the ratio leaves 1, so clip-higher
         # can act (with one update per batch the ratio is exactly 1 and ε_high changes nothing).
-        ("dapo-real-baseline", "GRPO", 8, []),
+        ("dapo-real-baseline", "GRPO", []),
         # The tests' quick warm start answers ~2% correctly: 10 rounds may not fill the batch with mixed
         # groups (the preset then raises, tested below), so the rounds are unlimited here.
-        ("dapo", "DAPO", 8, ["--model.init_args.max_num_gen_batches=0"]),
-        ("kl-cov", "GRPO", 8, []),  # a token selection over each step: θ_old's pass, the covariance logged
+        ("dapo", "DAPO", ["--model.init_args.max_num_gen_batches=0"]),
+        ("kl-cov", "GRPO", []),  # a token selection over each step: θ_old's pass, the covariance logged
     ],
 )
-def test_preset_two_step_fit(tmp_path, quick_warm_start, algo, cls, max_steps, extra):
+def test_preset_two_step_fit(tmp_path, quick_warm_start, algo, cls, extra):
     _, model_dir = quick_warm_start
-    args = [*preset_args(tmp_path, algo, model_dir, max_response_length=40), "--trainer.max_steps", str(max_steps)]
+    args = [*preset_args(tmp_path, algo, model_dir, max_response_length=40), "--rollout_batches", "2"]
     proc = run_cli([*args, *extra], tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     run, history = finished_run(tmp_path, algo)
@@ -147,7 +147,7 @@ def test_preset_two_step_fit(tmp_path, quick_warm_start, algo, cls, max_steps, e
     for key in METRICS_EVERY_PRESET_LOGS:
         assert [m.step for m in history[key]] == [0, 1], key
     # K = 1 presets are on policy for their single update: ratio exactly 1, nothing clipped.
-    if max_steps == 2:
+    if run.data.params["model.init_args.num_mini_batches"] == "1":
         assert all(abs(m.value - 1) < 1e-6 for m in history["train/ratio_mean"])
         assert all(m.value == 0 for m in history["train/clip_frac_high"] + history["train/clip_frac_low"])
     if algo.startswith("dapo"):  # off-policy updates after the first: the ratios move
@@ -168,7 +168,7 @@ def test_preset_two_step_fit(tmp_path, quick_warm_start, algo, cls, max_steps, e
 def test_real_presets_two_step_fit(tmp_path, quick_warm_start, algo):
     _, model_dir = quick_warm_start
     # Two rollout batches of K = 4 optimizer steps; 4 prompts → one prompt (one whole group) per step.
-    args = [*preset_args(tmp_path, algo, model_dir, max_response_length=40), "--trainer.max_steps", "8"]
+    args = [*preset_args(tmp_path, algo, model_dir, max_response_length=40), "--rollout_batches", "2"]
     proc = run_cli(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     run, history = finished_run(tmp_path, algo)
@@ -186,7 +186,7 @@ def test_dapo_without_any_mixed_group_stops_cleanly(tmp_path, tiny_policy_dir):
     """An untrained policy never answers correctly: every round is filtered out. The run must stop
     with a warning after `max_empty_batches`, not loop forever or crash."""
     args = [
-        *preset_args(tmp_path, "dapo", tiny_policy_dir), "--trainer.max_steps", "2",
+        *preset_args(tmp_path, "dapo", tiny_policy_dir), "--rollout_batches", "2",
         "--model.init_args.max_num_gen_batches", "2", "--model.init_args.max_empty_batches", "2",
         "--model.init_args.on_exhausted", "train_partial",
     ]  # fmt: skip
@@ -202,7 +202,7 @@ def test_dapo_without_any_mixed_group_stops_cleanly(tmp_path, tiny_policy_dir):
 @pytest.mark.e2e
 def test_dapo_rounds_running_out_stop_the_run_with_one_error_line(tmp_path, tiny_policy_dir):
     """The preset's default `on_exhausted: error` (the recipe's): no silent training on fewer groups."""
-    args = [*preset_args(tmp_path, "dapo", tiny_policy_dir), "--trainer.max_steps", "2",
+    args = [*preset_args(tmp_path, "dapo", tiny_policy_dir), "--rollout_batches", "1",
             "--model.init_args.max_num_gen_batches", "1"]  # fmt: skip
     proc = run_cli(args, tmp_path)
     assert proc.returncode == 2, proc.stderr[-4000:]
@@ -228,12 +228,12 @@ THR_ON_GSPO_TOKEN = [
 
 @pytest.mark.e2e
 @pytest.mark.parametrize(
-    "algo,max_steps,extra,p",
-    [("thr", 2, [], 0.2), ("thr-explore", 2, [], -0.2), ("gspo-token", 4, THR_ON_GSPO_TOKEN, -0.2)],
+    "algo,extra,p",
+    [("thr", [], 0.2), ("thr-explore", [], -0.2), ("gspo-token", THR_ON_GSPO_TOKEN, -0.2)],
 )
-def test_thr_presets_two_step_fit(tmp_path, quick_warm_start, algo, max_steps, extra, p):
+def test_thr_presets_two_step_fit(tmp_path, quick_warm_start, algo, extra, p):
     _, model_dir = quick_warm_start
-    args = [*preset_args(tmp_path, algo, model_dir, max_response_length=40), "--trainer.max_steps", str(max_steps)]
+    args = [*preset_args(tmp_path, algo, model_dir, max_response_length=40), "--rollout_batches", "2"]
     proc = run_cli([*args, *extra], tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     run, history = finished_run(tmp_path, algo)
@@ -258,7 +258,7 @@ def test_oar_presets_two_step_fit(tmp_path, quick_warm_start):
     for algo in ("oar-g", "oar-p"):
         run_dir = tmp_path / algo
         run_dir.mkdir()
-        args = [*preset_args(run_dir, algo, model_dir, max_response_length=40), "--trainer.max_steps", "2"]
+        args = [*preset_args(run_dir, algo, model_dir, max_response_length=40), "--rollout_batches", "2"]
         proc = run_cli(args, run_dir)
         assert proc.returncode == 0, proc.stderr[-4000:]
         run, history = finished_run(run_dir, algo)

@@ -36,7 +36,7 @@ def args_for(run_dir: Path, model_dir: Path) -> list[str]:
     (run_dir / "callbacks.yaml").write_text(CALLBACKS)
     return [
         "fit", "--config", "configs/base.yaml", "--config", "configs/algo/grpo.yaml",
-        "--config", str(run_dir / "callbacks.yaml"), "--trainer.max_steps", str(STEPS),
+        "--config", str(run_dir / "callbacks.yaml"), "--rollout_batches", str(STEPS),
         "--trainer.logger.init_args.run_name", "grpo",
         "--trainer.logger.init_args.tracking_uri", f"sqlite:///{run_dir}/mlflow.db",
         "--trainer.logger.init_args.artifact_location", str(run_dir / "artifacts"),

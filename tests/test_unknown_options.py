@@ -36,3 +36,11 @@ def test_an_unknown_option_in_a_config_file_is_reported_too(capsys, tmp_path):
     old = tmp_path / "old.yaml"
     old.write_text("model:\n  class_path: rlvr_lightning.algos.real.REAL\n  init_args:\n    tua: 0.5\n")
     assert "did you mean model.tau" in cli_error(["--config", str(old)], capsys)
+
+
+def test_the_runs_length_is_given_once_in_rollout_batches(capsys):
+    """base.yaml gives the run's length in rollout batches; Lightning's max_steps (optimizer steps) follows."""
+    err = cli_error(["--config", str(BASE.parent / "algo" / "grpo.yaml"), "--trainer.max_steps", "3"], capsys)
+    assert "rollout_batches=160 and trainer.max_steps=3 both set the run's length: give it once" in err
+    err = cli_error(["--config", str(BASE.parent / "algo" / "grpo.yaml"), "--rollout_batches", "0"], capsys)
+    assert err == "error: rollout_batches=0: the run's length must be ≥ 1 rollout batch"

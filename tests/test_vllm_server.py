@@ -235,7 +235,7 @@ def server_cli_run(tmp_path, tiny_policy_dir, steps: int, *flags: str):
     from tests.cli import run_cli, small_run_args
 
     model_dir = shutil.copytree(tiny_policy_dir, tmp_path / "policy")
-    args = [*small_run_args(tmp_path, model_dir), "--trainer.max_steps", str(steps), "--rollout.engine", "vllm-server",
+    args = [*small_run_args(tmp_path, model_dir), "--rollout_batches", str(steps), "--rollout.engine", "vllm-server",
             *flags, "--model.init_args.sync_check_every", "1"]  # fmt: skip
     proc = run_cli(args, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

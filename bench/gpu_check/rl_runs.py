@@ -61,13 +61,11 @@ def policy(ctx) -> tuple[str, str]:
 
 
 def command(preset: str, extra: list[str], sizes: dict, model: str, workdir: Path) -> list[str]:
-    from rlvr_lightning.results import steps_per_rollout_batch
-
     config = REPO / "configs" / "algo" / f"{preset}.yaml"
     return [
         sys.executable, "-m", "rlvr_lightning", "fit", "--config", str(REPO / "configs/base.yaml"), "--config", str(config),
         "--rollout.engine", "hf", "--data.model_name_or_path", model,
-        "--trainer.max_steps", str(sizes["rollout_batches"] * steps_per_rollout_batch(config)),
+        "--rollout_batches", str(sizes["rollout_batches"]),
         "--data.batch_size", str(sizes["batch_size"]), "--rollout.group_size", str(sizes["group_size"]),
         "--rollout.max_response_length", str(sizes["max_response_length"]), "--data.val_size", str(sizes["val_size"]),
         "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(workdir / "csv"),
