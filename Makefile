@@ -28,7 +28,7 @@ help:
 	@echo "make plan [ALGO=grpo] [ARGS='--hardware h100 --devices 8 --data.model_name_or_path Qwen/Qwen2.5-Math-7B']   predicted memory per rank and step time"
 	@echo "make doctor [ALGO=grpo] [ARGS='--config configs/strategy/fsdp.yaml']   check this machine's GPU/CPU path for the run (docs/doctor.md)"
 	@echo "make list [ARGS='--imports my_pieces']   every preset, algorithm class and registered piece (advantage estimators, losses, …)"
-	@echo "make test [TEST_WORKERS=2] [ARGS='tests/test_lora.py -k merged']   the test suite, in TEST_WORKERS processes (0: this one)"
+	@echo "make test [TEST_WORKERS=2] [ARGS='tests/models/test_lora.py -k merged']   the test suite, in TEST_WORKERS processes (0: this one)"
 	@echo "make lint                  ruff and the import-layer contract (pyproject.toml)"
 	@echo "make ui [UI_PORT=5000] [MLRUNS=mlruns]   open the MLflow UI on a store (default ./mlruns)"
 	@echo "make eval [CKPT=exports/<run>/final] [BENCH='embedded path/to/bench.jsonl'] [ARGS='--n 16']   offline evaluation"

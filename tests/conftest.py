@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import REPO
+from tests.support.cli import REPO
 
 # vLLM on CPU: in-process engine and a small KV cache (it reserves ~16 GiB by default).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -34,9 +34,9 @@ def tiny_policy_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def two_step_runs(tmp_path_factory, quick_warm_start):
-    """Two short CLI runs (`tests.cli.TwoStepRuns`) from the quick warm start, which answers some
+    """Two short CLI runs (`tests.support.cli.TwoStepRuns`) from the quick warm start, which answers some
     held-out problems, so their curves are not flat at 0."""
-    from tests.cli import TwoStepRuns
+    from tests.support.cli import TwoStepRuns
 
     return TwoStepRuns(tmp_path_factory.mktemp("two_step_runs"), quick_warm_start[1])
 

@@ -203,7 +203,7 @@ def oar_g_saliency(
 
     `baseline`: `zero` is the authors' gradient × input; `pad` uses the pad token's embedding as the
     baseline, so the saliency is the first-order estimate of OAR-P's substitution (an option of
-    ours; on the embedded model it ranks tokens more like OAR-P does, see tests/test_oar.py).
+    ours; on the embedded model it ranks tokens more like OAR-P does, see tests/attribution/test_oar.py).
 
     `reuse_prefix` (default: for HF models): the columns before the chunk's first reasoning token carry
     no noise and need no gradient, so the noisy pass starts there, on the clean pass's KV cache."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 # The families whose forward transforms the LM head's output, each held against the model's own logits
-# (tests/test_lm_head_transforms.py). `logits_scaling` divides the logits, except where it multiplies them
+# (tests/models/test_lm_head_transforms.py). `logits_scaling` divides the logits, except where it multiplies them
 # (HyperCLOVA X) or scales the head's input instead (MiniCPM3: the chunked path receives it scaled).
 HEAD_TRANSFORM_FAMILIES = frozenset(
     {"granite", "granitemoe", "cohere", "cohere2", "gemma2", "gemma3_text", "hyperclovax", "minicpm3", "nanochat"}

@@ -22,7 +22,7 @@ SLEEPING_GIB = 0.5  # what a sleeping vLLM engine keeps on the GPU (its CUDA con
 CPU_ENGINE_FIXED_GIB = 0.18
 # A decoding step of `generate` holds up to seven [sequences, vocabulary] fp32 tensors at once (the model's
 # logits, their fp32 copy, the warpers' outputs, the engine's log-softmax, the sampler's probabilities, …):
-# PyTorch's profiler counts 7 with temperature and top-k warpers, 6 without (tests/test_hf_engine_memory.py).
+# PyTorch's profiler counts 7 with temperature and top-k warpers, 6 without (tests/rollout/test_hf_engine.py).
 HF_STEP_LOGITS_COPIES = 7
 SAMPLER_COPIES = 3.5
 

@@ -1,5 +1,5 @@
 """The measurement the planner is held to: one real training step on real tensors, its peak accounted
-by PyTorch's own `MemTracker` (tests/test_plan.py and bench/plan_accuracy.py compare the plan with it).
+by PyTorch's own `MemTracker` (tests/planner/test_planner.py and bench/plan_accuracy.py compare the plan with it).
 
 Built apart from the planner's fake run on purpose: a real model with real weights, the trainer's padded
 path (`policy_forward` selecting the real tokens), one steady step after the step that creates AdamW's

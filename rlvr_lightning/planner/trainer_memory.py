@@ -14,7 +14,7 @@ Two modelling choices, both stated in the plan's output:
   - Memory and FLOPs at a fixed sequence length are affine in the rows of a forward (activations and
     the gathered hidden states grow with them; parameters, optimizer state and the LM head's chunk
     buffers do not, once there are a few chunks), so a large forward is measured at two small ones and
-    extrapolated (`tests/test_plan.py` holds it to full runs). This keeps a 7B plan to seconds.
+    extrapolated (`tests/planner/test_planner.py` holds it to full runs). This keeps a 7B plan to seconds.
 """
 
 from __future__ import annotations

@@ -485,7 +485,7 @@ class MathVerifier:
     the last box only.
     `strict`: an answer counts only if math-verify reads it whole as LaTeX (`_parse_strict`), not by
     picking a number or fragment out of text it cannot parse. On by default: every reference answer
-    of MATH-500, AIME24, AMC23 and GSM8K still verifies in it (tests/test_rewards.py).
+    of MATH-500, AIME24, AMC23 and GSM8K still verifies in it (tests/rewards/test_math.py).
     """
 
     def __init__(

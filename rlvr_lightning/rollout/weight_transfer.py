@@ -4,7 +4,7 @@
   safetensors shards to a fresh directory in shared memory (`/dev/shm`), then loaded by every replica
   with vLLM's own `reload_weights(weights_path=…)` through its `/collective_rpc` route. vLLM 0.32 ships no
   weight-transfer backend that runs on CPU (NCCL, CUDA IPC and the others need GPUs), hence this one.
-  Tested end to end on CPU (tests/test_vllm_server.py).
+  Tested end to end on CPU (tests/rollout/test_vllm_server.py).
 - `nccl` (GPU): vLLM's NCCL weight-transfer engine on the servers (`--weight-transfer-config
   '{"backend": "nccl"}'`), one NCCL group per replica with the trainer as rank 0, joined through vLLM's
   `/init_weight_transfer_engine` route and vLLM's own rendezvous (`nccl_common`). A sync is one pass

@@ -1,0 +1,208 @@
+"""The pieces that make Dr. GRPO, DAPO and GSPO out of GRPO (docs/algorithms.md: Dr. GRPO, DAPO, GSPO),
+and the train–inference mismatch correction."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from rlvr_lightning.pieces.advantages import group_advantage, mixed_groups, overlong_penalty
+from rlvr_lightning.pieces.token_losses import sequence_log_ratio
+from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
+from rlvr_lightning.training.dynamic_sampling import DynamicSamplingExhausted, dynamic_sample
+from tests.support.pieces import SURROGATES, aggregate, surrogate, truncated_is_weights
+
+
+def off_policy_batch(seed: int = 0, N: int = 8, T: int = 7, spread: float = 0.3):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (N,), generator=g)
+    mask = (torch.arange(T)[None] < lengths[:, None]).float()
+    old = -torch.rand(N, T, generator=g) * mask
+    logp = (old + spread * torch.randn(N, T, generator=g) * mask).requires_grad_(True)
+    return logp, old, mask
+
+
+# ---- GSPO ------------------------------------------------------------------------------------
+def test_gspo_ratio_is_the_length_normalised_sequence_ratio():
+    logp, old, mask = off_policy_batch(spread=0.01)
+    _, stats = surrogate("gspo", logp, old, torch.ones_like(mask), mask, 3e-4, 4e-4)
+    # s_n = (π_θ(y)/π_old(y))^(1/L_n), computed here from the sequence log-likelihoods.
+    expected = ((logp.detach() * mask).sum(1) - (old * mask).sum(1)).div(mask.sum(1)).exp()
+    for n in range(mask.shape[0]):
+        torch.testing.assert_close(stats["ratio"][n][mask[n].bool()], expected[n].expand(int(mask[n].sum())))
+    _, token_stats = surrogate("gspo-token", logp, old, torch.ones_like(mask), mask, 3e-4, 4e-4)
+    torch.testing.assert_close(token_stats["ratio"] * mask, stats["ratio"] * mask)
+
+
+@pytest.mark.parametrize("spread", [1e-4, 0.01, 0.3])  # inside, around and far beyond the 3e-4 clip range
+def test_gspo_token_and_gspo_give_the_same_gradient_with_sequence_advantages(spread):
+    logp, old, mask = off_policy_batch(seed=3, spread=spread)
+    adv = group_advantage(torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1]), 4)[:, None] * mask
+    grads = []
+    for name in ("gspo", "gspo-token"):
+        logp.grad = None
+        per_tok, stats = surrogate(name, logp, old, adv, mask, 3e-4, 4e-4)
+        aggregate(per_tok, mask, "seq-mean-token-mean", mask.shape[0], mask.sum().item()).backward()
+        grads.append(logp.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-8)
+    # Not vacuous at any spread: some sequences keep a gradient, and beyond the clip range others are
+    # silenced by it (both losses agree on each sequence's branch, not only on zeros).
+    passed = grads[0].abs().sum(1) > 0
+    clipped = (stats["clipped_low"] | stats["clipped_high"]).any(1)
+    assert passed.any(), "no sequence has a gradient: the comparison is vacuous"
+    assert clipped.any() == (spread > 1e-3) and torch.equal(passed, ~clipped), (passed, clipped)
+
+
+def test_gspo_clips_whole_sequences():
+    logp, old, mask = off_policy_batch(seed=1, spread=0.3)
+    s_bar = sequence_log_ratio(logp.detach(), old, mask)
+    adv = torch.ones_like(mask)  # Â > 0: sequences with s > 1 + ε_high are clipped, all their tokens
+    _, stats = surrogate("gspo", logp, old, adv, mask, 3e-4, 4e-4)
+    high = s_bar.exp() > 1 + 4e-4
+    assert high.any()
+    for n in range(mask.shape[0]):
+        assert bool(stats["clipped_high"][n][mask[n].bool()].all()) == bool(high[n])
+
+
+# ---- layout invariance of the whole surrogate + aggregator + IS-weight pipeline ------------------
+@pytest.mark.parametrize("loss_name", SURROGATES)
+@pytest.mark.parametrize(
+    "mode,C", [("seq-mean-token-mean", None), ("token-mean", None), ("seq-mean-token-sum-norm", 7)]
+)
+def test_micro_batches_and_ranks_do_not_change_the_gradient(loss_name, mode, C):
+    logp, old, mask = off_policy_batch(seed=2, spread=0.05)
+    rollout_logp = old + 0.02 * torch.randn_like(old) * mask
+    w, _ = truncated_is_weights(old, rollout_logp, mask, "token", cap=1.01)
+    adv = group_advantage(torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 1]), 4)[:, None] * mask
+    N_S, T_S = float(mask.shape[0]), mask.sum().item()
+
+    def grad_for(splits, world_size=1):
+        logp.grad = None
+        for idx in splits:
+            per_tok, _ = surrogate(loss_name, logp[idx], old[idx], adv[idx], mask[idx], 0.2, 0.28)
+            loss = aggregate(per_tok * w[idx], mask[idx], mode, N_S, T_S, C, world_size)
+            (loss / world_size).backward()  # simulated ranks: DDP/FSDP average the gradients
+        return logp.grad.clone()
+
+    whole = grad_for([list(range(8))])
+    torch.testing.assert_close(grad_for([[0], [1, 2, 3], [4, 5], [6, 7]]), whole, rtol=1e-5, atol=1e-8)
+    torch.testing.assert_close(grad_for([[0, 1, 2, 3], [4, 5, 6, 7]], world_size=2), whole, rtol=1e-5, atol=1e-8)
+
+
+# ---- truncated importance sampling -------------------------------------------------------------
+def test_truncated_is_weights_token_and_sequence_level():
+    mask = torch.tensor([[1.0, 1, 0], [1, 1, 1]])
+    old = torch.log(torch.tensor([[0.5, 0.4, 1.0], [0.2, 0.9, 0.5]])) * mask
+    rollout = torch.log(torch.tensor([[0.25, 0.8, 1.0], [0.2, 0.3, 0.5]])) * mask
+    w, stats = truncated_is_weights(old, rollout, mask, "token", cap=2.5)
+    torch.testing.assert_close(w, torch.tensor([[2.0, 0.5, 0.0], [1.0, 2.5, 1.0]]))  # 0.9/0.3 = 3 capped at 2.5
+    assert stats["tis_capped_frac"] == pytest.approx(1 / 5)
+    w_seq, _ = truncated_is_weights(old, rollout, mask, "sequence", cap=2.5)
+    torch.testing.assert_close(w_seq, torch.tensor([[1.0, 1.0, 0.0], [2.5, 2.5, 2.5]]))  # products 1.0 and 3.0
+    assert truncated_is_weights(old, rollout, mask, "off", cap=2.0) == (None, {})
+    with pytest.raises(ValueError, match="registered: none, tis-token, tis-sequence"):
+        truncated_is_weights(old, rollout, mask, "tok", cap=2.0)
+
+
+def test_truncated_is_weights_are_one_without_mismatch():
+    logp, old, mask = off_policy_batch()
+    for level in ("token", "sequence"):
+        w, stats = truncated_is_weights(old, old, mask, level, cap=2.0)
+        torch.testing.assert_close(w, mask)
+        assert stats["tis_capped_frac"] == 0.0
+
+
+# ---- DAPO: overlong shaping and the dynamic-sampling filter --------------------------------------
+def test_overlong_penalty_matches_the_paper_examples():
+    L = torch.tensor([100, 16384, 16385, 18432, 20480, 20481])
+    expected = torch.tensor([0.0, 0.0, -0.000244140625, -0.5, -1.0, -1.0])
+    torch.testing.assert_close(overlong_penalty(L, 20480, 4096), expected)
+    assert torch.equal(overlong_penalty(L, 20480, 0), torch.zeros(6))
+    with pytest.raises(ValueError, match="exceeds"):
+        overlong_penalty(L, 40, 41)
+
+
+def test_mixed_groups_looks_at_correctness_only():
+    c = torch.tensor([1.0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0])
+    assert mixed_groups(c, 4).tolist() == [True, False, False]
+    assert mixed_groups(c, 3).tolist() == [True, False, True, False]
+
+
+def test_dynamic_sampling_drops_an_all_correct_group_whose_shaped_rewards_differ():
+    """docs/algorithms.md#dynamic-sampling: groups are judged on correctness c, never on the shaped reward.
+    Group 0 is all correct, but DAPO's overlong penalty gives its longer rollout a lower reward (1 vs 0);
+    group 1 is mixed. Only group 1 may be kept."""
+    rollout = scored_rollout([[1, 1], [1, 0]], 0)  # response lengths 1, 2 in each group
+    shaped = (2 * rollout.correct - 1) + overlong_penalty(rollout.response_lengths, 2, 1)
+    assert shaped.tolist() == [1.0, 0.0, 1.0, -2.0]
+    assert (group_advantage(shaped, 2)[:2] != 0).all()  # the shaped reward does differ in group 0
+    assert mixed_groups(rollout.correct, 2).tolist() == [False, True]
+    kept, stats = dynamic_sample(lambda k: rollout, target_groups=1, max_rounds=1)
+    assert kept.batch.ids == ["r0p1"] and kept.correct.tolist() == [1.0, 0.0]
+    assert stats.groups_kept == 1 and not stats.exhausted
+
+
+def scored_rollout(correct_rows: list[list[int]], round_index: int) -> Rollout:
+    """A rollout with the given correctness per group (the verifier's output), as one engine round returns."""
+    G = len(correct_rows[0])
+    B = len(correct_rows)
+    ids = [f"r{round_index}p{b}" for b in range(B)]
+    comps = [Completion([5, 6, 7][: 1 + (j % 3)], [-0.5] * (1 + (j % 3)), "stop") for _ in range(B) for j in range(G)]
+    correct = torch.tensor([float(c) for row in correct_rows for c in row])
+    return Rollout(
+        batch=PromptBatch(ids, [f"q{i}" for i in ids], ["1"] * B), group_size=G, prompt_ids=[[1, 2]] * B,
+        completions=comps, sampling=SamplingConfig(group_size=G), policy_version=3, texts=["t"] * (B * G),
+        correct=correct, metrics={"verifier_timeouts_total": float(round_index)},
+    )  # fmt: skip
+
+
+def random_rounds(seed: int, B: int, G: int, p_correct: float):
+    g = torch.Generator().manual_seed(seed)
+    calls = []
+
+    def draw(k: int) -> Rollout:
+        calls.append(k)
+        rows = (torch.rand(B, G, generator=g) < p_correct).int().tolist()
+        return scored_rollout(rows, k)
+
+    return draw, calls
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_dynamic_sampling_keeps_exactly_the_target_and_never_an_all_equal_group(seed):
+    draw, calls = random_rounds(seed, B=6, G=4, p_correct=0.2)
+    rollout, stats = dynamic_sample(draw, target_groups=8, max_rounds=50)
+    assert len(rollout.batch) == 8 and rollout.num_sequences == 32 and len(rollout.texts) == 32
+    assert mixed_groups(rollout.correct, 4).all()
+    R = rollout.correct.view(-1, 4)
+    assert (R.max(1).values != R.min(1).values).all()
+    assert stats.rounds == len(calls) >= 2 and not stats.exhausted
+    assert 0 < stats.metrics()["dynamic_sampling_filtered_frac"] < 1
+    assert len(rollout.prompt_ids) == 8 and rollout.metrics["verifier_timeouts_total"] == stats.rounds - 1
+
+
+def test_dynamic_sampling_stops_at_its_round_limit_with_a_warning(caplog):
+    draw, calls = random_rounds(0, B=4, G=4, p_correct=0.0)  # nothing is ever mixed
+    with caplog.at_level(logging.WARNING, logger="rlvr_lightning.training.dynamic_sampling"):
+        rollout, stats = dynamic_sample(draw, target_groups=2, max_rounds=3, on_exhausted="train_partial")
+    assert rollout is None and calls == [0, 1, 2] and stats.exhausted
+    assert "found 0 of 2 groups" in caplog.text and "3 generation rounds" in caplog.text
+
+
+def test_dynamic_sampling_partial_batch_and_error_mode():
+    rounds = [[[1, 0], [1, 1]], [[0, 0], [0, 0]]]  # one mixed group in two rounds; the target is 2
+    draw = lambda k: scored_rollout(rounds[k], k)  # noqa: E731
+    rollout, stats = dynamic_sample(draw, target_groups=2, max_rounds=2, on_exhausted="train_partial")
+    assert len(rollout.batch) == 1 and rollout.correct.tolist() == [1.0, 0.0] and stats.exhausted
+    with pytest.raises(DynamicSamplingExhausted, match="max_num_gen_batches"):
+        dynamic_sample(draw, target_groups=2, max_rounds=2, on_exhausted="error")
+
+
+def test_dynamic_sampling_takes_groups_in_generation_order():
+    rounds = [[[1, 0], [0, 0], [0, 1]], [[1, 0], [1, 1], [1, 0]]]
+    draw = lambda k: scored_rollout(rounds[k], k)  # noqa: E731
+    rollout, stats = dynamic_sample(draw, target_groups=3, max_rounds=0)
+    assert rollout.batch.ids == ["r0p0", "r0p2", "r1p0"]
+    assert stats.rounds == 2 and stats.groups_generated == 6 and stats.groups_kept == 4

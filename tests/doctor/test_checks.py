@@ -1,0 +1,145 @@
+"""`python -m rlvr_lightning.doctor` (`make doctor`): on this CPU machine every check that can run passes and
+every other one says why it was skipped; a broken part of the path fails its row and the exit code."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from rlvr_lightning.doctor import as_table, run_checks
+from rlvr_lightning.doctor.checks import FAIL, PASS, SKIP, Row
+from rlvr_lightning.models import weights
+from tests.support.cli import REPO
+
+CONFIG = ["--config", str(REPO / "configs/base.yaml"), "--config", str(REPO / "configs/algo/grpo.yaml")]
+# What this CPU machine cannot run (the rest must pass).
+CPU_SKIPS = {"CUDA", "NCCL", "flash-attn", "engine sleep → wake", "flash-attention vs SDPA"}
+
+
+def table_rows(out: str) -> dict[str, tuple[str, str]]:
+    """{check: (result, the rest of its line)} from the printed table."""
+    rows = {}
+    for line in out.splitlines():
+        m = re.match(r"^(\S.*?)\s{2,}(pass|FAIL|skipped)\b(.*)$", line)
+        if m:
+            rows[m.group(1)] = (m.group(2), m.group(3).strip())
+    return rows
+
+
+@pytest.mark.e2e
+def test_the_doctor_passes_on_this_cpu_machine_with_the_embedded_default():
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlvr_lightning.doctor", *CONFIG],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = table_rows(proc.stdout)
+    expected = {"torch", "CUDA", "NCCL", "vLLM", "flash-attn", "transformers", "lightning", "FSDP2 training step",
+                "chunked LM head", "packed micro-batches", "rollout engine", "weight sync",
+                "engine sleep → wake", "flash-attention vs SDPA"}  # fmt: skip
+    assert set(rows) == expected, proc.stdout
+    for check, (result, rest) in rows.items():
+        if check in CPU_SKIPS:
+            assert result == SKIP and rest, f"{check}: skipped without a reason\n{proc.stdout}"
+        else:
+            assert result == PASS, f"{check}: {result} {rest}\n{proc.stdout}"
+    assert rows["rollout engine"][1].startswith("vllm, float32")
+    assert rows["weight sync"][1].startswith("in-process load_weights")
+    assert "vLLM's sleep mode needs CUDA" in rows["engine sleep → wake"][1]
+    assert "no CUDA device" in rows["flash-attention vs SDPA"][1]
+    assert "block-diagonal mask" in rows["packed micro-batches"][1]
+
+
+@pytest.mark.e2e
+def test_a_weight_sync_that_leaves_one_tensor_behind_fails_its_row(monkeypatch, capsys):
+    """The engine receives every weight but one: the probe sees the trainer's update and the engine disagree."""
+    from rlvr_lightning.doctor import main
+
+    full_weights = weights.full_weights
+    dropped = []
+
+    def all_but_one(policy):
+        for name, tensor in full_weights(policy):
+            if name == "model.layers.1.mlp.down_proj.weight":
+                dropped.append(name)
+                continue
+            yield name, tensor
+
+    monkeypatch.setattr(weights, "full_weights", all_but_one)
+    with pytest.raises(SystemExit) as exit_:
+        main([*CONFIG, "--checks", "rollout,weight"])
+    out = capsys.readouterr().out
+    rows = table_rows(out)
+    assert dropped, "the sync did not go through models.weights.full_weights"
+    assert exit_.value.code == 1, out
+    assert rows["rollout engine"][0] == PASS, out
+    result, rest = rows["weight sync"]
+    assert result == FAIL and "differ from the trainer" in rest, out
+
+
+def test_a_check_that_raises_is_one_fail_row_and_the_others_still_run():
+    def broken(setup):
+        raise RuntimeError("no device\nsecond line of a long traceback")
+
+    rows = run_checks(None, [("broken", broken, "fix it"), ("fine", lambda s: Row("fine", PASS, "1 s"), "")])
+    assert [(r.check, r.result) for r in rows] == [("broken", FAIL), ("fine", PASS)]
+    assert rows[0].note == "RuntimeError: no device — fix it"
+    assert "second line" not in as_table(rows)
+
+
+def test_checks_past_the_time_budget_are_skipped_with_the_reason():
+    rows = run_checks(None, [("slow", lambda s: Row("slow", PASS), ""), ("late", lambda s: Row("late", PASS), "")],
+                      budget_s=-1)  # fmt: skip
+    assert all(r.result == SKIP and "budget" in r.note for r in rows)
+
+
+@pytest.mark.parametrize(
+    "precision, mesh, fsdp_param_dtype, expected",
+    [("32-true", None, "bfloat16", "float32"), ("32-true", "mesh", "bfloat16", "bfloat16"),
+     ("bf16-mixed", None, "float32", "bfloat16"), ("16-mixed", None, "float32", "float16")],
+)  # fmt: skip
+def test_the_doctor_reads_the_trainers_compute_dtype_as_the_run_does(precision, mesh, fsdp_param_dtype, expected):
+    """The run's `trainer_dtype` and the doctor's (from the configuration alone) are one function."""
+    from types import SimpleNamespace
+
+    from rlvr_lightning.algos.base import RLVRModule
+    from rlvr_lightning.training.engine_setup import trainer_compute_dtype
+
+    module = SimpleNamespace(trainer=SimpleNamespace(precision=precision), device_mesh=mesh,
+                             hparams=SimpleNamespace(fsdp_param_dtype=fsdp_param_dtype))  # fmt: skip
+    assert RLVRModule.trainer_dtype(module) == expected
+    assert trainer_compute_dtype(precision, fsdp_param_dtype if mesh else None) == expected
+
+
+@pytest.mark.e2e
+def test_a_lora_run_checks_the_adapter_sync_through_vllms_lora_path(capsys):
+    """`make doctor` of a LoRA run with an adapter sync: the engine is built with LoRA and the probe checks an
+    update that reached it through the adapter alone."""
+    from rlvr_lightning.doctor import main
+
+    try:
+        main([*CONFIG, "--model.init_args.lora.rank", "8", "--model.init_args.lora.sync", "adapter",
+              "--checks", "rollout,weight"])  # fmt: skip
+    except SystemExit as exit_:
+        assert not exit_.code, capsys.readouterr().out
+    rows = table_rows(capsys.readouterr().out)
+    assert rows["weight sync"][0] == PASS and rows["weight sync"][1].startswith("LoRA r=8, adapter"), rows
+
+
+def test_the_packed_row_runs_the_cuda_attention_function_and_passes(tmp_path):
+    """The packed row through `PACKED_SDPA`, the attention a CUDA run packs with (here its per-sequence
+    path: no varlen kernel on the CPU): agreement with the padded forward, no leak past a sequence's end."""
+    from rlvr_lightning.doctor.checks import Setup, packed_micro_batches
+    from rlvr_lightning.models.packed_attention import PACKED_SDPA, prepare_packed_attention
+    from rlvr_lightning.plan import parse
+
+    cfg, _ = parse([*CONFIG, "--rollout.engine", "hf"])
+    setup = Setup(cfg, tmp_path)
+    assert prepare_packed_attention(setup.trainer_policy, force=True) == PACKED_SDPA
+    row = packed_micro_batches(setup)
+    assert row.result == PASS, row
+    assert PACKED_SDPA in row.figure and "leak 0.0e+00" in row.figure, row

@@ -1,0 +1,122 @@
+"""FSDP2 on 2 CPU ranks (gloo) through the CLI: the policy is sharded (each rank holds about
+half), the weights gathered after training equal a single-process replay of the same rollouts, and each
+rank's rollout engine runs them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlvr_lightning.algos.grpo import GRPO
+from rlvr_lightning.callbacks.attribution import THRAttribution
+from rlvr_lightning.data.datamodule import RolloutDataModule
+from rlvr_lightning.models.lora import LoraSettings, load_adapter_weights
+from rlvr_lightning.models.weights import full_weights
+from rlvr_lightning.rollout.settings import RolloutSettings
+from rlvr_lightning.rollout.types import PromptBatch, Rollout
+from rlvr_lightning.standalone import standalone
+from rlvr_lightning.training.step import StepAlgorithm
+from tests.support.cli import REPO, run_cli
+
+STEPS, PROMPTS_PER_RANK, G, RESPONSE = 3, 2, 8, 40
+HPARAMS = dict(lr=1e-4, kl_coef=0.001, micro_batch_size=8)  # micro-batches: accumulation is exercised too
+
+
+def fsdp_args(tmp_path: Path, model_dir: Path, algo: str = "grpo") -> list[str]:
+    (tmp_path / "probe.yaml").write_text(
+        "trainer:\n  callbacks+:\n    - class_path: tests.support.fsdp_probe.ShardProbe\n"
+        f"      init_args: {{out: {tmp_path / 'probe'}}}\n"
+    )
+    return [
+        "fit", "--config", str(REPO / "configs/base.yaml"), "--config", str(REPO / f"configs/algo/{algo}.yaml"),
+        "--config", str(REPO / "configs/strategy/fsdp.yaml"), "--config", str(tmp_path / "probe.yaml"),
+        "--trainer.devices", "2", "--trainer.accelerator", "cpu", "--rollout_batches", str(STEPS),
+        "--trainer.logger.init_args.tracking_uri", f"sqlite:///{tmp_path}/mlflow.db",
+        "--trainer.logger.init_args.artifact_location", str(tmp_path / "artifacts"),
+        "--data.model_name_or_path", str(model_dir), "--data.batch_size", str(PROMPTS_PER_RANK),
+        "--rollout.group_size", str(G), "--data.val_size", "8", "--rollout.max_response_length", str(RESPONSE),
+        *[f"--model.init_args.{k}={v}" for k, v in HPARAMS.items()],
+    ]  # fmt: skip
+
+
+class Recorded(StepAlgorithm):
+    """The step trains on a recorded rollout instead of generating one."""
+
+    def __init__(self, rollout: Rollout) -> None:
+        self.rollout = rollout
+
+    def collect(self, step, batch, timer, stream) -> Rollout:
+        return self.rollout
+
+
+def replay(model_dir: Path, probe: Path, callbacks=(), lora: LoraSettings | None = None, hparams: dict = HPARAMS) -> dict[str, torch.Tensor]:
+    """The same steps in one process: both ranks' rollouts of a step form one rollout batch (a LoRA policy
+    from the run's initial adapter); the final weights as the engine gets them (a LoRA policy's merged)."""
+    dm = RolloutDataModule(model_name_or_path=str(model_dir), batch_size=2 * PROMPTS_PER_RANK, val_data=None, rollout=RolloutSettings(group_size=G, max_response_length=RESPONSE, engine="hf"))  # fmt: skip
+    module = standalone(GRPO(**hparams, lora=lora), dm, callbacks=callbacks)
+    if lora is not None:
+        load_adapter_weights(module.policy, torch.load(probe / "initial_adapter.pt", weights_only=True))
+    try:
+        for step in range(STEPS):
+            parts = [torch.load(probe / f"rank{r}_step{step}.pt", weights_only=False) for r in (0, 1)]
+            rollout = Rollout(
+                batch=PromptBatch.concat([p["batch"] for p in parts]), group_size=G,
+                prompt_ids=[x for p in parts for x in p["prompt_ids"]],
+                completions=[c for p in parts for c in p["completions"]], sampling=parts[0]["sampling"],
+                policy_version=module.policy_version, texts=[t for p in parts for t in p["texts"]],
+                correct=torch.cat([p["correct"] for p in parts]),
+            )  # fmt: skip
+            module.step_algorithm = lambda rollout=rollout: Recorded(rollout)
+            module.train_on_batch(rollout.batch)
+            module.rollout_batches += 1
+        return {k: v.detach().clone() for k, v in full_weights(module.policy)}
+    finally:
+        module.teardown("fit")
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("algo", ["grpo", "thr", "grpo-lora"])
+def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_path, quick_warm_start, algo):
+    """`thr`: THR (p = 0.2) scores each rank's groups inside the sharded update's forward, with
+    micro-batches by token budget (whole groups, sorted by length; ranks agree on their count); the
+    update must still equal the single-process replay with THR and row micro-batches of G = 8.
+    `grpo-lora`: a LoRA policy (adapters sharded with their layers, the KL reference its base) synced to each
+    rank's engine as an adapter."""
+    _, model_dir = quick_warm_start
+    lora = LoraSettings(rank=8, sync="adapter") if algo == "grpo-lora" else None
+    args = fsdp_args(tmp_path, model_dir, algo.removesuffix("-lora"))
+    if lora is not None:  # LoRA's usual larger steps, so the adapter moves measurably in 3 steps
+        args += ["--model.init_args.lora.rank=8", "--model.init_args.lora.sync=adapter", "--model.init_args.lr=1e-3"]
+    if algo == "thr":  # ~1 or 2 groups of ≤ 8 × 70 tokens per micro-batch, depending on their lengths
+        args.append("--model.init_args.max_tokens_per_micro_batch=1000")
+    proc = run_cli(args, tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    probe = tmp_path / "probe"
+
+    shards = [json.loads((probe / f"rank{r}_shard.json").read_text()) for r in (0, 1)]
+    assert all(s["sharded"] and s["world"] == 2 for s in shards)
+    assert sum(s["local"] for s in shards) == shards[0]["total"]
+    assert all(0.4 < s["local"] / s["total"] < 0.6 for s in shards), shards  # each rank holds about half
+
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
+    assert run.data.metrics["val/num_problems"] == 8  # each rank scored 4 of the 8 held-out problems
+
+    for r in (0, 1):  # each rank's engine runs the trained weights
+        assert json.loads((probe / f"rank{r}_engine.json").read_text())["max_abs_diff"] < 1e-3
+    gathered = torch.load(probe / "final_weights.pt", weights_only=True)
+    initial = standalone(
+        GRPO(),
+        RolloutDataModule(model_name_or_path=str(model_dir), val_data=None, rollout=RolloutSettings(engine="hf")),
+    )
+    hparams = {**HPARAMS, "lr": 1e-3} if lora is not None else HPARAMS
+    reference = replay(model_dir, probe, [THRAttribution(p=0.2)] if algo == "thr" else [], lora, hparams)
+    moved = max((reference[k] - p).abs().max().item() for k, p in initial.policy.state_dict().items())
+    assert moved > 1e-5  # the steps changed the weights, so equality below means something
+    for name, tensor in reference.items():
+        torch.testing.assert_close(gathered[name], tensor, rtol=0, atol=1e-6, msg=name)

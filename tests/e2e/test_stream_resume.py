@@ -1,0 +1,52 @@
+"""Bounded staleness on real `vllm serve` replicas: GRPO two versions ahead with partial rollouts on two
+replicas, killed (SIGKILL) after a checkpoint and resumed, logs exactly, bit for bit, the metrics of an
+uninterrupted run: the steps before the kill come from one process, those after from another, so this is
+also two separate runs agreeing. The batches in flight at the checkpoint are continued, not regenerated."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+
+import pytest
+
+from tests.e2e.test_resume import COMPARED, STEPS, args_for, histories, kill_after_checkpoint
+from tests.rollout.test_vllm_server import serve_processes
+from tests.support.cli import run_cli
+
+STREAM = ["--rollout.engine", "vllm-server", "--rollout.server_replicas", "2", "--rollout.max_staleness", "2",
+          "--rollout.partial_rollouts", "true"]  # fmt: skip
+STALENESS = ("train/staleness_mean", "train/staleness_max")
+
+
+@pytest.mark.e2e
+def test_two_versions_ahead_with_partial_rollouts_resumes_bit_for_bit(tmp_path, quick_warm_start):
+    _, warm = quick_warm_start
+    model_dir = shutil.copytree(warm, tmp_path / "policy")  # its own path: its servers are told apart
+    reference_dir, resumed_dir = tmp_path / "reference", tmp_path / "resumed"
+    reference_dir.mkdir(), resumed_dir.mkdir()
+    proc = run_cli([*args_for(reference_dir, model_dir), *STREAM], reference_dir, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    args = [*args_for(resumed_dir, model_dir), *STREAM]
+    try:
+        k = kill_after_checkpoint(resumed_dir, args, min_step=2)
+    finally:
+        for pid in serve_processes(model_dir):  # the killed trainer could not take its servers down
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert 2 <= k < STEPS, k
+    (ckpt,) = resumed_dir.glob("checkpoints/*/last.ckpt")
+    proc = run_cli([*args, "--ckpt_path", str(ckpt)], resumed_dir, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    keys = (*COMPARED, *STALENESS)
+    _, resumed = histories(resumed_dir, keys)
+    _, reference = histories(reference_dir, keys)
+    assert reference["train/staleness_max"] == {0: 0.0, 1: 1.0, **{s: 2.0 for s in range(2, STEPS)}}
+    assert 1.0 < reference["train/staleness_mean"][STEPS - 1] < 2.0  # partial: tokens of both versions
+    for key in keys:
+        assert resumed[key] == reference[key], (key, k)  # exactly, every step, before and after the kill
+    assert serve_processes(model_dir) == []

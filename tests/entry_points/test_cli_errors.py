@@ -1,0 +1,46 @@
+"""An unknown option, on the command line or in a `--config` file, stops the CLI with one line naming the
+valid options it most resembles."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.entry_points.test_presets_config import BASE
+
+
+def cli_error(args: list[str], capsys) -> str:
+    from rlvr_lightning.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(BASE), *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["--data.group_size", "4"], "did you mean rollout.group_size?"),  # the same name in another section
+        (["--model.init_args.clip_eps_hgh", "0.3"], "did you mean model.clip_eps_high or model.clip_eps_low?"),
+        (["--model.init_args.mini_batches", "2"], "did you mean model.num_mini_batches"),
+        (["--rollout.batches_ahead", "1"], "rollout.batches_ahead 1; every option with its value: --print_config"),
+    ],
+)
+def test_an_unknown_option_names_the_options_it_resembles(args, expected, capsys):
+    assert expected in cli_error(args, capsys)
+
+
+def test_an_unknown_option_in_a_config_file_is_reported_too(capsys, tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text("model:\n  class_path: rlvr_lightning.algos.real.REAL\n  init_args:\n    tua: 0.5\n")
+    assert "did you mean model.tau" in cli_error(["--config", str(old)], capsys)
+
+
+def test_the_runs_length_is_given_once_in_rollout_batches(capsys):
+    """base.yaml gives the run's length in rollout batches; Lightning's max_steps (optimizer steps) follows."""
+    err = cli_error(["--config", str(BASE.parent / "algo" / "grpo.yaml"), "--trainer.max_steps", "3"], capsys)
+    assert "rollout_batches=160 and trainer.max_steps=3 both set the run's length: give it once" in err
+    err = cli_error(["--config", str(BASE.parent / "algo" / "grpo.yaml"), "--rollout_batches", "0"], capsys)
+    assert err == "error: rollout_batches=0: the run's length must be ≥ 1 rollout batch"

@@ -1,0 +1,182 @@
+"""Where each piece's settings are checked and recorded: a piece's own knob check (`check=`) runs wherever
+the piece is used, `piece_args` keys no selected piece reads are refused, the module records every knob
+its pieces run with, token-level rollout corrections are refused under losses with one term per
+sequence, and an advantage estimator's statistics reach the step's metrics."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlvr_lightning.algos import GRPO, REAL
+from rlvr_lightning.context import Collectives
+from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.pieces import advantage_estimators, policy_losses
+from rlvr_lightning.pieces.kinds import AdvantageInputs, StepNorms
+from rlvr_lightning.rollout.types import RolloutTensors
+from rlvr_lightning.training.batch import LossBatch
+from rlvr_lightning.training.objective import compose_objective
+
+
+# ---- a piece's own knob check ------------------------------------------------------------------
+def test_a_group_level_loss_checks_tau_whichever_algorithm_selects_it():
+    with pytest.raises(ConfigError, match=r"^model.policy_loss=real-anchor: tau must be > 0, got 0 \[tau=0 \(from piece_args\)\]$"):
+        GRPO(policy_loss="real-anchor", advantage_estimator="none", piece_args={"tau": 0})
+    with pytest.raises(ConfigError, match=r"tau must be > 0, got -1.0 \[tau=-1.0 \(--model.init_args.tau\)\]"):
+        REAL(tau=-1.0)
+    REAL(policy_loss="ppo-clip", advantage_estimator="grpo", tau=0.0)  # no selected piece reads τ
+
+
+def test_ratio_and_log_ratio_clip_ranges_are_checked_by_the_loss_that_reads_them():
+    with pytest.raises(ConfigError, match=r"model.policy_loss=ppo-clip: the ratio's clip range needs 0 ≤ clip_eps_low ≤ 1"):
+        GRPO(clip_eps_low=1.2)
+    GRPO(policy_loss="gmpo", clip_eps_low=1.2)  # GMPO's band is in log space: e^−1.2 is a valid lower ratio bound
+    with pytest.raises(ConfigError, match=r"model.policy_loss=gmpo: the log-ratio's clip range"):
+        GRPO(policy_loss="gmpo", clip_eps_low=-0.1)
+    GRPO(policy_loss="sapo", clip_eps_low=5.0)  # SAPO reads no clip range
+    with pytest.raises(ConfigError, match="sapo_tau_neg=0"):
+        GRPO(policy_loss="sapo", piece_args={"sapo_tau_neg": 0})
+
+
+def test_a_check_that_needs_the_group_size_runs_at_fit_start_with_the_runs_value():
+    GRPO(advantage_estimator="pass-at-k", piece_args={"pass_at_k": 9})  # G is not known yet
+    piece = advantage_estimators.get("pass-at-k")
+    piece.check_knobs({}, {"pass_at_k": 8}, run={"group_size": 8})
+    with pytest.raises(ConfigError, match=r"pass_at_k=9 \(from piece_args\), group_size=8 \(the run\)"):
+        piece.check_knobs({}, {"pass_at_k": 9}, run={"group_size": 8})
+
+
+def test_a_users_piece_declares_its_own_check():
+    def check_scale(*, scale: float) -> None:
+        if scale <= 0:
+            raise ValueError(f"scale must be > 0, got {scale}")
+
+    @advantage_estimators.register("test-scaled-grpo", anchor=None, check=check_scale)
+    def scaled(inputs: AdvantageInputs, *, scale: float = 1.0) -> torch.Tensor:
+        return inputs.rewards * scale
+
+    try:
+        assert advantage_estimators.get("test-scaled-grpo").knobs == ("scale",)
+        GRPO(advantage_estimator="test-scaled-grpo", piece_args={"scale": 2.0})
+        with pytest.raises(ConfigError, match=r"^model.advantage_estimator=test-scaled-grpo: scale must be > 0, got -2"):
+            GRPO(advantage_estimator="test-scaled-grpo", piece_args={"scale": -2.0})
+    finally:
+        advantage_estimators._pieces.pop("test-scaled-grpo")
+
+
+# ---- piece_args: refused keys, and every knob recorded ---------------------------------------
+def test_a_misspelt_piece_args_key_is_refused_listing_the_knobs_that_exist():
+    with pytest.raises(ConfigError, match=r"piece_args.pass_at_kk is read by none of the selected pieces .*knobs are: pass_at_k"):
+        GRPO(advantage_estimator="pass-at-k", piece_args={"pass_at_kk": 2})
+
+
+def test_a_misspelt_knob_is_matched_to_the_one_it_resembles():
+    with pytest.raises(ConfigError, match=r"did you mean clip_eps_high \(--model.init_args.clip_eps_high\)\?"):
+        GRPO(piece_args={"clip_eps_hihg": 0.28})
+    with pytest.raises(ConfigError, match=r"did you mean sapo_tau_neg\? "):
+        GRPO(policy_loss="sapo", piece_args={"sapo_tau_ne": 1.1})
+
+
+def test_an_algorithm_argument_in_piece_args_is_refused_saying_which_value_the_pieces_read():
+    with pytest.raises(ConfigError, match=r"piece_args.clip_eps_high: .* \(now 0.2\); set --model.init_args.clip_eps_high 0.28"):
+        GRPO(piece_args={"clip_eps_high": 0.28})
+
+
+def test_the_module_records_every_knob_its_pieces_run_with_defaults_included():
+    assert GRPO().hparams.piece_args == {}
+    assert GRPO(advantage_estimator="pass-at-k").hparams.piece_args == {"pass_at_k": 4}
+    assert GRPO(policy_loss="sapo", piece_args={"sapo_tau_pos": 2.0}).hparams.piece_args == {
+        "sapo_tau_pos": 2.0, "sapo_tau_neg": 1.05}  # fmt: skip
+    recorded = GRPO(policy_loss="clip-cov", rollout_correction="icepop").hparams.piece_args
+    assert recorded == {"clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0, "is_mask_low": 0.5, "is_mask_high": 5.0}
+
+
+def test_the_recorded_knobs_are_the_runs_mlflow_params():
+    from rlvr_lightning.cli import logged_params
+
+    params = logged_params({"trainer": {"max_steps": 3}}, GRPO(advantage_estimator="pass-at-k"))
+    assert params["model.init_args.piece_args.pass_at_k"] == 4 and params["model.init_args.clip_eps_high"] == 0.2
+
+
+# ---- token-level rollout corrections under losses with one term per sequence -------------------
+def one_sequence(weights: list[float], logp: torch.Tensor) -> tuple[LossBatch, StepNorms]:
+    T = len(weights)
+    ones = torch.ones(1, T)
+    ids = torch.zeros(1, 1 + T, dtype=torch.long)  # the loss reads none of these: one prompt token, T response tokens
+    tensors = RolloutTensors(ids, torch.ones_like(ids), torch.arange(1 + T)[None], ones, torch.zeros(1, T), 1)
+    batch = LossBatch(tensors, ones.clone(), logp.detach().clone(), None, ones, torch.tensor([weights]), torch.ones(1), 1)
+    return batch, StepNorms(1.0, float(T), 1.0, 0.0, 1, float(T))
+
+
+@pytest.mark.parametrize("loss", ["ppo-clip", "gspo-token"])
+def test_a_dropped_token_gets_no_gradient_from_per_token_losses(loss):
+    """One sequence of 3 tokens, Â = 1, on policy, weights (2, 0, 1), seq-mean-token-mean: ∂L/∂log π = −w/3."""
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.125]])).requires_grad_()
+    batch, norms = one_sequence([2.0, 0.0, 1.0], logp)
+    objective = compose_objective({"policy_loss": loss, "loss_agg": "seq-mean-token-mean", "kl_coef": 0.0,
+                                   "clip_eps_low": 0.2, "clip_eps_high": 0.2, "kl_estimator": "k3"})  # fmt: skip
+    value, _ = objective.micro_batch_loss(batch, logp, norms, on_policy=True)
+    value.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-2 / 3, 0.0, -1 / 3]]))
+
+
+@pytest.mark.parametrize("loss", ["gspo", "gmpo"])
+@pytest.mark.parametrize("correction", ["tis-token", "mis-token", "icepop"])
+def test_token_level_corrections_are_refused_under_a_sequence_term_loss(loss, correction):
+    assert not policy_losses.get(loss)["token_weights"]
+    with pytest.raises(ConfigError, match=rf"^model.rollout_correction={correction} weighs each token, but model.policy_loss="
+                                          rf"{loss} .*: use a sequence-level correction \(tis-sequence.*\) or a per-token loss"):  # fmt: skip
+        GRPO(policy_loss=loss, rollout_correction=correction)
+
+
+@pytest.mark.parametrize("loss", ["gspo", "gmpo"])
+def test_sequence_level_corrections_weigh_a_sequence_term_whole(loss):
+    """A sequence-level weight is the same on every token: it scales the sequence's term, as it should."""
+    GRPO(policy_loss=loss, rollout_correction="tis-sequence")
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.125]])).requires_grad_()
+    objective = compose_objective({"policy_loss": loss, "loss_agg": "seq-mean-token-mean", "kl_coef": 0.0,
+                                   "clip_eps_low": 0.2, "clip_eps_high": 0.2, "kl_estimator": "k3"})  # fmt: skip
+    grads = []
+    for w in (1.0, 0.5):
+        batch, norms = one_sequence([w] * 3, logp)
+        logp.grad = None
+        objective.micro_batch_loss(batch, logp, norms, on_policy=True)[0].backward()
+        grads.append(logp.grad.clone())
+    torch.testing.assert_close(grads[1], 0.5 * grads[0])
+    assert grads[0].abs().sum() > 0
+
+
+# ---- the advantage estimator's statistics --------------------------------------------------------
+def test_advantage_statistics_and_an_estimators_own_reach_the_steps_metrics():
+    @advantage_estimators.register("test-with-stats", anchor=None)
+    def with_stats(inputs: AdvantageInputs) -> tuple[torch.Tensor, dict[str, float]]:
+        adv = inputs.rewards - 0.5
+        return adv, {"adv_positive_frac": (adv > 0).float().mean()}
+
+    try:
+        module = GRPO(advantage_estimator="test-with-stats")
+        rewards = torch.tensor([1.0, 0.0, 0.5, 0.5])
+        rollout = SimpleNamespace(correct=rewards > 0.5, group_size=2, response_lengths=torch.ones(4, dtype=torch.long))
+        adv, stats = module.pieces.advantages(AdvantageInputs(rewards, rollout.correct, rollout.group_size, Collectives().sum, rollout.response_lengths))
+        torch.testing.assert_close(adv, torch.tensor([0.5, -0.5, 0.0, 0.0]))
+        assert stats == pytest.approx({"adv_mean": 0.0, "adv_std": (1 / 6) ** 0.5, "adv_abs_max": 0.5,
+                                       "adv_zero_frac": 0.5, "adv_positive_frac": 0.25})  # fmt: skip
+    finally:
+        advantage_estimators._pieces.pop("test-with-stats")
+
+
+def test_fit_start_checks_never_call_a_piece_on_inputs_training_never_gives(tiny_policy_dir):
+    """An estimator that reads `lengths` (always given in training) passes the fit-start checks: they run the
+    pieces' own checks, not the pieces on dummy tensors."""
+    from tests.algos.test_base import attach
+
+    @advantage_estimators.register("test-length-scaled", anchor=None)
+    def length_scaled(inputs: AdvantageInputs) -> torch.Tensor:
+        return inputs.rewards / inputs.lengths.float()
+
+    try:
+        attach(GRPO, tiny_policy_dir, advantage_estimator="test-length-scaled").validate_config()
+    finally:
+        advantage_estimators._pieces.pop("test-length-scaled")

@@ -1,0 +1,51 @@
+"""The `rollout:` config section reaches the data module and the logged params; a lost server stops the
+run with how to resume; the data module's split option is honoured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlvr_lightning.data.datamodule import RolloutDataModule
+from rlvr_lightning.rollout.server_process import RolloutServerLost
+from tests.entry_points.test_presets_config import make_cli
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_rollout_section_reaches_the_data_module_and_the_logged_params(tmp_path, monkeypatch):
+    from rlvr_lightning.cli import logged_params
+
+    monkeypatch.chdir(tmp_path)
+    cli = make_cli("grpo", REPO / "configs/algo/grpo.yaml", overrides=("--rollout.group_size", "4", "--rollout.top_k", "5"))
+    rollout = cli.datamodule.rollout
+    assert (rollout.group_size, rollout.top_k, rollout.max_response_length) == (4, 5, 40)  # 40: base.yaml
+    assert rollout.sampling(seed=3).group_size == 4 and cli.datamodule.max_model_len() == 32 + 40
+    params = logged_params(cli.config.as_dict(), cli.model)
+    assert params["rollout.group_size"] == 4 and params["rollout.engine"] == "vllm"
+    assert not any(k.startswith("data.rollout") for k in params)
+
+
+def test_a_lost_rollout_server_stops_with_how_to_resume(capsys, monkeypatch):
+    import rlvr_lightning.cli as cli
+
+    def lost(*args, **kwargs):
+        raise RuntimeError("fit failed") from RolloutServerLost("rollout server http://h:1 failed twice")
+
+    monkeypatch.setattr(cli, "RLVRCLI", lost)
+    with pytest.raises(SystemExit):
+        cli.main(["fit"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "failed twice" in err[0] and "make train RESUME=checkpoints/<run id>/last.ckpt" in err[0]
+
+
+def test_train_split_picks_the_split_of_a_dataset_directory(tmp_path, tiny_policy_dir):
+    for split, offset in (("train", 0), ("test", 100)):
+        rows = [{"problem": f"What is {offset + i}+1?", "answer": str(offset + i + 1)} for i in range(4)]
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), train_data=str(tmp_path), train_split="test",
+                           val_data=None, batch_size=2)  # fmt: skip
+    dm.setup("fit")
+    assert [r.answer for r in dm.train_records] == ["101", "102", "103", "104"]
