@@ -210,15 +210,6 @@ def test_dapo_rounds_running_out_stop_the_run_with_one_error_line(tmp_path, tiny
     assert err.startswith("error: dynamic sampling found 0 of 4 groups") and "on_exhausted" in err, err
 
 
-def test_filtered_sampling_with_truncated_is_is_refused_before_training(tmp_path, tiny_policy_dir):
-    args = [*preset_args(tmp_path, "grpo", tiny_policy_dir), "--rollout.top_p", "0.9", "--model.init_args.rollout_correction", "tis-token"]
-    proc = run_cli(args, tmp_path, timeout=180)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    err = proc.stderr.strip().splitlines()[-1]
-    assert err.startswith("error:") and "rollout.top_p=0.9" in err and "allow_filtered_rollout_logprobs" in err
-    assert "Traceback" not in proc.stderr
-
-
 THR_ON_GSPO_TOKEN = [
     "--trainer.callbacks+=rlvr_lightning.callbacks.attribution.THRAttribution",
     "--trainer.callbacks.p=-0.2",

@@ -16,7 +16,7 @@ import yaml
 # Imported at collection, as a real CLI process imports it before anything is printed: Lightning binds its logger's
 # handler to the sys.stderr of the moment it is first imported, which inside a test is that test's capture.
 from rlvr_lightning.cli import main
-from tests.support.cli import BASE, REPO, run_cli, small_run_args
+from tests.support.cli import BASE, REPO, run_cli, run_in_process, small_run_args
 
 
 @pytest.mark.e2e
@@ -83,10 +83,10 @@ def test_two_step_fit_writes_an_mlflow_run(two_step_runs, engine):
     assert (export / "config.json").exists() and (export / "tokenizer.json").exists()
 
 
-def test_print_config_shows_the_resolved_algorithm(tmp_path):
-    proc = run_cli([*BASE, "--print_config"], tmp_path, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    model = yaml.safe_load(proc.stdout)["model"]
+def test_print_config_shows_the_resolved_algorithm(tmp_path, monkeypatch, capsys):
+    code, out, err = run_in_process([*BASE, "--print_config"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err[-2000:]
+    model = yaml.safe_load(out)["model"]
     assert model["class_path"] == "rlvr_lightning.algos.grpo.GRPO"
     assert model["init_args"]["clip_eps_high"] == 0.2  # the value itself: 0.28 is no match
 
@@ -106,25 +106,35 @@ def test_unknown_algo_lists_the_valid_ones():
     ],
     ids=["malformed-line", "missing-answer-field", "unknown-explicit-field"],
 )
-def test_bad_data_file_is_a_clear_error_before_training(tmp_path, tiny_policy_dir, lines, field_args, expected):
+def test_bad_data_file_is_a_clear_error_before_training(tmp_path, tiny_policy_dir, lines, field_args, expected,
+                                                        monkeypatch, capsys):  # fmt: skip
     data = tmp_path / "train.jsonl"
     data.write_text("\n".join(lines) + "\n")
     args = [*small_run_args(tmp_path, tiny_policy_dir), "--data.train_data", str(data), *field_args]
-    proc = run_cli(args, tmp_path, timeout=180)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    err = proc.stderr.strip().splitlines()[-1]
+    code, _, stderr = run_in_process(args, tmp_path, monkeypatch, capsys)
+    assert code == 2, stderr[-3000:]
+    err = stderr.strip().splitlines()[-1]
     assert err.startswith("error:") and str(data) in err and expected in err
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in stderr
     if expected == "answer":
         assert "question" in err and "result" in err  # the columns that were found
 
 
-def test_missing_model_path_is_a_clear_error(tmp_path, tiny_policy_dir):
+def test_filtered_sampling_with_truncated_is_is_refused_before_training(tmp_path, tiny_policy_dir, monkeypatch, capsys):
+    args = [*small_run_args(tmp_path, tiny_policy_dir), "--rollout.top_p", "0.9", "--model.init_args.rollout_correction", "tis-token"]
+    code, _, stderr = run_in_process(args, tmp_path, monkeypatch, capsys)
+    assert code == 2, stderr[-3000:]
+    err = stderr.strip().splitlines()[-1]
+    assert err.startswith("error:") and "rollout.top_p=0.9" in err and "allow_filtered_rollout_logprobs" in err
+    assert "Traceback" not in stderr
+
+
+def test_missing_model_path_is_a_clear_error(tmp_path, tiny_policy_dir, monkeypatch, capsys):
     args = [*small_run_args(tmp_path, tiny_policy_dir), "--data.model_name_or_path", str(tmp_path / "no_model")]
-    proc = run_cli(args, tmp_path, timeout=180)
-    assert proc.returncode == 2
-    assert "does not exist" in proc.stderr and str(tmp_path / "no_model") in proc.stderr
-    assert "Traceback" not in proc.stderr
+    code, _, stderr = run_in_process(args, tmp_path, monkeypatch, capsys)
+    assert code == 2
+    assert "does not exist" in stderr and str(tmp_path / "no_model") in stderr
+    assert "Traceback" not in stderr
 
 
 def test_embedded_warm_start_is_cached_and_partially_correct(quick_warm_start):

@@ -32,6 +32,26 @@ def run_cli(
     )  # fmt: skip
 
 
+def run_in_process(args: list[str], tmp_path: Path, monkeypatch, capsys) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of the CLI's `main` called in this process from `tmp_path`, as `run_cli` runs
+    it, for what ends before training starts (a one-line error, a printed config): a new interpreter's imports
+    cost more than the check."""
+    from rlvr_lightning.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLVR_CACHE_DIR", str(tmp_path / "cache"))
+    args = [str(REPO / a) if a.startswith("configs/") else a for a in args]
+    if args and args[0] == "fit" and not any(a.startswith("--plan.") for a in args):
+        args.append("--plan.check=false")
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exit_info:
+        code = exit_info.code or 0
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 def small_run_args(tmp_path: Path, model_dir: Path) -> list[str]:
     return [
         *BASE,
