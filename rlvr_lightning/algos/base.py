@@ -1,12 +1,14 @@
-"""RLVRModule: the step every RLVR algorithm shares, read top to bottom in `train_on_batch`:
-generate → score → rewards, advantages → θ_old/reference log-probs, token weights → update → sync → log.
+"""RLVRModule: the LightningModule every RLVR algorithm shares. It keeps Lightning's hooks, the model and
+optimizer, logging and the checkpoint hand-off; the step itself is `rlvr_lightning.training.step.TrainingStep`
+(generate → score → rewards, advantages → θ_old/reference log-probs, token weights → update → sync), which
+it builds from its settings each rollout batch, and the engine lives in its `EngineSession`.
 
 An algorithm is a choice of registered pieces (`rlvr_lightning.pieces`: advantage estimator, policy
 loss, loss aggregator, KL estimator, rollout correction), each selected by its config key. A subclass
-(one per paper) sets its paper's defaults and adds only what its paper changes in the step's
-structure (DAPO's reward shaping and dynamic sampling). The stages (`rlvr_lightning.training`) get
-the step's context, never this module. Manual optimisation: global token normalisation (DAPO) and
-several updates per rollout batch conflict with Lightning's automatic accumulation scaling.
+(one per paper) sets its paper's defaults and returns a `StepAlgorithm` for what its paper changes in the
+step's structure (DAPO's reward shaping and dynamic sampling). Manual optimisation: global token
+normalisation (DAPO) and several updates per rollout batch conflict with Lightning's automatic
+accumulation scaling.
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
-"""The stages of one training step, each in a module of its own. A stage receives the step's context
-(`rlvr_lightning.context.StepContext`: policy, engine, tokenizer, prompt source, counters, collectives)
-and the values of earlier stages, and returns values; the algorithm's LightningModule calls them in
-order (`train_on_batch`) and is never passed to them.
+"""One training step (`step.py`: `TrainingStep.run` calls the stages in order) and its stages, each in a
+module of its own. A stage receives the step's context (`rlvr_lightning.context.StepContext`: policy,
+engine session, tokenizer, prompt source, counters, collectives) and the values of earlier stages, and
+returns values; the LightningModule builds the step and is never passed to it.
 
+  step.py             TrainingStep (collect → prepare → update → sync) and StepAlgorithm (what an algorithm
+                      changes in it: DAPO's reward shaping and dynamic sampling)
+  engine_session.py   the rollout engine, the weight sync and the policy version, the stream and its checkpoint
   generation.py       sample G completions per prompt with the engine, score them (the rollout callbacks)
   dynamic_sampling.py DAPO's rounds of generation until enough groups have mixed correctness
   rollout_stream.py   rollout batches generated ahead on the servers, up to max_staleness versions
@@ -19,6 +22,6 @@ order (`train_on_batch`) and is never passed to them.
   update.py           micro-batch gradient accumulation (or the two-pass method), clipping, the non-finite guard
   step_metrics.py     what each step logs, and the stage timer
   optim.py            AdamW with warm-up and a constant or cosine schedule
-The engine weight sync lives beside its probe (`rlvr_lightning.rollout.sync`), the forward that
+The weight sync's probe lives in `rlvr_lightning.rollout.sync`, the forward that
 gives log-probs, entropy and LM-head inputs in `rlvr_lightning.models.forward`.
 """
