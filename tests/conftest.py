@@ -32,21 +32,32 @@ def tiny_policy_dir(tmp_path_factory) -> Path:
     return save_policy(model, tok, tmp_path_factory.mktemp("tiny_policy"))
 
 
+def shared_dir(tmp_path_factory, name: str) -> Path:
+    """A folder every test process of this session shares (pytest-xdist's workers each have a base temp of
+    their own under one parent): what is built there under a file lock is built once, not once per worker."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = root / name
+    path.mkdir(exist_ok=True)
+    return path
+
+
 @pytest.fixture(scope="session")
 def two_step_runs(tmp_path_factory, quick_warm_start):
     """Two short CLI runs (`tests.support.cli.TwoStepRuns`) from the quick warm start, which answers some
-    held-out problems, so their curves are not flat at 0."""
+    held-out problems, so their curves are not flat at 0; trained once for all the session's workers."""
     from tests.support.cli import TwoStepRuns
 
-    return TwoStepRuns(tmp_path_factory.mktemp("two_step_runs"), quick_warm_start[1])
+    return TwoStepRuns(shared_dir(tmp_path_factory, "two_step_runs"), quick_warm_start[1])
 
 
 @pytest.fixture(scope="session")
 def quick_warm_start(tmp_path_factory):
-    """A short warm start in a private cache (so tests never depend on, or pollute, the user's cache)."""
+    """A short warm start in a cache of the test session's own (so tests never depend on, or pollute, the
+    user's cache), built once for all its workers (`embedded_policy_path` builds under a file lock)."""
     from rlvr_lightning.models.warm_start import WarmStartConfig, embedded_policy_path
 
-    os.environ["RLVR_CACHE_DIR"] = str(tmp_path_factory.mktemp("rlvr_cache"))
+    os.environ["RLVR_CACHE_DIR"] = str(shared_dir(tmp_path_factory, "rlvr_cache"))
     cfg = WarmStartConfig(steps=60, warmup_steps=10)
     return cfg, embedded_policy_path(cfg)
 

@@ -69,6 +69,9 @@ def test_two_step_fit_writes_an_mlflow_run(two_step_runs, engine):
         assert [m.step for m in history[key]] == [0, 1], key
     assert [m.value for m in history["train/policy_version"]] == [1.0, 2.0]
     assert max(m.value for m in history["train/logprob_mismatch_mean"]) < 1e-3
+    # GRPO's K = 1 is on policy for its single update: ratio exactly 1, nothing clipped.
+    assert all(abs(m.value - 1) < 1e-6 for m in history["train/ratio_mean"])
+    assert all(m.value == 0 for m in history["train/clip_frac_high"] + history["train/clip_frac_low"])
     assert [m.step for m in history["val/accuracy"]] == [0, 2]  # before RL and after the last step
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
     assert "config.yaml" in artifacts

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from filelock import FileLock
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = ["fit", "--config", "configs/base.yaml", "--config", "configs/algo/grpo.yaml"]
@@ -79,11 +82,19 @@ class TwoStepRuns:
         return f"sqlite:///{self.root}/mlflow.db"
 
     def get(self, engine: str) -> subprocess.CompletedProcess:
+        """The run on `engine`: trained by the first test process that asks (the session's workers share `root`),
+        read back from its record by the others."""
         if engine not in self.procs:
-            verbose = ["-v"] if engine == "hf" else []
-            self.procs[engine] = run_cli([*verbose, *small_run_args(self.root, self.model_dir),
-                                          "--rollout.engine", engine, "--trainer.logger.init_args.run_name", f"grpo-{engine}",
-                                          # Room for the warm start's whole answers, so some are right.
-                                          "--rollout.max_response_length", "40",
-                                          "--trainer.logger.init_args.system_metrics_interval_s", "1"], self.root)  # fmt: skip
+            record = self.root / f"grpo-{engine}.json"
+            with FileLock(str(record) + ".lock"):
+                if not record.exists():
+                    proc = run_cli([*(["-v"] if engine == "hf" else []), *small_run_args(self.root, self.model_dir),
+                                    "--rollout.engine", engine, "--trainer.logger.init_args.run_name", f"grpo-{engine}",
+                                    # Room for the warm start's whole answers, so some are right.
+                                    "--rollout.max_response_length", "40",
+                                    "--trainer.logger.init_args.system_metrics_interval_s", "1"], self.root)  # fmt: skip
+                    record.write_text(json.dumps({"args": proc.args, "returncode": proc.returncode,
+                                                  "stdout": proc.stdout, "stderr": proc.stderr}))  # fmt: skip
+            run = json.loads(record.read_text())
+            self.procs[engine] = subprocess.CompletedProcess(run["args"], run["returncode"], run["stdout"], run["stderr"])
         return self.procs[engine]
