@@ -129,11 +129,3 @@ def lagged_module(tiny_policy_dir):
         module.teardown("fit")
         for cb in module.trainer.callbacks:
             cb.teardown(module.trainer, module, "fit")
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    """The files with end-to-end runs first. `make test` hands whole files to its workers in this order
-    (pytest-xdist's loadfile), so the longest files start first and the short ones fill the workers in at the
-    end, rather than one long file running alone at the end while the other worker idles."""
-    heavy = {item.path for item in items if item.get_closest_marker("e2e")}
-    items.sort(key=lambda item: item.path not in heavy)  # stable: each file's own order is kept
