@@ -16,7 +16,10 @@ from rlvr_lightning.console import quiet_libraries
 @pytest.fixture
 def clean_env(monkeypatch):
     for key in ("RLVR_VERBOSE", "VLLM_LOGGING_LEVEL", "TORCH_CPP_LOG_LEVEL", "TRANSFORMERS_VERBOSITY"):
-        monkeypatch.delenv(key, raising=False)
+        # setenv first records the variable's state, so what quiet_libraries sets in the test is undone after
+        # it (delenv of an absent variable records nothing: `-v` then stayed on for the process's later tests)
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     levels = {name: logging.getLogger(name).level for name in ("vllm", "lightning.fabric.utilities.seed")}
     with warnings.catch_warnings():
         yield monkeypatch
