@@ -142,8 +142,9 @@ class RLVRModule(L.LightningModule):
         self.hparams["lora"] = None if self.lora is None else asdict(self.lora)  # flat MLflow params, plain pickles
         self.automatic_optimization = False
         check_values(self.hparams)
-        self.pieces = BoundPieces.of(algorithm_args(self.hparams, type(self)))  # each piece checks its knobs; the combination is checked
-        self.hparams["piece_args"] = piece_args_run_with(algorithm_args(self.hparams, type(self)))  # every knob the pieces run with, for the record
+        args = algorithm_args(self.hparams, type(self))  # what the pieces read: which arguments the algorithm sets
+        self.pieces = BoundPieces.of(args)  # each piece checks its knobs; the combination is checked
+        self.hparams["piece_args"] = piece_args_run_with(args)  # every knob the pieces run with, for the record
         self.policy, self.ref_policy = None, None  # built in configure_model (FSDP shards them there)
         self.rollout_batches = 0  # completed training steps (rollout batches); the x-axis of every metric
         self.latest_val: dict[str, float] = {}
@@ -263,7 +264,7 @@ class RLVRModule(L.LightningModule):
         """The training step of this module's settings (`rlvr_lightning.training.step`)."""
         return TrainingStep(self.step_algorithm(), self.pieces, self.update_plan(), self.behaviour_source(),
                             self.hparams.mask_truncated, advantage_shapers(self.trainer), self.nonfinite, self.engines,
-                            self.datamodule.rollout, self.hparams.logprob_chunk_tokens)  # fmt: skip
+                            self.datamodule.rollout)  # fmt: skip
 
     def generate(self, batch: PromptBatch, sampling: SamplingConfig | None = None) -> Rollout:
         """Sample completions for a prompt batch (training sampling settings unless given)."""

@@ -90,20 +90,17 @@ class Piece:
     def what(self) -> str:
         return f"{self.flag}={self.name}" if self.flag else f"{self.kind} {self.name!r}"
 
-    def knob_values(self, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Every knob's value as the piece runs with it: `values` (the module's hyper-parameters), then
-        `piece_args`, then the function's own default."""
+    def resolved_knobs(self, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None = None) -> dict[str, tuple[Any, str]]:
+        """Every knob of its functions with its value as the piece runs with it and where that came from
+        (`resolved_knobs`): `values` (the algorithm's arguments), then `piece_args`, then the function's default."""
         knobs = {}
         for fn in self.functions:
-            knobs.update(knob_values(fn, self.what, values, piece_args))
+            knobs.update(resolved_knobs(fn, self.what, values, piece_args))
         return knobs
 
-    def knob_sources(self, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None = None) -> dict[str, str]:
-        """Where each knob's value comes from (`resolved_knobs`)."""
-        sources = {}
-        for fn in self.functions:
-            sources.update({k: source for k, (_, source) in resolved_knobs(fn, self.what, values, piece_args).items()})
-        return sources
+    def knob_values(self, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Every knob's value as the piece runs with it."""
+        return {name: value for name, (value, _) in self.resolved_knobs(values, piece_args).items()}
 
     def bind(self, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None = None) -> Callable:
         """The function with its knobs fixed from `values` (the module's hyper-parameters), then
@@ -122,13 +119,14 @@ class Piece:
         needs = [name for name in keyword_only(self.check) if name in RUN_SETTINGS]
         if any(name not in (run or {}) for name in needs):
             return  # at fit start, when the run settings are known
-        resolved = {**self.knob_values(values, piece_args), **{k: run[k] for k in needs}}  # the function's defaults too
+        own = self.resolved_knobs(values, piece_args)
+        resolved = {**{k: v for k, (v, _) in own.items()}, **{k: run[k] for k in needs}}  # the function's defaults too
         knobs = knob_values(self.check, self.what, resolved, piece_args)
         try:
             self.check(**knobs)
         except ValueError as err:
-            sources = ", ".join(f"{k}={v!r} ({self.knob_sources(values, piece_args).get(k, 'its default') if k not in needs else 'the run'})"
-                                for k, v in knobs.items())  # fmt: skip
+            source = {**{k: s for k, (_, s) in own.items()}, **dict.fromkeys(needs, "the run")}
+            sources = ", ".join(f"{k}={v!r} ({source.get(k, 'its default')})" for k, v in knobs.items())
             raise ConfigError(f"{self.what}: {err} [{sources}]") from None
 
     def __getitem__(self, trait: str) -> Any:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 
+from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.models.lora import LoraSettings
 from rlvr_lightning.models.weights import full_weights, load_into_engine
 from rlvr_lightning.rollout.engine import RolloutEngine, ScoreFn
@@ -40,7 +42,7 @@ class EngineSpec:
     lora: LoraSettings | None
     engine_dtype: str  # what the engine computes in (`engine_setup.engine_compute_dtype`)
     trainer_dtype: str  # what the trainer's forwards compute in (`engine_setup.trainer_compute_dtype`)
-    chunk_tokens: int  # the LM head's chunk where the trainer's module scores (the HF engine)
+    chunk_tokens: int  # the LM head's chunk where the trainer's module scores (the probe, the HF engine)
     barrier: Callable[[], None] | None = None  # the trainer's ranks' barrier; None: one process
 
 
@@ -66,7 +68,7 @@ class EngineSession:
             s = self.spec
             if s is None:
                 raise RuntimeError("the engine session has no spec yet: attach() it once the policy is built")
-            self._engine = build_rollout_engine(s.datamodule, s.trainer, s.policy, s.lora, s.engine_dtype, s.chunk_tokens)
+            self._engine = build_rollout_engine(s.datamodule, s.trainer, s.policy, s.lora, s.engine_dtype, self.trainer_score)
             if self.tol_follows_precision:
                 self.sync.probe.tol = default_sync_tol(s.engine_dtype, s.trainer_dtype)
         return self._engine
@@ -75,6 +77,12 @@ class EngineSession:
     def engine(self, engine: RolloutEngine) -> None:
         """Use `engine` (one built elsewhere: a bench's, a test's stand-in server)."""
         self._engine = engine
+
+    @property
+    def trainer_score(self) -> ScoreFn:
+        """The trainer's log-probs of one sequence, in the update's LM-head chunks: the probe's trainer side, and
+        the HF engine's own scoring."""
+        return partial(sequence_logprobs, self.spec.policy, chunk_tokens=self.spec.chunk_tokens)
 
     @property
     def shared_by_ranks(self) -> bool:
@@ -106,13 +114,13 @@ class EngineSession:
             self.load(self.policy_version)
             self.after_sync()
 
-    def sync_weights(self, rollout: Rollout, trainer_score: ScoreFn, timer: StageTimer) -> None:
+    def sync_weights(self, rollout: Rollout, timer: StageTimer) -> None:
         """After an update: wait for the stream's segment in flight, hand the engine the next version, probe
         it against the trainer on `rollout`'s probe sequence, and let the stream generate with it."""
         if self.stream is not None:
             self.stream.wait(timer)  # the servers take new weights between segments only
         with timer("weight_sync"):
-            self.sync.sync(self.engine, self.load, self.policy_version + 1, rollout, trainer_score)
+            self.sync.sync(self.engine, self.load, self.policy_version + 1, rollout, self.trainer_score)
             self.after_sync()
             self.policy_version += 1
         if self.stream is not None:

@@ -3,15 +3,13 @@ the dtypes the engine and the trainer compute in (they set the weight-sync probe
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import torch
 
 from rlvr_lightning.device_defaults import Accelerator
-from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.models.lora import LoraSettings, warn_on_merged_half_precision
-from rlvr_lightning.rollout.engine import RolloutEngine
+from rlvr_lightning.rollout.engine import RolloutEngine, ScoreFn
 from rlvr_lightning.rollout.settings import EngineSite, vllm_auto_dtype
 
 
@@ -36,13 +34,13 @@ def engine_compute_dtype(rollout: Any, policy_config: Any, trainer_dtype: str, a
 
 
 def build_rollout_engine(datamodule: Any, trainer: Any, policy: torch.nn.Module, lora: LoraSettings | None,
-                         engine_dtype: str, chunk_tokens: int) -> RolloutEngine:  # fmt: skip
+                         engine_dtype: str, trainer_score: ScoreFn) -> RolloutEngine:  # fmt: skip
     """The engine of the `rollout:` section for this rank; warns (once) where a merged LoRA sync would lose updates.
-    `chunk_tokens`: the LM head's chunk when the trainer's module scores (the HF engine), as in the update."""
+    `trainer_score`: the trainer's log-probs of one sequence (what the HF engine, the trainer's own module, scores with)."""
     adapter_rank = lora.engine_max_rank if lora is not None and lora.sync == "adapter" else None
     engine = datamodule.rollout.build_engine(EngineSite(
         datamodule.policy_path, datamodule.max_model_len(), datamodule.hparams.seed, policy,
-        partial(sequence_logprobs, policy, chunk_tokens=chunk_tokens), datamodule.tokenizer, trainer.global_rank, trainer.world_size,
+        trainer_score, datamodule.tokenizer, trainer.global_rank, trainer.world_size,
         trainer.local_rank, trainer.num_devices, adapter_rank,
     ))  # fmt: skip
     if datamodule.rollout.engine != "hf" and trainer.is_global_zero:

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
 
 from rlvr_lightning.callbacks.rollout import AdvantageShaper
 from rlvr_lightning.context import ScoredBatch, StepContext
-from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.pieces.kinds import AdvantageInputs
 from rlvr_lightning.rollout.types import PromptBatch, Rollout
 from rlvr_lightning.training.algorithm import BoundPieces
@@ -70,7 +68,6 @@ class TrainingStep:
     nonfinite: NonFiniteGuard  # the streak of non-finite updates, across rollout batches
     session: EngineSession  # the engine, the weight sync, the stream
     rollout_settings: Any  # the `rollout:` section (its stream settings)
-    chunk_tokens: int  # the LM head's chunk of the trainer's probe forward
 
     @property
     def stream(self) -> Stream | None:
@@ -94,7 +91,7 @@ class TrainingStep:
         with timer("update"):
             update_metrics = self.update.run(step, inputs, len(rollout.batch), optimization)
         token_weights = compose_token_weights(weights, inputs.behaviour.token_weights())
-        self.session.sync_weights(rollout, partial(sequence_logprobs, step.policy, chunk_tokens=self.chunk_tokens), timer)
+        self.session.sync_weights(rollout, timer)
         behaviour_metrics = getattr(inputs.behaviour, "metrics", dict)()  # a correction read in the update's forwards
         metrics = {**update_metrics, **prepare_metrics, **behaviour_metrics, **shaper_metrics(self.shapers),
                    **rollout.staleness(step.policy_version)}  # fmt: skip

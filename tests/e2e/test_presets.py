@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,7 @@ COMPOSED = [
 @pytest.mark.e2e
 def test_pieces_of_four_papers_compose_in_one_run(tmp_path, quick_warm_start):
     """CISPO's loss, RLOO's advantages, IcePop's rollout correction and THR's token reweighting."""
-    run, history = composed_run(tmp_path, quick_warm_start[1], "cispo", COMPOSED)
+    run, history = two_batch_run(tmp_path, quick_warm_start[1], "cispo", COMPOSED)
     params = run.data.params
     assert (params["model.init_args.policy_loss"], params["model.init_args.advantage_estimator"],
             params["model.init_args.rollout_correction"]) == ("cispo", "rloo", "icepop")  # fmt: skip
@@ -69,7 +70,7 @@ THIS_YEARS = [
 def test_this_years_pieces_compose_with_thr_in_one_run(tmp_path, quick_warm_start):
     """DPPO's trust-region loss, MaxRL's advantages, the token-sum aggregation, OPSM's sequence mask and
     Kimi's regulariser to the behaviour policy, with THR's token reweighting, through the CLI."""
-    run, history = composed_run(tmp_path, quick_warm_start[1], "grpo", THIS_YEARS)
+    run, history = two_batch_run(tmp_path, quick_warm_start[1], "grpo", THIS_YEARS)
     params = run.data.params
     assert [params[f"model.init_args.{k}"] for k in ("policy_loss", "advantage_estimator", "loss_agg",
             "rollout_correction", "kl_estimator")] == ["dppo-tv", "maxrl", "seq-mean-token-sum", "opsm", "kimi"]  # fmt: skip
@@ -102,9 +103,9 @@ def callback_param(run, class_name: str, arg: str) -> str:
     return params[f"trainer.callbacks.{index}.init_args.{arg}"]
 
 
-def composed_run(tmp_path: Path, model_dir: Path, preset: str, pieces: list[str]):
-    """The preset with `pieces` over it, 2 rollout batches of 40-token answers (4 optimizer steps): its run
-    and metric history."""
+def two_batch_run(tmp_path: Path, model_dir: Path, preset: str, pieces: Sequence[str] = ()):
+    """The preset with `pieces` over it, 2 rollout batches of 40-token answers, run by the CLI in `tmp_path`:
+    its finished run and metric history."""
     args = [*preset_args(tmp_path, preset, model_dir, max_response_length=40), "--rollout_batches", "2"]
     proc = run_cli([*args, *pieces], tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -137,10 +138,7 @@ def finished_run(tmp_path: Path, algo: str):
 )
 def test_preset_two_step_fit(tmp_path, quick_warm_start, algo, cls, extra):
     _, model_dir = quick_warm_start
-    args = [*preset_args(tmp_path, algo, model_dir, max_response_length=40), "--rollout_batches", "2"]
-    proc = run_cli([*args, *extra], tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    run, history = finished_run(tmp_path, algo)
+    run, history = two_batch_run(tmp_path, model_dir, algo, extra)
     assert run.data.tags["algorithm"] == cls
     for key in METRICS_EVERY_PRESET_LOGS:
         assert [m.step for m in history[key]] == [0, 1], key
@@ -158,16 +156,13 @@ def test_preset_two_step_fit(tmp_path, quick_warm_start, algo, cls, extra):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("algo", ["real"])  # real-bce: the same step, another loss (algos/test_real.py)
-def test_real_presets_two_step_fit(tmp_path, quick_warm_start, algo):
+def test_real_preset_two_step_fit(tmp_path, quick_warm_start):
+    """real-bce is the same step with another loss (algos/test_real.py)."""
     _, model_dir = quick_warm_start
     # Two rollout batches of K = 4 optimizer steps; 4 prompts → one prompt (one whole group) per step.
-    args = [*preset_args(tmp_path, algo, model_dir, max_response_length=40), "--rollout_batches", "2"]
-    proc = run_cli(args, tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    run, history = finished_run(tmp_path, algo)
+    run, history = two_batch_run(tmp_path, model_dir, "real")
     assert run.data.tags["algorithm"] == "REAL"
-    assert run.data.params["model.init_args.policy_loss"] == ("real-bce" if algo == "real-bce" else "real-anchor")
+    assert run.data.params["model.init_args.policy_loss"] == "real-anchor"
     for key in ("train/loss", "train/entropy", "train/mixed_group_frac", "train/grad_norm", "time/update"):
         assert [m.step for m in history[key]] == [0, 1], key
     # Logged only for batches with a mixed group; the seeded warm start samples some, so it must be there.
@@ -218,10 +213,7 @@ THR_ON_GSPO_TOKEN = [
 )
 def test_thr_presets_two_step_fit(tmp_path, quick_warm_start, algo, extra, p):
     _, model_dir = quick_warm_start
-    args = [*preset_args(tmp_path, algo, model_dir, max_response_length=40), "--rollout_batches", "2"]
-    proc = run_cli([*args, *extra], tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    run, history = finished_run(tmp_path, algo)
+    run, history = two_batch_run(tmp_path, model_dir, algo, extra)
     assert float(callback_param(run, "THRAttribution", "p")) == p
     for key in ("train/thr/dominant_frac", "train/thr/positive_frac", "train/thr/abs_p90",
                 "train/thr/abs_entropy_spearman", "time/attribution"):  # fmt: skip
@@ -243,10 +235,7 @@ def test_oar_presets_two_step_fit(tmp_path, quick_warm_start):
     for algo in ("oar-g", "oar-p"):
         run_dir = tmp_path / algo
         run_dir.mkdir()
-        args = [*preset_args(run_dir, algo, model_dir, max_response_length=40), "--rollout_batches", "2"]
-        proc = run_cli(args, run_dir)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        run, history = finished_run(run_dir, algo)
+        run, history = two_batch_run(run_dir, model_dir, algo)
         assert callback_param(run, "OARAttribution", "method") == ("gradient" if algo == "oar-g" else "perturbation")
         for key in ("train/oar/weight_p50", "train/oar/suppressed_frac", "train/oar/boosted_frac",
                     "train/oar/no_answer_span_frac", "time/attribution"):  # fmt: skip
