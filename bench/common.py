@@ -53,12 +53,12 @@ def close(module) -> None:
     for cb in module.trainer.callbacks:
         cb.teardown(module.trainer, module, "fit")
     module.teardown("fit")  # closes the engine
-    module.datamodule.teardown("fit")
+    module.trainer.datamodule.teardown("fit")
 
 
 def prompt_batches(module):
     while True:
-        yield from module.datamodule.train_dataloader()
+        yield from module.trainer.datamodule.train_dataloader()
 
 
 def timed_steps(module, steps: int, warmup: int = 1) -> list[tuple]:

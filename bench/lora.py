@@ -26,6 +26,8 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 from common import embedded_module, median, peak_rss_mib, run_child, timed_steps, write  # noqa: E402
 from trl_side import trl_grpo_steps  # noqa: E402
 
+from rlvr_lightning.training.settings import OptimSettings, UpdateSettings
+
 B, G, MAX_TOKENS, BETA = 16, 8, 40, 0.001
 LR = {"full": 3e-5, "lora": 3e-4}
 RANK, ALPHA = 16, 32
@@ -39,12 +41,12 @@ def ours(variant: str, steps: int) -> dict:
 
     sync = {"lora-adapter": "adapter"}.get(variant, "merged")
     lora = None if variant == "full" else LoraSettings(rank=RANK, alpha=ALPHA, sync=sync)
-    module = GRPO(lr=LR["full" if lora is None else "lora"], kl_coef=BETA, clip_eps_low=0.2, clip_eps_high=0.2,
-                  micro_batch_size=128, lora=lora)  # fmt: skip
+    module = GRPO(kl_coef=BETA, clip_eps_low=0.2, clip_eps_high=0.2, optim=OptimSettings(lr=LR["full" if lora is None else "lora"]),
+                  update=UpdateSettings(micro_batch_size=128), lora=lora)  # fmt: skip
     engine = "hf" if variant == "lora-hf" else "vllm"
     module = embedded_module(module, engine=engine, batch_size=B, group_size=G, max_response_length=MAX_TOKENS)
     if lora is not None and lora.sync == "adapter" and engine == "vllm":
-        module.engines.load(0)  # as on_train_start does: every request carries the adapter from the start
+        module.session.load(0)  # as on_train_start does: every request carries the adapter from the start
     sent = adapter_weights if lora is not None and lora.sync == "adapter" else full_weights
     sync_bytes = 0 if engine == "hf" else sum(t.numel() * t.element_size() for _, t in sent(module.policy))
     trainable, total = parameter_counts(module.policy)

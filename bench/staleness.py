@@ -24,6 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import embedded_module, median, prompt_batches, run_child, write  # noqa: E402
 
+from rlvr_lightning.training.settings import OptimSettings, UpdateSettings
+
 MODES = {  # name → rollout settings
     "sync": {"max_staleness": 0},
     "one-ahead": {"max_staleness": 1},
@@ -35,7 +37,7 @@ MODES = {  # name → rollout settings
 def one(mode: str, steps: int, replicas: int) -> dict:
     from rlvr_lightning.algos import GRPO
 
-    module = embedded_module(GRPO(lr=3e-5, kl_coef=0.001, micro_batch_size=128), engine="vllm-server",
+    module = embedded_module(GRPO(kl_coef=0.001, optim=OptimSettings(lr=3e-5), update=UpdateSettings(micro_batch_size=128)), engine="vllm-server",
                              server_replicas=replicas, **MODES[mode])  # fmt: skip
     batches = prompt_batches(module)
     times, ahead = [], []

@@ -46,7 +46,7 @@ def main() -> None:
     from rlvr_lightning.training.step_metrics import StageTimer
 
     module = embedded_module(GRPO())
-    pad = module.datamodule.tokenizer.pad_token_id
+    pad = module.trainer.datamodule.tokenizer.pad_token_id
     head_model = untied(module.policy)
     batches = prompt_batches(module)
     # per step kind: [groups where it held, groups with tokens of that sign]

@@ -81,7 +81,7 @@ def logged_params(cfg: dict, module, device_defaults: DeviceDefaults | None = No
 
 
 def flatten_config(cfg: dict, prefix: str = "") -> dict[str, object]:
-    """Dotted keys, exactly the CLI flag names (`model.init_args.lr`), for MLflow params.
+    """Dotted keys, exactly the CLI flag names (`model.init_args.optim.lr`), for MLflow params.
 
     The logger's own settings are left out: they are not hyper-parameters, and the tracking URI is
     machine-specific. Lists (callbacks) are flattened by index.

@@ -80,7 +80,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
                         callbacks=[RewardVerifier(num_workers=args.verifier_workers), evaluation], logger=logger)  # fmt: skip
     if adapter is not None:
         load_adapter_weights(module.policy, adapter.tensors)
-        module.engines.load(0)
+        module.session.load(0)
     try:
         results = evaluation.evaluate(module.trainer, module)
     finally:

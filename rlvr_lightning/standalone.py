@@ -15,6 +15,7 @@ from lightning.pytorch.loggers import Logger
 
 from rlvr_lightning.algos.base import RLVRModule
 from rlvr_lightning.data.datamodule import RolloutDataModule
+from rlvr_lightning.training.wiring import engine_spec
 
 
 def standalone(
@@ -35,4 +36,5 @@ def standalone(
     module.configure_model()
     module.to(trainer.strategy.root_device)
     trainer.strategy.setup_optimizers(trainer)  # module.optimizers() / lr_schedulers(), as in fit
+    module.session.attach(engine_spec(module))  # as on_fit_start: the policy is on its device
     return module

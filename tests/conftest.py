@@ -120,7 +120,7 @@ def lagged_module(tiny_policy_dir):
     def with_server(**kw):
         module = build(**kw)
         module.events = []
-        module.session.engine = SlowAheadServer(module.policy, module.datamodule.tokenizer, module.events)
+        module.session.engine = SlowAheadServer(module.policy, module.trainer.datamodule.tokenizer, module.events)
         built.append(module)
         return module
 

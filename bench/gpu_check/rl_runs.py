@@ -28,7 +28,7 @@ RUNS = {  # name → (preset, extra flags)
     "real": ("real", []),
     "thr": ("thr", []),
     "oar-g": ("oar-g", []),
-    "grpo-lora": ("grpo", ["--model.init_args.lora.rank", "16", "--model.init_args.lr", "3e-4"]),
+    "grpo-lora": ("grpo", ["--model.init_args.lora.rank", "16", "--model.init_args.optim.lr", "3e-4"]),
 }
 # batch_size: a multiple of REAL's 4 mini-batches.
 FULL = {"rollout_batches": 3, "batch_size": 16, "group_size": 8, "max_response_length": 40, "val_size": 64}

@@ -72,28 +72,16 @@ class DAPO(GRPO):
         )
         self.dynamic_sampler = DynamicSampler(gen_batch_size, max_num_gen_batches, on_exhausted, max_empty_batches)
 
-    def validate_config(self) -> None:
-        super().validate_config()
-        dm, rollout = self.datamodule.hparams, self.datamodule.rollout
-        if self.hparams.gen_batch_size is not None and self.hparams.gen_batch_size < dm.batch_size:
-            raise ConfigError(
-                f"model.gen_batch_size={self.hparams.gen_batch_size} must be ≥ data.batch_size={dm.batch_size}"
-            )
-        if self._overlong_buffer_len() > rollout.max_response_length:
-            raise ConfigError(
-                f"model.overlong_buffer_len={self.hparams.overlong_buffer_len} exceeds "
-                f"rollout.max_response_length={rollout.max_response_length}"
-            )
-
-    def _overlong_buffer_len(self) -> int:
-        h = self.hparams
-        L_max = self.datamodule.rollout.max_response_length
-        return h.overlong_buffer_len if h.overlong_buffer_len is not None else L_max // 5
-
     def step_algorithm(self) -> DAPOStep:
-        h = self.hparams
-        return DAPOStep(self.dynamic_sampler if h.dynamic_sampling else None, h.signed_reward, self._overlong_buffer_len(),
-                        h.overlong_penalty_factor, self.datamodule.rollout.max_response_length)  # fmt: skip
+        """DAPO's step on this run, checked against its data and rollout settings."""
+        h, dm = self.hparams, self.trainer.datamodule
+        L_max = dm.rollout.max_response_length
+        buffer = h.overlong_buffer_len if h.overlong_buffer_len is not None else L_max // 5
+        if h.gen_batch_size is not None and h.gen_batch_size < dm.hparams.batch_size:
+            raise ConfigError(f"model.gen_batch_size={h.gen_batch_size} must be ≥ data.batch_size={dm.hparams.batch_size}")
+        if buffer > L_max:
+            raise ConfigError(f"model.overlong_buffer_len={h.overlong_buffer_len} exceeds rollout.max_response_length={L_max}")
+        return DAPOStep(self.dynamic_sampler if h.dynamic_sampling else None, h.signed_reward, buffer, h.overlong_penalty_factor, L_max)
 
 
 class DAPOStep(StepAlgorithm):

@@ -46,7 +46,8 @@ class REAL(RLVRModule):
             num_mini_batches: optimizer steps per rollout batch (the authors' recipe: 4).
             kl_coef: β of an optional KL penalty to the initial policy (off in the paper).
         """
+        # `tau` and `two_pass` reach REAL's losses and the objective through the module's recorded arguments.
         super().__init__(
-            policy_loss=policy_loss, advantage_estimator=advantage_estimator, two_pass=two_pass,
-            num_mini_batches=num_mini_batches, kl_coef=kl_coef, **kwargs,
-        )  # fmt: skip
+            policy_loss=policy_loss, advantage_estimator=advantage_estimator, num_mini_batches=num_mini_batches,
+            kl_coef=kl_coef, **kwargs,
+        )

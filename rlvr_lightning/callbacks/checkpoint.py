@@ -93,7 +93,7 @@ class ResumableCheckpoint(Checkpoint):
             else:
                 os.replace(tmp, last)
             info = {"rollout_batches": pl_module.rollout_batches, "global_step": trainer.global_step,
-                    "policy_version": pl_module.policy_version, "mlflow_run_id": getattr(trainer.logger, "run_id", None),
+                    "policy_version": pl_module.session.policy_version, "mlflow_run_id": getattr(trainer.logger, "run_id", None),
                     "checkpoint": str(last)}  # fmt: skip
             (out / "last.json").write_text(json.dumps(info, indent=2))
         trainer.strategy.barrier("checkpoint saved")

@@ -45,7 +45,7 @@ class HFExport(Callback):
     def export(self, trainer: L.Trainer, pl_module, name: str) -> Path:
         """The export's directory (a LoRA policy's: its adapter)."""
         # Every rank takes part in gathering sharded (FSDP) weights; rank 0 writes them.
-        out, lora = self.run_dir(trainer) / name, pl_module.lora
+        out, lora = self.run_dir(trainer) / name, pl_module.settings.lora
         if lora is not None:
             adapter = dict(adapter_weights(pl_module.policy))
             if trainer.is_global_zero:
@@ -74,7 +74,7 @@ class HFExport(Callback):
 
     def _record(self, trainer: L.Trainer, pl_module, name: str, out: Path) -> None:
         """What the export holds (`rlvr_export.json`) and where it went (the MLflow run's `export/<name>` tag)."""
-        meta = {"rollout_batches": pl_module.rollout_batches, "policy_version": pl_module.policy_version,
+        meta = {"rollout_batches": pl_module.rollout_batches, "policy_version": pl_module.session.policy_version,
                 "algorithm": type(pl_module).__name__, "mlflow_run_id": getattr(trainer.logger, "run_id", None)}  # fmt: skip
         (out / "rlvr_export.json").write_text(json.dumps(meta, indent=2))
         # An MLflow client has `set_tag`; another logger's experiment (Lightning's CSVLogger's writer) has not.

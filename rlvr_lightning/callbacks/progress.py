@@ -17,12 +17,21 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 def rollout_batches_total(trainer, module) -> int | float:
     """Rollout batches the run will train: max_steps / (optimizer steps per rollout batch), else
     max_epochs passes over the prompts; inf when neither bounds the run."""
-    per_batch = module.hparams.num_mini_batches * module.hparams.ppo_epochs
+    per_batch = module.settings.optimizer_steps_per_rollout_batch
     if trainer.max_steps and trainer.max_steps > 0:
         return math.ceil(trainer.max_steps / per_batch)
     if trainer.max_epochs and trainer.max_epochs > 0 and trainer.num_training_batches != math.inf:
         return trainer.max_epochs * trainer.num_training_batches
     return math.inf
+
+
+def bar_metrics(metrics: dict[str, float], latest_val: dict[str, float]) -> dict[str, float]:
+    """What a trained rollout batch shows on the progress bar: its reward and accuracy, and the latest held-out
+    accuracy once there is one."""
+    bar = {"reward": metrics["train/reward_mean"], "acc": metrics["train/accuracy"]}
+    if "val/accuracy" in latest_val:
+        bar["val_acc"] = latest_val["val/accuracy"]
+    return bar
 
 
 class RolloutProgressBar(TQDMProgressBar):

@@ -30,13 +30,14 @@ from rlvr_lightning.device_defaults import (
 from rlvr_lightning.models.embedded import TinyQwen2Spec, build_char_tokenizer, build_tiny_qwen2, save_policy
 from rlvr_lightning.models.forward import policy_forward, sequence_logprobs
 from rlvr_lightning.models.lm_head import supports_chunked_head
-from rlvr_lightning.models.lora import LoraSettings, apply_lora, as_settings
+from rlvr_lightning.models.lora import LoraSettings, apply_lora
 from rlvr_lightning.models.policy import load_policies
 from rlvr_lightning.models.weights import full_weights, load_into_engine
 from rlvr_lightning.rollout.settings import EngineSite, RolloutSettings
 from rlvr_lightning.rollout.sync import EngineSync, default_sync_tol
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, RolloutTensors, SamplingConfig
 from rlvr_lightning.training.engine_setup import engine_compute_dtype, trainer_compute_dtype
+from rlvr_lightning.training.settings import StepSettings
 
 PASS, FAIL, SKIP = "pass", "FAIL", "skipped"
 PROMPTS = ["What is 1+2-3?\n", "What is 17+20+9?\n", "Hi\n"]  # different lengths: left padding is exercised
@@ -71,9 +72,10 @@ class Setup:
         self.sample: Rollout | None = None
 
     # ---- the configuration -------------------------------------------------------------------------------
-    @property
-    def model_args(self):
-        return self.cfg.model.init_args
+    @cached_property
+    def settings(self) -> StepSettings:
+        """The run's step settings (`model:`), as the training module makes them."""
+        return StepSettings.of_config(self.cfg.model)
 
     @property
     def fsdp(self) -> bool:
@@ -91,7 +93,7 @@ class Setup:
     @property
     def trainer_dtype(self) -> str:
         return trainer_compute_dtype(
-            str(self.cfg.trainer.precision), self.model_args.fsdp_param_dtype if self.fsdp else None
+            str(self.cfg.trainer.precision), self.settings.fsdp_param_dtype() if self.fsdp else None
         )
 
     @property
@@ -104,12 +106,11 @@ class Setup:
     @cached_property
     def lora(self) -> LoraSettings | None:
         """The run's LoRA settings (`model.init_args.lora`), None for full fine-tuning."""
-        lora = getattr(self.model_args, "lora", None)
-        return as_settings(lora.as_dict() if hasattr(lora, "as_dict") else lora)
+        return self.settings.lora
 
     @property
     def sync_tol(self) -> float:
-        tol = self.model_args.sync_check_tol
+        tol = self.rollout.sync_check_tol
         return tol if tol is not None else default_sync_tol(self.engine_dtype, self.trainer_dtype)
 
     # ---- what the checks share ---------------------------------------------------------------------------
@@ -274,9 +275,9 @@ def fsdp_step(s: Setup) -> Row:
 
 # ---- 3. the chunked LM head ---------------------------------------------------------------------------------
 def chunked_head(s: Setup) -> Row:
-    name, chunk = "chunked LM head", int(s.model_args.logprob_chunk_tokens)
+    name, chunk = "chunked LM head", s.settings.update.logprob_chunk_tokens
     if chunk <= 0:
-        return Row(name, SKIP, note="model.init_args.logprob_chunk_tokens=0: the run computes the full logits")
+        return Row(name, SKIP, note="model.init_args.update.logprob_chunk_tokens=0: the run computes the full logits")
     model = s.trainer_policy
     unsupported = supports_chunked_head(model)
     if unsupported is not None:
@@ -289,7 +290,7 @@ def chunked_head(s: Setup) -> Row:
     diff, tol = masked_max(full - chunked, t.response_mask), default_sync_tol(s.trainer_dtype, s.trainer_dtype)
     figure = f"max |Δ log-prob| {diff:.1e} (tol {tol:g}, {s.trainer_dtype}, chunks of {chunk})"
     if diff > tol:
-        return Row(name, FAIL, figure, "set model.init_args.logprob_chunk_tokens 0 (full logits) and report it")
+        return Row(name, FAIL, figure, "set model.init_args.update.logprob_chunk_tokens 0 (full logits) and report it")
     return Row(name, PASS, figure)
 
 
@@ -312,7 +313,7 @@ def last_tokens_changed(t: RolloutTensors, vocab: int) -> tuple[RolloutTensors, 
 
 
 def packed_micro_batches(s: Setup) -> Row:
-    """A packed forward (`model.packing`; on CUDA the varlen kernel of `models.packed_attention`) against the
+    """A packed forward (`model.update.packing`; on CUDA the varlen kernel of `models.packed_attention`) against the
     padded one, and its causality and isolation: the bugs of a varlen kernel's arguments (a window that is not
     causal, boundaries off by one) pass a loose agreement on a random model, so each is probed on its own."""
     from rlvr_lightning.models.packed_attention import attention_implementation
@@ -330,7 +331,7 @@ def packed_micro_batches(s: Setup) -> Row:
     used = "sdpa, block-diagonal mask" if used == "sdpa" else used
     figure = f"max |Δ log-prob| {diff:.1e} (tol {tol:g}), leak {leak:.1e} (tol {PACKED_LEAK_TOL:g}); {used}, {s.trainer_dtype}"
     if diff > tol or leak > PACKED_LEAK_TOL:
-        return Row(name, FAIL, figure, "set model.init_args.packing false (padded micro-batches) and report it")
+        return Row(name, FAIL, figure, "set model.init_args.update.packing false (padded micro-batches) and report it")
     return Row(name, PASS, figure)
 
 
@@ -451,8 +452,8 @@ def flash_attention(s: Setup) -> Row:
 CHECKS = [
     ("libraries", libraries, "make setup"),
     ("FSDP2 training step", fsdp_step, "NCCL_DEBUG=INFO shows a NCCL failure; see docs/doctor.md"),
-    ("chunked LM head", chunked_head, "set model.init_args.logprob_chunk_tokens 0 (full logits)"),
-    ("packed micro-batches", packed_micro_batches, "set model.init_args.packing false (padded micro-batches)"),
+    ("chunked LM head", chunked_head, "set model.init_args.update.logprob_chunk_tokens 0 (full logits)"),
+    ("packed micro-batches", packed_micro_batches, "set model.init_args.update.packing false (padded micro-batches)"),
     ("rollout engine", engine_logprobs, "compare rollout.dtype with trainer.precision; see docs/doctor.md"),
     ("weight sync", weight_sync, "rollouts would come from a stale policy; see docs/doctor.md"),
     ("engine sleep → wake", sleep_wake, "set rollout.sleep_level 0"),

@@ -67,7 +67,7 @@ class GroupLossInputs:
 
 
 @dataclass(frozen=True)
-class StepNorms:
+class OptimizerStepNorms:
     """Global normalisers of one optimizer step, summed over its micro-batches and all ranks."""
 
     num_seqs: float  # N_S
@@ -121,7 +121,7 @@ policy_losses = Registry(
             "token_weights": True},
 )  # fmt: skip
 loss_aggregators = Registry(
-    "loss aggregator", "model.loss_agg", "fn(per_token [n, T], mask [n, T], StepNorms) → the micro-batch's loss"
+    "loss aggregator", "model.loss_agg", "fn(per_token [n, T], mask [n, T], OptimizerStepNorms) → the micro-batch's loss"
 )
 kl_estimators = Registry(
     "KL estimator", "model.kl_estimator", "fn(logp [n, T], anchor_logp [n, T]) → per-token KL",

@@ -12,7 +12,7 @@ from rlvr_lightning.pieces.kinds import ProximalInputs, proximal_policies
 @proximal_policies.register("recompute", anchor="decoupled-ppo-and-the-proximal-policy", forward=True)
 def recompute(x: ProximalInputs) -> torch.Tensor:
     """π_prox = θ_old, the trainer's weights when the update began, from a no-grad pass over the batch before
-    it (`model.behaviour_logprobs: trainer`). That pass runs outside this function: with this piece the update
+    it (`model.behaviour.logprobs: trainer`). That pass runs outside this function: with this piece the update
     reads its result, so the function is only what it stands for at the first optimizer step, log π_θ."""
     return x.current_logp
 

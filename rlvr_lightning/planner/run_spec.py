@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-import importlib
 import math
 from dataclasses import dataclass
-from types import SimpleNamespace
 
-from rlvr_lightning.device_defaults import Accelerator, config_device_defaults
+from rlvr_lightning.device_defaults import Accelerator, apply_to_config, config_device_defaults
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.planner.hardware import Hardware
 
@@ -26,7 +25,7 @@ class RunSpec:
     activation_checkpointing: bool
     micro_batch_size: int
     max_tokens_per_micro_batch: int | None
-    chunk_tokens: int  # model.logprob_chunk_tokens
+    chunk_tokens: int  # model.update.logprob_chunk_tokens
     with_reference: bool  # a KL term against the frozen initial policy, which the run loads
     num_mini_batches: int
     ppo_epochs: int
@@ -47,7 +46,7 @@ class RunSpec:
     whole_groups: bool = False  # micro-batches hold whole groups (a group-level loss; THR or OAR reading them)
     lora: object | None = None  # models.lora.LoraSettings of a LoRA policy
     partial_rollouts: bool = False  # rollout.partial_rollouts in the reproducible stream: segments, each prefilled again
-    # model.packing: micro-batches of real tokens only. The worst case planned has no padding, so a packed
+    # model.update.packing: micro-batches of real tokens only. The worst case planned has no padding, so a packed
     # forward holds the same tokens as a padded one and the plan is the same (on a GPU attention is planned
     # as a fused kernel either way: varlen packed, flash or memory-efficient padded).
     packing: bool = False
@@ -101,23 +100,23 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
     """The RunSpec of a parsed `make train` configuration (a jsonargparse Namespace, not instantiated). The
     settings it leaves to the device resolve for `hardware`, as `make train` resolves them on that device."""
     from rlvr_lightning.planner.models import model_config
-    from rlvr_lightning.training.behaviour import behaviour_source
+    from rlvr_lightning.rollout.settings import RolloutSettings
+    from rlvr_lightning.training.settings import StepSettings
 
     accelerator = Accelerator("cuda", bf16=True) if hardware.gpu else Accelerator("cpu")  # every listed GPU has bf16
     defaults = config_device_defaults(cfg, accelerator)
-    module_path, _, name = cfg.model.class_path.rpartition(".")
-    init_args = {**cfg.model.init_args.as_dict(), **defaults.section("model")}
-    module = getattr(importlib.import_module(module_path), name)(**init_args)  # light: no weights
-    h, data, trainer = module.hparams, cfg.data, cfg.trainer
-    rollout = SimpleNamespace(**{**vars(cfg.rollout), **defaults.section("rollout")})
+    cfg = copy.deepcopy(cfg)  # the caller's configuration stays as it was
+    apply_to_config(cfg, defaults)
+    settings = StepSettings.of_config(cfg.model)  # light: no module, no weights
+    data, trainer = cfg.data, cfg.trainer
+    rollout = RolloutSettings(**vars(cfg.rollout))
     callbacks = [c.class_path.rsplit(".", 1)[-1] for c in (trainer.callbacks or []) if hasattr(c, "class_path")]
+    shapers = tuple(c for c in callbacks if c in ("THRAttribution", "OARAttribution"))
+    step = settings.resolve(rollout, data.batch_size, accelerator, shapers)
     strategy = trainer.strategy
     strategy = strategy if isinstance(strategy, str) else getattr(strategy, "class_path", "")
     devices = trainer.devices
     devices = 1 if devices in ("auto", None) else len(devices) if isinstance(devices, list) else int(devices)
-    source = behaviour_source(h.behaviour_logprobs, h.num_mini_batches * h.ppo_epochs, module.corrects_rollouts,
-                              module.objective.reads_step_first, rollout.max_staleness > 0,
-                              module.pieces.approximates_proximal)  # fmt: skip
     plan = getattr(cfg, "plan", None)
     means = {name: getattr(plan, f"mean_{name}_length", None) for name in ("prompt", "response")}
     for name, cap, flag in (("prompt", data.max_prompt_length, "data.max_prompt_length"),
@@ -128,11 +127,11 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
     return RunSpec(
         model=data.model_name_or_path, model_config=model_config(data.model_name_or_path), hardware=hardware,
         devices=devices, nodes=int(trainer.num_nodes or 1), fsdp=strategy.endswith("FSDP2Strategy"),
-        precision=str(defaults.values["trainer.precision"]), fsdp_param_dtype=h.fsdp_param_dtype,
-        activation_checkpointing=h.activation_checkpointing, micro_batch_size=h.micro_batch_size,
-        max_tokens_per_micro_batch=h.max_tokens_per_micro_batch, chunk_tokens=h.logprob_chunk_tokens,
-        with_reference=module.objective.needs_reference, num_mini_batches=h.num_mini_batches, ppo_epochs=h.ppo_epochs,
-        separate_old_pass=source == "trainer", prompts_per_rank=data.batch_size, group_size=rollout.group_size,
+        precision=str(defaults.values["trainer.precision"]), fsdp_param_dtype=settings.fsdp_param_dtype(accelerator),
+        activation_checkpointing=settings.update.activation_checkpointing, micro_batch_size=step.layout.micro_batch_size,
+        max_tokens_per_micro_batch=step.layout.max_tokens_per_micro_batch, chunk_tokens=step.layout.logprob_chunk_tokens,
+        with_reference=step.needs_reference, num_mini_batches=step.layout.num_mini_batches, ppo_epochs=step.layout.ppo_epochs,
+        separate_old_pass=step.behaviour == "trainer", prompts_per_rank=data.batch_size, group_size=rollout.group_size,
         max_prompt_length=data.max_prompt_length, max_response_length=rollout.max_response_length,
         engine=rollout.engine, engine_dtype=rollout.dtype, gpu_memory_utilization=rollout.gpu_memory_utilization,
         sleep_level=rollout.sleep_level, kv_cache_gib=rollout.kv_cache_gib,
@@ -141,7 +140,7 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
         # generation is not cut into segments, so it is planned as one continuous batch.
         partial_rollouts=bool(rollout.partial_rollouts) and rollout.stream_mode == "reproducible",
         thr="THRAttribution" in callbacks, oar="OARAttribution" in callbacks,
-        whole_groups=module.objective.needs_whole_groups or "THRAttribution" in callbacks or "OARAttribution" in callbacks,
-        lora=module.lora, device_defaults=defaults, packing=bool(h.packing), enforce_eager=bool(rollout.enforce_eager),
+        whole_groups=step.whole_groups or bool(shapers), lora=settings.lora, device_defaults=defaults,
+        packing=step.layout.packing, enforce_eager=bool(rollout.enforce_eager),
         mean_prompt_length=means["prompt"], mean_response_length=means["response"],
     )  # fmt: skip

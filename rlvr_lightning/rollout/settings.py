@@ -75,6 +75,8 @@ class RolloutSettings:
         partial_rollouts: bool = False,
         stream_mode: Literal["reproducible", "throughput"] = "reproducible",
         stale_groups: Literal["hold", "drop"] = "hold",
+        sync_check_tol: float | None = None,
+        sync_check_every: int = 10,
     ) -> None:
         """Every argument is a CLI flag, `--rollout.<name>`.
 
@@ -131,6 +133,10 @@ class RolloutSettings:
                 it was issued: `hold` (steps train the groups due first, waiting for them; none is lost) or
                 `drop` (dropped and its prompt issued again; logs `train/groups_dropped` and
                 `train/dropped_response_length_mean`, since dropping favours short answers).
+            sync_check_tol: max |engine − trainer| log-prob on the probe sequence after a weight sync, and
+                between `vllm serve` replicas; None follows the precision (`rollout.sync.default_sync_tol`:
+                1e-4 when the engine and the trainer both compute in fp32, else 0.05).
+            sync_check_every: probe the first weight sync and every N-th after it.
         """
         if None in (dtype, gpu_memory_utilization, enforce_eager):  # built in Python: this machine's defaults
             given = {"rollout.dtype": dtype, "rollout.gpu_memory_utilization": gpu_memory_utilization,
@@ -173,6 +179,8 @@ class RolloutSettings:
                 raise ConfigError(f"rollout.{name} must be > 0 seconds, got {seconds}")
         if temperature <= 0:
             raise ConfigError(f"rollout.temperature must be > 0 for RL sampling, got {temperature}")
+        if sync_check_every < 1:
+            raise ConfigError(f"rollout.sync_check_every must be ≥ 1, got {sync_check_every}")
         self.group_size, self.max_response_length = group_size, max_response_length
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.engine, self.dtype, self.kv_cache_gib = engine, dtype, kv_cache_gib
@@ -184,6 +192,7 @@ class RolloutSettings:
         self.stream_mode, self.stale_groups = stream_mode, stale_groups
         self.server_request_timeout_s, self.weight_transfer_host = server_request_timeout_s, weight_transfer_host
         self.weight_transfer_timeout_s = weight_transfer_timeout_s
+        self.sync_check_tol, self.sync_check_every = sync_check_tol, sync_check_every
 
     def __repr__(self) -> str:
         return f"RolloutSettings({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"

@@ -17,7 +17,7 @@ returns values; the LightningModule builds the step and is never passed to it.
   shaping.py          the advantage shapers' (THR, OAR) token weights, composed
   batch.py            `UpdateInputs`, the micro-batch `LossBatch`, and the step's global counts
   objective.py        the loss composed from the registered pieces (`rlvr_lightning.pieces`)
-  plan.py             mini-batches, passes, micro-batch layout and clipping; the optimizer handles
+  layout.py           mini-batches, passes, micro-batch layout and clipping; the optimizer handles
   micro_batches.py    how a step's sequences are split into micro-batches (rows or token budgets)
   update.py           micro-batch gradient accumulation (or the two-pass method), clipping, the non-finite guard
   step_metrics.py     what each step logs, and the stage timer

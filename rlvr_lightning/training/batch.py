@@ -1,6 +1,6 @@
 """What the update reads: a rollout batch laid out for the loss (`UpdateInputs`), one micro-batch of
 it with θ_old's log-probs always present (`LossBatch`), and the optimizer step's global counts
-(`StepNorms`, the loss aggregators' input)."""
+(`OptimizerStepNorms`, the loss aggregators' input)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import torch
 from rlvr_lightning.context import Collectives
 from rlvr_lightning.models.forward import PolicyForward
 from rlvr_lightning.pieces.advantages import mixed_groups
-from rlvr_lightning.pieces.kinds import StepNorms
+from rlvr_lightning.pieces.kinds import OptimizerStepNorms
 from rlvr_lightning.rollout.types import RolloutTensors
+from rlvr_lightning.training.shaping import compose_token_weights
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,8 @@ class BehaviourLogprobs(Protocol):
         ...
 
     def token_weights(self) -> torch.Tensor | None:
-        """[N, T] weights the shapers gave inside the update's forwards, or None."""
+        """[N, T] the weights the shapers read from θ_old's LM-head inputs (in the pass before the update, or
+        in its forwards), or None."""
         ...
 
 
@@ -62,6 +64,12 @@ class UpdateInputs:
     group_size: int
     temperature: float  # the rollout's sampling temperature: log-probs are those of π/T
     behaviour: BehaviourLogprobs
+    shaper_weights: torch.Tensor | None = None  # [N, T] the shapers' own weights, before any forward (None: none)
+
+    def token_weights(self) -> torch.Tensor | None:
+        """[N, T] every advantage shaper's token weights, composed (None: no shaper weighs): their own, and those
+        read from θ_old's LM-head inputs, in the pass before the update or in its forward (complete after it)."""
+        return compose_token_weights(self.shaper_weights, self.behaviour.token_weights())
 
     def loss_batch(self, rows: torch.Tensor, forward: PolicyForward, updates: int = 0) -> LossBatch:
         """The micro-batch `rows` as the loss reads it, given its forward under the current policy."""
@@ -93,7 +101,7 @@ def select_loss_batch(
     )  # fmt: skip
 
 
-def step_norms(inputs: UpdateInputs, rows: torch.Tensor, collectives: Collectives, norm_const: float) -> StepNorms:
+def optimizer_step_norms(inputs: UpdateInputs, rows: torch.Tensor, collectives: Collectives, norm_const: float) -> OptimizerStepNorms:
     """The counts of the optimizer step over `rows`, summed across ranks with one all-reduce."""
     G = inputs.group_size
     mask = inputs.loss_mask[rows]
@@ -101,4 +109,4 @@ def step_norms(inputs: UpdateInputs, rows: torch.Tensor, collectives: Collective
     counts = torch.tensor(
         [float(mask.shape[0]), mask.sum().item(), mask.shape[0] / G, G * mixed.sum().item()], device=mask.device
     )
-    return StepNorms(*collectives.sum(counts).tolist(), world_size=collectives.world_size, norm_const=norm_const)
+    return OptimizerStepNorms(*collectives.sum(counts).tolist(), world_size=collectives.world_size, norm_const=norm_const)

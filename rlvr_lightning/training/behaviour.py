@@ -2,7 +2,7 @@
 
 - `trainer`: a separate no-grad forward of the trainer before the update (`separate_pass`), the default
   when a rollout batch gets several optimizer steps (θ_old must stay fixed while θ moves).
-- `rollout`: the rollout engine's own log-probs (`model.behaviour_logprobs=rollout`), no extra forward.
+- `rollout`: the rollout engine's own log-probs (`model.behaviour.logprobs=rollout`), no extra forward.
 - `update`: with exactly one optimizer step per rollout batch the update runs at θ_old, so each
   micro-batch's forward gives θ_old's log-probs (detached) for free (`FromUpdateForward`); the ratio is
   exactly 1 and its gradient that of log π_θ. THR's LM-head inputs are then read there too.
@@ -58,12 +58,13 @@ def behaviour_source(
 
 
 class Precomputed:
-    """θ_old's log-probs known before the update (the trainer's separate pass, or the engine's)."""
+    """θ_old's log-probs known before the update (the trainer's separate pass, or the engine's), and the
+    shapers' weights that pass read from θ_old's LM-head inputs."""
 
     reads_lm_head = False
 
-    def __init__(self, old_logp: torch.Tensor, source: BehaviourSource) -> None:
-        self.old_logp, self.source = old_logp, source
+    def __init__(self, old_logp: torch.Tensor, source: BehaviourSource, weights: torch.Tensor | None = None) -> None:
+        self.old_logp, self.source, self._weights = old_logp, source, weights
 
     def loss_batch(self, inputs: UpdateInputs, rows: torch.Tensor, forward: PolicyForward, updates: int = 0) -> LossBatch:
         return select_loss_batch(inputs, rows, forward.tensors, self.old_logp[rows])
@@ -72,7 +73,7 @@ class Precomputed:
         return self.old_logp
 
     def token_weights(self) -> torch.Tensor | None:
-        return None
+        return self._weights
 
 
 class FromUpdateForward:

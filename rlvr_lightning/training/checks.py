@@ -7,26 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rlvr_lightning.errors import ConfigError, check_choice
+from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces import rollout_corrections
 from rlvr_lightning.pieces.registry import Piece
 from rlvr_lightning.pieces.selection import selected_pieces
+from rlvr_lightning.training.layout import UpdateLayout
 from rlvr_lightning.training.objective import Objective
-from rlvr_lightning.training.plan import UpdatePlan
-
-
-def check_values(h: Mapping[str, Any]) -> None:
-    for flag, choices in (("lr_schedule", ("constant", "cosine")), ("behaviour_logprobs", ("trainer", "rollout")),
-                          ("fsdp_param_dtype", ("float32", "bfloat16"))):  # fmt: skip
-        check_choice(f"model.{flag}", h[flag], choices)
-    if h["num_mini_batches"] < 1 or h["ppo_epochs"] < 1 or h["micro_batch_size"] < 1:
-        raise ConfigError("model.num_mini_batches, model.ppo_epochs and model.micro_batch_size must be ≥ 1")
-    if h["max_tokens_per_micro_batch"] is not None and h["max_tokens_per_micro_batch"] < 1:
-        raise ConfigError(f"model.max_tokens_per_micro_batch must be ≥ 1 (or null), got {h['max_tokens_per_micro_batch']}")
-    if h["logprob_chunk_tokens"] < 0:
-        raise ConfigError(f"model.logprob_chunk_tokens must be ≥ 0 (0 = no chunking), got {h['logprob_chunk_tokens']}")
-    if h["sync_check_every"] < 1:
-        raise ConfigError(f"model.sync_check_every must be ≥ 1, got {h['sync_check_every']}")
 
 
 def check_pieces(h: Mapping[str, Any], objective: Objective, correction: Piece, proximal: Piece | None = None) -> None:
@@ -34,13 +20,12 @@ def check_pieces(h: Mapping[str, Any], objective: Objective, correction: Piece, 
     loss = objective.policy_loss
     corrects_rollouts = correction.name != "none"
     if proximal is not None and not proximal["forward"]:
-        if not corrects_rollouts or h["behaviour_logprobs"] == "rollout":
+        if not corrects_rollouts:
             raise ConfigError(
                 f"model.proximal_policy={proximal.name} approximates decoupled PPO's proximal policy, which a rollout "
-                "correction weighs against the behaviour policy: set model.rollout_correction (tis-token, icepop, …) "
-                "and keep model.behaviour_logprobs=trainer"
+                "correction weighs against the behaviour policy: set model.rollout_correction (tis-token, icepop, …)"
             )
-        if h["two_pass"] or objective.reads_step_first:
+        if objective.two_pass or objective.reads_step_first:
             raise ConfigError(
                 f"model.proximal_policy={proximal.name} is read in each micro-batch's forward; {loss.name} needs θ_old "
                 "before the step's first forward: use model.proximal_policy=recompute"
@@ -57,21 +42,32 @@ def check_pieces(h: Mapping[str, Any], objective: Objective, correction: Piece, 
             f"term per sequence on all its tokens, so a token's weight would reach the whole sequence: use a "
             f"sequence-level correction ({sequence_level}) or a per-token loss (gspo-token, ppo-clip)"
         )
-    if h["two_pass"] and not objective.group_level:
+    if objective.two_pass and not objective.group_level:
         raise ConfigError(f"model.two_pass is for group-level policy losses (REAL's); {loss.name} is token level")
-    if corrects_rollouts and h["behaviour_logprobs"] == "rollout":
+
+
+def check_behaviour(logprobs: str, corrects_rollouts: bool, proximal: Piece) -> None:
+    """Which behaviour sources the pieces combine with (`logprobs`: `model.behaviour.logprobs`)."""
+    if logprobs != "rollout":
+        return
+    if not proximal["forward"]:
         raise ConfigError(
-            f"model.rollout_correction={h['rollout_correction']} corrects θ_old (trainer) against the rollout "
-            "engine; with model.behaviour_logprobs=rollout both are the engine's and every weight is 1. Use one or the other."
+            f"model.proximal_policy={proximal.name} weighs the trainer's θ_old against the engine's log-probs: "
+            "keep model.behaviour.logprobs=trainer"
+        )
+    if corrects_rollouts:
+        raise ConfigError(
+            "model.rollout_correction corrects θ_old (trainer) against the rollout engine; with "
+            "model.behaviour.logprobs=rollout both are the engine's and every weight is 1. Use one or the other."
         )
 
 
 def check_run(
-    h: Mapping[str, Any], batch_size: int, rollout: Any, objective: Objective, plan: UpdatePlan,
-    shapers: list[str], corrects_rollouts: bool, max_staleness: int,
+    h: Mapping[str, Any], batch_size: int, rollout: Any, objective: Objective, layout: UpdateLayout,
+    shapers: list[str], corrects_rollouts: bool, max_staleness: int, behaviour: Any,
 ) -> None:  # fmt: skip
     """`batch_size`: prompts per rollout batch; `rollout`: the `rollout:` section (`RolloutSettings`);
-    `shapers`: the names of the advantage shapers."""
+    `shapers`: the names of the advantage shapers; `behaviour`: `model.behaviour` (`BehaviourSettings`)."""
     G = rollout.group_size
     run = {"group_size": G, "max_response_length": rollout.max_response_length}
     for piece in selected_pieces(h).values():  # the checks that need the run's settings (pass@k's k ≤ G)
@@ -81,11 +77,11 @@ def check_run(
             f"data.batch_size={batch_size} prompts must divide into model.num_mini_batches="
             f"{h['num_mini_batches']} mini-batches of whole groups"
         )
-    check_behaviour_logprobs(h, rollout, corrects_rollouts, max_staleness)
-    if objective.needs_whole_groups and not plan.keeps_groups_whole(G):
+    check_behaviour_logprobs(h, behaviour, rollout, corrects_rollouts, max_staleness)
+    if objective.needs_whole_groups and not layout.keeps_groups_whole(G):
         raise ConfigError(
-            f"model.policy_loss={h['policy_loss']} couples the {G} rollouts of a group, but model.micro_batch_size="
-            f"{h['micro_batch_size']} would split groups: use a multiple of rollout.group_size={G}, or model.two_pass=true"
+            f"model.policy_loss={h['policy_loss']} couples the {G} rollouts of a group, but model.update.micro_batch_size="
+            f"{layout.micro_batch_size} would split groups: use a multiple of rollout.group_size={G}, or model.two_pass=true"
         )
     if shapers and not objective.policy_loss["token_advantages"]:
         raise ConfigError(
@@ -95,15 +91,15 @@ def check_run(
 
 
 def check_behaviour_logprobs(
-    h: Mapping[str, Any], rollout: Any, corrects_rollouts: bool, max_staleness: int
+    h: Mapping[str, Any], behaviour: Any, rollout: Any, corrects_rollouts: bool, max_staleness: int
 ) -> None:
-    uses_engine = corrects_rollouts or h["behaviour_logprobs"] == "rollout" or max_staleness > 0
-    if rollout.samples_truncated_distribution and uses_engine and not h["allow_filtered_rollout_logprobs"]:
+    uses_engine = corrects_rollouts or behaviour.logprobs == "rollout" or max_staleness > 0
+    if rollout.samples_truncated_distribution and uses_engine and not behaviour.allow_filtered_rollout_logprobs:
         what = (f"model.rollout_correction={h['rollout_correction']}" if corrects_rollouts else
-                "model.behaviour_logprobs=rollout" if h["behaviour_logprobs"] == "rollout" else f"rollout.max_staleness={max_staleness}")  # fmt: skip
+                "model.behaviour.logprobs=rollout" if behaviour.logprobs == "rollout" else f"rollout.max_staleness={max_staleness}")  # fmt: skip
         raise ConfigError(
             f"{what} uses the rollout engine's log-probs as the behaviour policy, but rollout.top_p={rollout.top_p} / "
             f"rollout.top_k={rollout.top_k} sample from a truncated distribution whose log-probs are not the "
-            "policy's. Sample with top_p=1 and top_k=-1, or set model.allow_filtered_rollout_logprobs=true "
+            "policy's. Sample with top_p=1 and top_k=-1, or set model.behaviour.allow_filtered_rollout_logprobs=true "
             "to accept the bias."
         )

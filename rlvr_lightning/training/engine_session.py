@@ -47,10 +47,8 @@ class EngineSpec:
 
 
 class EngineSession:
-    def __init__(self, sync_check_tol: float | None = None, sync_check_every: int = 10) -> None:
-        """`sync_check_tol`: the probe's tolerance; None follows the two sides' precision once the engine is built."""
-        self.sync = EngineSync(tol=FP32_SYNC_TOL if sync_check_tol is None else sync_check_tol, check_every=sync_check_every)
-        self.tol_follows_precision = sync_check_tol is None
+    def __init__(self) -> None:
+        self.sync = EngineSync(tol=FP32_SYNC_TOL)  # the run's tolerance and cadence once attached
         self.policy_version = 0  # weight syncs so far: the engine runs this version of the policy
         self.stream: Stream | None = None
         self.spec: EngineSpec | None = None
@@ -58,8 +56,12 @@ class EngineSession:
         self._engine: RolloutEngine | None = None
 
     def attach(self, spec: EngineSpec) -> None:
-        """What the engine is built from and synced with (the policy exists from here on)."""
+        """What the engine is built from and synced with (the policy exists from here on); the sync probe's
+        tolerance (`rollout.sync_check_tol`; None: what the two sides' precision allows) and cadence."""
         self.spec = spec
+        rollout = spec.datamodule.rollout
+        tol = default_sync_tol(spec.engine_dtype, spec.trainer_dtype) if rollout.sync_check_tol is None else rollout.sync_check_tol
+        self.sync = EngineSync(tol=tol, check_every=rollout.sync_check_every)
 
     @property
     def engine(self) -> RolloutEngine:
@@ -69,8 +71,6 @@ class EngineSession:
             if s is None:
                 raise RuntimeError("the engine session has no spec yet: attach() it once the policy is built")
             self._engine = build_rollout_engine(s.datamodule, s.trainer, s.policy, s.lora, s.engine_dtype, self.trainer_score)
-            if self.tol_follows_precision:
-                self.sync.probe.tol = default_sync_tol(s.engine_dtype, s.trainer_dtype)
         return self._engine
 
     @engine.setter

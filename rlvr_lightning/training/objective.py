@@ -13,7 +13,7 @@ import torch
 from rlvr_lightning.pieces.advantages import mixed_groups
 from rlvr_lightning.pieces.kinds import (
     GroupLossInputs,
-    StepNorms,
+    OptimizerStepNorms,
     TokenLossInputs,
     kl_estimators,
     loss_aggregators,
@@ -56,7 +56,7 @@ class Objective:
         return self.group_level and not self.two_pass
 
     def micro_batch_loss(
-        self, mb: LossBatch, logp: torch.Tensor, norms: StepNorms, selected: torch.Tensor | None = None,
+        self, mb: LossBatch, logp: torch.Tensor, norms: OptimizerStepNorms, selected: torch.Tensor | None = None,
         on_policy: bool = False,
     ) -> tuple[torch.Tensor, dict]:  # fmt: skip
         """Scalar loss of one micro-batch, already divided by the step's global normalisers; `selected`:
@@ -73,7 +73,7 @@ class Objective:
             loss = self.aggregate(per_tok, mb.loss_mask, norms)
         return loss + self.kl_loss(mb, logp, norms, stats), stats
 
-    def kl_loss(self, mb: LossBatch, logp: torch.Tensor, norms: StepNorms, stats: dict) -> torch.Tensor:
+    def kl_loss(self, mb: LossBatch, logp: torch.Tensor, norms: OptimizerStepNorms, stats: dict) -> torch.Tensor:
         """β·KL(π_θ‖π_ref) inside the loss, with the same aggregator as the policy term (or against π_old, the
         behaviour policy, for an estimator whose `against` trait says so)."""
         if self.kl is None:
@@ -83,13 +83,13 @@ class Objective:
         return self.kl_coef * self.aggregate(kl, mb.loss_mask, norms)
 
     # ---- group-level losses (REAL) --------------------------------------------------------------
-    def group_inputs(self, s_bar: torch.Tensor, correct: torch.Tensor, G: int, norms: StepNorms) -> GroupLossInputs:
+    def group_inputs(self, s_bar: torch.Tensor, correct: torch.Tensor, G: int, norms: OptimizerStepNorms) -> GroupLossInputs:
         # B (all prompts of the step) or M (rollouts in mixed groups), by the loss's `normaliser` trait.
         count = norms.num_mixed_seqs if self.policy_loss["normaliser"] == "mixed_sequences" else norms.num_groups
         return GroupLossInputs(s_bar, correct, G, max(1.0, count), norms.world_size)
 
     def sequence_loss_and_weights(
-        self, s_bar: torch.Tensor, correct: torch.Tensor, G: int, norms: StepNorms
+        self, s_bar: torch.Tensor, correct: torch.Tensor, G: int, norms: OptimizerStepNorms
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The step's loss from every s̄ of the step, and its closed-form ∂L/∂s̄ (the two-pass method)."""
         inputs = self.group_inputs(s_bar, correct, G, norms)

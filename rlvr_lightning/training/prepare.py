@@ -5,6 +5,7 @@ weights."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -19,54 +20,52 @@ from rlvr_lightning.training.behaviour import (
     Precomputed,
     separate_pass,
 )
-from rlvr_lightning.training.plan import UpdatePlan
-from rlvr_lightning.training.shaping import compose_token_weights, hidden_scorer, rollout_token_weights
+from rlvr_lightning.training.layout import UpdateLayout
+from rlvr_lightning.training.shaping import hidden_scorer, rollout_token_weights
 from rlvr_lightning.training.step_metrics import StageTimer
 
 
 def prepare_update(
-    step: StepContext, batch: ScoredBatch, plan: UpdatePlan, source: BehaviourSource, correction: Callable,
+    step: StepContext, batch: ScoredBatch, layout: UpdateLayout, source: BehaviourSource, correction: Callable,
     mask_truncated: bool, shapers: list[AdvantageShaper], timer: StageTimer | None = None,
     approximate_proximal: Callable | None = None,
-) -> tuple[UpdateInputs, dict[str, float], torch.Tensor | None]:  # fmt: skip
-    """The batch ready for the update, the rollout correction's statistics, and the shapers' token
-    weights known before the update (those read in the update's own forward come from
-    `UpdateInputs.behaviour.token_weights()` after it)."""
+) -> tuple[UpdateInputs, dict[str, float]]:  # fmt: skip
+    """The batch ready for the update, its advantages reshaped by the shapers' token weights known before it
+    (`UpdateInputs.token_weights`), and the rollout correction's statistics."""
     rollout, device = batch.rollout, step.device
     timer = timer or StageTimer()
     t = rollout.tensors(step.tokenizer.pad_token_id).to(device)
     G, temperature = rollout.group_size, rollout.sampling.temperature
     with timer("attribution"):
-        weights = rollout_token_weights(step, batch, shapers)
+        shaper_weights = rollout_token_weights(step, batch, shapers)
     scorer = hidden_scorer(step, batch, shapers)
     # Shapers read θ_old's LM-head inputs in the update's forward when that runs at θ_old and every
     # micro-batch holds whole groups (THR scores a group from all its responses); else in the θ_old pass.
-    score_in_update = scorer is not None and source == "update" and plan.keeps_groups_whole(G)
+    score_in_update = scorer is not None and source == "update" and layout.keeps_groups_whole(G)
     counts = t.token_counts  # [N, 2] prompt and response tokens: what token budgets pack
     with timer("old_logprob"):
         old_logp, ref_logp, hidden_weights = separate_pass(
             step.policy, step.ref_policy, t, temperature,
-            lambda rows, whole_groups: plan.micro_batches(rows, counts, step.collectives, G if whole_groups else 1),
-            plan.logprob_chunk_tokens, with_old=source == "trainer", scorer=None if score_in_update else scorer,
-            lockstep=step.collectives.world_size > 1, packed=plan.packing,
+            lambda rows, whole_groups: layout.micro_batches(rows, counts, step.collectives, G if whole_groups else 1),
+            layout.logprob_chunk_tokens, with_old=source == "trainer", scorer=None if score_in_update else scorer,
+            lockstep=step.collectives.world_size > 1, packed=layout.packing,
         )  # fmt: skip
-    weights = compose_token_weights(weights, hidden_weights)
-    advantages = batch.advantages.to(device)[:, None] * t.response_mask
-    if weights is not None:
-        advantages = advantages * weights.to(device)
     loss_mask = t.response_mask
     if mask_truncated:
         loss_mask = loss_mask * (~rollout.truncated).to(device, loss_mask.dtype)[:, None]
     if source == "proximal":  # θ_old and the correction's weights come from the update's forwards
         versions = rollout.token_versions(t.response_mask.shape[1]).to(device)
         behaviour = ApproximateProximal(approximate_proximal, correction, versions, step.policy_version)
-        is_weight, is_stats = None, {}
+    elif source == "update":
+        behaviour = FromUpdateForward(t.response_mask.shape, device, scorer if score_in_update else None)
     else:
-        if source == "update":
-            behaviour = FromUpdateForward(t.response_mask.shape, device, scorer if score_in_update else None)
-        else:
-            behaviour = Precomputed(t.rollout_logp if source == "rollout" else old_logp, source)
-        is_weight, is_stats = correction(CorrectionInputs(old_logp, t.rollout_logp, loss_mask, advantages))
+        behaviour = Precomputed(t.rollout_logp if source == "rollout" else old_logp, source, hidden_weights)
+    advantages = batch.advantages.to(device)[:, None] * t.response_mask
     correct = rollout.correct.to(device, torch.float32)
-    inputs = UpdateInputs(t, advantages, ref_logp, loss_mask, is_weight, correct, G, temperature, behaviour)
-    return inputs, is_stats, weights
+    inputs = UpdateInputs(t, advantages, ref_logp, loss_mask, None, correct, G, temperature, behaviour, shaper_weights)
+    if (weights := inputs.token_weights()) is not None:  # those known before the update
+        inputs = replace(inputs, advantages=advantages * weights.to(device))
+    if source == "proximal":
+        return inputs, {}
+    is_weight, is_stats = correction(CorrectionInputs(old_logp, t.rollout_logp, loss_mask, inputs.advantages))
+    return replace(inputs, is_weight=is_weight), is_stats

@@ -20,13 +20,13 @@ from rlvr_lightning.pieces.kinds import AdvantageInputs
 from rlvr_lightning.rollout.types import PromptBatch, Rollout
 from rlvr_lightning.training.algorithm import BoundPieces
 from rlvr_lightning.training.batch import UpdateInputs
-from rlvr_lightning.training.behaviour import BehaviourSource
 from rlvr_lightning.training.engine_session import EngineSession, Stream
 from rlvr_lightning.training.generation import generate_and_score
-from rlvr_lightning.training.plan import Optimization, UpdatePlan
+from rlvr_lightning.training.layout import Optimization, UpdateLayout
 from rlvr_lightning.training.prepare import prepare_update
-from rlvr_lightning.training.shaping import compose_token_weights, shaper_metrics
-from rlvr_lightning.training.step_metrics import StageTimer, StepResult
+from rlvr_lightning.training.settings import ResolvedStep
+from rlvr_lightning.training.shaping import shaper_metrics
+from rlvr_lightning.training.step_metrics import StageTimer, StepResult, step_metrics
 from rlvr_lightning.training.update import NonFiniteGuard, PolicyUpdate
 
 
@@ -60,14 +60,21 @@ class StepAlgorithm:
 @dataclass(frozen=True)
 class TrainingStep:
     algorithm: StepAlgorithm
-    pieces: BoundPieces  # the advantage estimator, the objective, the rollout correction, the proximal policy
-    plan: UpdatePlan  # mini-batches, micro-batches, packing
-    behaviour: BehaviourSource  # where θ_old's log-probs come from
+    resolved: ResolvedStep  # the bound pieces, the update's layout, where θ_old comes from
     mask_truncated: bool  # leave completions cut at max_response_length out of the loss
     shapers: Sequence[AdvantageShaper]  # THR, OAR: token weights on the advantages
     nonfinite: NonFiniteGuard  # the streak of non-finite updates, across rollout batches
     session: EngineSession  # the engine, the weight sync, the stream
     rollout_settings: Any  # the `rollout:` section (its stream settings)
+
+    @property
+    def pieces(self) -> BoundPieces:
+        """The advantage estimator, the objective, the rollout correction, the proximal policy."""
+        return self.resolved.pieces
+
+    @property
+    def layout(self) -> UpdateLayout:
+        return self.resolved.layout
 
     @property
     def stream(self) -> Stream | None:
@@ -78,7 +85,7 @@ class TrainingStep:
     @property
     def update(self) -> PolicyUpdate:
         """The update of this rollout batch (the non-finite streak carries across batches)."""
-        return PolicyUpdate(self.pieces.objective, self.plan, self.nonfinite)
+        return PolicyUpdate(self.pieces.objective, self.layout, self.nonfinite)
 
     def run(self, step: StepContext, batch: PromptBatch, optimization: Optimization) -> StepResult | Skipped:
         """Train on rollout batch `step.rollout_batch`, whose dataloader prompts are `batch`."""
@@ -87,27 +94,34 @@ class TrainingStep:
         if isinstance(rollout, Skipped):
             return rollout
         step.engine.release_memory()  # vLLM sleep mode (rollout.sleep_level); the weight sync wakes it
-        scored, inputs, prepare_metrics, weights = self.prepare(step, rollout, timer)
+        scored, inputs, prepare_metrics = self.prepare(step, rollout, timer)
         with timer("update"):
             update_metrics = self.update.run(step, inputs, len(rollout.batch), optimization)
-        token_weights = compose_token_weights(weights, inputs.behaviour.token_weights())
         self.session.sync_weights(rollout, timer)
         behaviour_metrics = getattr(inputs.behaviour, "metrics", dict)()  # a correction read in the update's forwards
         metrics = {**update_metrics, **prepare_metrics, **behaviour_metrics, **shaper_metrics(self.shapers),
                    **rollout.staleness(step.policy_version)}  # fmt: skip
-        return StepResult(scored, inputs, token_weights, metrics, timer.finish())
+        return StepResult(scored, inputs, inputs.token_weights(), metrics, timer.finish())
 
     def prepare(
         self, step: StepContext, rollout: Rollout, timer: StageTimer | None = None
-    ) -> tuple[ScoredBatch, UpdateInputs, dict[str, float], torch.Tensor | None]:
-        """The scored batch, the update's inputs, the reward's, advantages' and correction's metrics, and the
-        shapers' weights known before the update."""
+    ) -> tuple[ScoredBatch, UpdateInputs, dict[str, float]]:
+        """The scored batch, the update's inputs, and the reward's, advantages' and correction's metrics."""
         rewards, reward_metrics = self.algorithm.rewards(rollout)
         inputs = AdvantageInputs(rewards, rollout.correct, rollout.group_size, step.collectives.sum, rollout.response_lengths)
         advantages, advantage_metrics = self.pieces.advantages(inputs)
         scored = ScoredBatch(rollout, rewards, advantages)
-        update_inputs, correction_metrics, weights = prepare_update(
-            step, scored, self.plan, self.behaviour, self.pieces.correct, self.mask_truncated, list(self.shapers), timer,
+        update_inputs, correction_metrics = prepare_update(
+            step, scored, self.layout, self.resolved.behaviour, self.pieces.correct, self.mask_truncated, list(self.shapers), timer,
             self.pieces.approximate_proximal,
         )  # fmt: skip
-        return scored, update_inputs, {**reward_metrics, **advantage_metrics, **correction_metrics}, weights
+        return scored, update_inputs, {**reward_metrics, **advantage_metrics, **correction_metrics}
+
+
+def logged_metrics(result: StepResult | Skipped, session: EngineSession) -> dict[str, float]:
+    """What one rollout batch logs: a skipped batch's own metrics, or a trained one's `train/`, `time/` and
+    `throughput/` metrics (`step_metrics`)."""
+    if isinstance(result, Skipped):
+        return {f"train/{k}": v for k, v in result.metrics.items()}
+    return step_metrics(result.batch, result.inputs.tensors, result.inputs.behaviour.old_logp_all(), result.metrics,
+                        result.times, session.policy_version, session.sync.probe.last_diff)  # fmt: skip

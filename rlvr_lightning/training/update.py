@@ -1,7 +1,7 @@
 """The policy update of one rollout batch: `ppo_epochs` passes of `num_mini_batches` optimizer steps, each
 accumulating the gradient of its loss over micro-batches, then clipping and stepping.
 
-Every micro-batch loss is divided by the optimizer step's global counts (`StepNorms`), so the
+Every micro-batch loss is divided by the optimizer step's global counts (`OptimizerStepNorms`), so the
 accumulated gradient is the same for any micro-batch size and any number of ranks. Two ways to
 accumulate:
   - micro-batches (default): forward, the objective's `micro_batch_loss`, backward, per micro-batch;
@@ -23,12 +23,12 @@ from torch.distributed.tensor import DTensor
 
 from rlvr_lightning.context import StepContext
 from rlvr_lightning.models.forward import policy_forward
-from rlvr_lightning.pieces.kinds import StepNorms, TokenSelectionInputs
+from rlvr_lightning.pieces.kinds import OptimizerStepNorms, TokenSelectionInputs
 from rlvr_lightning.pieces.token_losses import sequence_log_ratio
 from rlvr_lightning.seeding import keyed_uniform
-from rlvr_lightning.training.batch import UpdateInputs, step_norms
+from rlvr_lightning.training.batch import UpdateInputs, optimizer_step_norms
+from rlvr_lightning.training.layout import Optimization, UpdateLayout
 from rlvr_lightning.training.objective import Objective
-from rlvr_lightning.training.plan import Optimization, UpdatePlan
 from rlvr_lightning.training.step_metrics import MetricAccumulator
 
 log = logging.getLogger(__name__)
@@ -46,30 +46,30 @@ class NonFiniteGuard:
         if self.streak >= self.max_streak:
             raise RuntimeError(
                 f"{self.streak} consecutive updates had a non-finite loss or gradient; stopping. "
-                "Lower model.lr or check the reward and the data."
+                "Lower model.optim.lr or check the reward and the data."
             )
 
 
 class PolicyUpdate:
-    """Runs the update of one rollout batch: `objective`'s loss, laid out and stepped by `plan`."""
+    """Runs the update of one rollout batch: `objective`'s loss, laid out and stepped by `layout`."""
 
-    def __init__(self, objective: Objective, plan: UpdatePlan, guard: NonFiniteGuard) -> None:
-        self.objective, self.plan, self.guard = objective, plan, guard
+    def __init__(self, objective: Objective, layout: UpdateLayout, guard: NonFiniteGuard) -> None:
+        self.objective, self.layout, self.guard = objective, layout, guard
         self.updates_since_rollout = 0  # optimizer steps taken since the rollout: 0 = θ is still θ_old
         self.step_key: tuple[int, ...] = (0,)  # names the optimizer step in the token selection's random draws
 
     def run(self, step: StepContext, inputs: UpdateInputs, num_prompts: int, opt: Optimization) -> dict[str, float]:
-        plan, G = self.plan, inputs.group_size
+        layout, G = self.layout, inputs.group_size
         acc = MetricAccumulator()
         self.updates_since_rollout = 0
-        for epoch in range(plan.ppo_epochs):
+        for epoch in range(layout.ppo_epochs):
             # Mini-batches hold whole groups: prompt-level split, sequences stay group-contiguous.
-            for mini_batch, prompt_idx in enumerate(torch.arange(num_prompts).chunk(plan.num_mini_batches)):
+            for mini_batch, prompt_idx in enumerate(torch.arange(num_prompts).chunk(layout.num_mini_batches)):
                 rows = (prompt_idx[:, None] * G + torch.arange(G)).flatten().to(step.device)
                 self.step_key = (step.seed, step.rollout_batch, epoch, mini_batch)
                 opt.optimizer.zero_grad(set_to_none=True)
                 acc.add("loss", self.accumulate_gradients(step, inputs, rows, opt.backward, acc))
-                grad_norm = torch.nn.utils.clip_grad_norm_(opt.parameters(), plan.max_grad_norm)
+                grad_norm = torch.nn.utils.clip_grad_norm_(opt.parameters(), layout.max_grad_norm)
                 if isinstance(grad_norm, DTensor):  # FSDP: the norm over all shards
                     grad_norm = grad_norm.full_tensor()
                 if not torch.isfinite(grad_norm):
@@ -91,24 +91,24 @@ class PolicyUpdate:
         acc: MetricAccumulator | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """Backward of one optimizer step's loss over the sequences `rows`; returns the step's loss."""
-        norms = step_norms(inputs, rows, step.collectives, self.plan.norm_const)
+        norms = optimizer_step_norms(inputs, rows, step.collectives, self.layout.norm_const)
         if self.objective.two_pass:
             return self._two_pass(step, inputs, rows, norms, backward, acc)
         reads_lm_head = inputs.behaviour.reads_lm_head
         whole_groups = reads_lm_head or self.objective.needs_whole_groups
-        if reads_lm_head and not self.plan.keeps_groups_whole(inputs.group_size):
+        if reads_lm_head and not self.layout.keeps_groups_whole(inputs.group_size):
             raise RuntimeError("advantage shapers read the update's LM-head inputs, but micro-batches split groups")
         step_loss = torch.zeros((), device=step.device)
         unit = inputs.group_size if whole_groups else 1
         selected = self.select_tokens(step, inputs, rows, acc)
-        for idx in self.plan.micro_batches(rows, inputs.token_counts, step.collectives, unit):
+        for idx in self.layout.micro_batches(rows, inputs.token_counts, step.collectives, unit):
             forward, mb = self.forward(step, inputs, idx, with_entropy=acc is not None, capture=reads_lm_head)
             mb_selected = None if selected is None else selected[idx, : mb.loss_mask.shape[1]]
             loss, stats = self.objective.micro_batch_loss(mb, forward.logp, norms, mb_selected, self.at_theta_old(inputs))
             backward(loss)
             if acc is not None:
                 acc.add_tokens(stats, forward.entropy, mb.loss_mask)
-                acc.add_padding(mb.tensors.attention_mask, packed=self.plan.packing)
+                acc.add_padding(mb.tensors.attention_mask, packed=self.layout.packing)
             step_loss += loss.detach()  # already globally normalised: the step's loss is their sum
         return step_loss
 
@@ -151,15 +151,15 @@ class PolicyUpdate:
         response (packed: its real tokens), and its loss batch."""
         forward = policy_forward(
             step.policy, inputs.tensors.select(idx).trimmed(), inputs.temperature, with_entropy=with_entropy,
-            capture_lm_head=capture, chunk_tokens=self.plan.logprob_chunk_tokens, packed=self.plan.packing,
+            capture_lm_head=capture, chunk_tokens=self.layout.logprob_chunk_tokens, packed=self.layout.packing,
         )  # fmt: skip
         return forward, inputs.loss_batch(idx, forward, self.updates_since_rollout)
 
     def _two_pass(
-        self, step: StepContext, inputs: UpdateInputs, rows: torch.Tensor, norms: StepNorms, backward, acc
+        self, step: StepContext, inputs: UpdateInputs, rows: torch.Tensor, norms: OptimizerStepNorms, backward, acc
     ) -> torch.Tensor:
         objective = self.objective
-        chunks = self.plan.micro_batches(rows, inputs.token_counts, step.collectives)
+        chunks = self.layout.micro_batches(rows, inputs.token_counts, step.collectives)
         # Where each micro-batch's sequences sit in `rows` (token budgets reorder them by length).
         position = torch.empty(int(rows.max()) + 1, dtype=torch.long, device=rows.device)
         position[rows] = torch.arange(len(rows), device=rows.device)
@@ -182,7 +182,7 @@ class PolicyUpdate:
             step_loss = step_loss + kl.detach()
             if acc is not None:
                 acc.add_tokens(stats, forward.entropy, mb.loss_mask)
-                acc.add_padding(mb.tensors.attention_mask, packed=self.plan.packing)
+                acc.add_padding(mb.tensors.attention_mask, packed=self.layout.packing)
         if acc is not None:
             acc.add_tokens(objective.sequence_stats(s_bar, correct, G), None, inputs.loss_mask[rows])
         return step_loss

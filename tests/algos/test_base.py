@@ -9,15 +9,16 @@ from dataclasses import replace
 import pytest
 import torch
 
-from rlvr_lightning.algos import DAPO, GRPO, GSPO, DrGRPO
+from rlvr_lightning.algos import DAPO, GRPO, GSPO, REAL, DrGRPO
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.standalone import standalone
-from rlvr_lightning.training.algorithm import BoundPieces
 from rlvr_lightning.training.behaviour import FromUpdateForward, Precomputed, separate_pass
+from rlvr_lightning.training.settings import BehaviourSettings, OptimSettings, UpdateSettings
 from rlvr_lightning.training.step_metrics import MetricAccumulator
+from tests.support.settings import checked, resettle
 
 G, MAX_LEN = 4, 8
 PRESETS = {
@@ -54,7 +55,7 @@ def attach(cls, tiny_policy_dir, rollout_kwargs=None, **model_kwargs):
 
 def sample_rollout(module, seed=0) -> Rollout:
     """Two prompts × G completions of random tokens (any token sequence has a log-prob under the policy)."""
-    tok = module.datamodule.tokenizer
+    tok = module.trainer.datamodule.tokenizer
     prompts = ["What is 3+4-2?\n", "What is 10+1+5?\n"]
     prompt_ids = [tok(p, add_special_tokens=False).input_ids for p in prompts]
     g = torch.Generator().manual_seed(seed)
@@ -84,8 +85,7 @@ def gradient(module, inputs, micro_batch_size, acc=None, max_tokens=None, tweak=
     """One optimizer step's loss and accumulated gradient over every sequence of `inputs`, with
     micro-batches of `micro_batch_size` rows, or by token budget `max_tokens`; `tweak(update)` may
     adjust or instrument the module's update before it runs."""
-    module.hparams.micro_batch_size = micro_batch_size
-    module.hparams.max_tokens_per_micro_batch = max_tokens
+    resettle(module, micro_batch_size=micro_batch_size, max_tokens_per_micro_batch=max_tokens)
     module.policy.zero_grad(set_to_none=True)
     rows = torch.arange(inputs.correct.shape[0])
     update = module.rlvr_step.update
@@ -99,7 +99,7 @@ def trainer_old_logp(module, inputs, micro_batch_size=8):
     """θ_old's log-probs from the trainer's separate no-grad pass."""
     layout = lambda rows, _whole_groups: list(rows.split(micro_batch_size))  # noqa: E731
     return separate_pass(
-        module.policy, None, inputs.tensors, inputs.temperature, layout, module.hparams.logprob_chunk_tokens,
+        module.policy, None, inputs.tensors, inputs.temperature, layout, module.settings.update.logprob_chunk_tokens,
         with_old=True,
     )[0]
 
@@ -136,12 +136,12 @@ def test_token_budget_micro_batches_give_the_same_update_as_row_micro_batches(ti
     an off-policy θ_old, for every aggregator; and the padding share of the update really drops."""
     cls, kwargs = PRESETS[preset]
     kwargs = {**kwargs, "kl_coef": 0.05} | ({"loss_agg": loss_agg} if loss_agg else {})
-    per_token = cls(**kwargs).objective.policy_loss["token_weights"]  # GSPO and GMPO take sequence-level weights only
+    per_token = cls(**kwargs).settings.pieces.objective.policy_loss["token_weights"]  # GSPO and GMPO take sequence-level weights only
     module = attach(cls, tiny_policy_dir, **kwargs, rollout_correction="tis-token" if per_token else "tis-sequence")
     rollout = sample_rollout(module)
     set_engine_logprobs(rollout, -1.0 - 0.1 * torch.rand(8, MAX_LEN, generator=torch.Generator().manual_seed(3)))
     inputs = prepared(module, rollout)
-    assert (inputs.ref_logp is not None) == module.objective.needs_reference and inputs.is_weight is not None
+    assert (inputs.ref_logp is not None) == module.settings.pieces.objective.needs_reference and inputs.is_weight is not None
     old_logp = trainer_old_logp(module, inputs)
     inputs = with_old_logp(inputs, old_logp + 0.01 * torch.randn_like(old_logp) * inputs.tensors.response_mask)
     rows_acc, budget_acc = MetricAccumulator(), MetricAccumulator()
@@ -163,7 +163,7 @@ def test_token_budget_bounds_every_forward_the_step_runs(tiny_policy_dir):
     update, fits the budget, and the update is the row layout's."""
     max_len = 40
     module = attach(GRPO, tiny_policy_dir, {"max_response_length": max_len}, num_mini_batches=2)
-    tok = module.datamodule.tokenizer
+    tok = module.trainer.datamodule.tokenizer
     prompts = ["Add three, four and two; take one away.\n", "1+1?\n"]
     prompt_ids = [tok(p, add_special_tokens=False).input_ids for p in prompts]
     long, short = len(prompt_ids[0]), len(prompt_ids[1])
@@ -183,7 +183,7 @@ def test_token_budget_bounds_every_forward_the_step_runs(tiny_policy_dir):
     assert budget == 2 * (long + 4) < 2 * (long + max(responses))
     sizes: list[int] = []
     module.policy.register_forward_pre_hook(lambda _m, _a, kw: sizes.append(kw["input_ids"].numel()), with_kwargs=True)
-    module.hparams.max_tokens_per_micro_batch = budget
+    resettle(module, max_tokens_per_micro_batch=budget)
     inputs = prepared(module, rollout)
     assert inputs.behaviour.source == "trainer" and len(sizes) >= 4  # the θ_old pass, by budget
     _, g_budget = gradient(module, inputs, 8, max_tokens=budget)
@@ -202,8 +202,7 @@ def test_kl_cov_on_policy_adds_nothing_whatever_the_layout(tiny_policy_dir):
     assert inputs.behaviour.source == "trainer"
     _, g_whole = gradient(module, inputs, 8)
     _, g_split = gradient(module, inputs, 3)
-    module.hparams.piece_args = {**kwargs["piece_args"], "kl_cov_coef": 0.0}
-    module.pieces = BoundPieces.of(module.hparams)  # the pieces are bound when the module is built
+    resettle(module, piece_args={**kwargs["piece_args"], "kl_cov_coef": 0.0})
     _, g_no_penalty = gradient(module, inputs, 3)
     torch.testing.assert_close(g_split, g_whole, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(g_split, g_no_penalty, rtol=0, atol=0)
@@ -228,10 +227,10 @@ def test_first_mini_batch_after_a_rollout_is_exactly_on_policy(tiny_policy_dir, 
     """At θ = θ_old the θ_old log-probs the loss receives are the policy's own (an independent forward),
     whichever strategy produced them, and the ratio is 1 with nothing clipped."""
     cls, kwargs = PRESETS[preset]
-    module = attach(cls, tiny_policy_dir, micro_batch_size=3, **{**kwargs, "num_mini_batches": num_mini_batches})
+    module = attach(cls, tiny_policy_dir, update=UpdateSettings(micro_batch_size=3), **{**kwargs, "num_mini_batches": num_mini_batches})
     # A loss that reads the whole step first (a token selection) needs θ_old before the update: its own pass.
-    one_pass = num_mini_batches == 1 and not module.objective.reads_step_first
-    assert module.behaviour_source() == ("update" if one_pass else "trainer")
+    one_pass = num_mini_batches == 1 and not module.settings.pieces.objective.reads_step_first
+    assert module.rlvr_step.resolved.behaviour == ("update" if one_pass else "trainer")
     rollout = sample_rollout(module)
     rollout = replace(rollout, sampling=SamplingConfig(group_size=G, max_tokens=MAX_LEN, temperature=0.7))
     inputs = prepared(module, rollout)
@@ -265,8 +264,8 @@ def test_old_logprobs_from_the_update_forward_equal_a_separate_pass(tiny_policy_
     same loss and gradient as with θ_old's log-probs from their own no-grad forward, and the log-probs
     the update recorded are exactly those."""
     cls, kwargs = PRESETS[preset]
-    module = attach(cls, tiny_policy_dir, micro_batch_size=3, **kwargs)
-    if module.behaviour_source() != "update":
+    module = attach(cls, tiny_policy_dir, update=UpdateSettings(micro_batch_size=3), **kwargs)
+    if module.rlvr_step.resolved.behaviour != "update":
         pytest.skip("this preset's θ_old does not come from the update's forward")
     inputs = prepared(module, sample_rollout(module))
     assert isinstance(inputs.behaviour, FromUpdateForward)  # the separate pass did not run
@@ -287,7 +286,7 @@ def test_dapo_reward_is_signed_correctness_plus_overlong_penalty(tiny_policy_dir
     expected = (2 * rollout.correct - 1) + ((4 - lengths) / 4).clamp(-1, 0)  # penalty from L > 8 − 4
     torch.testing.assert_close(module.step_algorithm().rewards(rollout)[0], expected)
     assert (expected < 2 * rollout.correct - 1).any()  # the sample does contain penalised lengths
-    assert attach(DAPO, tiny_policy_dir)._overlong_buffer_len() == MAX_LEN // 5
+    assert attach(DAPO, tiny_policy_dir).step_algorithm().buffer == MAX_LEN // 5  # 20% of max_response_length
 
 
 def test_mask_truncated_takes_truncated_completions_out_of_the_loss(tiny_policy_dir):
@@ -316,7 +315,7 @@ def test_truncated_is_scales_the_policy_gradient_by_the_capped_ratio(tiny_policy
 
 
 def test_behaviour_logprobs_from_the_rollout_engine(tiny_policy_dir):
-    module = attach(GRPO, tiny_policy_dir, behaviour_logprobs="rollout")
+    module = attach(GRPO, tiny_policy_dir, behaviour=BehaviourSettings(logprobs="rollout"))
     rollout = sample_rollout(module)
     engine_logp = -torch.rand(8, MAX_LEN)
     set_engine_logprobs(rollout, engine_logp)
@@ -329,8 +328,8 @@ def test_behaviour_logprobs_from_the_rollout_engine(tiny_policy_dir):
     [
         ({"rollout_correction": "tis-token"}, {"top_p": 0.9}, False),
         ({"rollout_correction": "tis-sequence"}, {"top_k": 20}, False),
-        ({"behaviour_logprobs": "rollout"}, {"top_p": 0.95}, False),
-        ({"rollout_correction": "tis-token", "allow_filtered_rollout_logprobs": True}, {"top_p": 0.9}, True),
+        ({"behaviour": BehaviourSettings(logprobs="rollout")}, {"top_p": 0.95}, False),
+        ({"rollout_correction": "tis-token", "behaviour": BehaviourSettings(allow_filtered_rollout_logprobs=True)}, {"top_p": 0.9}, True),
         ({}, {"top_p": 0.9}, True),  # θ_old from the trainer: the engine's log-probs are only logged
         ({"rollout_correction": "tis-token"}, {}, True),
         ({}, {"top_p": 0.9, "engine": "vllm-server", "max_staleness": 1}, False),  # θ_old from the engine
@@ -341,12 +340,10 @@ def test_filtered_sampling_with_rollout_logprobs_is_refused_unless_opted_in(
 ):
     module = attach(GRPO, tiny_policy_dir, rollout_kwargs, **model_kwargs)
     if ok:
-        module.validate_config()
+        checked(module)
     else:
         with pytest.raises(ConfigError, match="allow_filtered_rollout_logprobs"):
-            module.validate_config()
-
-
+            checked(module)
 def test_rollouts_ahead_are_refused_where_they_cannot_run(tiny_policy_dir):
     with pytest.raises(ConfigError, match="max_staleness=2 needs rollout.engine=vllm-server"):
         RolloutSettings(max_staleness=2)
@@ -355,22 +352,22 @@ def test_rollouts_ahead_are_refused_where_they_cannot_run(tiny_policy_dir):
     with pytest.raises(ConfigError, match="max_staleness must be an integer ≥ 0"):
         RolloutSettings(engine="vllm-server", max_staleness=-1)
     ahead = {"engine": "vllm-server", "max_staleness": 2}  # no server starts: the engine is built on first use
-    attach(DAPO, tiny_policy_dir, ahead).validate_config()  # dynamic sampling refills from the stream
+    checked(attach(DAPO, tiny_policy_dir, ahead))  # dynamic sampling refills from the stream
 
 
 def test_contradictory_or_invalid_settings_are_clear_errors():
     with pytest.raises(ConfigError, match="every weight is 1"):
-        GRPO(rollout_correction="tis-token", behaviour_logprobs="rollout")
+        GRPO(rollout_correction="tis-token", behaviour=BehaviourSettings(logprobs="rollout"))
     with pytest.raises(ConfigError, match="registered: ppo-clip, gspo-token, gspo, "):
         GRPO(policy_loss="ppo")
     with pytest.raises(ConfigError, match="re-weights token-level losses"):
         GRPO(policy_loss="real-anchor", rollout_correction="tis-token")
     with pytest.raises(ConfigError, match="two_pass is for group-level"):
-        GRPO(two_pass=True)
+        REAL(policy_loss="ppo-clip", advantage_estimator="grpo", two_pass=True)
     with pytest.raises(ConfigError, match="valid: error, train_partial"):
         DAPO(on_exhausted="skip")
-    assert GSPO(policy_loss="gspo-token").objective.policy_loss.name == "gspo-token"
-    assert GSPO().objective.policy_loss.name == "gspo"
+    assert GSPO(policy_loss="gspo-token").settings.pieces.objective.policy_loss.name == "gspo-token"
+    assert GSPO().settings.pieces.objective.policy_loss.name == "gspo"
 
 
 def test_several_updates_per_rollout_batch_keep_theta_old_fixed(tiny_policy_dir):
@@ -378,8 +375,8 @@ def test_several_updates_per_rollout_batch_keep_theta_old_fixed(tiny_policy_dir)
     mini-batch, taken after the first optimizer step, sees ratios ≠ 1 (off policy), while θ_old's
     log-probs are those of the policy that sampled. Reading θ_old from the update's forward here
     would make every ratio exactly 1."""
-    module = attach(GRPO, tiny_policy_dir, num_mini_batches=2, lr=1e-2, micro_batch_size=8)
-    assert module.behaviour_source() == "trainer"
+    module = attach(GRPO, tiny_policy_dir, num_mini_batches=2, optim=OptimSettings(lr=1e-2), update=UpdateSettings(micro_batch_size=8))
+    assert module.rlvr_step.resolved.behaviour == "trainer"
     rollout = sample_rollout(module)
     inputs = prepared(module, rollout)
     before = trainer_old_logp(module, inputs)
@@ -391,8 +388,8 @@ def test_several_updates_per_rollout_batch_keep_theta_old_fixed(tiny_policy_dir)
 def test_several_passes_over_a_rollout_batch_keep_theta_old_and_step_the_optimizer_each_time(tiny_policy_dir):
     """ppo_epochs = 2 × num_mini_batches = 2: four optimizer steps on one rollout batch, θ_old from the pass
     before the update (fixed), the later steps off policy, and the schedule advanced four times."""
-    module = attach(GRPO, tiny_policy_dir, num_mini_batches=2, ppo_epochs=2, lr=1e-2, micro_batch_size=8)
-    assert module.behaviour_source() == "trainer"
+    module = attach(GRPO, tiny_policy_dir, num_mini_batches=2, ppo_epochs=2, optim=OptimSettings(lr=1e-2), update=UpdateSettings(micro_batch_size=8))
+    assert module.rlvr_step.resolved.behaviour == "trainer"
     inputs = prepared(module, sample_rollout(module))
     before = trainer_old_logp(module, inputs)
     steps = []
@@ -407,7 +404,7 @@ def test_several_passes_over_a_rollout_batch_keep_theta_old_and_step_the_optimiz
 
 
 def test_weight_decay_warmup_and_cosine_schedule_reach_the_optimizer(tiny_policy_dir):
-    module = attach(GRPO, tiny_policy_dir, lr=1.0, weight_decay=0.1, warmup_steps=2, lr_schedule="cosine")
+    module = attach(GRPO, tiny_policy_dir, optim=OptimSettings(lr=1.0, weight_decay=0.1, warmup_steps=2, lr_schedule="cosine"))
     module.trainer.fit_loop.epoch_loop.max_steps = 6  # trainer.max_steps
     config = module.configure_optimizers()
     opt, sched = config["optimizer"], config["lr_scheduler"]["scheduler"]
@@ -425,5 +422,5 @@ def test_weight_decay_warmup_and_cosine_schedule_reach_the_optimizer(tiny_policy
 def test_an_estimator_knob_that_does_not_fit_the_group_size_stops_the_run_at_fit_start(tiny_policy_dir):
     module = attach(GRPO, tiny_policy_dir, advantage_estimator="pass-at-k", piece_args={"pass_at_k": G + 1})
     with pytest.raises(ConfigError, match=rf"pass_at_k must lie in \[1, rollout.group_size={G}\], got {G + 1}"):
-        module.validate_config()
-    attach(GRPO, tiny_policy_dir, advantage_estimator="pass-at-k", piece_args={"pass_at_k": G}).validate_config()
+        checked(module)
+    checked(attach(GRPO, tiny_policy_dir, advantage_estimator="pass-at-k", piece_args={"pass_at_k": G}))

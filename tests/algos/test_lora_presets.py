@@ -16,6 +16,7 @@ from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.models.lora import LoraSettings
 from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.standalone import standalone
+from rlvr_lightning.training.settings import OptimSettings
 from tests.e2e.test_fsdp_resume import ParityReward
 from tests.support.cli import REPO
 
@@ -30,7 +31,9 @@ def instantiate(spec: dict, **extra):
 @pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
 def test_every_preset_trains_the_adapter_of_a_lora_policy(preset: Path, tiny_policy_dir):
     cfg = yaml.safe_load(preset.read_text())
-    module = instantiate(cfg["model"], lora=LoraSettings(rank=4), lr=1e-2)
+    init_args = cfg["model"]["init_args"]
+    optim = OptimSettings(**{**init_args.get("optim", {}), "lr": 1e-2})
+    module = instantiate(cfg["model"], lora=LoraSettings(rank=4), optim=optim)
     callbacks = [instantiate(c) for c in (cfg.get("trainer") or {}).get("callbacks+", [])]
     rollout = RolloutSettings(engine="hf", group_size=8, max_response_length=12)  # G = 8: pass@k takes k = 4
     dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=2, val_data=None, rollout=rollout)

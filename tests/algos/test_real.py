@@ -13,8 +13,9 @@ from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces.real import real_grad_weights, real_loss
 from rlvr_lightning.pieces.token_losses import sequence_log_ratio
 from rlvr_lightning.rollout.types import Verdict
-from rlvr_lightning.training.algorithm import BoundPieces
+from rlvr_lightning.training.settings import UpdateSettings
 from tests.algos.test_base import attach, gradient, independent_logprobs, prepared, sample_rollout, with_old_logp
+from tests.support.settings import checked, resettle
 
 TAU = 0.5
 C_TOY = torch.tensor([1.0, 0, 0, 0])
@@ -126,7 +127,7 @@ def test_non_mixed_groups_count_in_the_prompt_normaliser(tiny_policy_dir, varian
     """Through the module's own step (it counts B, or M, itself): group 1 is all wrong, so it adds nothing
     to the sum but counts in B = 2 prompts (not 8 sequences, not 1 mixed group); M = 4 mixed rollouts. Loss
     and gradient equal the formula written out over an independent forward of the policy, off policy."""
-    module = attach(REAL, tiny_policy_dir, policy_loss=f"real-{variant}", micro_batch_size=4)
+    module = attach(REAL, tiny_policy_dir, policy_loss=f"real-{variant}", update=UpdateSettings(micro_batch_size=4))
     rollout = sample_rollout(module)
     rollout = rollout.scored(Verdict(torch.cat([rollout.correct[:4], torch.zeros(4)])))  # group 1 all wrong
     inputs = prepared(module, rollout)
@@ -158,8 +159,7 @@ def test_micro_batches_of_whole_groups_and_two_pass_give_the_one_pass_gradient(t
     loss_one, g_one = gradient(module, inputs, 8)
     loss_groups, g_groups = gradient(module, inputs, 4)  # whole groups of G = 4
     torch.testing.assert_close(g_groups, g_one, rtol=1e-4, atol=1e-6)
-    module.hparams.two_pass = True
-    module.pieces = BoundPieces.of(module.hparams)  # the pieces are bound when the module is built
+    resettle(module, two_pass=True)
     for size in (3, 1):  # micro-batches that split groups
         loss_two, g_two = gradient(module, inputs, size, tweak=off_policy)
         torch.testing.assert_close(g_two, g_one, rtol=1e-4, atol=1e-6)
@@ -168,8 +168,7 @@ def test_micro_batches_of_whole_groups_and_two_pass_give_the_one_pass_gradient(t
     # reordered), then the one-pass loss, whose micro-batches must then hold whole groups.
     budget = 2 * int(inputs.tensors.lengths.max())
     for two_pass in (True, False):
-        module.hparams.two_pass = two_pass
-        module.pieces = BoundPieces.of(module.hparams)
+        resettle(module, two_pass=two_pass)
         loss_budget, g_budget = gradient(module, inputs, 8, max_tokens=budget, tweak=off_policy)
         torch.testing.assert_close(g_budget, g_one, rtol=1e-4, atol=1e-6)
         assert loss_budget.item() == pytest.approx(loss_one.item(), rel=1e-5)
@@ -180,8 +179,7 @@ def test_two_pass_skips_its_first_pass_on_policy(tiny_policy_dir):
     module = attach(REAL, tiny_policy_dir)
     inputs = prepared(module, sample_rollout(module))  # θ = θ_old: every s̄ is exactly 0
     _, g_one = gradient(module, inputs, 8)
-    module.hparams.two_pass = True
-    module.pieces = BoundPieces.of(module.hparams)  # the pieces are bound when the module is built
+    resettle(module, two_pass=True)
     calls = []
 
     def counting(update):
@@ -194,11 +192,9 @@ def test_two_pass_skips_its_first_pass_on_policy(tiny_policy_dir):
 
 
 def test_group_splitting_micro_batches_are_refused_without_two_pass(tiny_policy_dir):
-    module = attach(REAL, tiny_policy_dir, micro_batch_size=6, num_mini_batches=2)  # G = 4
+    module = attach(REAL, tiny_policy_dir, update=UpdateSettings(micro_batch_size=6), num_mini_batches=2)  # G = 4
     with pytest.raises(ConfigError, match="two_pass"):
-        module.validate_config()
-
-
+        checked(module)
 def test_real_config_errors():
     with pytest.raises(ConfigError, match="tau"):
         REAL(tau=0)

@@ -11,7 +11,6 @@ from transformers.modeling_outputs import CausalLMOutput
 
 from rlvr_lightning.attribution.oar import ScoringInput, bilevel_weights, oar_g_saliency, oar_p_scores, segment_boxed
 from rlvr_lightning.models.policy import load_tokenizer
-from rlvr_lightning.training.shaping import compose_token_weights
 
 # ---- Bi-Level -------------------------------------------------------------------------------
 
@@ -286,7 +285,7 @@ def test_oar_g_and_oar_p_rankings_agree_on_constructed_models():
 def boxed_rollout(module):
     from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 
-    tok = module.datamodule.tokenizer
+    tok = module.trainer.datamodule.tokenizer
     prompts = ["What is 3+4-2?\n", "What is 10+1+5?\n"]
     texts = ["3+4=7,7-2=5.\\boxed{5}", "3+4=7,7-2=6.\\boxed{6}", "3+4=8.\\boxed{8}", "3+4=7,7-2=5. Answer:5",
              "10+1=11,11+5=16.\\boxed{16}", "10+1=11.\\boxed{11}", "\\boxed{3}", "10+1=12,12+5=17.\\boxed{17}"]  # fmt: skip
@@ -308,8 +307,9 @@ def test_callback_weights_reasoning_tokens_only_with_mean_one(tiny_policy_dir, m
     module = attach(GRPO, tiny_policy_dir)
     module.trainer.callbacks.append(OARAttribution(method=method))
     rollout = boxed_rollout(module)
-    scored, inputs, metrics, w = module.rlvr_step.prepare(module.step_context(), rollout)
-    tok = module.datamodule.tokenizer
+    scored, inputs, metrics = module.rlvr_step.prepare(module.step_context(), rollout)
+    w = inputs.token_weights()
+    tok = module.trainer.datamodule.tokenizer
     for n, text in enumerate(rollout.texts):
         R = len(ids(tok, text[: text.rfind("\\boxed{")])) if "\\boxed{" in text else 0
         L_n = len(rollout.completions[n].token_ids)
@@ -334,9 +334,9 @@ def test_thr_and_oar_compose_multiplicatively(tiny_policy_dir):
         module = attach(GRPO, tiny_policy_dir)
         module.trainer.callbacks.extend(callbacks)
         step = module.step_context()
-        _, inputs, _, before_update = module.rlvr_step.prepare(step, boxed_rollout(module))
+        _, inputs, _ = module.rlvr_step.prepare(step, boxed_rollout(module))
         module.rlvr_step.update.accumulate_gradients(step, inputs, torch.arange(8), module.manual_backward)  # THR scores in the update's forward
-        return compose_token_weights(before_update, inputs.behaviour.token_weights())
+        return inputs.token_weights()
 
     thr, oar = THRAttribution(p=0.3, threshold="all"), OARAttribution(method="perturbation")
     torch.testing.assert_close(weights(thr, oar), weights(thr) * weights(oar))

@@ -13,8 +13,10 @@ from rlvr_lightning.attribution.thr import dominant_tokens, group_thr_scores, th
 from rlvr_lightning.callbacks.attribution import THRAttribution
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.models.forward import policy_forward
-from rlvr_lightning.training.shaping import HiddenScorer, compose_token_weights
+from rlvr_lightning.training.settings import UpdateSettings
+from rlvr_lightning.training.shaping import HiddenScorer
 from tests.algos.test_base import attach, gradient, prepared, sample_rollout
+from tests.support.settings import checked
 
 
 def random_group(seed=0, G=4, d=6, V=11, lengths=(3, 5, 2, 4)):
@@ -144,7 +146,7 @@ def test_module_captures_the_hidden_states_that_produce_old_logprobs(tiny_policy
     scorer keeps those of the rows it needs, across micro-batch boundaries."""
     module = with_thr(GRPO, tiny_policy_dir, None)
     rollout = sample_rollout(module)
-    t = rollout.tensors(module.datamodule.tokenizer.pad_token_id)
+    t = rollout.tensors(module.trainer.datamodule.tokenizer.pad_token_id)
     rows = torch.tensor([True, False, True, True, False, False, False, True])
     scorer = HiddenScorer(module.step_context(), None, [], rows)
     hidden, old = {}, []
@@ -193,11 +195,11 @@ def thr_update(tiny_policy_dir, p, micro_batch_size, rollout_edit=None):
     reads θ_old's LM-head inputs in the update's forward, 3 (splits groups) in the separate no-grad pass.
     What it returns: `THRRun`."""
     thr = THRAttribution(p=p, threshold="all")
-    module = with_thr(GRPO, tiny_policy_dir, thr, micro_batch_size=micro_batch_size)
+    module = with_thr(GRPO, tiny_policy_dir, thr, update=UpdateSettings(micro_batch_size=micro_batch_size))
     rollout = sample_rollout(module)
     if rollout_edit:
         rollout_edit(rollout)
-    scored, inputs, _, before_update = module.rlvr_step.prepare(module.step_context(), rollout)
+    scored, inputs, _ = module.rlvr_step.prepare(module.step_context(), rollout)
     read_in_update = inputs.behaviour.reads_lm_head
     seen = []  # the token advantages each micro-batch loss received
 
@@ -205,7 +207,7 @@ def thr_update(tiny_policy_dir, p, micro_batch_size, rollout_edit=None):
         update.objective = RecordingObjective(update.objective, seen)
 
     loss, grad = gradient(module, inputs, micro_batch_size, tweak=record)
-    weights = compose_token_weights(before_update, inputs.behaviour.token_weights())
+    weights = inputs.token_weights()  # those read in the update's forwards too
     return THRRun(module, rollout, scored.advantages, weights, thr.batch_metrics(), torch.cat(seen), loss, grad, read_in_update)
 
 
@@ -252,17 +254,15 @@ def test_thr_read_in_the_update_equals_a_separate_theta_old_pass(tiny_policy_dir
 
 def test_thr_composes_with_gspo_token_and_is_refused_where_it_cannot(tiny_policy_dir):
     module = with_thr(GSPO, tiny_policy_dir, THRAttribution(p=0.2), policy_loss="gspo-token", num_mini_batches=2)
-    module.validate_config()
+    checked(module)
     with pytest.raises(ConfigError, match="policy_loss=gspo does not honour them"):
-        with_thr(GSPO, tiny_policy_dir, THRAttribution(p=0.2), num_mini_batches=2).validate_config()
+        checked(with_thr(GSPO, tiny_policy_dir, THRAttribution(p=0.2), num_mini_batches=2))
     with pytest.raises(ConfigError, match="policy_loss=real-anchor does not honour them"):
-        with_thr(REAL, tiny_policy_dir, THRAttribution(p=0.2), micro_batch_size=4, num_mini_batches=1).validate_config()
+        checked(with_thr(REAL, tiny_policy_dir, THRAttribution(p=0.2), update=UpdateSettings(micro_batch_size=4), num_mini_batches=1))
     with pytest.raises(ConfigError, match="policy_loss=gmpo does not honour them"):  # one term per sequence
-        with_thr(GRPO, tiny_policy_dir, THRAttribution(p=0.2), policy_loss="gmpo").validate_config()
+        checked(with_thr(GRPO, tiny_policy_dir, THRAttribution(p=0.2), policy_loss="gmpo"))
     for loss in ("cispo", "sapo"):  # per-token losses take the reshaped token advantages
-        with_thr(GRPO, tiny_policy_dir, THRAttribution(p=0.2), policy_loss=loss).validate_config()
-
-
+        checked(with_thr(GRPO, tiny_policy_dir, THRAttribution(p=0.2), policy_loss=loss))
 def untied_copy(policy):
     """The policy with its own LM-head matrix, so that a head-only step leaves the input embeddings alone."""
     import copy
@@ -279,7 +279,7 @@ def test_thr_sign_predicts_the_change_of_the_correct_likelihood(tiny_policy_dir)
     from rlvr_lightning.attribution.thr_check import thr_sign_check
 
     module = attach(GRPO, tiny_policy_dir)
-    pad = module.datamodule.tokenizer.pad_token_id
+    pad = module.trainer.datamodule.tokenizer.pad_token_id
     head_only = untied_copy(module.policy)
     before = [p.detach().clone() for p in module.policy.parameters()]
     holds = {"head": 0, "all": 0}

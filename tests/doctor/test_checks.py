@@ -106,12 +106,13 @@ def test_the_doctor_reads_the_trainers_compute_dtype_as_the_run_does(precision, 
     """The run's `trainer_dtype` and the doctor's (from the configuration alone) are one function."""
     from types import SimpleNamespace
 
-    from rlvr_lightning.algos.base import RLVRModule
+    from rlvr_lightning.algos import GRPO
+    from rlvr_lightning.training import wiring
     from rlvr_lightning.training.engine_setup import trainer_compute_dtype
+    from rlvr_lightning.training.settings import UpdateSettings
 
-    module = SimpleNamespace(trainer=SimpleNamespace(precision=precision), device_mesh=mesh,
-                             hparams=SimpleNamespace(fsdp_param_dtype=fsdp_param_dtype))  # fmt: skip
-    assert RLVRModule.trainer_dtype(module) == expected
+    settings = GRPO(update=UpdateSettings(fsdp_param_dtype=fsdp_param_dtype)).settings
+    assert wiring.trainer_dtype(settings, SimpleNamespace(precision=precision), sharded=mesh is not None) == expected
     assert trainer_compute_dtype(precision, fsdp_param_dtype if mesh else None) == expected
 
 

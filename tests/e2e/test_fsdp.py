@@ -66,7 +66,7 @@ def replay(model_dir: Path, probe: Path, callbacks=(), lora: LoraSettings | None
                 batch=PromptBatch.concat([p["batch"] for p in parts]), group_size=G,
                 prompt_ids=[x for p in parts for x in p["prompt_ids"]],
                 completions=[c for p in parts for c in p["completions"]], sampling=parts[0]["sampling"],
-                policy_version=module.policy_version, texts=[t for p in parts for t in p["texts"]],
+                policy_version=module.session.policy_version, texts=[t for p in parts for t in p["texts"]],
                 correct=torch.cat([p["correct"] for p in parts]),
             )  # fmt: skip
             module.step_algorithm = lambda rollout=rollout: Recorded(rollout)
@@ -89,9 +89,9 @@ def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_p
     lora = LoraSettings(rank=8, sync="adapter") if algo == "grpo-lora" else None
     args = fsdp_args(tmp_path, model_dir, algo.removesuffix("-lora"))
     if lora is not None:  # LoRA's usual larger steps, so the adapter moves measurably in 3 steps
-        args += ["--model.init_args.lora.rank=8", "--model.init_args.lora.sync=adapter", "--model.init_args.lr=1e-3"]
+        args += ["--model.init_args.lora.rank=8", "--model.init_args.lora.sync=adapter", "--model.init_args.optim.lr=1e-3"]
     if algo == "thr":  # ~1 or 2 groups of ≤ 8 × 70 tokens per micro-batch, depending on their lengths
-        args.append("--model.init_args.max_tokens_per_micro_batch=1000")
+        args.append("--model.init_args.update.max_tokens_per_micro_batch=1000")
     proc = run_cli(args, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     probe = tmp_path / "probe"

@@ -42,7 +42,7 @@ def args_for(run_dir: Path, model_dir: Path) -> list[str]:
         "--trainer.logger.init_args.artifact_location", str(run_dir / "artifacts"),
         "--data.model_name_or_path", str(model_dir),
         "--data.batch_size", "4", "--rollout.group_size", "4", "--data.val_size", "8", "--rollout.max_response_length", "16",
-        "--model.init_args.lr", "1e-3",  # large steps, so a resume that got anything wrong shows in the numbers
+        "--model.init_args.optim.lr", "1e-3",  # large steps, so a resume that got anything wrong shows in the numbers
     ]  # fmt: skip
 
 
@@ -97,7 +97,7 @@ def kill_after_checkpoint(run_dir: Path, args: list[str], min_step: int) -> int:
 
 # A LoRA policy synced as an adapter: the checkpoint holds the adapter and its AdamW state, and the resumed
 # engine must be handed the adapter it had (the base weights alone would score the same rollouts differently).
-LORA = ["--model.init_args.lora.rank", "8", "--model.init_args.lora.sync", "adapter", "--model.init_args.lr", "1e-2"]
+LORA = ["--model.init_args.lora.rank", "8", "--model.init_args.lora.sync", "adapter", "--model.init_args.optim.lr", "1e-2"]
 
 
 @pytest.mark.e2e

@@ -56,7 +56,7 @@ def test_two_step_fit_writes_an_mlflow_run(two_step_runs, engine):
     assert datasets == {("embedded-train", "training", 8320), ("embedded-test", "evaluation", 8)}, datasets
     experiment = client.get_experiment(run.info.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI's training views
-    assert run.data.params["model.init_args.lr"] == "3e-05"
+    assert run.data.params["model.init_args.optim.lr"] == "3e-05"
     assert run.data.params["rollout.engine"] == engine
     history = {k: client.get_metric_history(run.info.run_id, k) for k in run.data.metrics}
     for key in (
@@ -245,7 +245,7 @@ def test_an_installed_packages_entry_points_are_loaded_by_every_command(tmp_path
         (["--model.init_args.policy_loss", "my_missing_pieces.my_loss"],
          ["error: model.policy_loss='my_missing_pieces.my_loss': cannot import it", "on PYTHONPATH"]),
         (["--model.init_args.policy_loss", "plain-ratio"], ["error: model.policy_loss='plain-ratio'; registered: ppo-clip"]),
-        (["--model.init_args.lr", "fast"], ["error: model.lr: Expected a <class 'float'>. Got value: fast"]),
+        (["--model.init_args.optim.lr", "fast"], ["error: model.optim.lr: Expected a <class 'float'>. Got value: fast"]),
         (["--model.init_args.clip_eps_hgh", "0.3"], ["error: model: Option 'clip_eps_hgh' is not accepted"]),
         (["--rollout.group_sise", "4"], ["error: unrecognized arguments: --rollout.group_sise 4"]),
     ],

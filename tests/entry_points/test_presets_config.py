@@ -353,8 +353,8 @@ def test_invalid_preset_fails_at_parse_time_naming_the_key(case, capsys, tmp_pat
         err = parse_error(capsys, "grpo", grpo, overrides=("--model.init_args.not_a_param", "1"))
         assert err == "error: model: Option 'not_a_param' is not accepted; every option with its value: --print_config", err
     elif case == "bad-type":
-        err = parse_error(capsys, "grpo", grpo, overrides=("--model.init_args.lr", "fast"))
-        assert err == "error: model.lr: Expected a <class 'float'>. Got value: fast", err
+        err = parse_error(capsys, "grpo", grpo, overrides=("--model.init_args.optim.lr", "fast"))
+        assert err == "error: model.optim.lr: Expected a <class 'float'>. Got value: fast", err
     elif case == "misspelt-preset-key":
         path = preset_like(tmp_path, "grpo", lambda c: c["model"]["init_args"].update(clip_eps_hgh=0.3))
         err = parse_error(capsys, "typo", path)
@@ -445,7 +445,7 @@ def test_hparams_and_logged_params_are_the_effective_values_class_defaults_inclu
         for key, value in expected.items():
             assert same(module.hparams[key], value), (path.stem, key, module.hparams[key])
             assert same(params[f"model.init_args.{key}"], value), (path.stem, key, params[f"model.init_args.{key}"])
-        objective = module.objective
+        objective = module.settings.pieces.objective
         assert objective.policy_loss.fn is policy_losses.get(expected["policy_loss"]).fn
         assert objective.aggregate.func is loss_aggregators.get(module.hparams.loss_agg).fn
         knobs = objective.policy_loss.knob_values(algorithm_args(module.hparams, type(module)), module.hparams.piece_args)

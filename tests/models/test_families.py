@@ -137,7 +137,7 @@ def test_thr_weights_of_the_module_follow_the_definition(warm_policy):
     module, rollout, advantages = run.module, run.rollout, run.advantages
     assert run.read_in_update
     mask = rollout.tensors(0).response_mask.bool()
-    s = thr_by_definition(module.policy, rollout, module.datamodule.tokenizer.pad_token_id)
+    s = thr_by_definition(module.policy, rollout, module.trainer.datamodule.tokenizer.pad_token_id)
     expected = torch.where(mask, 1 + p * torch.sign(advantages.double()[:, None] * s), 1.0)
     expected[4:] = 1.0  # group 1 has no correct rollout: no THR
     got = run.weights[:, : mask.shape[1]]
@@ -211,7 +211,7 @@ def test_grpo_with_thr_and_oar_g_trains_the_family_end_to_end(tmp_path, monkeypa
     args = [
         *preset_args(tmp_path, "oar-g", warm_policy, max_response_length=40), "--config", "configs/algo/thr.yaml",
         "--trainer.logger.init_args.run_name", name, "--data.train_data", str(task), "--data.val_data", "null",
-        "--rollout_batches", "2", "--model.init_args.sync_check_every", "1", "--model.init_args.lr", "1e-3",
+        "--rollout_batches", "2", "--rollout.sync_check_every", "1", "--model.init_args.optim.lr", "1e-3",
     ]  # fmt: skip
     # The CLI runs in tmp_path, where `import rlvr_lightning` falls to the venv's editable install, which
     # may name another checkout: this one's code goes first.

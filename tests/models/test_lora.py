@@ -346,7 +346,7 @@ def test_a_lora_run_trains_the_adapter_only_and_its_two_exports_evaluate_the_sam
     (tmp_path / "callbacks.yaml").write_text(EXPORT_CALLBACKS)
     args = [*small_run_args(tmp_path, model_dir), "--config", str(tmp_path / "callbacks.yaml"),
             "--model.init_args.lora.rank", "8", "--model.init_args.lora.sync", "adapter",
-            "--model.init_args.lr", "1e-2", "--model.init_args.kl_coef", "0.01"]  # fmt: skip
+            "--model.init_args.optim.lr", "1e-2", "--model.init_args.kl_coef", "0.01"]  # fmt: skip
     proc = run_cli(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
 

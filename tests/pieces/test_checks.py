@@ -14,10 +14,11 @@ from rlvr_lightning.algos import GRPO, REAL
 from rlvr_lightning.context import Collectives
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces import advantage_estimators, policy_losses
-from rlvr_lightning.pieces.kinds import AdvantageInputs, StepNorms
+from rlvr_lightning.pieces.kinds import AdvantageInputs, OptimizerStepNorms
 from rlvr_lightning.rollout.types import RolloutTensors
 from rlvr_lightning.training.batch import LossBatch
 from rlvr_lightning.training.objective import compose_objective
+from tests.support.settings import checked
 
 
 # ---- a piece's own knob check ------------------------------------------------------------------
@@ -101,13 +102,13 @@ def test_the_recorded_knobs_are_the_runs_mlflow_params():
 
 
 # ---- token-level rollout corrections under losses with one term per sequence -------------------
-def one_sequence(weights: list[float], logp: torch.Tensor) -> tuple[LossBatch, StepNorms]:
+def one_sequence(weights: list[float], logp: torch.Tensor) -> tuple[LossBatch, OptimizerStepNorms]:
     T = len(weights)
     ones = torch.ones(1, T)
     ids = torch.zeros(1, 1 + T, dtype=torch.long)  # the loss reads none of these: one prompt token, T response tokens
     tensors = RolloutTensors(ids, torch.ones_like(ids), torch.arange(1 + T)[None], ones, torch.zeros(1, T), 1)
     batch = LossBatch(tensors, ones.clone(), logp.detach().clone(), None, ones, torch.tensor([weights]), torch.ones(1), 1)
-    return batch, StepNorms(1.0, float(T), 1.0, 0.0, 1, float(T))
+    return batch, OptimizerStepNorms(1.0, float(T), 1.0, 0.0, 1, float(T))
 
 
 @pytest.mark.parametrize("loss", ["ppo-clip", "gspo-token"])
@@ -159,7 +160,7 @@ def test_advantage_statistics_and_an_estimators_own_reach_the_steps_metrics():
         module = GRPO(advantage_estimator="test-with-stats")
         rewards = torch.tensor([1.0, 0.0, 0.5, 0.5])
         rollout = SimpleNamespace(correct=rewards > 0.5, group_size=2, response_lengths=torch.ones(4, dtype=torch.long))
-        adv, stats = module.pieces.advantages(AdvantageInputs(rewards, rollout.correct, rollout.group_size, Collectives().sum, rollout.response_lengths))
+        adv, stats = module.settings.pieces.advantages(AdvantageInputs(rewards, rollout.correct, rollout.group_size, Collectives().sum, rollout.response_lengths))
         torch.testing.assert_close(adv, torch.tensor([0.5, -0.5, 0.0, 0.0]))
         assert stats == pytest.approx({"adv_mean": 0.0, "adv_std": (1 / 6) ** 0.5, "adv_abs_max": 0.5,
                                        "adv_zero_frac": 0.5, "adv_positive_frac": 0.25})  # fmt: skip
@@ -177,6 +178,6 @@ def test_fit_start_checks_never_call_a_piece_on_inputs_training_never_gives(tiny
         return inputs.rewards / inputs.lengths.float()
 
     try:
-        attach(GRPO, tiny_policy_dir, advantage_estimator="test-length-scaled").validate_config()
+        checked(attach(GRPO, tiny_policy_dir, advantage_estimator="test-length-scaled"))
     finally:
         advantage_estimators._pieces.pop("test-length-scaled")

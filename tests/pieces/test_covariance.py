@@ -147,7 +147,7 @@ def test_one_update_per_batch_still_takes_theta_old_from_its_own_pass_and_logs_t
     covariance statistics the loss acted on."""
     knobs = {"clip-cov": {"clip_cov_ratio": 0.5, "clip_cov_lb": 0.0, "clip_cov_ub": 100.0}, "kl-cov": {"kl_cov_ratio": 0.2}}
     module = attach(GRPO, tiny_policy_dir, policy_loss=name, num_mini_batches=1, piece_args=knobs[name])
-    assert module.behaviour_source() == "trainer"
+    assert module.rlvr_step.resolved.behaviour == "trainer"
     inputs = prepared(module, sample_rollout(module))
     acc = MetricAccumulator()
     gradient(module, inputs, 3, acc)

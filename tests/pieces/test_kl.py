@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from rlvr_lightning.pieces.kinds import StepNorms
+from rlvr_lightning.pieces.kinds import OptimizerStepNorms
 from rlvr_lightning.training.batch import LossBatch
 from rlvr_lightning.training.objective import compose_objective
 from tests.support.pieces import kl_penalty
@@ -97,7 +97,7 @@ def step_loss(loss_agg: str, estimator: str, kl_coef: float, is_weight: torch.Te
     # `tensors` (the forward's inputs) is read only by the forward, which these tests do without.
     mb = LossBatch(tensors=None, advantages=ADV, old_logp=LOGP.clone(), ref_logp=REF if kl_coef > 0 else None,
                    loss_mask=MASK, is_weight=is_weight, correct=torch.tensor([1.0, 0.0]), group_size=2)  # fmt: skip
-    norms = StepNorms(N_SEQS, N_TOKENS, 1.0, 0.0, world_size=1, norm_const=NORM_CONST)
+    norms = OptimizerStepNorms(N_SEQS, N_TOKENS, 1.0, 0.0, world_size=1, norm_const=NORM_CONST)
     loss, stats = objective.micro_batch_loss(mb, logp, norms)
     loss.backward()
     return loss.item(), logp.grad, stats

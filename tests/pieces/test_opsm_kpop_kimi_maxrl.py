@@ -12,7 +12,7 @@ import torch
 from rlvr_lightning.pieces.kinds import (
     AdvantageInputs,
     CorrectionInputs,
-    StepNorms,
+    OptimizerStepNorms,
     TokenLossInputs,
     advantage_estimators,
     loss_aggregators,
@@ -133,7 +133,7 @@ def test_maxrl_divides_the_centred_reward_by_the_group_mean():
 def test_seq_mean_token_sum_sums_each_sequence_and_averages_over_the_steps_sequences():
     per_tok = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 9.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])  # the 9 is padding
-    norms = StepNorms(num_seqs=4.0, num_tokens=5.0, num_groups=1.0, num_mixed_seqs=0.0, world_size=2, norm_const=3.0)
+    norms = OptimizerStepNorms(num_seqs=4.0, num_tokens=5.0, num_groups=1.0, num_mixed_seqs=0.0, world_size=2, norm_const=3.0)
     # (6 + 9) / 4 sequences of the whole step, × 2 ranks (undoing the gradient averaging).
     assert loss_aggregators.get("seq-mean-token-sum").fn(per_tok, mask, norms).item() == pytest.approx(15 / 4 * 2)
 
@@ -188,7 +188,7 @@ def test_kimi_is_the_squared_log_ratio_to_the_behaviour_policy_and_loads_no_refe
     old = torch.tensor([[-1.0, -2.0, -0.5]])
     logp = (old + torch.tensor([[0.0, 0.3, -0.2]])).requires_grad_()
     mb = SimpleNamespace(old_logp=old, ref_logp=None, loss_mask=torch.ones(1, 3))  # no reference log-probs at all
-    norms = StepNorms(num_seqs=1.0, num_tokens=3.0, num_groups=1.0, num_mixed_seqs=0.0, world_size=1, norm_const=3.0)
+    norms = OptimizerStepNorms(num_seqs=1.0, num_tokens=3.0, num_groups=1.0, num_mixed_seqs=0.0, world_size=1, norm_const=3.0)
     stats = {}
     term = objective.kl_loss(mb, logp, norms, stats)
     # τ·mean_t (log π_θ − log π_old)², no ½: (0 + 0.09 + 0.04)/3 · 0.1; its gradient 2τℓ/3 per token.

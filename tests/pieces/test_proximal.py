@@ -12,6 +12,7 @@ from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces.kinds import ProximalInputs
 from rlvr_lightning.pieces.proximal import loglinear
 from rlvr_lightning.rollout.types import Verdict
+from rlvr_lightning.training.settings import BehaviourSettings, OptimSettings
 
 
 def inputs(behaviour, current, versions, v_prox, v_theta):
@@ -44,8 +45,8 @@ def test_loglinear_needs_a_rollout_correction_and_a_loss_that_reads_no_step_firs
 
     with pytest.raises(ConfigError, match="set model.rollout_correction"):
         GRPO(proximal_policy="loglinear")
-    with pytest.raises(ConfigError, match="keep model.behaviour_logprobs=trainer"):
-        GRPO(proximal_policy="loglinear", rollout_correction="tis-token", behaviour_logprobs="rollout")
+    with pytest.raises(ConfigError, match="keep model.behaviour.logprobs=trainer"):
+        GRPO(proximal_policy="loglinear", rollout_correction="tis-token", behaviour=BehaviourSettings(logprobs="rollout"))
     with pytest.raises(ConfigError, match="use model.proximal_policy=recompute"):
         GRPO(proximal_policy="loglinear", rollout_correction="tis-token", policy_loss="clip-cov")
     with pytest.raises(ConfigError):
@@ -67,13 +68,13 @@ def test_with_one_step_per_batch_loglinear_trains_as_the_recomputed_theta_old(la
     runs = {}
     for proximal in ("recompute", "loglinear"):  # every group mixed, and steps large enough to move the weights
         module = lagged_module(max_staleness=1, rollout_correction="tis-token", proximal_policy=proximal,
-                               callbacks=[AlternatingReward()], tis_cap=1.001, lr=1e-2)  # fmt: skip
-        batches = iter(module.datamodule.train_dataloader())
+                               callbacks=[AlternatingReward()], tis_cap=1.001, optim=OptimSettings(lr=1e-2))  # fmt: skip
+        batches = iter(module.trainer.datamodule.train_dataloader())
         steps = []
         for _ in range(2):
             steps.append(module.train_on_batch(next(batches)))
             module.rollout_batches += 1
-        runs[proximal] = (module.behaviour_source(), steps)
+        runs[proximal] = (module.rlvr_step.resolved.behaviour, steps)
     assert runs["recompute"][0] == "trainer" and runs["loglinear"][0] == "proximal"
     assert runs["loglinear"][1][1].metrics["tis_capped_frac"] > 0  # the stale batch: sampled by version 0
     for a, b in zip(runs["recompute"][1], runs["loglinear"][1], strict=True):

@@ -69,7 +69,7 @@ def test_a_users_piece_by_dotted_path_is_what_the_module_trains_with(my_pieces):
     module = GRPO(advantage_estimator="my_pieces.rank_advantage", piece_args={"rank_scale": 0.5})
     rewards = torch.tensor([1.0, 0, 0, 1, 0.2, 0.2, 0.2, 0.2])
     rollout = SimpleNamespace(correct=rewards > 0.5, group_size=4, response_lengths=torch.ones(8, dtype=torch.long))
-    got, stats = module.pieces.advantages(AdvantageInputs(rewards, rollout.correct, rollout.group_size, Collectives().sum, rollout.response_lengths))
+    got, stats = module.settings.pieces.advantages(AdvantageInputs(rewards, rollout.correct, rollout.group_size, Collectives().sum, rollout.response_lengths))
     torch.testing.assert_close(got, 0.5 * torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0, 0, 0, 0]))
     assert stats == pytest.approx({"adv_mean": 0.0, "adv_std": float(got.std()), "adv_abs_max": 1 / 3, "adv_zero_frac": 0.5})
     assert module.hparams.advantage_estimator == "my_pieces.rank_advantage"
@@ -94,9 +94,9 @@ def test_the_cli_checks_piece_names_while_parsing(my_pieces, capsys, monkeypatch
 
 def test_group_level_losses_compose_with_any_algorithm():
     """REAL's loss on the GRPO class: the same objective as REAL's own defaults."""
-    mixed = GRPO(policy_loss="real-bce", advantage_estimator="none", piece_args={"tau": 0.25}).objective
+    mixed = GRPO(policy_loss="real-bce", advantage_estimator="none", piece_args={"tau": 0.25}).settings.pieces.objective
     assert mixed.group_level and mixed.loss.keywords == {"tau": 0.25}
-    assert REAL(policy_loss="real-bce", tau=0.25).objective.loss.keywords == {"tau": 0.25}
+    assert REAL(policy_loss="real-bce", tau=0.25).settings.pieces.objective.loss.keywords == {"tau": 0.25}
 
 
 def test_list_names_every_preset_algorithm_and_piece(capsys):
@@ -170,7 +170,7 @@ def dual_clipped_token_loss(module) -> float:
     from rlvr_lightning.pieces.kinds import TokenLossInputs
 
     one = torch.ones(1, 1)
-    per_token, _ = module.objective.loss(TokenLossInputs(2 * one, 0 * one, -one, one.bool()))
+    per_token, _ = module.settings.pieces.objective.loss(TokenLossInputs(2 * one, 0 * one, -one, one.bool()))
     return float(per_token)
 
 

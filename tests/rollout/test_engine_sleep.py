@@ -281,7 +281,7 @@ def test_training_step_releases_engine_memory_once_between_rollouts_and_update(t
     module = standalone(GRPO() if algo == "grpo" else DAPO(), dm, callbacks=[ScriptedScores()])
     try:
         calls: list[str] = []
-        module.session.engine = CallLog(module.engine, calls)
+        module.session.engine = CallLog(module.session.engine, calls)
         run = PolicyUpdate.run
         monkeypatch.setattr(PolicyUpdate, "run", lambda *a, **k: calls.append("update") or run(*a, **k))
         module.train_on_batch(next(iter(dm.train_dataloader())))

@@ -236,7 +236,7 @@ def server_cli_run(tmp_path, tiny_policy_dir, steps: int, *flags: str):
 
     model_dir = shutil.copytree(tiny_policy_dir, tmp_path / "policy")
     args = [*small_run_args(tmp_path, model_dir), "--rollout_batches", str(steps), "--rollout.engine", "vllm-server",
-            *flags, "--model.init_args.sync_check_every", "1"]  # fmt: skip
+            *flags, "--rollout.sync_check_every", "1"]  # fmt: skip
     proc = run_cli(args, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
@@ -341,7 +341,7 @@ def test_two_fsdp_ranks_share_attached_servers(tmp_path, quick_warm_start):
         url = launcher.replicas[0].url
         args = [*fsdp_args(tmp_path, model_dir), "--rollout.engine", "vllm-server", "--rollout.server_urls", f"[{url}]",
                 "--rollout.max_staleness", "2", "--rollout.partial_rollouts", "true",
-                "--model.init_args.sync_check_every", "1"]  # fmt: skip
+                "--rollout.sync_check_every", "1"]  # fmt: skip
         proc = run_cli(args, tmp_path, timeout=600)
         assert proc.returncode == 0, proc.stderr[-4000:]
         assert launcher.replicas[0].process.alive()  # attached: the trainer left it running

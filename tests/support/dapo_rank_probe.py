@@ -33,5 +33,5 @@ class UnevenRewards(RolloutCallback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        record = {"rounds": {str(k): v for k, v in self.rounds.items()}, "policy_version": pl_module.policy_version}
+        record = {"rounds": {str(k): v for k, v in self.rounds.items()}, "policy_version": pl_module.session.policy_version}
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))

@@ -29,7 +29,7 @@ class ShardProbe(RolloutCallback):
         info = {"local": local, "total": sum(p.numel() for p in params), "world": trainer.world_size,
                 "sharded": all(isinstance(p, DTensor) for p in params)}  # fmt: skip
         (self.out / f"rank{trainer.global_rank}_shard.json").write_text(json.dumps(info))
-        if pl_module.lora is not None:  # the adapter's random start, for the one-process replay
+        if pl_module.settings.lora is not None:  # the adapter's random start, for the one-process replay
             adapter = dict(adapter_weights(pl_module.policy))  # collective: every rank gathers
             if trainer.is_global_zero:
                 torch.save(adapter, self.out / "initial_adapter.pt")
@@ -50,7 +50,7 @@ class ShardProbe(RolloutCallback):
         rollout = torch.load(self.out / f"rank{trainer.global_rank}_step0.pt", weights_only=False)
         n = next(i for i, c in enumerate(rollout["completions"]) if c.token_ids)
         prompt, completion = rollout["prompt_ids"][n // rollout["group_size"]], rollout["completions"][n].token_ids
-        engine = pl_module.engine.score(prompt, completion)
+        engine = pl_module.session.engine.score(prompt, completion)
         trainer_lp = sequence_logprobs(pl_module.policy, prompt, completion)
         diff = max(abs(a - b) for a, b in zip(engine, trainer_lp))
         (self.out / f"rank{trainer.global_rank}_engine.json").write_text(json.dumps({"max_abs_diff": diff}))

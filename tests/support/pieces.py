@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from rlvr_lightning.pieces import kl_estimators, loss_aggregators, policy_losses, rollout_corrections
-from rlvr_lightning.pieces.kinds import CorrectionInputs, StepNorms, TokenLossInputs
+from rlvr_lightning.pieces.kinds import CorrectionInputs, OptimizerStepNorms, TokenLossInputs
 
 # Token-level losses that read one micro-batch alone; those with a step-level token selection (Clip-Cov,
 # KL-Cov) are tested in test_covariance_losses.py and through the update in test_algorithms.py.
@@ -21,7 +21,7 @@ def surrogate(name, logp, old_logp, adv, mask, eps_low=0.2, eps_high=0.2):
 
 
 def aggregate(per_tok, mask, mode, num_seqs, num_tokens, norm_const=None, world_size=1) -> torch.Tensor:
-    norms = StepNorms(float(num_seqs), float(num_tokens), 0.0, 0.0, world_size, norm_const)
+    norms = OptimizerStepNorms(float(num_seqs), float(num_tokens), 0.0, 0.0, world_size, norm_const)
     return loss_aggregators.get(mode).fn(per_tok, mask, norms)
 
 

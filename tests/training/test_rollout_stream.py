@@ -223,14 +223,14 @@ def test_a_lagged_batch_trains_on_the_engines_logprobs_and_the_sync_waits_for_th
 
     module = lagged_module()
     events = module.events
-    batches = iter(module.datamodule.train_dataloader())
+    batches = iter(module.trainer.datamodule.train_dataloader())
     first = module.train_on_batch(next(batches))
     module.rollout_batches += 1
     # Batch 0 (nothing was ahead yet, so generated then, in this thread), then batch 1, generated ahead
     # during step 0's update: the sync after step 0 waited for it to finish before loading new weights.
     assert events == ["ahead generated", "load_weights"]
     second = module.train_on_batch(next(batches))
-    assert module.behaviour_source() == "rollout"
+    assert module.rlvr_step.resolved.behaviour == "rollout"
     assert (first.metrics["staleness_max"], second.metrics["staleness_max"]) == (0.0, 1.0)
     # Batch 1 was sampled by version 0 and trained at version 1: θ_old is what the engine reported.
     t = second.inputs.tensors
@@ -242,8 +242,8 @@ def test_a_lagged_batch_with_a_rollout_correction_weighs_the_trainers_theta_old_
     import torch
 
     module = lagged_module(rollout_correction="tis-token", tis_cap=1.5)
-    assert module.behaviour_source() == "trainer"
-    result = module.train_on_batch(next(iter(module.datamodule.train_dataloader())))
+    assert module.rlvr_step.resolved.behaviour == "trainer"
+    result = module.train_on_batch(next(iter(module.trainer.datamodule.train_dataloader())))
     inputs = result.inputs
     mask = inputs.loss_mask
     trainer_old = inputs.behaviour.old_logp_all()
@@ -257,7 +257,7 @@ def test_two_versions_ahead_with_partial_rollouts_train_on_each_tokens_own_behav
     import torch
 
     module = lagged_module(max_staleness=2, partial_rollouts=True)
-    batches = iter(module.datamodule.train_dataloader())
+    batches = iter(module.trainer.datamodule.train_dataloader())
     results = []
     for _ in range(4):
         results.append(module.train_on_batch(next(batches)))
@@ -266,7 +266,7 @@ def test_two_versions_ahead_with_partial_rollouts_train_on_each_tokens_own_behav
     assert stale == [0.0, 1.0, 2.0, 2.0]
     assert all(r.times["rollout"] > 0 and "rollout_wait" in r.times for r in results)  # each batch's own generation
     last = results[-1]
-    assert module.behaviour_source() == "rollout"
+    assert module.rlvr_step.resolved.behaviour == "rollout"
     t = last.inputs.tensors
     # θ_old is each token's own behaviour log-prob, from the version that sampled it.
     torch.testing.assert_close(last.inputs.behaviour.old_logp_all(), t.rollout_logp * t.response_mask)
@@ -304,7 +304,7 @@ def test_real_thr_and_a_lora_policy_train_two_versions_ahead_with_partial_rollou
     # Rewards the untrained policy earns (mixed groups), so REAL's and THR's signals are not all zero.
     kwargs["callbacks"] = [*kwargs.get("callbacks", []), ParityReward()]
     module = lagged_module(max_staleness=2, partial_rollouts=True, **kwargs)
-    batches = iter(module.datamodule.train_dataloader())
+    batches = iter(module.trainer.datamodule.train_dataloader())
     results = []
     for _ in range(3):
         results.append(module.train_on_batch(next(batches)))
@@ -312,7 +312,7 @@ def test_real_thr_and_a_lora_policy_train_two_versions_ahead_with_partial_rollou
     assert [r.metrics["staleness_max"] for r in results] == [0.0, 1.0, 2.0]
     assert all(math.isfinite(r.metrics["loss"]) for r in results)
     assert any(ran in r.metrics for r in results), [sorted(r.metrics) for r in results]  # the piece ran
-    assert module.policy_version == 3 and module.events.count("load_weights") == 3
+    assert module.session.policy_version == 3 and module.events.count("load_weights") == 3
 
 
 class HalfMixedReward(RolloutCallback):
@@ -332,7 +332,7 @@ def test_dapo_takes_its_first_round_from_the_stream_and_refills_it_with_the_curr
 
     module = lagged_module(max_staleness=2, partial_rollouts=True, module_class=DAPO, gen_batch_size=2,
                            callbacks=[HalfMixedReward()])  # fmt: skip
-    batches = iter(module.datamodule.train_dataloader())
+    batches = iter(module.trainer.datamodule.train_dataloader())
     results = []
     for _ in range(3):
         results.append(module.train_on_batch(next(batches)))

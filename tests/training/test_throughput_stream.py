@@ -141,7 +141,7 @@ class GatedServer:
 def run_steps(module, steps: int) -> list:
     """`steps` more steps of the module; each step's result."""
     if not hasattr(module, "batches"):
-        module.batches = iter(module.datamodule.train_dataloader())
+        module.batches = iter(module.trainer.datamodule.train_dataloader())
     results = []
     for _ in range(steps):
         results.append(module.train_on_batch(next(module.batches)))
@@ -153,12 +153,12 @@ def test_drop_reissues_late_groups_and_logs_their_lengths(lagged_module):
     """s = 1, two groups a step: the first group never finishes while the gate is shut, so the steps train
     the others as they finish; at step 2 it is past its deadline: dropped and its prompt issued again."""
     module = lagged_module(max_staleness=1, stream_mode="throughput", stale_groups="drop")
-    server = module.session.engine = GatedServer(module.policy, module.datamodule.tokenizer)
+    server = module.session.engine = GatedServer(module.policy, module.trainer.datamodule.tokenizer)
     results = run_steps(module, 3)
     dropped = [r.rollout.metrics["groups_dropped"] for r in results]
     assert dropped[:2] == [0.0, 0.0] and dropped[2] >= 1
     assert all(r.metrics["staleness_max"] <= 1 for r in results)
-    first = module.datamodule.train_batch_at(0).ids[0]
+    first = module.trainer.datamodule.train_batch_at(0).ids[0]
     assert first not in results[0].rollout.batch.ids + results[1].rollout.batch.ids
     stream = module.session.stream
     with stream.lock:  # issued again (attempt 1): trained at step 2 already, or still outstanding
@@ -175,11 +175,11 @@ def test_hold_waits_for_the_due_group_and_drops_nothing(lagged_module):
     """The same gated first group under `hold`: still generating at step 0, due at step 1, so step 1 trains it
     (waiting for it if the gate has not opened yet); nothing is dropped and every prompt trains once."""
     module = lagged_module(max_staleness=1, stream_mode="throughput", stale_groups="hold")
-    server = module.session.engine = GatedServer(module.policy, module.datamodule.tokenizer)
+    server = module.session.engine = GatedServer(module.policy, module.trainer.datamodule.tokenizer)
     results = run_steps(module, 1)
     threading.Timer(0.5, server.gate.set).start()  # before or during step 1's wait: either way step 1 trains it
     results += run_steps(module, 3)
-    first = module.datamodule.train_batch_at(0).ids[0]
+    first = module.trainer.datamodule.train_batch_at(0).ids[0]
     assert first not in results[0].rollout.batch.ids and first in results[1].rollout.batch.ids  # by its deadline
     assert all(r.rollout.metrics["groups_dropped"] == 0 for r in results)
     assert all(r.metrics["staleness_max"] <= 1 for r in results)
@@ -219,7 +219,7 @@ def test_dapo_takes_its_first_round_from_the_throughput_stream(lagged_module):
 
     module = lagged_module(max_staleness=2, stream_mode="throughput", module_class=DAPO, gen_batch_size=3,
                            callbacks=[HalfMixedReward()])  # fmt: skip
-    server = module.session.engine = GatedServer(module.policy, module.datamodule.tokenizer)
+    server = module.session.engine = GatedServer(module.policy, module.trainer.datamodule.tokenizer)
     server.gate.set()
     results = run_steps(module, 3)
     assert module.session.stream.per_step == 3  # a round of gen_batch_size 3: the batch's 2 prompts and 1 extra

@@ -2,11 +2,11 @@
 (docs/algorithms.md#loss-aggregation): two CPU ranks (gloo, spawned) take one optimizer step each on
 their own prompts; after DDP's gradient averaging the gradient must equal the single-process gradient
 over the union of both ranks' sequences. It does only because the step's counts (T_S for token-mean,
-N_S, and REAL's B and M) are summed over the ranks (`training.batch.step_norms`, one all-reduce through
+N_S, and REAL's B and M) are summed over the ranks (`training.batch.optimizer_step_norms`, one all-reduce through
 the strategy's `reduce`) and each rank's loss is multiplied by the world size.
 
 The update is the real one (`PolicyUpdate.accumulate_gradients`: micro-batches, the agreed micro-batch
-count under token budgets, `step_norms`, `policy_forward`, and the objective the module itself
+count under token budgets, `optimizer_step_norms`, `policy_forward`, and the objective the module itself
 composes from the registered pieces, `compose_objective`: PPO-clip and each aggregator, or REAL's
 losses with their normalisers). The policy is a constructed tiny causal LM, so the spawned ranks
 import neither Lightning nor transformers and the test takes seconds on an idle machine."""
@@ -32,8 +32,8 @@ from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, Sampl
 from rlvr_lightning.seeding import keyed_uniform
 from rlvr_lightning.training.batch import UpdateInputs
 from rlvr_lightning.training.behaviour import Precomputed
+from rlvr_lightning.training.layout import UpdateLayout
 from rlvr_lightning.training.objective import compose_objective
-from rlvr_lightning.training.plan import UpdatePlan
 from rlvr_lightning.training.update import NonFiniteGuard, PolicyUpdate
 
 G, MAX_LEN, VOCAB, WORLD = 4, 8, 16, 2
@@ -74,7 +74,7 @@ def rank_update(world_size: int, reduce, loss: str, max_tokens: int | None) -> t
     values = {"policy_loss": loss if own_loss else "ppo-clip", "loss_agg": "token-mean" if own_loss else loss,
               "kl_estimator": "k3", "kl_coef": 0.0, "clip_eps_low": EPS_LOW, "clip_eps_high": EPS_HIGH,
               "piece_args": SELECTIONS.get(loss)}  # fmt: skip
-    plan = UpdatePlan(1, 1, G if real else 3, max_tokens, 0, 1.0, float(MAX_LEN))
+    plan = UpdateLayout(1, 1, G if real else 3, max_tokens, 0, 1.0, float(MAX_LEN))
     rank = torch.distributed.get_rank() if world_size > 1 else 0
     step = StepContext(
         policy=TinyCausalLM(), ref_policy=None, engines=SimpleNamespace(engine=None), tokenizer=None, data=None,

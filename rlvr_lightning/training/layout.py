@@ -3,9 +3,8 @@ optimizer handles the update steps with."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -14,7 +13,7 @@ from rlvr_lightning.training.micro_batches import keeps_groups_whole, split_rows
 
 
 @dataclass(frozen=True)
-class UpdatePlan:
+class UpdateLayout:
     num_mini_batches: int  # K optimizer steps per pass; the prompts are split into K mini-batches
     ppo_epochs: int  # passes over the rollout batch
     micro_batch_size: int
@@ -23,14 +22,6 @@ class UpdatePlan:
     max_grad_norm: float
     norm_const: float  # C of seq-mean-token-sum-norm: rollout.max_response_length
     packing: bool = False  # micro-batches run packed (`models.packing`); token budgets count real tokens
-
-    @staticmethod
-    def of(h: Mapping[str, Any], norm_const: float, packing: bool) -> UpdatePlan:
-        """The plan an algorithm's hyper-parameters give (`packing`: `model.packing` as resolved for the device)."""
-        return UpdatePlan(
-            h["num_mini_batches"], h["ppo_epochs"], h["micro_batch_size"], h["max_tokens_per_micro_batch"],
-            h["logprob_chunk_tokens"], h["max_grad_norm"], norm_const, packing,
-        )  # fmt: skip
 
     def keeps_groups_whole(self, group_size: int) -> bool:
         return keeps_groups_whole(self.micro_batch_size, self.max_tokens_per_micro_batch, group_size)

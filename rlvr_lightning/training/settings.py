@@ -1,0 +1,217 @@
+"""The training module's settings, grouped and checked once when the module is built.
+
+An algorithm's own arguments (its pieces, their knobs, K) stay flat on the module, `--model.init_args.<name>`;
+how it is optimised and how its update runs are groups: `--model.init_args.optim.lr`,
+`--model.init_args.update.micro_batch_size`, `--model.init_args.behaviour.logprobs`. Each group checks its
+own values (`check`); `StepSettings` binds the pieces and checks how they combine, and `StepSettings.resolve`
+adds what needs the run (the `rollout:` section, the device, the callbacks) to give a `ResolvedStep`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, TypeVar
+
+from rlvr_lightning.device_defaults import Accelerator, default_for
+from rlvr_lightning.errors import ConfigError, check_choice
+from rlvr_lightning.models.lora import LoraSettings, as_settings
+from rlvr_lightning.pieces.registry import AlgorithmArgs
+from rlvr_lightning.pieces.selection import piece_args_run_with
+from rlvr_lightning.training.algorithm import BoundPieces, algorithm_args
+from rlvr_lightning.training.behaviour import BehaviourSource, behaviour_source
+from rlvr_lightning.training.checks import check_behaviour, check_run
+from rlvr_lightning.training.layout import UpdateLayout
+
+Group = TypeVar("Group")
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    """AdamW and its learning-rate schedule (`--model.init_args.optim.<name>`).
+
+    Args:
+        lr: AdamW's learning rate.
+        weight_decay: AdamW's decoupled weight decay.
+        warmup_steps: linear warm-up, in optimizer steps.
+        lr_schedule: after warm-up, `constant` or `cosine` (to 0 at `trainer.max_steps`).
+        max_grad_norm: gradient clipping by global norm.
+    """
+
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    max_grad_norm: float = 1.0
+
+    def check(self) -> None:
+        check_choice("model.optim.lr_schedule", self.lr_schedule, ("constant", "cosine"))
+        if self.warmup_steps < 0:
+            raise ConfigError(f"model.optim.warmup_steps must be ≥ 0, got {self.warmup_steps}")
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """How a rollout batch's update runs on the hardware: micro-batches, the LM head's chunks, packing,
+    memory and precision (`--model.init_args.update.<name>`). None of these changes the update's value.
+
+    Args:
+        micro_batch_size: sequences per forward/backward (gradient accumulation inside a mini-batch).
+        max_tokens_per_micro_batch: micro-batches of ≤ this many tokens, rows × (longest prompt + longest response).
+        logprob_chunk_tokens: response tokens per LM-head chunk (never the whole logits); 0 = no chunking.
+        packing: padding-free micro-batches: each forward over its sequences' real tokens concatenated
+            (varlen attention on CUDA), token budgets counting real tokens; None = the device's default
+            (on with CUDA, off on CPU: `rlvr_lightning.device_defaults`).
+        activation_checkpointing: recompute each decoder layer's activations in the backward pass.
+        fsdp_param_dtype: under FSDP, `bfloat16` computes in bf16 with fp32 master weights and reduction
+            (None = the device's: bfloat16 on CUDA, float32 on CPU).
+        max_nonfinite_steps: stop after this many consecutive updates with a non-finite loss or gradient.
+    """
+
+    micro_batch_size: int = 64
+    max_tokens_per_micro_batch: int | None = None
+    logprob_chunk_tokens: int = 1024
+    packing: bool | None = None
+    activation_checkpointing: bool = False
+    fsdp_param_dtype: Literal["float32", "bfloat16"] | None = None
+    max_nonfinite_steps: int = 10
+
+    def check(self) -> None:
+        if self.fsdp_param_dtype is not None:
+            check_choice("model.update.fsdp_param_dtype", self.fsdp_param_dtype, ("float32", "bfloat16"))
+        if self.micro_batch_size < 1:
+            raise ConfigError(f"model.update.micro_batch_size must be ≥ 1, got {self.micro_batch_size}")
+        if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 1:
+            raise ConfigError(f"model.update.max_tokens_per_micro_batch must be ≥ 1 (or null), got {self.max_tokens_per_micro_batch}")
+        if self.logprob_chunk_tokens < 0:
+            raise ConfigError(f"model.update.logprob_chunk_tokens must be ≥ 0 (0 = no chunking), got {self.logprob_chunk_tokens}")
+
+
+@dataclass(frozen=True)
+class BehaviourSettings:
+    """Where θ_old's log-probs come from (`--model.init_args.behaviour.<name>`, `training.behaviour`).
+
+    Args:
+        logprobs: `trainer` (a no-grad forward, or the update's own where that is exact) or the `rollout`
+            engine's own.
+        allow_filtered_rollout_logprobs: accept the engine's log-probs as θ_old under top-p/top-k sampling.
+    """
+
+    logprobs: Literal["trainer", "rollout"] = "trainer"
+    allow_filtered_rollout_logprobs: bool = False
+
+    def check(self) -> None:
+        check_choice("model.behaviour.logprobs", self.logprobs, ("trainer", "rollout"))
+
+
+def group_of(cls: type[Group], value: Group | Mapping[str, Any] | None) -> Group:
+    """A settings group from the CLI's dataclass, a plain dict (Python, a checkpoint's hyper-parameters) or
+    None (its defaults)."""
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(**dict(value or {}))
+    except TypeError as e:  # an unknown key: one line naming the group's fields
+        fields = ", ".join(f.name for f in dataclasses.fields(cls))
+        raise ConfigError(f"{cls.__name__}: {e}; its settings are {fields}") from None
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """An algorithm's settings as the step runs them, made once when the module is built: its flat
+    arguments (`args`: pieces, knobs, K; as the pieces read them), the checked groups, and the bound pieces."""
+
+    args: AlgorithmArgs
+    optim: OptimSettings
+    update: UpdateSettings
+    behaviour: BehaviourSettings
+    lora: LoraSettings | None
+    pieces: BoundPieces
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any], algorithm: type) -> StepSettings:
+        """`values`: the module's arguments (groups as dataclasses or dicts); `algorithm`: its class, whose
+        signature says which arguments are left at the library's default."""
+        groups = {"optim": group_of(OptimSettings, values.get("optim")), "update": group_of(UpdateSettings, values.get("update")),
+                  "behaviour": group_of(BehaviourSettings, values.get("behaviour"))}  # fmt: skip
+        for group in groups.values():
+            group.check()
+        if values["num_mini_batches"] < 1 or values["ppo_epochs"] < 1:
+            raise ConfigError("model.num_mini_batches and model.ppo_epochs must be ≥ 1")
+        args = algorithm_args({k: v for k, v in values.items() if k not in (*groups, "lora")}, algorithm)
+        pieces = BoundPieces.of(args)  # each piece checks its knobs; the combination is checked
+        check_behaviour(groups["behaviour"].logprobs, pieces.corrects_rollouts, pieces.proximal)
+        return cls(args, **groups, lora=as_settings(values.get("lora")), pieces=pieces)
+
+    @classmethod
+    def of_config(cls, model: Any) -> StepSettings:
+        """From a parsed configuration's `model:` section (its class path and arguments), without building the
+        module: what `make plan` and `make doctor` read."""
+        module_path, _, name = model.class_path.rpartition(".")
+        init_args = model.init_args.as_dict() if hasattr(model.init_args, "as_dict") else dict(model.init_args)
+        return cls.of(init_args, getattr(importlib.import_module(module_path), name))
+
+    @property
+    def optimizer_steps_per_rollout_batch(self) -> int:
+        """K: the mini-batches of one pass, times the passes."""
+        return self.args["num_mini_batches"] * self.args["ppo_epochs"]
+
+    def hparams(self) -> dict[str, Any]:
+        """What the module records: the flat arguments, every knob the pieces run with, and the groups as
+        plain dicts (flat MLflow params `model.init_args.optim.lr`; plain pickles in checkpoints)."""
+        groups = {"optim": asdict(self.optim), "update": asdict(self.update), "behaviour": asdict(self.behaviour)}
+        lora = None if self.lora is None else asdict(self.lora)
+        return {**self.args, "piece_args": piece_args_run_with(self.args), **groups, "lora": lora}
+
+    def fsdp_param_dtype(self, accelerator: Accelerator | None = None) -> str:
+        """The FSDP2 parameter dtype: the user's, else the device's default (a module built in Python; the
+        CLI has resolved it from the trainer's accelerator)."""
+        return self.update.fsdp_param_dtype or default_for("model.update.fsdp_param_dtype", accelerator)
+
+    def layout(self, max_response_length: int, accelerator: Accelerator | None = None) -> UpdateLayout:
+        """The update's layout; packing the user's, else the device's default."""
+        u = self.update
+        packing = u.packing if u.packing is not None else default_for("model.update.packing", accelerator)
+        return UpdateLayout(self.args["num_mini_batches"], self.args["ppo_epochs"], u.micro_batch_size, u.max_tokens_per_micro_batch,
+                          u.logprob_chunk_tokens, self.optim.max_grad_norm, float(max_response_length), packing)  # fmt: skip
+
+    def behaviour_source(self, max_staleness: int) -> BehaviourSource:
+        """Where θ_old's log-probs come from (`rlvr_lightning.training.behaviour`)."""
+        p = self.pieces
+        return behaviour_source(self.behaviour.logprobs, self.optimizer_steps_per_rollout_batch, p.corrects_rollouts,
+                                p.objective.reads_step_first, max_staleness > 0, p.approximates_proximal)  # fmt: skip
+
+    def resolve(
+        self, rollout: Any, batch_size: int, accelerator: Accelerator | None = None, shapers: tuple[str, ...] = (),
+        check: bool = False,
+    ) -> ResolvedStep:
+        """These settings on a run: `rollout` its `rollout:` section (`RolloutSettings`), `batch_size` its
+        prompts per rollout batch, `accelerator` where the update runs, `shapers` the names of its advantage
+        shapers; `check`: run the checks that need them (a run does at its start)."""
+        layout = self.layout(rollout.max_response_length, accelerator)
+        max_staleness = int(getattr(rollout, "max_staleness", 0))
+        if check:
+                check_run(self.args, batch_size, rollout, self.pieces.objective, layout, list(shapers), self.pieces.corrects_rollouts,
+                      max_staleness, self.behaviour)  # fmt: skip
+        return ResolvedStep(self, layout, self.behaviour_source(max_staleness), self.pieces.objective.needs_whole_groups)
+
+
+@dataclass(frozen=True)
+class ResolvedStep:
+    """The step's settings on one run: what `TrainingStep` runs, and what the planner and doctor read."""
+
+    settings: StepSettings
+    layout: UpdateLayout  # mini-batches, micro-batches, packing
+    behaviour: BehaviourSource  # where θ_old's log-probs come from
+    whole_groups: bool  # micro-batches must hold whole groups (a group-level loss without the two-pass method)
+
+    @property
+    def pieces(self) -> BoundPieces:
+        return self.settings.pieces
+
+    @property
+    def needs_reference(self) -> bool:
+        """A KL term against the frozen initial policy, which the run then loads."""
+        return self.pieces.objective.needs_reference

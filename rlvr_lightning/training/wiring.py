@@ -1,0 +1,93 @@
+"""What Lightning hands a training module (its trainer, datamodule, device and policy), turned into the step's
+plain objects: the resolved step, the engine's spec, the step's context, the optimizer. Each reads the module
+through public Lightning API only, once, and hands back values; nothing here is kept or called back later.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlvr_lightning.callbacks.progress import bar_metrics, rollout_batches_total
+from rlvr_lightning.callbacks.rollout import advantage_shapers, rollout_callbacks
+from rlvr_lightning.context import Collectives, StepContext
+from rlvr_lightning.device_defaults import accelerator_of_device
+from rlvr_lightning.models.lora import trainable_parameters
+from rlvr_lightning.models.policy import load_policies
+from rlvr_lightning.training.engine_session import EngineSpec
+from rlvr_lightning.training.engine_setup import engine_compute_dtype, trainer_compute_dtype
+from rlvr_lightning.training.optim import adamw_with_schedule
+from rlvr_lightning.training.settings import OptimSettings, ResolvedStep, StepSettings
+from rlvr_lightning.training.step import Skipped, StepAlgorithm, StepResult, TrainingStep, logged_metrics
+
+
+def resolve_step(settings: StepSettings, trainer: Any, device: Any, check: bool = False) -> ResolvedStep:
+    """`settings` on the trainer's run: its data and `rollout:` settings, the module's device, its shapers
+    (`check`: run the checks that need them)."""
+    dm = trainer.datamodule
+    shapers = tuple(type(cb).__name__ for cb in advantage_shapers(trainer))
+    return settings.resolve(dm.rollout, dm.hparams.batch_size, accelerator_of_device(device), shapers, check)
+
+
+def policies(settings: StepSettings, datamodule: Any, device_mesh: Any) -> tuple[Any, Any]:
+    """The policy and, where the objective has a KL term, its frozen reference (`models.policy.load_policies`)."""
+    return load_policies(datamodule.policy_path, settings.pieces.objective.needs_reference, device_mesh, settings.fsdp_param_dtype(),
+                         settings.update.activation_checkpointing, settings.lora, datamodule.hparams.seed)  # fmt: skip
+
+
+def trainer_dtype(settings: StepSettings, trainer: Any, sharded: bool) -> str:
+    """What the trainer's forwards compute in: the precision plugin's, or FSDP2's parameter dtype (`sharded`:
+    the module has a device mesh)."""
+    return trainer_compute_dtype(str(trainer.precision), settings.fsdp_param_dtype() if sharded else None)
+
+
+def engine_spec(module: Any) -> EngineSpec:
+    """What builds the module's engine on this rank, from its policy once that is on its device."""
+    settings, trainer, policy = module.settings, module.trainer, module.policy
+    dm, trainer_dt = trainer.datamodule, trainer_dtype(settings, trainer, module.device_mesh is not None)
+    engine_dt = engine_compute_dtype(dm.rollout, policy.config, trainer_dt, accelerator_of_device(module.device))
+    return EngineSpec(dm, trainer, policy, settings.lora, engine_dt, trainer_dt, settings.update.logprob_chunk_tokens,
+                      trainer.strategy.barrier)  # fmt: skip
+
+
+def training_step(module: Any, algorithm: StepAlgorithm, check: bool = False) -> TrainingStep:
+    """The module's training step for its next rollout batch (`algorithm`: what it changes in the step;
+    `check`: check the settings against the run first, as a run does at its start)."""
+    trainer = module.trainer
+    resolved = resolve_step(module.settings, trainer, module.device, check)
+    return TrainingStep(algorithm, resolved, module.settings.args["mask_truncated"], advantage_shapers(trainer),
+                        module.nonfinite, module.session, trainer.datamodule.rollout)  # fmt: skip
+
+
+def step_context(module: Any) -> StepContext:
+    """The context of the module's next rollout batch."""
+    trainer = module.trainer
+    strategy, dm = trainer.strategy, trainer.datamodule
+    collectives = Collectives(trainer.world_size, module.global_rank, strategy.reduce, module.device, strategy.barrier)
+    return StepContext(
+        policy=module.policy, ref_policy=module.ref_policy, engines=module.session, tokenizer=dm.tokenizer, data=dm,
+        sampling=dm.rollout.sampling, collectives=collectives, device=module.device, rollout_batch=module.rollout_batches,
+        policy_version=module.session.policy_version, total_rollout_batches=rollout_batches_total(trainer, module),
+        seed=dm.hparams.seed, scorers=tuple(rollout_callbacks(trainer)),
+    )  # fmt: skip
+
+
+def optimizer(optim: OptimSettings, policy: Any, max_steps: int | None) -> Any:
+    """AdamW over what trains (a LoRA policy's frozen base gets neither gradients nor optimizer state), with
+    its schedule over the run's optimizer steps."""
+    total = max_steps if max_steps and max_steps > 0 else None
+    return adamw_with_schedule(trainable_parameters(policy), optim.lr, optim.weight_decay, optim.warmup_steps, optim.lr_schedule, total)
+
+
+def log_rollout_batch(module: Any, result: StepResult | Skipped, prompts: int) -> None:
+    """Write one rollout batch's metrics to the module's loggers now (Lightning's deferred logging would reach
+    them after a checkpoint of on_train_batch_end: a kill then would lose them), keep them as callback metrics,
+    and show a trained batch's reward and accuracy on the progress bar (`prompts`: the dataloader's batch)."""
+    metrics = logged_metrics(result, module.session)
+    if not metrics:
+        return
+    for logger in module.loggers:
+        logger.log_metrics(metrics, step=module.rollout_batches)
+    trained = not isinstance(result, Skipped)
+    module.log_dict(metrics, logger=False, on_step=True, on_epoch=False, batch_size=len(result.rollout.batch) if trained else prompts)
+    if trained:
+        module.log_dict(bar_metrics(metrics, module.latest_val), prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=prompts)
