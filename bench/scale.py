@@ -264,7 +264,7 @@ def trl_fixed(args) -> dict:
 
     from rlvr_lightning.data.datamodule import RolloutDataModule
     from rlvr_lightning.models.synthetic import synthetic_policy_path
-    from rlvr_lightning.rewards.math import MathVerifier
+    from rlvr_lightning.rewards.pool import MathVerifier
     from rlvr_lightning.rollout.settings import RolloutSettings
 
     path = str(synthetic_policy_path(model_spec(V_QWEN)))

@@ -18,7 +18,7 @@ def trl_grpo_steps(steps: int, *, prompts: int, group_size: int, max_tokens: int
 
     from rlvr_lightning.data.sources import embedded_records
     from rlvr_lightning.models.warm_start import embedded_policy_path
-    from rlvr_lightning.rewards.math import MathVerifier
+    from rlvr_lightning.rewards.pool import MathVerifier
 
     path = str(embedded_policy_path())
     records = embedded_records("train")[: prompts * (steps + 1)]

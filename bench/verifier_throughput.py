@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
-    from rlvr_lightning.rewards.math import MathVerifier
+    from rlvr_lightning.rewards.pool import MathVerifier
 
     results = {}
     with MathVerifier(num_workers=args.workers, timeout_s=5.0) as verifier:

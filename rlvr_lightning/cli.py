@@ -46,7 +46,7 @@ from rlvr_lightning.pieces.loading import OPTION as IMPORTS
 from rlvr_lightning.pieces.loading import load_piece_modules
 from rlvr_lightning.planner.preflight import preflight
 from rlvr_lightning.planner.settings import PlanSettings
-from rlvr_lightning.rewards.math import VerifierUnavailable
+from rlvr_lightning.rewards.pool import VerifierUnavailable
 from rlvr_lightning.rollout.server_process import RolloutServerError, RolloutServerLost
 from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.training.dynamic_sampling import DynamicSamplingExhausted

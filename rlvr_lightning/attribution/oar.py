@@ -19,7 +19,7 @@ from typing import Literal
 
 import torch
 
-from rlvr_lightning.rewards.math import find_last_boxed
+from rlvr_lightning.rewards.extraction import find_last_boxed
 from rlvr_lightning.rollout.types import left_padded, position_ids
 
 Readout = Literal["last", "answer_mean", "answer_joint"]

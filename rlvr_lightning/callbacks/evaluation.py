@@ -32,7 +32,7 @@ from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.data.sources import ProblemRecord
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.metrics import MajAtK, PassAtK
-from rlvr_lightning.rewards.math import extract_prediction
+from rlvr_lightning.rewards.extraction import extract_prediction
 from rlvr_lightning.rollout.types import SamplingConfig
 
 

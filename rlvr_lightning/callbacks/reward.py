@@ -17,7 +17,7 @@ from rlvr_lightning.callbacks.rollout import RolloutCallback
 from rlvr_lightning.context import StepContext
 from rlvr_lightning.data.sources import ProblemRecord
 from rlvr_lightning.errors import ConfigError, check_choice
-from rlvr_lightning.rewards.math import MathVerifier
+from rlvr_lightning.rewards.pool import MathVerifier
 from rlvr_lightning.rollout.types import Rollout, Verdict
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr_lightning.models.embedded_task import train_test_split
-from rlvr_lightning.rewards.math import normalize_gold
+from rlvr_lightning.rewards.extraction import normalize_gold
 
 SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".parquet")
 PROBLEM_FIELDS = ("problem", "question", "prompt", "query", "input")
@@ -56,7 +56,7 @@ class DataSourceError(ValueError):
 
 
 def gold_from_field(value: Any, where: str = "gold answer") -> str:
-    """The gold answer stored in a dataset field, normalised by `rewards.math.normalize_gold` (the one
+    """The gold answer stored in a dataset field, normalised by `rewards.extraction.normalize_gold` (the one
     normaliser, shared with the verifier); its errors become `DataSourceError`s prefixed with `where`
     (file, line, field). A list (OlympiadBench's `final_answer`) is one answer, or several as one
     unordered set "a, b" that a completion must give whole."""

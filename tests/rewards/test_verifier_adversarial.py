@@ -14,14 +14,9 @@ import torch
 
 from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.data.sources import ProblemRecord
-from rlvr_lightning.rewards.math import (
-    MathVerifier,
-    boxed_answers,
-    extract_prediction,
-    find_last_boxed,
-    other_boxed_answers,
-    verify_answer,
-)
+from rlvr_lightning.rewards.extraction import boxed_answers, extract_prediction, find_last_boxed, other_boxed_answers
+from rlvr_lightning.rewards.pool import MathVerifier
+from rlvr_lightning.rewards.verification import verify_answer
 
 TIMEOUT_S = 3.0
 

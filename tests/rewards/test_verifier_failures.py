@@ -16,7 +16,7 @@ import torch
 from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.cli import user_error_behind
 from rlvr_lightning.errors import ConfigError
-from rlvr_lightning.rewards.math import CRASHED, MathVerifier, VerifierUnavailable
+from rlvr_lightning.rewards.pool import CRASHED, MathVerifier, VerifierUnavailable
 from tests.support.cli import REPO
 from tests.support.pool_tasks import count_and_crash, crash_always, crash_once
 
@@ -29,7 +29,7 @@ SLOW_GOLD, SLOW_ANSWER = "(x^2-1)^{250}", "\\boxed{(x+1)^{250}(x-1)^{250}}"
 # RESTORE_ON_RETRY it comes back when the verifier says it retries, so only the first pool cannot start.
 SCRIPT = """
 import json, logging, os, sys
-from rlvr_lightning.rewards.math import MathVerifier, VerifierUnavailable
+from rlvr_lightning.rewards.pool import MathVerifier, VerifierUnavailable
 
 class PutBackOnRetry(logging.Handler):
     def emit(self, record):
@@ -40,7 +40,7 @@ if __name__ == "__main__":
     AWAY = __file__ + ".away"
     os.rename(__file__, AWAY)
     if sys.argv[1] == "RESTORE_ON_RETRY":
-        logging.getLogger("rlvr_lightning.rewards.math").addHandler(PutBackOnRetry())
+        logging.getLogger("rlvr_lightning.rewards.pool").addHandler(PutBackOnRetry())
     with MathVerifier(num_workers=2) as verifier:
         try:
             result = verifier.verify(["3", "4", "3"], ["\\\\boxed{3}", "\\\\boxed{5}", "so \\\\boxed{3}"])

@@ -1,0 +1,57 @@
+"""The grid of `make results`: each (preset, seed) run's name and budget, training one in its own process
+(exactly `make train` with the seed set), and the MLflow run that is the parent of the runs one invocation trains."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+
+def steps_per_rollout_batch(preset: Path) -> int:
+    """Optimizer steps a preset takes per rollout batch (num_mini_batches × ppo_epochs, default 1 × 1)."""
+    model = (yaml.safe_load(preset.read_text()) or {}).get("model", {}).get("init_args", {})
+    return int(model.get("num_mini_batches", 1)) * int(model.get("ppo_epochs", 1))
+
+
+def run_name(preset: str, seed: int) -> str:
+    return f"{preset}-seed{seed}"
+
+
+def train(preset: Path, seed: int, args: argparse.Namespace) -> tuple[int, float]:
+    name = run_name(preset.stem, seed)
+    cmd = [
+        sys.executable, "-m", "rlvr_lightning", "fit", "--config", str(args.configs / "base.yaml"), "--config", str(preset),
+        f"--rollout_batches={args.rollout_batches}",
+        f"--seed_everything={seed}", f"--data.seed={seed}", f"--data.val_size={args.val_size}",
+        f"--data.model_name_or_path={args.model}",
+        f"--trainer.logger.init_args.experiment_name={args.experiment}",
+        f"--trainer.logger.init_args.tracking_uri={args.tracking_uri}", f"--trainer.logger.init_args.run_name={name}",
+        "--trainer.enable_progress_bar=false",
+        # A child of this comparison's run: the MLflow UI nests the runs under it.
+        "--trainer.logger.init_args.tags=" + json.dumps({"mlflow.parentRunId": args.parent_run_id}),
+    ]  # fmt: skip
+    t0 = time.perf_counter()
+    with open(args.log_dir / f"{name}.log", "w") as log:
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+    return rc, time.perf_counter() - t0
+
+
+def open_comparison_run(args: argparse.Namespace):
+    """(client, run id) of a new `results` run in the experiment: the parent of the runs this invocation
+    trains, and the holder of the page and its figures."""
+    import mlflow
+
+    from rlvr_lightning.tracking import ensure_experiment
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=args.tracking_uri)
+    experiment_id = ensure_experiment(client, args.experiment)
+    run = client.create_run(
+        experiment_id, run_name="results", tags={"model": args.model, "command": " ".join(args.argv)}
+    )
+    return client, run.info.run_id
