@@ -17,6 +17,12 @@ class WeightSyncError(RuntimeError):
     """The engine did not take the trainer's weights (the classic silent-no-op sync)."""
 
 
+def wire_dtype(engine_dtype: str) -> torch.dtype | None:
+    """The dtype the weights travel in to an engine: the engine's (`rollout.dtype`), which they would be cast to
+    on loading anyway; None (as the trainer holds them) for `auto`, the checkpoint's, not known here."""
+    return None if engine_dtype == "auto" else getattr(torch, engine_dtype)
+
+
 class RolloutEngine(Protocol):
     # Whether `generate` may run in several threads at once, each call's samples independent of the others'
     # (seeded per request): the rollout stream then runs the segments of several batches side by side.

@@ -23,8 +23,8 @@ import torch
 
 from rlvr_lightning.console import verbose
 from rlvr_lightning.rollout.adapters import AdapterStore, adapter_name, check_adapter_dtype
+from rlvr_lightning.rollout.engine import wire_dtype
 from rlvr_lightning.rollout.types import Completion, SamplingConfig
-from rlvr_lightning.rollout.weight_transfer import wire_dtype
 
 log = logging.getLogger(__name__)
 

@@ -5,11 +5,13 @@ other nodes) and talks to them over vLLM's HTTP API:
 - generation: `/inference/v1/generate` (vLLM's token-in/token-out route, `--enable-scale-out`): token-id
   prompts, the sampled token ids and their log-probs, no detokenisation, and the weight version that
   produced each completion. Prompts are spread round-robin over the replicas, sent concurrently.
-- weight sync: `/pause` → the transport (`weight_transfer.py`) → `/update_weight_version` →
-  `/reset_prefix_cache` → `/resume`, all vLLM's own RL routes (they need `VLLM_SERVER_DEV_MODE=1`).
+- weight sync, of all the weights or of a LoRA policy's adapter: `/pause` → the transport (`weight_transfer.py`)
+  or the adapter's load → `/update_weight_version` → `/reset_prefix_cache` → `/resume`, all vLLM's own RL
+  routes (they need `VLLM_SERVER_DEV_MODE=1`); one paused-sync context (`_paused_sync`) does this for both.
 
 Why not the in-process `LLM`: rollouts can run on their own devices or nodes and overlap with the
-update (`rollout.max_staleness`). Launched servers (`server_process.py`) are stopped on close and at
+update (`rollout.max_staleness`). The replicas (`server_replicas.py`: launched by `server_process.py`, or
+attached) are reached through one HTTP client (`server_client.py`); launched ones are stopped on close and at
 interpreter exit; a replica found dead during a rollout is restarted from the current weights and its
 prompts retried once.
 """
@@ -18,57 +20,21 @@ from __future__ import annotations
 
 import atexit
 import logging
-import tempfile
-import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
-from pathlib import Path
+from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 
-from rlvr_lightning.rollout.adapters import ADAPTER_PREFIX, AdapterStore, adapter_name, check_adapter_dtype
-from rlvr_lightning.rollout.engine import WeightSyncError
-from rlvr_lightning.rollout.server_process import (
-    RolloutServerError,
-    RolloutServerLost,
-    ServerProcess,
-    ServerSpec,
-    placement,
-)
+from rlvr_lightning.rollout.adapters import AdapterStore, adapter_name, check_adapter_dtype
+from rlvr_lightning.rollout.engine import WeightSyncError, wire_dtype
+from rlvr_lightning.rollout.server_client import ServerClient
+from rlvr_lightning.rollout.server_process import RolloutServerError, RolloutServerLost, ServerSpec
+from rlvr_lightning.rollout.server_replicas import Replica, ReplicaSet
 from rlvr_lightning.rollout.types import Completion, SamplingConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Replica:
-    url: str
-    process: ServerProcess | None = None  # None: attached to a server someone else runs
-    restarts: int = 0
-
-
-def post(session, url: str, route: str, timeout: float, **kwargs) -> dict:
-    """POST to `route` of the server at `url`; a refusal, a lost connection or no answer within `timeout`
-    seconds is a `RolloutServerError` naming the server and the route."""
-    import requests
-
-    try:
-        resp = session.post(f"{url}{route}", timeout=timeout, **kwargs)
-    except requests.Timeout as e:
-        raise RolloutServerError(
-            f"rollout server {url}: {route} got no answer within {timeout:g} s (rollout.server_request_timeout_s)"
-        ) from e
-    except requests.ConnectionError as e:
-        raise RolloutServerError(f"rollout server {url}: {route} failed: {e}") from e
-    if resp.status_code != 200:
-        raise RolloutServerError(f"rollout server {url}: {route} answered {resp.status_code}: {resp.text[:2000]}")
-    if not resp.content:
-        return {}
-    try:
-        return resp.json()
-    except ValueError:  # a route that answers in plain text (vLLM's /v1/load_lora_adapter: "Success: …")
-        return {"text": resp.text}
 
 
 def token_versions(spans: list[dict], num_tokens: int, url: str) -> list[int]:
@@ -107,42 +73,21 @@ class VLLMServerEngine:
         (`rollout.server_request_timeout_s`). `transfer_host`, `transfer_timeout_s`: the NCCL transport's
         address of this trainer and bound on its rendezvous (`rollout.weight_transfer_host`,
         `rollout.weight_transfer_timeout_s`)."""
-        import requests
-
-        from rlvr_lightning.rollout.weight_transfer import make_transport, server_args, wire_dtype
+        from rlvr_lightning.rollout.weight_transfer import make_transport, server_args
 
         spec = replace(spec, extra_args=[*spec.extra_args, *server_args(transport)])  # the caller's stays as given
         if spec.lora_max_rank is not None:
             check_adapter_dtype(spec.dtype, torch.cuda.is_available())
-        self.spec, self.request_timeout_s, self.sync_role = spec, request_timeout_s, sync_role
+        self.spec, self.sync_role = spec, sync_role
         self.transfer_host, self.transfer_timeout_s = transfer_host, transfer_timeout_s
-        self.session = requests.Session()
-        # One connection per concurrent request (the client pool's threads, a throughput stream's), not 10.
-        self.session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=256))
-        self.log_dir = Path(tempfile.mkdtemp(prefix="rlvr-vllm-servers-"))
+        self.client = ServerClient(request_timeout_s)
         self.version = 0
         # A sync drains the requests in flight (`wait`) unless a throughput stream lets them run across it.
         self.across_syncs, self.pause_mode = False, "wait"
-        self._restart_lock = threading.Lock()
-        self.replicas: list[Replica] = []
-        if urls:
-            self.replicas = [Replica(u.rstrip("/")) for u in urls]
-        else:
-            where = placement(replicas, *node_slot, cuda_devices)
-            for i in range(replicas):
-                proc = ServerProcess(spec, self.log_dir, i, *where[i])
-                self.replicas.append(Replica("", proc))
+        self.replicas = ReplicaSet(self.client, spec, replicas, urls, node_slot, cuda_devices)
         atexit.register(self.close)
         try:
-            for r in self.replicas:
-                if r.process is not None:
-                    r.process.start()
-            for r in self.replicas:
-                if r.process is not None:
-                    r.process.wait_healthy(self.session)
-                    r.url = r.process.url
-                else:
-                    self._check_attached(r.url)
+            self.replicas.start()
         except BaseException:
             self.close()
             raise
@@ -155,10 +100,9 @@ class VLLMServerEngine:
         self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="vllm-client")
         if sync_role != "follower":  # the versions are the trainer's syncs; the base weights are version 0
             try:
-                for r in self.replicas:
-                    self.post(r.url, "/update_weight_version", json={"new_version": "0"})
+                self.replicas.post_each("/update_weight_version", json={"new_version": "0"})
                 if self.adapters is not None:
-                    self._unload_stale_adapters()
+                    self.replicas.unload_stale_adapters()
             except BaseException:
                 self.close()
                 raise
@@ -167,18 +111,6 @@ class VLLMServerEngine:
     def holds_foreign_weights(self) -> bool:
         """Attached servers were started by someone else, with whatever weights they hold."""
         return any(r.process is None for r in self.replicas)
-
-    def _check_attached(self, url: str) -> None:
-        try:
-            ok = self.session.get(f"{url}/health", timeout=10).status_code == 200
-        except OSError as e:
-            raise RolloutServerError(f"cannot reach the vLLM server at {url} (rollout.server_urls): {e}") from e
-        if not ok:
-            raise RolloutServerError(f"the vLLM server at {url} (rollout.server_urls) is not healthy")
-
-    # ---- HTTP ---------------------------------------------------------------------------------
-    def post(self, url: str, route: str, timeout: float | None = None, **kwargs) -> dict:
-        return post(self.session, url, route, timeout or self.request_timeout_s, **kwargs)
 
     # ---- RolloutEngine ------------------------------------------------------------------------
     def generate(
@@ -204,11 +136,11 @@ class VLLMServerEngine:
     def _generate_one(self, replica: int, body: dict) -> list[Completion]:
         restarts = self.replicas[replica].restarts
         try:
-            out = self.post(self.replicas[replica].url, "/inference/v1/generate", json=body)
+            out = self.client.post(self.replicas[replica].url, "/inference/v1/generate", json=body)
         except (OSError, RolloutServerError) as first_error:
-            self._recover(replica, restarts, first_error)
+            self.replicas.recover(replica, restarts, first_error, self._restore)
             try:
-                out = self.post(self.replicas[replica].url, "/inference/v1/generate", json=body)
+                out = self.client.post(self.replicas[replica].url, "/inference/v1/generate", json=body)
             except RolloutServerError as e:
                 raise RolloutServerLost(
                     f"rollout server {self.replicas[replica].url} failed twice ({e}); check that server (its log, "
@@ -238,58 +170,63 @@ class VLLMServerEngine:
         version of each of its tokens from vLLM's weight-version spans."""
         self.across_syncs, self.pause_mode = True, "keep" if keep_partial else "wait"
 
-    def _recover(self, replica: int, restarts_seen: int, error: Exception) -> None:
-        """A failed request: restart a launched replica that died (from the current weights), else raise.
-        Requests in flight on it fail together; the first to get here restarts it, the others retry."""
-        r = self.replicas[replica]
-        with self._restart_lock:
-            if r.restarts != restarts_seen:
-                return  # another request restarted it meanwhile
-            if r.process is None or r.process.alive():
-                # Still running (or not ours to restart): a dropped connection; the caller's one retry
-                # on a fresh connection decides, and raises if the server really refuses.
-                log.info("rollout request to %s failed (%s); retrying once", r.url, error)
-                return
-            code = r.process.proc.returncode if r.process.proc is not None else None
-            log.warning("vLLM server %d died (exit code %s); restarting it and retrying its prompts", replica, code)
-            r.process.stop()
-            r.process.start()
-            r.process.wait_healthy(self.session)
-            r.url = r.process.url
-            if self.adapters is None:
-                self.transport.restore(r)
-            else:  # an adapter sync never changes the base weights the replica restarted from: no transport
-                self.post(r.url, "/update_weight_version", json={"new_version": str(self.version)})
-                if self.adapter is not None:
-                    self._load_adapter_on(r, self.adapter, self.adapters.current)
-            r.restarts += 1
+    def _restore(self, replica: Replica) -> None:
+        """A restarted replica is back at the base checkpoint: give it the current version's weights."""
+        if self.adapters is None:
+            self.transport.restore(replica)
+        else:  # an adapter sync never changes the base weights the replica restarted from: no transport
+            self.client.post(replica.url, "/update_weight_version", json={"new_version": str(self.version)})
+            if self.adapter is not None:
+                self._load_adapter_on(replica, self.adapter, self.adapters.current)
+
+    # ---- syncs --------------------------------------------------------------------------------
+    def _next_version(self, version: int | None) -> int:
+        return self.version + 1 if version is None else version
+
+    def _follow(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None) -> None:
+        """A follower rank's part in a sync: the leader writes; this rank only helps gather the shards."""
+        self.version = self._next_version(version)
+        for _ in named_tensors:
+            pass
+
+    @contextmanager
+    def _paused_sync(
+        self, version: int | None, failure: str, before_stamp: Callable[[Replica], None] | None = None
+    ) -> Iterator[None]:
+        """One sync, full weights or adapter, to `version` (None: the next): every replica paused (`/pause`, in
+        `pause_mode`) while the body transfers; a transfer that fails leaves the engine at its previous
+        version, which the servers still hold, and is a `WeightSyncError` starting with `failure` (a lost
+        replica keeps its own error, with its resume hint). Once transferred, each replica in turn gets
+        `before_stamp`, the new version (`/update_weight_version`) and an empty prefix cache; every replica
+        resumes (`/resume`) however the sync ends."""
+        previous, self.version = self.version, self._next_version(version)
+        self.replicas.post_each("/pause", params={"mode": self.pause_mode})
+        try:
+            try:
+                yield
+            except RolloutServerLost:
+                self.version = previous
+                raise
+            except Exception as err:
+                self.version = previous
+                first = str(err).splitlines()[0] if str(err) else type(err).__name__
+                raise WeightSyncError(f"{failure} failed: {first}") from err
+            for r in self.replicas:
+                if before_stamp is not None:
+                    before_stamp(r)
+                self.client.post(r.url, "/update_weight_version", json={"new_version": str(self.version)})
+                self.client.post(r.url, "/reset_prefix_cache")  # cached KV blocks came from the old weights
+        finally:
+            self.replicas.post_each("/resume")
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
-        """All the policy's weights, as version `version` (the trainer's count of syncs). A sync that fails
-        leaves the engine at its previous version, which the servers still hold."""
-        previous, self.version = self.version, self.version + 1 if version is None else version
-        if self.sync_role == "follower":  # the leader writes; this rank only helps gather the shards
-            for _ in named_tensors:
-                pass
-        else:
-            for r in self.replicas:
-                self.post(r.url, "/pause", params={"mode": self.pause_mode})
-            try:
-                try:
-                    self.transport.send(named_tensors, self.replicas)
-                except RolloutServerLost:  # a replica died: the run stops with its resume hint
-                    self.version = previous
-                    raise
-                except Exception as err:
-                    self.version = previous
-                    first = str(err).splitlines()[0] if str(err) else type(err).__name__
-                    raise WeightSyncError(f"the weight sync by {self.sync_path} failed: {first}") from err
-                for r in self.replicas:
-                    self.post(r.url, "/update_weight_version", json={"new_version": str(self.version)})
-                    self.post(r.url, "/reset_prefix_cache")  # cached KV blocks came from the old weights
-            finally:
-                for r in self.replicas:
-                    self.post(r.url, "/resume")
+        """All the policy's weights, as version `version` (the trainer's count of syncs), by the transport. A sync
+        that fails leaves the engine at its previous version, which the servers still hold."""
+        if self.sync_role == "follower":
+            self._follow(named_tensors, version)
+            return
+        with self._paused_sync(version, f"the weight sync by {self.sync_path}"):
+            self.transport.send(named_tensors, self.replicas)
 
     def load_adapter(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], config: dict, version: int | None = None
@@ -299,52 +236,26 @@ class VLLMServerEngine:
         unloaded. A sync that fails leaves the engine at its previous version and adapter."""
         if self.adapters is None:
             raise RuntimeError("these vLLM servers were launched without LoRA (lora_max_rank); they take full weights")
-        previous, self.version = self.version, self.version + 1 if version is None else version
-        if self.sync_role == "follower":  # the leader writes; this rank only helps gather the shards
-            for _ in named_tensors:
-                pass
+        if self.sync_role == "follower":
+            self._follow(named_tensors, version)
             self.adapter = adapter_name(self.version)
             return
-        name = adapter_name(self.version)
-        for r in self.replicas:
-            self.post(r.url, "/pause", params={"mode": self.pause_mode})
-        try:
-            try:
-                path = self.adapters.write(named_tensors, config, self.version)
-                for r in self.replicas:
-                    self._load_adapter_on(r, name, path)
-            except Exception as err:
-                self.version = previous
-                first = str(err).splitlines()[0] if str(err) else type(err).__name__
-                raise WeightSyncError(f"the adapter sync to the vLLM servers failed: {first}") from err
-            old, self.adapter = self.adapter, name
-            self.adapters.keep_only(path)
-            for r in self.replicas:
-                if old is not None and old != name:  # vLLM drops it from its registry; its cache evicts it
-                    self.post(r.url, "/v1/unload_lora_adapter", json={"lora_name": old})
-                self.post(r.url, "/update_weight_version", json={"new_version": str(self.version)})
-                self.post(r.url, "/reset_prefix_cache")  # cached KV blocks came from the old adapter
-        finally:
-            for r in self.replicas:
-                self.post(r.url, "/resume")
+        old = self.adapter
 
-    def _unload_stale_adapters(self) -> None:
-        """Attached servers outlive runs: a killed run (or one resumed at the version the last run reached)
-        left its adapter loaded, and vLLM refuses to load a name it already holds. Adapters of other names
-        (someone else's) stay."""
-        for r in self.replicas:
-            if r.process is None:
-                try:
-                    resp = self.session.get(f"{r.url}/v1/models", timeout=30)
-                    resp.raise_for_status()
-                    models = resp.json().get("data", [])
-                except (OSError, ValueError) as e:  # requests' errors are OSErrors; a body not JSON a ValueError
-                    raise RolloutServerError(f"rollout server {r.url}: /v1/models failed: {e}") from e
-                for name in [m["id"] for m in models if m["id"].startswith(ADAPTER_PREFIX)]:
-                    self.post(r.url, "/v1/unload_lora_adapter", json={"lora_name": name})
+        def unload_old(replica: Replica) -> None:  # vLLM drops it from its registry; its cache evicts it
+            if old is not None and old != self.adapter:
+                self.client.post(replica.url, "/v1/unload_lora_adapter", json={"lora_name": old})
+
+        with self._paused_sync(version, "the adapter sync to the vLLM servers", before_stamp=unload_old):
+            name = adapter_name(self.version)
+            path = self.adapters.write(named_tensors, config, self.version)
+            for r in self.replicas:
+                self._load_adapter_on(r, name, path)
+            self.adapter = name
+            self.adapters.keep_only(path)
 
     def _load_adapter_on(self, replica: Replica, name: str, path) -> None:
-        self.post(replica.url, "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
+        self.client.post(replica.url, "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
 
     def _adapter_field(self) -> dict:
         """The request field that selects the current adapter (none before the first adapter sync)."""
@@ -353,16 +264,19 @@ class VLLMServerEngine:
     @property
     def sync_path(self) -> str:
         """How the weights reach the servers, and how to choose another way (for the sync's errors)."""
-        other = "nccl (GPUs)" if self.transport.name == "snapshot" else "snapshot (servers that share this machine's filesystem)"
-        return f"the {self.transport.name} transport (rollout.weight_transfer; another: --rollout.weight_transfer {other})"
+        other = (
+            "nccl (GPUs)"
+            if self.transport.name == "snapshot"
+            else "snapshot (servers that share this machine's filesystem)"
+        )
+        return (
+            f"the {self.transport.name} transport (rollout.weight_transfer; another: --rollout.weight_transfer {other})"
+        )
 
     @property
     def shared_by_ranks(self) -> bool:
         """Several trainer ranks use these servers; rank 0 alone writes their weights."""
         return self.sync_role != "only"
-
-    def weight_versions(self) -> list[str]:
-        return [self.session.get(f"{r.url}/weight_info", timeout=30).json()["weight_version"] for r in self.replicas]
 
     def release_memory(self) -> None:
         """Nothing to release: the servers hold their own memory, on their own devices."""
@@ -375,7 +289,7 @@ class VLLMServerEngine:
                                                        "detokenize": False}, **self._adapter_field()}  # fmt: skip
 
         def on(r: Replica) -> list[float]:
-            per_pos = self.post(r.url, "/inference/v1/generate", json=body)["prompt_logprobs"][len(prompt_ids) :]
+            per_pos = self.client.post(r.url, "/inference/v1/generate", json=body)["prompt_logprobs"][len(prompt_ids) :]
             return [pos[str(tok)]["logprob"] for pos, tok in zip(per_pos, completion_ids)]
 
         scores = list(self.pool.map(on, self.replicas))
@@ -392,13 +306,11 @@ class VLLMServerEngine:
             for r in self.replicas:
                 if r.process is None:  # attached servers keep running: leave no adapter of ours loaded there
                     try:  # briefly: a hung server must not hold up the run's end
-                        self.post(r.url, "/v1/unload_lora_adapter", timeout=10, json={"lora_name": self.adapter})
-                    except Exception as err:  # closing goes on; the next run unloads it (`_unload_stale_adapters`)
+                        self.client.post(r.url, "/v1/unload_lora_adapter", timeout=10, json={"lora_name": self.adapter})
+                    except Exception as err:  # closing goes on; the next run unloads it (`unload_stale_adapters`)
                         log.warning("could not unload adapter %s from %s: %s", self.adapter, r.url, err)
             self.adapter = None
-        for r in self.replicas:
-            if r.process is not None:
-                r.process.stop()
+        self.replicas.stop()
         if getattr(self, "transport", None) is not None:
             self.transport.close()
         if getattr(self, "adapters", None) is not None:

@@ -1,346 +1,56 @@
-"""How the trainer's weights reach `vllm serve` replicas (`rollout.weight_transfer`).
+"""How the trainer's weights reach `vllm serve` replicas (`rollout.weight_transfer`): one `WeightTransport` per
+engine, chosen by name.
 
-- `snapshot` (CPU, and any machine sharing a filesystem with the servers): the weights written as
-  safetensors shards to a fresh directory in shared memory (`/dev/shm`), then loaded by every replica
-  with vLLM's own `reload_weights(weights_path=…)` through its `/collective_rpc` route. vLLM 0.32 ships no
-  weight-transfer backend that runs on CPU (NCCL, CUDA IPC and the others need GPUs), hence this one.
-  Tested end to end on CPU (tests/rollout/test_vllm_server.py).
-- `nccl` (GPU): vLLM's NCCL weight-transfer engine on the servers (`--weight-transfer-config
-  '{"backend": "nccl"}'`), one NCCL group per replica with the trainer as rank 0, joined through vLLM's
-  `/init_weight_transfer_engine` route and vLLM's own rendezvous (`nccl_common`). A sync is one pass
-  over the weights for all replicas: one `/start_weight_update`, then bucket after bucket its names,
-  dtypes and shapes (`/update_weights`) and its tensors, broadcast one by one, then one
-  `/finish_weight_update`. Each tensor is cast to the servers' dtype (`rollout.dtype`) and copied to the
-  GPU as it comes, and at most one bucket (`BUCKET_BYTES`) of these copies exists at a time. The
-  trainer's address for the rendezvous is `rollout.weight_transfer_host`, else `VLLM_HOST_IP`, else the
-  local address of the route to the replica (`trainer_address`); a rendezvous that does not complete
-  within `rollout.weight_transfer_timeout_s` is an error naming that address and port.
-  Tested on CPU: the address choice, the bucketing and casting, the order of the routes and broadcasts
-  (with stand-ins for the communicator and the HTTP routes), the rendezvous bound (with vLLM's real
-  rendezvous store and no replica joining). NOT RUN: the NCCL group, the broadcasts and vLLM's receiving
-  end, which need GPUs; no GPU machine with vLLM has been available to this project.
+- `snapshot` (snapshot_transport.py; CPU, and any machine sharing a filesystem with the servers): safetensors
+  shards in shared memory, loaded by every replica with vLLM's `reload_weights`.
+- `nccl` (nccl_transport.py; GPU): vLLM's NCCL weight-transfer engine, one group per replica with the trainer
+  as rank 0.
 `auto` picks `nccl` when CUDA is available and `snapshot` otherwise.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import tempfile
-import threading
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, Future, wait
-from pathlib import Path
-from urllib.parse import urlsplit
+from collections.abc import Iterable
+from typing import ClassVar, Protocol
 
 import torch
 
-from rlvr_lightning.rollout.engine import WeightSyncError
-from rlvr_lightning.rollout.loopback import free_port
-
-SHARD_BYTES = 2 << 30  # a shard is written (and its tensors freed) once it holds this much
-BUCKET_BYTES = 1 << 30  # NCCL: the wire copies held at once (vLLM's packed-transfer buffer size)
+from rlvr_lightning.rollout.nccl_transport import NCCLTransport
+from rlvr_lightning.rollout.snapshot_transport import SnapshotTransport
 
 
-class SnapshotTransport:
-    name = "snapshot"
-    def __init__(self, engine) -> None:
-        self.engine = engine
-        base = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory, not disk, where there is one
-        self.root = Path(tempfile.mkdtemp(prefix="rlvr-weights-", dir=base))
-        self.current: Path | None = None
+class WeightTransport(Protocol):
+    """What the server engine asks of a transport. It is built from the engine (`transport(engine)`), whose
+    `version` is the one being synced, whose `client` posts to the replicas and whose `spec` they run."""
 
-    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], replicas: list) -> None:
-        path = self.write(named_tensors, self.engine.version)
-        for r in replicas:
-            self.load(r, path)
-        if self.current is not None and self.current != path:
-            shutil.rmtree(self.current, ignore_errors=True)
-        self.current = path  # kept: a restarted replica loads it
+    name: ClassVar[str]  # as `rollout.weight_transfer` names it, and the sync's errors
+    server_args: ClassVar[list[str]]  # what every server must be started with for it
 
-    def write(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> Path:
-        """The weights as safetensors shards in a new directory, renamed into place when complete (vLLM
-        loads every `*.safetensors` it finds there)."""
-        from safetensors.torch import save_file
-
-        final = self.root / f"v{version}"
-        partial = self.root / f".v{version}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir()
-        shard, size, count, seen = {}, 0, 0, set()
-        for name, tensor in named_tensors:
-            tensor = tensor.detach().to("cpu").contiguous()
-            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-            # A tied weight (lm_head = embed_tokens) is written under both names: vLLM's in-place reload
-            # leaves a layer it gets no weights for unusable, tied or not. safetensors refuses shared
-            # storage, hence the copy.
-            shard[name] = tensor.clone() if key in seen else tensor
-            seen.add(key)
-            size += tensor.numel() * tensor.element_size()
-            if size >= SHARD_BYTES:
-                save_file(shard, partial / f"model-{count:05d}.safetensors")
-                shard, size, count = {}, 0, count + 1
-        if shard:
-            save_file(shard, partial / f"model-{count:05d}.safetensors")
-        shutil.rmtree(final, ignore_errors=True)
-        partial.rename(final)
-        return final
-
-    def load(self, replica, path: Path) -> None:
-        body = {"method": "reload_weights", "kwargs": {"weights_path": str(path), "is_checkpoint_format": True},
-                "timeout": self.engine.request_timeout_s}  # fmt: skip
-        self.engine.post(replica.url, "/collective_rpc", json=body)
+    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], replicas) -> None:
+        """All the weights, read once in order, to every replica (generation is paused meanwhile)."""
 
     def restore(self, replica) -> None:
-        """A restarted replica starts from the base checkpoint: give it the current weights and version."""
-        if self.current is not None:
-            self.load(replica, self.current)
-        self.engine.post(replica.url, "/update_weight_version", json={"new_version": str(self.engine.version)})
+        """A restarted replica (back at the base checkpoint): the current weights and version, or an error
+        saying why this transport cannot give them."""
 
-    def close(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+    def close(self) -> None: ...
 
 
-class NCCLTransport:
-    """vLLM's NCCL weight transfer, one group per replica (each `vllm serve` numbers its workers from
-    rank 1, so replicas cannot share a group); the servers need `--weight-transfer-config
-    '{"backend": "nccl"}'` (added by `extra_server_args`). `send` needs CUDA and has not run (see the
-    module docstring)."""
-
-    name = "nccl"
-    extra_server_args = ["--weight-transfer-config", '{"backend": "nccl"}']
-
-    def __init__(self, engine) -> None:
-        self.engine, self.links = engine, {}
-        self.dtype = wire_dtype(engine.spec.dtype)
-
-    def _link(self, replica) -> ReplicaLink:
-        if replica.url not in self.links:
-            self.links[replica.url] = ReplicaLink.connect(self.engine, replica.url)
-        return self.links[replica.url]
-
-    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], replicas: list) -> None:
-        links = [self._link(r) for r in replicas]  # every rendezvous before the first tensor is gathered
-        stream_weights(named_tensors, links, self.dtype, torch.device("cuda", torch.cuda.current_device()))
-
-    def restore(self, replica) -> None:
-        self.links.pop(replica.url, None)
-        raise RuntimeError("a restarted replica cannot get the current weights over NCCL mid-step; resume the run")
-
-    def close(self) -> None:
-        self.links.clear()
-
-
-class ReplicaLink:
-    """One replica's end of the NCCL transfer: vLLM's weight-update routes on that server, through the
-    engine's HTTP client (its timeout, `rollout.server_request_timeout_s`, and its errors, which name the
-    replica and the route), and the NCCL group in which this trainer is rank 0."""
-
-    def __init__(self, engine, url: str, group=None) -> None:
-        self.engine, self.url, self.group = engine, url, group
-
-    @classmethod
-    def connect(cls, engine, url: str) -> ReplicaLink:  # pragma: no cover - needs CUDA (not run here)
-        from vllm.distributed.weight_transfer.nccl_common import (
-            NCCLWeightTransferInitInfo,
-            trainer_init,
-            worker_init_payload,
-        )
-
-        link = cls(engine, url)
-        world = engine.session.get(f"{url}/get_world_size", timeout=30).json()["world_size"]  # every DP rank
-        address = trainer_address(url, engine.transfer_host)
-        port = free_port(address)
-        # Unpacked: the workers receive and load one tensor at a time, in the order they are sent.
-        info = NCCLWeightTransferInitInfo(master_address=address, master_port=port, rank_offset=1,
-                                          world_size=1 + world, packed=False)  # fmt: skip
-        device = torch.cuda.current_device()
-
-        def open_trainer_end():
-            # Runs in a thread of its own, whose current CUDA device would be 0: the group must live on
-            # this rank's device, where the tensors it broadcasts are.
-            torch.cuda.set_device(device)
-            return trainer_init(info)
-
-        link.group = rendezvous(
-            open_trainer_end,
-            lambda: link.post("/init_weight_transfer_engine", {"init_info": worker_init_payload(info)}),
-            engine.transfer_timeout_s,
-            f"replica {url} and this trainer at {address}:{port}",
-        )
-        return link
-
-    def post(self, route: str, body: dict | None = None) -> None:
-        self.engine.post(self.url, route, json=body)
-
-    def start_weight_update(self) -> None:
-        self.post("/start_weight_update")
-
-    def update_weights(self, info: dict) -> None:
-        """Answered once the replica's workers have received and loaded what `info` announces."""
-        self.post("/update_weights", {"update_info": info})
-
-    def finish_weight_update(self) -> None:
-        self.post("/finish_weight_update")
-
-    def broadcast(self, tensor: torch.Tensor) -> None:  # pragma: no cover - needs CUDA (not run here)
-        self.group.broadcast(tensor, src=0, stream=torch.cuda.current_stream())
-
-
-def wire_dtype(server_dtype: str) -> torch.dtype | None:
-    """The dtype the weights travel in: the servers' (`rollout.dtype`), which they would be cast to on
-    loading anyway; None (as the trainer holds them) for `auto`, the checkpoint's, not known here."""
-    return None if server_dtype == "auto" else getattr(torch, server_dtype)
-
-
-def wire_buckets(
-    named_tensors: Iterable[tuple[str, torch.Tensor]],
-    dtype: torch.dtype | None,
-    device: torch.device | str,
-    bucket_bytes: int = BUCKET_BYTES,
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """The weights as they go over the wire: each floating-point tensor cast to `dtype` (None: kept; other
-    tensors keep theirs) and copied to `device` contiguous, one at a time, in buckets of at most
-    `bucket_bytes` (a larger tensor is a bucket of its own). The list yielded is emptied when the next
-    bucket is asked for, so at most one bucket's copies exist at a time (unless the caller keeps its own
-    references), and the input is read once, in order: under FSDP each tensor is gathered as it comes."""
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in named_tensors:
-        target = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
-        nbytes = tensor.numel() * target.itemsize
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket.clear()
-            size = 0
-        bucket.append((name, tensor.detach().to(device=device, dtype=target).contiguous()))
-        size += nbytes
-        del tensor  # a gathered full tensor goes before the next one is gathered
-    if bucket:
-        yield bucket
-
-
-def update_info(bucket: list[tuple[str, torch.Tensor]]) -> dict:
-    """vLLM's NCCL `update_weights` payload for one bucket: what its workers are to receive, in order."""
-    return {
-        "names": [name for name, _ in bucket],
-        "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-        "shapes": [list(t.shape) for _, t in bucket],
-    }
-
-
-def stream_weights(
-    named_tensors: Iterable[tuple[str, torch.Tensor]],
-    links: list,
-    dtype: torch.dtype | None,
-    device: torch.device | str,
-    bucket_bytes: int = BUCKET_BYTES,
-) -> None:
-    """One weight sync over NCCL to every replica in `links` (`ReplicaLink`s), in one pass over the
-    weights: one `start_weight_update` each, then for every bucket its metadata (`update_weights`, which
-    returns once the workers have received it) and its tensors, broadcast one by one, then one
-    `finish_weight_update` each. vLLM's own trainer engine announces every name and shape up front and
-    reads its weights once per replica; the trainer's weights are a one-pass stream, gathered under FSDP
-    as they come, so each bucket announces itself."""
-    for link in links:
-        link.start_weight_update()
-    for bucket in wire_buckets(named_tensors, dtype, device, bucket_bytes):
-        _send_bucket(bucket, links)  # a function of its own: no local of it outlives the bucket
-    for link in links:
-        link.finish_weight_update()
-
-
-def _send_bucket(bucket: list[tuple[str, torch.Tensor]], links: list) -> None:
-    info = update_info(bucket)
-    # The workers wait inside `update_weights` for the broadcasts: the requests run while we send.
-    answers = [in_thread(link.update_weights, info) for link in links]
-    for link in links:
-        for _, tensor in bucket:
-            link.broadcast(tensor)
-    for answer in answers:
-        answer.result()  # bounded by the request timeout; a worker's error surfaces here
-
-
-def in_thread(fn: Callable, *args) -> Future:
-    """`fn(*args)` in a daemon thread: one stuck in a rendezvous or a collective that never completes
-    does not keep the process from exiting (a thread pool's threads are joined at exit)."""
-    future: Future = Future()
-
-    def run() -> None:
-        if future.set_running_or_notify_cancel():
-            try:
-                future.set_result(fn(*args))
-            except BaseException as e:  # handed to whoever waits on the future
-                future.set_exception(e)
-
-    threading.Thread(target=run, daemon=True, name=f"weight-transfer-{getattr(fn, '__name__', 'call')}").start()
-    return future
-
-
-def rendezvous(open_trainer_end: Callable, join_replica: Callable, timeout_s: float, where: str):
-    """Both ends of an NCCL group at once, the trainer's (`open_trainer_end`, whose result is returned) and
-    the replica's (`join_replica`, a request the server answers once its workers have joined), bounded: if
-    they have not met within `timeout_s` it is an error naming `where`, not a hang. Either side's error
-    ends the wait at once."""
-    trainer_end, replica_end = in_thread(open_trainer_end), in_thread(join_replica)
-    done, pending = wait((trainer_end, replica_end), timeout=timeout_s, return_when=FIRST_EXCEPTION)
-    for future in (replica_end, trainer_end):  # the server's answer says more than a store's timeout
-        if future in done and future.exception() is not None:
-            raise future.exception()
-    if pending:
-        raise WeightSyncError(
-            f"the NCCL rendezvous of {where} did not complete within {timeout_s:g} s "
-            "(rollout.weight_transfer_timeout_s): the replica's workers must reach that address and port; "
-            "set rollout.weight_transfer_host to an address of this machine they can reach"
-        )
-    return trainer_end.result()
-
-
-def trainer_address(replica_url: str, configured: str | None = None) -> str:
-    """The address of this machine at which a replica's workers reach the trainer for the NCCL
-    rendezvous: `configured` (`rollout.weight_transfer_host`) if given, else `VLLM_HOST_IP` if set
-    (through vLLM's `get_ip`), else the local address of this machine's route to the replica's host
-    (loopback for a replica on loopback, the interface facing it otherwise), found as vLLM's `get_ip`
-    finds the outgoing interface: a UDP socket's `connect` sends nothing. Not the address of this
-    machine's name (`gethostbyname(getfqdn())`), which is 127.0.1.1 on Debian and Ubuntu. IPv4 only:
-    vLLM's rendezvous store listens on an IPv4 socket."""
-    from vllm.utils.network_utils import get_ip
-
-    if configured:
-        return configured
-    if os.environ.get("VLLM_HOST_IP"):
-        return get_ip()
-    try:
-        sockaddr = socket.getaddrinfo(urlsplit(replica_url).hostname, 80, socket.AF_INET, socket.SOCK_DGRAM)[0][4]
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(sockaddr)
-            return s.getsockname()[0]
-    except OSError:  # no IPv4 address or no route to the host: vLLM's choice, the default route's interface
-        address = get_ip()
-    if address == "0.0.0.0":
-        raise WeightSyncError(
-            f"no address of this machine found for the NCCL rendezvous with {replica_url}: "
-            "set rollout.weight_transfer_host"
-        )
-    return address
+TRANSPORTS: dict[str, type[WeightTransport]] = {t.name: t for t in (SnapshotTransport, NCCLTransport)}
 
 
 def resolve(kind: str) -> str:
     if kind == "auto":
         return "nccl" if torch.cuda.is_available() else "snapshot"
-    if kind not in ("snapshot", "nccl"):
+    if kind not in TRANSPORTS:
         raise ValueError(f"rollout.weight_transfer={kind!r}; valid: auto, snapshot, nccl")
     return kind
 
 
 def server_args(kind: str) -> list[str]:
     """What every server must be started with for this transport."""
-    return NCCLTransport.extra_server_args if resolve(kind) == "nccl" else []
+    return TRANSPORTS[resolve(kind)].server_args
 
 
-def make_transport(kind: str, engine):
-    kind = resolve(kind)
-    if kind == "snapshot":
-        return SnapshotTransport(engine)
-    return NCCLTransport(engine)
+def make_transport(kind: str, engine) -> WeightTransport:
+    return TRANSPORTS[resolve(kind)](engine)

@@ -30,7 +30,7 @@ def test_adapter_sync_to_a_server_serves_each_new_adapter_by_name(tiny_policy_di
         for version, seed in ((1, 0), (2, 1)):  # a second adapter replaces the first, under a new name
             policy, _ = trained_lora_policy(tiny_policy_dir, settings, seed=seed)
             load_into_engine(servers, policy, version, settings, str(tiny_policy_dir))
-            assert servers.adapter == f"policy-v{version}" and servers.weight_versions() == [str(version)]
+            assert servers.adapter == f"policy-v{version}" and servers.replicas.weight_versions() == [str(version)]
             trainer = sequence_logprobs(policy, PROMPT, COMPLETION)
             served = servers.score(PROMPT, COMPLETION)
             assert max(abs(a - b) for a, b in zip(served, trainer)) < FP32_SYNC_TOL
@@ -39,7 +39,7 @@ def test_adapter_sync_to_a_server_serves_each_new_adapter_by_name(tiny_policy_di
             for c in group:  # samples come from the adapter too, and carry the synced version
                 lp = sequence_logprobs(policy, PROMPT, c.token_ids)
                 assert max(abs(a - b) for a, b in zip(c.logprobs, lp)) < 1e-3
-        listed = servers.session.get(f"{servers.replicas[0].url}/v1/models", timeout=30).json()["data"]
+        listed = servers.client.session.get(f"{servers.replicas[0].url}/v1/models", timeout=30).json()["data"]
         assert "policy-v1" not in {m["id"] for m in listed}  # the previous adapter was unloaded
         assert len(list(servers.adapters.root.iterdir())) == 1  # and its directory removed
         # The replica dies: it restarts from the base checkpoint, which an adapter sync never changed, and gets
@@ -52,7 +52,7 @@ def test_adapter_sync_to_a_server_serves_each_new_adapter_by_name(tiny_policy_di
         os.killpg(victim.proc.pid, signal.SIGKILL)
         victim.proc.wait()
         (group,) = servers.generate([PROMPT], SamplingConfig(group_size=2, max_tokens=8, seed=3))
-        assert len(group) == 2 and victim.alive() and servers.weight_versions() == ["2"]
+        assert len(group) == 2 and victim.alive() and servers.replicas.weight_versions() == ["2"]
         assert max(abs(a - b) for a, b in zip(servers.score(PROMPT, COMPLETION), trainer)) < FP32_SYNC_TOL
         # A run resumed at version 2 on the same (now attached) server: vLLM refuses a name it still holds, so
         # the new engine unloads what the last run left, and unloads its own adapter when it closes.
@@ -63,7 +63,7 @@ def test_adapter_sync_to_a_server_serves_each_new_adapter_by_name(tiny_policy_di
             assert max(abs(a - b) for a, b in zip(resumed.score(PROMPT, COMPLETION), trainer)) < FP32_SYNC_TOL
         finally:
             resumed.close()
-        listed = servers.session.get(f"{url}/v1/models", timeout=30).json()["data"]
+        listed = servers.client.session.get(f"{url}/v1/models", timeout=30).json()["data"]
         assert not [m["id"] for m in listed if m["id"].startswith("policy-")]
     finally:
         servers.close()

@@ -99,7 +99,7 @@ def test_weight_sync_reaches_every_replica(servers, policy):
     moved = perturbed(model)
     before = servers.score(prompt, completion)
     servers.load_weights(full_weights(moved), version=3)
-    assert servers.weight_versions() == ["3", "3"]
+    assert servers.replicas.weight_versions() == ["3", "3"]
     after = servers.score(prompt, completion)  # checks that both replicas agree, too
     trainer = sequence_logprobs(moved, prompt, completion)
     assert max(abs(a - b) for a, b in zip(after, trainer)) < 1e-3
@@ -121,7 +121,7 @@ def test_a_killed_replica_is_restarted_with_the_current_weights(servers, policy)
     groups = servers.generate([tok(p).input_ids for p in PROMPTS], SamplingConfig(group_size=2, max_tokens=8))
     assert [len(g) for g in groups] == [2, 2, 2]  # prompt 1 went to the dead replica: restarted and retried
     assert victim.alive() and victim.proc.pid != old_group
-    assert servers.weight_versions() == ["4", "4"]
+    assert servers.replicas.weight_versions() == ["4", "4"]
     assert max(abs(a - b) for a, b in zip(servers.score(prompt, completion), expected)) < 1e-3
 
 
@@ -263,7 +263,7 @@ def generated_tokens(engine: VLLMServerEngine) -> float:
     """Tokens the replicas have generated so far (vLLM's Prometheus counter)."""
     total = 0.0
     for r in engine.replicas:
-        for line in engine.session.get(f"{r.url}/metrics", timeout=30).text.splitlines():
+        for line in engine.client.session.get(f"{r.url}/metrics", timeout=30).text.splitlines():
             if line.startswith("vllm:generation_tokens_total"):
                 total += float(line.rsplit(" ", 1)[1])
     return total
@@ -346,7 +346,7 @@ def test_two_fsdp_ranks_share_attached_servers(tmp_path, quick_warm_start):
         assert proc.returncode == 0, proc.stderr[-4000:]
         assert launcher.replicas[0].process.alive()  # attached: the trainer left it running
         # One write per sync (versions 1..STEPS; the attach sync at start is version 0), by rank 0.
-        assert launcher.weight_versions() == [str(STEPS)]
+        assert launcher.replicas.weight_versions() == [str(STEPS)]
         for r in (0, 1):  # after the last sync, the shared server runs every rank's (the same) trained weights
             assert json.loads((tmp_path / "probe" / f"rank{r}_engine.json").read_text())["max_abs_diff"] < 1e-3
         client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
