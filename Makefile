@@ -49,7 +49,7 @@ preset:
 	@if [ ! -f "$(PRESET)" ]; then \
 	  echo "error: unknown ALGO '$(ALGO)': neither a preset ($(ALGOS)) nor a preset file" >&2; exit 2; fi
 
-# The run is named after the preset file (and the pieces it changes): rlvr_lightning.cli.run_identity.
+# The run is named after the preset file (and the pieces it changes): rlvr_lightning.cli.run_naming.run_identity.
 train: preset setup
 	$(PY) -m rlvr_lightning fit --config configs/base.yaml --config $(PRESET) \
 	  $(if $(RESUME),--ckpt_path $(RESUME)) $(ARGS)

@@ -106,7 +106,7 @@ def trainer_tensors(args: list[str]) -> dict:
     from rlvr_lightning.planner.measure import real_step_peak_bytes
     from rlvr_lightning.planner.planner import trainer_setup
     from rlvr_lightning.planner.run_spec import run_spec
-    from rlvr_lightning.planner.trainer_memory import measure_trainer
+    from rlvr_lightning.planner.trainer_measurement import measure_trainer
 
     cfg, _ = parse(args)
     setup = dataclasses.replace(trainer_setup(run_spec(cfg, hardware("cpu"))), with_reference=False)

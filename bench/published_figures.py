@@ -37,7 +37,8 @@ def plan_figure(model: str, gpus: int, tokens: int, micro_batches: int, checkpoi
     from rlvr_lightning.planner.hardware import GIB, hardware
     from rlvr_lightning.planner.models import model_config
     from rlvr_lightning.planner.step_time import TRAINER_EFFICIENCY
-    from rlvr_lightning.planner.trainer_memory import TrainerSetup, measure_trainer
+    from rlvr_lightning.planner.trainer_measurement import measure_trainer
+    from rlvr_lightning.planner.trainer_memory import TrainerSetup
 
     setup = TrainerSetup(model_config(model), gpus, True, "bfloat16", "32-true", checkpointing, rows, 1, tokens - 1, chunk,
                          with_reference=False, separate_old_pass=False, capture_lm_head=False, fused_attention=True,

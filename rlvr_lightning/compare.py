@@ -7,7 +7,7 @@ logged back to MLflow as the artifacts of a `compare` run.
 
 Runs are chosen by run name (the latest finished run of each name) or by run id; by default the
 latest finished run of every name in the experiment. A run with other pieces than its preset's has a name
-of its own (`grpo+policy_loss=my_loss`, see `rlvr_lightning.cli.run_identity`), so it is never taken for
+of its own (`grpo+policy_loss=my_loss`, see `rlvr_lightning.cli.run_naming.run_identity`), so it is never taken for
 the preset's run.
 """
 

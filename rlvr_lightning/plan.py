@@ -2,7 +2,7 @@
 [--nodes 1] [--mean-prompt-length P] [--mean-response-length T] [--json plan.json]`: each rank's predicted memory and the step time, before renting anything.
 
 It parses exactly what `make train` parses (the same LightningCLI, with `--plan.*` too) and builds no
-weights: see `rlvr_lightning/planner/trainer_memory.py` for how the trainer is measured.
+weights: see `rlvr_lightning/planner/trainer_measurement.py` for how the trainer is measured.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from rlvr_lightning.errors import ConfigError
 
 def parse(argv: list[str]):
     """(the parsed `make train` configuration, the plan's own options)."""
-    from rlvr_lightning.cli import RLVRCLI
+    from rlvr_lightning.cli.rlvr_cli import RLVRCLI
 
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--hardware")

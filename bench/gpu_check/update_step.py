@@ -7,7 +7,7 @@ weights on CUDA, fp32 on the CPU), `policy_forward` with the chunked LM head. Ev
 prompt + response length (no padding: the planner's worst case, and what a packed micro-batch of the same
 tokens holds). Memory on CUDA: `torch.cuda.max_memory_allocated` / `max_memory_reserved` over the timed
 steps; on the CPU, PyTorch's `FSDPMemTracker` over one step (the tracker the planner itself uses, here on
-real tensors). The prediction is `planner.trainer_memory.measure_trainer` on the same `TrainerSetup`.
+real tensors). The prediction is `planner.trainer_measurement.measure_trainer` on the same `TrainerSetup`.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def device_hardware():
 def planned(model_config, shape: UpdateShape) -> dict:
     """The planner's peak (PyTorch's tensors of the trainer) and its step-time estimate of the update."""
     from rlvr_lightning.planner.step_time import DECODE_EFFICIENCY, TRAINER_EFFICIENCY
-    from rlvr_lightning.planner.trainer_memory import measure_trainer
+    from rlvr_lightning.planner.trainer_measurement import measure_trainer
 
     trainer = measure_trainer(trainer_setup(model_config, shape))
     hw = device_hardware()
@@ -191,7 +191,7 @@ def _tracked_peak(policy, optimizer, phases) -> int:
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     from rlvr_lightning.planner.measure import peak_over_phases
-    from rlvr_lightning.planner.trainer_memory import tracker_hooking_trained_only
+    from rlvr_lightning.planner.memory_trackers import tracker_hooking_trained_only
 
     return peak_over_phases(tracker_hooking_trained_only(FSDPMemTracker)(policy, optimizer), phases)
 

@@ -12,7 +12,7 @@ What a resumed run needs and where it comes from:
 - RNG: this callback, for every rank. The in-process vLLM engine on CPU and the HF engine sample
   from the process-wide torch generator, so restoring it after the engine is rebuilt makes the
   resumed rollouts the ones the uninterrupted run would have drawn;
-- the MLflow run id: stored in the checkpoint; the CLI reopens that run (`cli.py`).
+- the MLflow run id: stored in the checkpoint; the CLI reopens that run (`cli/mlflow_resume.py`).
 
 `last.ckpt` is replaced atomically (written beside it, then renamed), so a kill during a save leaves
 the previous checkpoint intact. `last.json` beside it says which step it holds.

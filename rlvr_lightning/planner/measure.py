@@ -14,7 +14,8 @@ import gc
 
 import torch
 
-from rlvr_lightning.planner.trainer_memory import TrainerSetup, tracker_hooking_trained_only
+from rlvr_lightning.planner.memory_trackers import tracker_hooking_trained_only
+from rlvr_lightning.planner.trainer_memory import TrainerSetup
 
 
 def real_step_peak_bytes(setup: TrainerSetup, seed: int = 0) -> int:

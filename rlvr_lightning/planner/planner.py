@@ -10,7 +10,8 @@ from rlvr_lightning.planner.engine_memory import EngineShare, engine_share, roll
 from rlvr_lightning.planner.hardware import GIB
 from rlvr_lightning.planner.run_spec import RunSpec
 from rlvr_lightning.planner.step_time import StepTime, estimate_step
-from rlvr_lightning.planner.trainer_memory import TrainerMemory, TrainerSetup, measure_trainer
+from rlvr_lightning.planner.trainer_measurement import measure_trainer
+from rlvr_lightning.planner.trainer_memory import TrainerMemory, TrainerSetup
 
 GPU_RUNTIME_GIB = 1.0  # the CUDA context and NCCL's buffers, outside PyTorch's allocator: an assumption
 

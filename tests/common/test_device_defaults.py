@@ -104,7 +104,7 @@ def test_the_accelerator_flag_selects_the_defaults(monkeypatch, cuda_machine):
 # ---- through `make train`'s command line ---------------------------------------------------------------------
 def resolved_cli(*overrides: str):
     """`make train`'s CLI up to its resolved configuration: nothing is instantiated."""
-    from rlvr_lightning.cli import RLVRCLI
+    from rlvr_lightning.cli.rlvr_cli import RLVRCLI
 
     class ResolveOnly(RLVRCLI):
         def instantiate_classes(self) -> None: ...
@@ -115,7 +115,7 @@ def resolved_cli(*overrides: str):
 
 def recorded_params(cli) -> dict:
     """The params the CLI's MLflow callback records, from the config and the module it builds."""
-    from rlvr_lightning.cli import MLflowSaveConfig, logged_params
+    from rlvr_lightning.cli.config_logging import MLflowSaveConfig, logged_params
 
     callback = cli.save_config_callback(cli.parser, cli.config, **cli.save_config_kwargs)
     assert isinstance(callback, MLflowSaveConfig) and callback.device_defaults is cli.device_defaults

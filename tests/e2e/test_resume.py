@@ -134,7 +134,7 @@ def test_killed_run_resumes_exactly_into_the_same_mlflow_run(tmp_path, quick_war
 def test_a_checkpoint_from_another_store_resumes_into_a_new_run(tmp_path):
     import mlflow
 
-    from rlvr_lightning.cli import mlflow_run_exists
+    from rlvr_lightning.cli.mlflow_resume import mlflow_run_exists
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = mlflow.tracking.MlflowClient(tracking_uri=uri)

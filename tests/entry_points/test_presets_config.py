@@ -78,7 +78,7 @@ def make_cli(name: str, *configs: Path, overrides: tuple[str, ...] = ()):
     """`make train ALGO=<name> ARGS='<overrides>'`, less the `fit` subcommand, with MLflow pointed at the
     scratch directory (the client is a stand-in anyway). The run's name is the CLI's own (`name` is the
     preset's, for the reader)."""
-    from rlvr_lightning.cli import RLVRCLI
+    from rlvr_lightning.cli.rlvr_cli import RLVRCLI
 
     args = [a for c in (BASE, *configs) for a in ("--config", str(c))]
     args += [
@@ -160,7 +160,7 @@ def callback_mismatches(instances: list, specs: list[dict]) -> list[str]:
                 out.append(f"{cls.__name__}.{key}: configured, but the callback has no such attribute")
             elif not same(getattr(found[0], key), want):
                 out.append(f"{cls.__name__}.{key}: config {want!r}, callback {getattr(found[0], key)!r}")
-    from rlvr_lightning.callbacks.progress import RolloutProgressBar  # the CLI adds it (cli.use_rollout_progress_bar)
+    from rlvr_lightning.callbacks.progress import RolloutProgressBar  # the CLI adds it (cli/default_progress_bar.py)
 
     extra = [type(c).__qualname__ for c in remaining
              if type(c).__module__.startswith("rlvr_lightning.callbacks") and type(c) is not RolloutProgressBar]  # fmt: skip
@@ -209,7 +209,7 @@ def test_preset_instantiates_without_training(preset, offline):
 
     import rlvr_lightning.algos
     from rlvr_lightning.algos.base import RLVRModule
-    from rlvr_lightning.cli import MLflowSaveConfig
+    from rlvr_lightning.cli.config_logging import MLflowSaveConfig
     from rlvr_lightning.data.datamodule import RolloutDataModule
 
     want = merged(load(preset))
@@ -427,7 +427,7 @@ def test_hparams_and_logged_params_are_the_effective_values_class_defaults_inclu
     """A preset that leaves the pieces and knobs to its class (GSPO without policy_loss, clip range or K;
     REAL without its loss or estimator): the module's hparams, the objective it trains with and the
     parameters MLflow records all name the class's defaults, not a base-class default."""
-    from rlvr_lightning.cli import logged_params
+    from rlvr_lightning.cli.config_logging import logged_params
     from rlvr_lightning.pieces import advantage_estimators, loss_aggregators, policy_losses
 
     def without(*keys):

@@ -95,7 +95,7 @@ def test_the_module_records_every_knob_its_pieces_run_with_defaults_included():
 
 
 def test_the_recorded_knobs_are_the_runs_mlflow_params():
-    from rlvr_lightning.cli import logged_params
+    from rlvr_lightning.cli.config_logging import logged_params
 
     params = logged_params({"trainer": {"max_steps": 3}}, GRPO(advantage_estimator="pass-at-k"))
     assert params["model.init_args.piece_args.pass_at_k"] == 4 and params["model.init_args.clip_eps_high"] == 0.2

@@ -76,7 +76,7 @@ def test_a_users_piece_by_dotted_path_is_what_the_module_trains_with(my_pieces):
 
 
 def test_the_cli_checks_piece_names_while_parsing(my_pieces, capsys, monkeypatch, tmp_path):
-    from rlvr_lightning.cli import RLVRCLI
+    from rlvr_lightning.cli.rlvr_cli import RLVRCLI
 
     monkeypatch.setattr(sys, "argv", ["rlvr_lightning"])
     monkeypatch.chdir(tmp_path)

@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.planner.measure import real_step_peak_bytes
 from rlvr_lightning.planner.models import model_config, shipped_models
-from rlvr_lightning.planner.trainer_memory import TrainerSetup, _measured, measure_trainer
+from rlvr_lightning.planner.trainer_measurement import _measured, measure_trainer
+from rlvr_lightning.planner.trainer_memory import TrainerSetup
 
 BASE = ["--config", "configs/base.yaml", "--config", "configs/algo/grpo.yaml"]
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rlvr_lightning.callbacks.reward import RewardVerifier
-from rlvr_lightning.cli import user_error_behind
+from rlvr_lightning.cli.error_lines import user_error_behind
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rewards.pool import CRASHED, MathVerifier, VerifierUnavailable
 from tests.support.cli import REPO

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_rollout_section_reaches_the_data_module_and_the_logged_params(tmp_path, monkeypatch):
-    from rlvr_lightning.cli import logged_params
+    from rlvr_lightning.cli.config_logging import logged_params
 
     monkeypatch.chdir(tmp_path)
     cli = make_cli("grpo", REPO / "configs/algo/grpo.yaml", overrides=("--rollout.group_size", "4", "--rollout.top_k", "5"))

@@ -1,0 +1,25 @@
+"""The settings a user left to the device (`rlvr_lightning.device_defaults`), resolved from the accelerator
+`trainer.accelerator` selects into the config itself, and printed once."""
+
+from __future__ import annotations
+
+from jsonargparse import Namespace
+
+from rlvr_lightning.device_defaults import DeviceDefaults, apply_to_config, config_device_defaults, detect_accelerator
+
+
+def apply_device_defaults(cfg: Namespace) -> DeviceDefaults:
+    """The device-defaulted settings resolved and written into `cfg`; printed by the first rank only."""
+    device_defaults = config_device_defaults(cfg, detect_accelerator(cfg.trainer.accelerator))
+    apply_to_config(cfg, device_defaults)
+    if not spawned_rank():
+        print(device_defaults.block(), flush=True)
+    return device_defaults
+
+
+def spawned_rank() -> bool:
+    """A process Lightning's launcher (or torchrun, SLURM) started for a rank other than the first: the first
+    one prints what every rank shares."""
+    import os
+
+    return any(int(os.environ.get(name, "0") or 0) > 0 for name in ("LOCAL_RANK", "NODE_RANK", "RANK"))

@@ -1,0 +1,115 @@
+"""`RLVRCLI`: the LightningCLI whose model is any `RLVRModule` subclass (the algorithm), whose data is the
+RolloutDataModule and whose `rollout:` section (`RolloutSettings`: sampling and the engine) is handed to the
+data module; `plan:` configures the pre-flight check. A user's piece modules are imported before the parser
+exists, parse errors and constructor errors become one line, and the config is completed (run length, device
+defaults, progress bar, the MLflow run's name, tags and resumed run) before any class is instantiated."""
+
+from __future__ import annotations
+
+import json
+import sys
+from argparse import ArgumentError
+
+from jsonargparse import Namespace
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+import rlvr_lightning.algos  # noqa: F401  (registers every algorithm for `--model <Name>`)
+from rlvr_lightning.algos.base import RLVRModule
+from rlvr_lightning.cli.accelerator_defaults import apply_device_defaults
+from rlvr_lightning.cli.config_logging import MLflowSaveConfig
+from rlvr_lightning.cli.default_progress_bar import use_rollout_progress_bar
+from rlvr_lightning.cli.error_lines import constructor_error_line, parse_error_line, user_error_behind
+from rlvr_lightning.cli.mlflow_resume import reopen_checkpoint_run
+from rlvr_lightning.cli.option_hints import option_hint
+from rlvr_lightning.cli.run_length import resolve_run_length
+from rlvr_lightning.cli.run_naming import run_identity
+from rlvr_lightning.console import verbose
+from rlvr_lightning.data.datamodule import RolloutDataModule
+from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.pieces.loading import OPTION as IMPORTS
+from rlvr_lightning.pieces.loading import load_piece_modules
+from rlvr_lightning.planner.preflight import preflight
+from rlvr_lightning.planner.settings import PlanSettings
+from rlvr_lightning.rollout.settings import RolloutSettings
+
+
+class RLVRCLI(LightningCLI):
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("save_config_callback", MLflowSaveConfig)
+        kwargs.setdefault("save_config_kwargs", {"save_to_log_dir": False})
+        argv = kwargs.get("args")
+        argv = sys.argv[1:] if argv is None else argv
+        if isinstance(argv, dict | Namespace):  # a config given as an object: its `imports` only
+            argv = [f"--{IMPORTS}", json.dumps(argv.get(IMPORTS))] if argv.get(IMPORTS) else []
+        # Before the parser exists: the piece names a user's modules register are values it checks.
+        load_piece_modules([str(a) for a in argv])
+        super().__init__(RLVRModule, RolloutDataModule, *args, subclass_mode_model=True, **kwargs)
+
+    def init_parser(self, **kwargs) -> LightningArgumentParser:
+        # jsonargparse raises instead of printing its usage and a nested message: `parse_arguments` prints one line.
+        kwargs.setdefault("exit_on_error", False)
+        return super().init_parser(**kwargs)
+
+    def parse_arguments(self, parser, args) -> None:
+        try:
+            super().parse_arguments(parser, args)
+            resolve_run_length(self.config[self.config.subcommand] if self.config.get("subcommand") else self.config)
+        except ArgumentError as err:
+            if verbose():  # -v: jsonargparse's whole account too
+                print(str(err), file=sys.stderr)
+            line = parse_error_line(err)
+            print(f"error: {line}{option_hint(line)}", file=sys.stderr)
+            sys.exit(2)
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument(
+            f"--{IMPORTS}", type=list[str] | str | None, default=None,
+            help="Modules to import before the configuration is read, e.g. your own pieces' (`--imports my_pieces`, "
+            "`imports: [my_pieces]` in a config file); their directory must be on PYTHONPATH.",
+        )  # fmt: skip
+        parser.add_argument(
+            "--rollout_batches", type=int | None, default=None,
+            help="The run's length in rollout batches (training steps); sets trainer.max_steps, which counts optimizer "
+            "steps: model.num_mini_batches × model.ppo_epochs of them per rollout batch.",
+        )  # fmt: skip
+        parser.add_class_arguments(RolloutSettings, "rollout")
+        parser.add_class_arguments(PlanSettings, "plan")
+        parser.link_arguments("rollout", "data.rollout", apply_on="instantiate")
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as err:  # a constructor's own check (jsonargparse wraps a class_path's error in its own)
+            if user_error_behind(err) is not None:
+                raise
+            raise ConfigError(constructor_error_line(err)) from err
+        except MisconfigurationException as err:  # the Trainer's (e.g. an accelerator this machine lacks)
+            raise ConfigError(f"trainer: {err}") from err
+
+    def after_instantiate_classes(self) -> None:
+        super().after_instantiate_classes()
+        # After every constructor's own checks, before any weights, engine or process group.
+        if self.subcommand == "fit":
+            preflight(self.config["fit"])
+
+    def before_instantiate_classes(self) -> None:
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        self.resolve_device_defaults(cfg)
+        use_rollout_progress_bar(cfg.trainer)
+        logger = cfg.trainer.logger
+        if not (isinstance(logger, Namespace) and logger.class_path.endswith("MLFlowLogger")):
+            return
+        args = logger.init_args
+        if cfg.get("ckpt_path") and not args.run_id:  # resume into the same MLflow run, if this store has it
+            reopen_checkpoint_run(cfg.ckpt_path, args)
+        name, tags = run_identity(cfg)
+        args.run_name = args.run_name or name  # a name the user gives wins
+        args.tags = {**(args.tags or {}), **tags, "model": cfg.data.model_name_or_path, "dataset": cfg.data.train_data}
+
+    def resolve_device_defaults(self, cfg: Namespace) -> None:
+        """The settings the user left to the device resolve into the config itself (`apply_device_defaults`),
+        and are recorded with the params."""
+        self.device_defaults = apply_device_defaults(cfg)
+        if isinstance(self.save_config_callback, type) and issubclass(self.save_config_callback, MLflowSaveConfig):
+            self.save_config_kwargs = {**self.save_config_kwargs, "device_defaults": self.device_defaults}
