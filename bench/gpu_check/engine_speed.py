@@ -50,7 +50,7 @@ def generation(config, sizes: dict) -> dict:
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     eos = int(config.eos_token_id if isinstance(config.eos_token_id, int) else config.eos_token_id[0])
-    engine = HFGenerateEngine(model, pad_id=0, eos_id=eos, scorer=partial(sequence_logprobs, model))
+    engine = HFGenerateEngine(model, pad_id=0, eos_id=eos, logprobs=partial(sequence_logprobs, model))
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, config.vocab_size, (sizes["prompt_tokens"],), generator=g).tolist()
                for _ in range(sizes["prompts"])]  # fmt: skip

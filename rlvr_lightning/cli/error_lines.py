@@ -9,7 +9,7 @@ from argparse import ArgumentError
 
 from rlvr_lightning.data.sources import DataSourceError
 from rlvr_lightning.errors import ConfigError
-from rlvr_lightning.rewards.math import VerifierUnavailable
+from rlvr_lightning.rewards.pool import VerifierUnavailable
 from rlvr_lightning.rollout.server_process import RolloutServerError
 from rlvr_lightning.training.dynamic_sampling import DynamicSamplingExhausted
 

@@ -6,13 +6,27 @@ import re
 
 import rlvr_lightning.algos
 from rlvr_lightning.data.datamodule import RolloutDataModule
+from rlvr_lightning.models.lora import LoraSettings
 from rlvr_lightning.planner.settings import PlanSettings
 from rlvr_lightning.rollout.settings import RolloutSettings
+from rlvr_lightning.training.settings import BehaviourSettings, OptimSettings, UpdateSettings
+
+# The module's settings groups, each a section of its own here (`model.optim.lr`).
+GROUPS = {"model.optim": OptimSettings, "model.update": UpdateSettings, "model.behaviour": BehaviourSettings,
+          "model.lora": LoraSettings}  # fmt: skip
+# How jsonargparse names an unknown option: (section, [group,] option).
+UNKNOWN = (
+    re.compile(r"(\w+): Option '(\w+)' is not accepted"),
+    re.compile(r"(\w+): Group '(\w+)' does not accept option '(\w+)'"),
+    re.compile(r"(\w+): unrecognized arguments: --(\w+)\.(\w+)"),
+    re.compile(r"unrecognized arguments: --(\w+)\.(?:init_args\.)?(?:(\w+)\.)?(\w+)"),
+)
 
 
 def known_options() -> dict[str, set[str]]:
     """The options of each section, read from the signatures that LightningCLI reads (`model`: every
-    algorithm's arguments)."""
+    algorithm's arguments; `model.optim` and the other groups: their fields)."""
+    import dataclasses
     import inspect
 
     import lightning as L
@@ -21,19 +35,22 @@ def known_options() -> dict[str, set[str]]:
         return {p for c in callables for p in inspect.signature(c).parameters if p not in ("self", "args", "kwargs")}
 
     algorithms = [getattr(rlvr_lightning.algos, n) for n in rlvr_lightning.algos.__all__]
-    return {"model": names(*algorithms), "data": names(RolloutDataModule), "rollout": names(RolloutSettings),
+    groups = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in GROUPS.items()}
+    return {"model": names(*algorithms), **groups, "data": names(RolloutDataModule), "rollout": names(RolloutSettings),
             "trainer": names(L.Trainer), "plan": names(PlanSettings)}  # fmt: skip
 
 
 def option_hint(line: str) -> str:
     """For a parse error about an unknown option, the valid options it most resembles: the same name in
-    another section (`data.group_size` → `rollout.group_size`), else the closest names in its own."""
+    another section (`data.group_size` → `rollout.group_size`, `model.lr` → `model.optim.lr`), else the
+    closest names in its own."""
     import difflib
 
-    found = re.match(r"(\w+): Option '(\w+)' is not accepted", line) or re.search(r"unrecognized arguments: --(\w+)\.(?:init_args\.)?(\w+)", line)  # fmt: skip
+    found = next((m for m in (p.search(line) for p in UNKNOWN) if m is not None), None)
     if found is None:
         return ""
-    section, name = found.groups()
+    *path, name = [part for part in found.groups() if part]
+    section = ".".join(path)
     options = known_options()
     if section not in options:
         return ""

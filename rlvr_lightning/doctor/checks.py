@@ -145,7 +145,7 @@ class Setup:
             policy = self.trainer_policy
             adapter_rank = self.lora.engine_max_rank if self.lora is not None and self.lora.sync == "adapter" else None
             site = EngineSite(str(self.policy_dir), max_model_len=128, seed=int(self.cfg.data.seed), policy=policy,
-                              policy_score=partial(sequence_logprobs, policy), tokenizer=self.tokenizer,
+                              policy_logprobs=partial(sequence_logprobs, policy), tokenizer=self.tokenizer,
                               lora_max_rank=adapter_rank)  # fmt: skip
             try:
                 self._engine = self.rollout.build_engine(site)

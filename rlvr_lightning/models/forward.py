@@ -188,7 +188,7 @@ def sequence_logprobs(
 ) -> list[float]:
     """log π(completion token | prefix) at temperature 1 for one unpadded sequence, through
     `policy_forward` (so chunked like the update: an 8k-token completion never builds its
-    [8k × V] logits). The trainer side of the weight-sync probe and the HF engine's `score`."""
+    [8k × V] logits). The trainer side of the weight-sync probe and the HF engine's `logprobs`."""
     device = next(model.parameters()).device
     P, L = len(prompt_ids), len(completion_ids)
     ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=device)

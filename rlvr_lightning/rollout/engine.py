@@ -9,7 +9,7 @@ import torch
 
 from rlvr_lightning.rollout.types import Completion, SamplingConfig
 
-ScoreFn = Callable[[list[int], list[int]], list[float]]
+LogprobsFn = Callable[[list[int], list[int]], list[float]]
 """(prompt ids, completion ids) → log-probs (temperature 1) of each completion token."""
 
 
@@ -47,7 +47,7 @@ class RolloutEngine(Protocol):
         """Free the engine's device memory for the policy update (a no-op unless it supports sleeping);
         the next `load_weights`, `generate` or `score` takes back what it needs."""
 
-    def score(self, prompt_ids: list[int], completion_ids: list[int], agreement_tol: float = 1e-3) -> list[float]:
+    def logprobs(self, prompt_ids: list[int], completion_ids: list[int], agreement_tol: float = 1e-3) -> list[float]:
         """Engine log-probs (temperature 1) of a given completion: used to probe weight syncs. An engine of
         several replicas also checks that they agree within `agreement_tol` (the probe's tolerance)."""
 

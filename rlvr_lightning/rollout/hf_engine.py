@@ -11,7 +11,7 @@ from collections.abc import Iterable
 import torch
 from transformers import LogitsProcessor
 
-from rlvr_lightning.rollout.engine import ScoreFn
+from rlvr_lightning.rollout.engine import LogprobsFn
 from rlvr_lightning.rollout.types import Completion, SamplingConfig, left_padded
 
 
@@ -57,9 +57,9 @@ class ChosenTokenLogprobs(LogitsProcessor):
 
 
 class HFGenerateEngine:
-    def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int, scorer: ScoreFn) -> None:
+    def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int, logprobs: LogprobsFn) -> None:
         self.model = model
-        self.scorer = scorer  # log-probs of one completion under `model` (models.forward.sequence_logprobs)
+        self.policy_logprobs = logprobs  # log-probs of one completion under `model` (models.forward.sequence_logprobs)
         self.pad_id = pad_id
         self.eos_id = eos_id
 
@@ -119,8 +119,8 @@ class HFGenerateEngine:
     def release_memory(self) -> None:
         """Nothing to free: the trainer's own module is the engine."""
 
-    def score(self, prompt_ids: list[int], completion_ids: list[int], agreement_tol: float = 1e-3) -> list[float]:
-        return self.scorer(prompt_ids, completion_ids)
+    def logprobs(self, prompt_ids: list[int], completion_ids: list[int], agreement_tol: float = 1e-3) -> list[float]:
+        return self.policy_logprobs(prompt_ids, completion_ids)
 
     def close(self) -> None:
         self.model = None

@@ -15,7 +15,7 @@ import torch
 
 from rlvr_lightning.device_defaults import detect_accelerator, resolve_device_defaults
 from rlvr_lightning.errors import ConfigError, check_choice
-from rlvr_lightning.rollout.engine import RolloutEngine, ScoreFn
+from rlvr_lightning.rollout.engine import LogprobsFn, RolloutEngine
 from rlvr_lightning.rollout.types import SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class EngineSite:
     max_model_len: int  # prompt + response tokens
     seed: int  # the run's data seed; each rank samples with seed + rank
     policy: torch.nn.Module | None = None  # the trainer's policy (the `hf` engine samples with it)
-    policy_score: ScoreFn | None = None  # the trainer's log-probs of a completion (the `hf` engine's `score`)
+    policy_logprobs: LogprobsFn | None = None  # the trainer's log-probs of a completion (the `hf` engine's `logprobs`)
     tokenizer: Any = None
     rank: int = 0
     world_size: int = 1
@@ -217,7 +217,7 @@ class RolloutSettings:
                     "rollout.sleep_level=%d is ignored: rollout.engine=hf has no memory of its own", self.sleep_level
                 )
             tok = site.tokenizer
-            return HFGenerateEngine(site.policy, tok.pad_token_id, tok.eos_token_id, site.policy_score)
+            return HFGenerateEngine(site.policy, tok.pad_token_id, tok.eos_token_id, site.policy_logprobs)
         if self.engine == "vllm-server":
             return self._build_server_engine(site)
         from rlvr_lightning.rollout.vllm_engine import VLLMEngine

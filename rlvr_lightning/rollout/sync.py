@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from rlvr_lightning.rollout.engine import RolloutEngine, ScoreFn, WeightSyncError
+from rlvr_lightning.rollout.engine import LogprobsFn, RolloutEngine, WeightSyncError
 from rlvr_lightning.rollout.types import Rollout
 
 # The probe's default tolerance follows the precision the two sides compute in. In fp32 a correct sync agrees
@@ -40,13 +40,13 @@ class WeightSyncProbe:
         self.last_trainer: list[float] | None = None
         self.last_diff = 0.0
 
-    def check(self, engine: RolloutEngine, trainer_score: ScoreFn, rollout: Rollout) -> None:
+    def check(self, engine: RolloutEngine, trainer_logprobs: LogprobsFn, rollout: Rollout) -> None:
         if self.probe is None:
             self.probe = _pick_probe(rollout)
         if self.probe is None:
             return
-        engine_lp = engine.score(*self.probe, agreement_tol=self.tol)
-        trainer_lp = trainer_score(*self.probe)
+        engine_lp = engine.logprobs(*self.probe, agreement_tol=self.tol)
+        trainer_lp = trainer_logprobs(*self.probe)
         self.last_diff = max(abs(a - b) for a, b in zip(engine_lp, trainer_lp))
         path = getattr(engine, "sync_path", None)  # the engine's way of receiving weights, where it has several
         by = f" (the weights went by {path})" if path else ""
@@ -87,11 +87,11 @@ class EngineSync:
         load: Callable[[int], None],
         policy_version: int,
         rollout: Rollout,
-        trainer_score: ScoreFn,
+        trainer_logprobs: LogprobsFn,
     ) -> None:
         """`load(policy_version)` hands the trainer's policy to `engine` (its full weights or its adapter,
-        `models.weights.load_into_engine`) as version `policy_version` (counted from 1); `trainer_score`
+        `models.weights.load_into_engine`) as version `policy_version` (counted from 1); `trainer_logprobs`
         scores the probe with the policy itself."""
         load(policy_version)
         if (policy_version - 1) % self.check_every == 0:
-            self.probe.check(engine, trainer_score, rollout)
+            self.probe.check(engine, trainer_logprobs, rollout)

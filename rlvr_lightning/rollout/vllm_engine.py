@@ -239,7 +239,7 @@ class VLLMEngine:
         self.adapters.keep_only(path)
         self.llm.reset_prefix_cache()
 
-    def score(self, prompt_ids: list[int], completion_ids: list[int], agreement_tol: float = 1e-3) -> list[float]:
+    def logprobs(self, prompt_ids: list[int], completion_ids: list[int], agreement_tol: float = 1e-3) -> list[float]:
         from vllm import SamplingParams
 
         self.sleep_cycle.before_use()

@@ -281,7 +281,7 @@ class VLLMServerEngine:
     def release_memory(self) -> None:
         """Nothing to release: the servers hold their own memory, on their own devices."""
 
-    def score(self, prompt_ids: list[int], completion_ids: list[int], agreement_tol: float = 1e-3) -> list[float]:
+    def logprobs(self, prompt_ids: list[int], completion_ids: list[int], agreement_tol: float = 1e-3) -> list[float]:
         """Replica 0's log-probs of the completion; every other replica must agree within `agreement_tol`
         (the sync probe's tolerance), so the probe covers them all."""
         ids = list(prompt_ids) + list(completion_ids)

@@ -25,7 +25,7 @@ from rlvr_lightning.models.forward import PolicyForward, policy_forward
 from rlvr_lightning.pieces.kinds import CorrectionInputs, ProximalInputs
 from rlvr_lightning.rollout.types import RolloutTensors
 from rlvr_lightning.training.batch import LossBatch, UpdateInputs, select_loss_batch
-from rlvr_lightning.training.shaping import HiddenScorer
+from rlvr_lightning.training.shaping import HiddenWeigher
 
 BehaviourSource = Literal["trainer", "rollout", "update", "proximal"]
 
@@ -78,26 +78,26 @@ class Precomputed:
 
 class FromUpdateForward:
     """θ_old's log-probs from the update's own forward, which runs at θ_old; valid for that one optimizer
-    step. With a `scorer`, the shapers' weights come from the same forward's LM-head inputs and reshape
+    step. With a `weigher`, the shapers' weights come from the same forward's LM-head inputs and reshape
     each micro-batch's advantages just before its loss (micro-batches must then hold whole groups)."""
 
     source: BehaviourSource = "update"
 
-    def __init__(self, shape: torch.Size, device: torch.device, scorer: HiddenScorer | None = None) -> None:
-        self.scorer = scorer
-        self.reads_lm_head = scorer is not None
+    def __init__(self, shape: torch.Size, device: torch.device, weigher: HiddenWeigher | None = None) -> None:
+        self.weigher = weigher
+        self.reads_lm_head = weigher is not None
         self._old_logp = torch.zeros(shape, device=device)  # filled micro-batch by micro-batch, for logging
-        self._weights = torch.ones(shape) if scorer is not None else None
+        self._weights = torch.ones(shape) if weigher is not None else None
 
     def loss_batch(self, inputs: UpdateInputs, rows: torch.Tensor, forward: PolicyForward, updates: int = 0) -> LossBatch:
         old_logp = forward.logp.detach()
         width = old_logp.shape[1]
         self._old_logp[rows, :width] = old_logp
         advantages = None
-        if self.scorer is not None:
+        if self.weigher is not None:
             response_mask = forward.tensors.response_mask
-            hidden = self.scorer.hidden_of(forward.lm_head_in, rows, response_mask)
-            weights = self.scorer.weights(hidden, rows.tolist(), width)
+            hidden = self.weigher.hidden_of(forward.lm_head_in, rows, response_mask)
+            weights = self.weigher.weights(hidden, rows.tolist(), width)
             self._weights[rows.cpu(), :width] = weights
             advantages = inputs.advantages[rows, :width] * weights.to(inputs.advantages)
         return select_loss_batch(inputs, rows, forward.tensors, old_logp, advantages)
@@ -158,14 +158,14 @@ def separate_pass(
     micro_batches: Callable[[torch.Tensor, bool], list[torch.Tensor]],
     chunk_tokens: int,
     with_old: bool,
-    scorer: HiddenScorer | None = None,
+    weigher: HiddenWeigher | None = None,
     lockstep: bool = False,
     packed: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """One no-grad pass over the rollout batch, micro-batch by micro-batch (`micro_batches(rows,
     whole_groups)`, each trimmed to its longest prompt and response): θ_old's log-probs [N, T] (if
-    `with_old`), the reference's (if there is a reference policy), and the `scorer`'s token weights [N, T]
-    from θ_old's LM-head inputs. With a scorer, micro-batches hold whole groups where the layout sorts rows by length
+    `with_old`), the reference's (if there is a reference policy), and the `weigher`'s token weights [N, T]
+    from θ_old's LM-head inputs. With a weigher, micro-batches hold whole groups where the layout sorts rows by length
     (token budgets), and each group is scored as soon as all its rows have been read, so LM-head inputs
     of at most one micro-batch and one partial group wait (in host memory). `lockstep`: several ranks
     shard the policy, so every rank runs the same forwards even where only another rank's rows need one.
@@ -173,22 +173,22 @@ def separate_pass(
     N, T = t.response_mask.shape
     old = torch.zeros(N, T, device=t.input_ids.device) if with_old else None
     ref = torch.zeros(N, T, device=t.input_ids.device) if ref_policy is not None else None
-    weights = torch.ones(N, T) if scorer is not None else None
+    weights = torch.ones(N, T) if weigher is not None else None
     waiting: dict[int, torch.Tensor] = {}
-    for rows in micro_batches(torch.arange(N, device=t.input_ids.device), scorer is not None):
+    for rows in micro_batches(torch.arange(N, device=t.input_ids.device), weigher is not None):
         mb = t.select(rows).trimmed()
         width = mb.response_mask.shape[1]
-        capture = scorer is not None and scorer.needs_any(rows)
-        if with_old or capture or (lockstep and scorer is not None):
+        capture = weigher is not None and weigher.needs_any(rows)
+        if with_old or capture or (lockstep and weigher is not None):
             forward = policy_forward(
                 policy, mb, temperature, capture_lm_head=capture, chunk_tokens=chunk_tokens, packed=packed
             )
             if with_old:
                 old[rows, :width] = forward.logp
             if capture:
-                found = scorer.hidden_of(forward.lm_head_in, rows, mb.response_mask)
+                found = weigher.hidden_of(forward.lm_head_in, rows, mb.response_mask)
                 waiting.update({n: h.to("cpu", copy=True) for n, h in found.items()})
-                _score_whole_groups(scorer, waiting, weights)
+                _weigh_whole_groups(weigher, waiting, weights)
         if ref_policy is not None:
             ref[rows, :width] = policy_forward(
                 ref_policy, mb, temperature, chunk_tokens=chunk_tokens, packed=packed
@@ -196,12 +196,12 @@ def separate_pass(
     return old, ref, weights
 
 
-def _score_whole_groups(scorer: HiddenScorer, waiting: dict[int, torch.Tensor], weights: torch.Tensor) -> None:
+def _weigh_whole_groups(weigher: HiddenWeigher, waiting: dict[int, torch.Tensor], weights: torch.Tensor) -> None:
     """Score the groups whose every row is in `waiting`, write their weights, and forget them."""
-    G = scorer.batch.group_size
+    G = weigher.batch.group_size
     groups = sorted({n // G for n in waiting})
     ready = [n for g in groups if all(g * G + j in waiting for j in range(G)) for n in range(g * G, (g + 1) * G)]
     if not ready:
         return
     hidden = {n: waiting.pop(n) for n in ready}
-    weights[ready] = scorer.weights(hidden, ready, weights.shape[1])
+    weights[ready] = weigher.weights(hidden, ready, weights.shape[1])

@@ -19,7 +19,7 @@ import torch
 from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.models.lora import LoraSettings
 from rlvr_lightning.models.weights import full_weights, load_into_engine
-from rlvr_lightning.rollout.engine import RolloutEngine, ScoreFn
+from rlvr_lightning.rollout.engine import LogprobsFn, RolloutEngine
 from rlvr_lightning.rollout.sync import FP32_SYNC_TOL, EngineSync, default_sync_tol
 from rlvr_lightning.rollout.types import PromptBatch, Rollout
 from rlvr_lightning.training.engine_setup import build_rollout_engine
@@ -70,7 +70,7 @@ class EngineSession:
             s = self.spec
             if s is None:
                 raise RuntimeError("the engine session has no spec yet: attach() it once the policy is built")
-            self._engine = build_rollout_engine(s.datamodule, s.trainer, s.policy, s.lora, s.engine_dtype, self.trainer_score)
+            self._engine = build_rollout_engine(s.datamodule, s.trainer, s.policy, s.lora, s.engine_dtype, self.trainer_logprobs)
         return self._engine
 
     @engine.setter
@@ -79,7 +79,7 @@ class EngineSession:
         self._engine = engine
 
     @property
-    def trainer_score(self) -> ScoreFn:
+    def trainer_logprobs(self) -> LogprobsFn:
         """The trainer's log-probs of one sequence, in the update's LM-head chunks: the probe's trainer side, and
         the HF engine's own scoring."""
         return partial(sequence_logprobs, self.spec.policy, chunk_tokens=self.spec.chunk_tokens)
@@ -120,7 +120,7 @@ class EngineSession:
         if self.stream is not None:
             self.stream.wait(timer)  # the servers take new weights between segments only
         with timer("weight_sync"):
-            self.sync.sync(self.engine, self.load, self.policy_version + 1, rollout, self.trainer_score)
+            self.sync.sync(self.engine, self.load, self.policy_version + 1, rollout, self.trainer_logprobs)
             self.after_sync()
             self.policy_version += 1
         if self.stream is not None:

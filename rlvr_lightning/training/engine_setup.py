@@ -9,7 +9,7 @@ import torch
 
 from rlvr_lightning.device_defaults import Accelerator
 from rlvr_lightning.models.lora import LoraSettings, warn_on_merged_half_precision
-from rlvr_lightning.rollout.engine import RolloutEngine, ScoreFn
+from rlvr_lightning.rollout.engine import LogprobsFn, RolloutEngine
 from rlvr_lightning.rollout.settings import EngineSite, vllm_auto_dtype
 
 
@@ -34,13 +34,13 @@ def engine_compute_dtype(rollout: Any, policy_config: Any, trainer_dtype: str, a
 
 
 def build_rollout_engine(datamodule: Any, trainer: Any, policy: torch.nn.Module, lora: LoraSettings | None,
-                         engine_dtype: str, trainer_score: ScoreFn) -> RolloutEngine:  # fmt: skip
+                         engine_dtype: str, trainer_logprobs: LogprobsFn) -> RolloutEngine:  # fmt: skip
     """The engine of the `rollout:` section for this rank; warns (once) where a merged LoRA sync would lose updates.
-    `trainer_score`: the trainer's log-probs of one sequence (what the HF engine, the trainer's own module, scores with)."""
+    `trainer_logprobs`: the trainer's log-probs of one sequence (what the HF engine, the trainer's own module, scores with)."""
     adapter_rank = lora.engine_max_rank if lora is not None and lora.sync == "adapter" else None
     engine = datamodule.rollout.build_engine(EngineSite(
         datamodule.policy_path, datamodule.max_model_len(), datamodule.hparams.seed, policy,
-        trainer_score, datamodule.tokenizer, trainer.global_rank, trainer.world_size,
+        trainer_logprobs, datamodule.tokenizer, trainer.global_rank, trainer.world_size,
         trainer.local_rank, trainer.num_devices, adapter_rank,
     ))  # fmt: skip
     if datamodule.rollout.engine != "hf" and trainer.is_global_zero:

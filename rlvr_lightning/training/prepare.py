@@ -21,7 +21,7 @@ from rlvr_lightning.training.behaviour import (
     separate_pass,
 )
 from rlvr_lightning.training.layout import UpdateLayout
-from rlvr_lightning.training.shaping import hidden_scorer, rollout_token_weights
+from rlvr_lightning.training.shaping import hidden_weigher, rollout_token_weights
 from rlvr_lightning.training.step_metrics import StageTimer
 
 
@@ -38,16 +38,16 @@ def prepare_update(
     G, temperature = rollout.group_size, rollout.sampling.temperature
     with timer("attribution"):
         shaper_weights = rollout_token_weights(step, batch, shapers)
-    scorer = hidden_scorer(step, batch, shapers)
+    weigher = hidden_weigher(step, batch, shapers)
     # Shapers read θ_old's LM-head inputs in the update's forward when that runs at θ_old and every
     # micro-batch holds whole groups (THR scores a group from all its responses); else in the θ_old pass.
-    score_in_update = scorer is not None and source == "update" and layout.keeps_groups_whole(G)
+    weigh_in_update = weigher is not None and source == "update" and layout.keeps_groups_whole(G)
     counts = t.token_counts  # [N, 2] prompt and response tokens: what token budgets pack
     with timer("old_logprob"):
         old_logp, ref_logp, hidden_weights = separate_pass(
             step.policy, step.ref_policy, t, temperature,
             lambda rows, whole_groups: layout.micro_batches(rows, counts, step.collectives, G if whole_groups else 1),
-            layout.logprob_chunk_tokens, with_old=source == "trainer", scorer=None if score_in_update else scorer,
+            layout.logprob_chunk_tokens, with_old=source == "trainer", weigher=None if weigh_in_update else weigher,
             lockstep=step.collectives.world_size > 1, packed=layout.packing,
         )  # fmt: skip
     loss_mask = t.response_mask
@@ -57,7 +57,7 @@ def prepare_update(
         versions = rollout.token_versions(t.response_mask.shape[1]).to(device)
         behaviour = ApproximateProximal(approximate_proximal, correction, versions, step.policy_version)
     elif source == "update":
-        behaviour = FromUpdateForward(t.response_mask.shape, device, scorer if score_in_update else None)
+        behaviour = FromUpdateForward(t.response_mask.shape, device, weigher if weigh_in_update else None)
     else:
         behaviour = Precomputed(t.rollout_logp if source == "rollout" else old_logp, source, hidden_weights)
     advantages = batch.advantages.to(device)[:, None] * t.response_mask

@@ -26,7 +26,7 @@ def rollout_token_weights(step: StepContext, batch: ScoredBatch, shapers: list[A
     return weights
 
 
-class HiddenScorer:
+class HiddenWeigher:
     """Turns θ_old's LM-head inputs into the weights of the shapers that read them (THR)."""
 
     def __init__(self, step: StepContext, batch: ScoredBatch, readers: list[AdvantageShaper], needed) -> None:
@@ -51,15 +51,15 @@ class HiddenScorer:
         return weights
 
 
-def hidden_scorer(step: StepContext, batch: ScoredBatch, shapers: list[AdvantageShaper]) -> HiddenScorer | None:
-    """The scorer for the shapers that read LM-head inputs this batch; None when none does."""
+def hidden_weigher(step: StepContext, batch: ScoredBatch, shapers: list[AdvantageShaper]) -> HiddenWeigher | None:
+    """The weigher for the shapers that read LM-head inputs this batch; None when none does."""
     readers, needed = [], None
     for shaper in shapers:
         rows = shaper.hidden_rows(batch)
         if rows is not None:
             readers.append(shaper)
             needed = rows.bool().cpu() if needed is None else needed | rows.bool().cpu()
-    return HiddenScorer(step, batch, readers, needed) if readers else None
+    return HiddenWeigher(step, batch, readers, needed) if readers else None
 
 
 def shaper_metrics(shapers: list[AdvantageShaper]) -> dict[str, float]:

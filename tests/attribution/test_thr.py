@@ -14,7 +14,7 @@ from rlvr_lightning.callbacks.attribution import THRAttribution
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.models.forward import policy_forward
 from rlvr_lightning.training.settings import UpdateSettings
-from rlvr_lightning.training.shaping import HiddenScorer
+from rlvr_lightning.training.shaping import HiddenWeigher
 from tests.algos.test_base import attach, gradient, prepared, sample_rollout
 from tests.support.settings import checked
 
@@ -148,7 +148,7 @@ def test_module_captures_the_hidden_states_that_produce_old_logprobs(tiny_policy
     rollout = sample_rollout(module)
     t = rollout.tensors(module.trainer.datamodule.tokenizer.pad_token_id)
     rows = torch.tensor([True, False, True, True, False, False, False, True])
-    scorer = HiddenScorer(module.step_context(), None, [], rows)
+    scorer = HiddenWeigher(module.step_context(), None, [], rows)
     hidden, old = {}, []
     for mb_rows in torch.arange(8).split(3):
         forward = policy_forward(module.policy, t.select(mb_rows), 0.8, capture_lm_head=True)

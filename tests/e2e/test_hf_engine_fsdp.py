@@ -36,10 +36,10 @@ def _rank(rank: int, port: int, model_dir: str, out: dict) -> None:
         # Greedy decoding is the same on both ranks: probe it (no EOS can stop it), then make rank 0's EOS
         # its first token (it stops at once) and rank 1's a token it never produces (it runs to the limit).
         score = partial(sequence_logprobs, model)
-        probe = HFGenerateEngine(model, pad_id=0, eos_id=-1, scorer=score).generate(prompt, greedy)[0][0].token_ids
+        probe = HFGenerateEngine(model, pad_id=0, eos_id=-1, logprobs=score).generate(prompt, greedy)[0][0].token_ids
         unused = min(set(range(3, 300)) - set(probe))
         eos = probe[0] if rank == 0 else unused
-        completion = HFGenerateEngine(model, pad_id=0, eos_id=eos, scorer=score).generate(prompt, greedy)[0][0]
+        completion = HFGenerateEngine(model, pad_id=0, eos_id=eos, logprobs=score).generate(prompt, greedy)[0][0]
         out[rank] = (sharded_across_ranks(model), len(completion.token_ids), completion.finish_reason)
     finally:
         dist.destroy_process_group()

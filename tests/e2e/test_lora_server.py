@@ -26,13 +26,13 @@ def test_adapter_sync_to_a_server_serves_each_new_adapter_by_name(tiny_policy_di
     spec = ServerSpec(str(tiny_policy_dir), max_model_len=128, dtype="float32", lora_max_rank=settings.engine_max_rank)
     servers = VLLMServerEngine(spec, replicas=1)
     try:
-        base = servers.score(PROMPT, COMPLETION)
+        base = servers.logprobs(PROMPT, COMPLETION)
         for version, seed in ((1, 0), (2, 1)):  # a second adapter replaces the first, under a new name
             policy, _ = trained_lora_policy(tiny_policy_dir, settings, seed=seed)
             load_into_engine(servers, policy, version, settings, str(tiny_policy_dir))
             assert servers.adapter == f"policy-v{version}" and servers.replicas.weight_versions() == [str(version)]
             trainer = sequence_logprobs(policy, PROMPT, COMPLETION)
-            served = servers.score(PROMPT, COMPLETION)
+            served = servers.logprobs(PROMPT, COMPLETION)
             assert max(abs(a - b) for a, b in zip(served, trainer)) < FP32_SYNC_TOL
             assert max(abs(a - b) for a, b in zip(served, base)) > 100 * FP32_SYNC_TOL  # the adapter is applied
             (group,) = servers.generate([PROMPT], SamplingConfig(group_size=3, max_tokens=8, seed=version))
@@ -53,14 +53,14 @@ def test_adapter_sync_to_a_server_serves_each_new_adapter_by_name(tiny_policy_di
         victim.proc.wait()
         (group,) = servers.generate([PROMPT], SamplingConfig(group_size=2, max_tokens=8, seed=3))
         assert len(group) == 2 and victim.alive() and servers.replicas.weight_versions() == ["2"]
-        assert max(abs(a - b) for a, b in zip(servers.score(PROMPT, COMPLETION), trainer)) < FP32_SYNC_TOL
+        assert max(abs(a - b) for a, b in zip(servers.logprobs(PROMPT, COMPLETION), trainer)) < FP32_SYNC_TOL
         # A run resumed at version 2 on the same (now attached) server: vLLM refuses a name it still holds, so
         # the new engine unloads what the last run left, and unloads its own adapter when it closes.
         url = servers.replicas[0].url
         resumed = VLLMServerEngine(spec, urls=[url])
         try:
             load_into_engine(resumed, policy, 2, settings, str(tiny_policy_dir))
-            assert max(abs(a - b) for a, b in zip(resumed.score(PROMPT, COMPLETION), trainer)) < FP32_SYNC_TOL
+            assert max(abs(a - b) for a, b in zip(resumed.logprobs(PROMPT, COMPLETION), trainer)) < FP32_SYNC_TOL
         finally:
             resumed.close()
         listed = servers.client.session.get(f"{url}/v1/models", timeout=30).json()["data"]

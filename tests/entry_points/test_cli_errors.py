@@ -26,6 +26,10 @@ def cli_error(args: list[str], capsys) -> str:
         (["--model.init_args.clip_eps_hgh", "0.3"], "did you mean model.clip_eps_high or model.clip_eps_low?"),
         (["--model.init_args.mini_batches", "2"], "did you mean model.num_mini_batches"),
         (["--rollout.batches_ahead", "1"], "rollout.batches_ahead 1; every option with its value: --print_config"),
+        # The module's settings groups: a flat name finds its group, a misspelt one the group's closest option.
+        (["--model.init_args.lr", "1e-5"], "did you mean model.optim.lr?"),
+        (["--model.init_args.optim.lrr", "1e-5"], "did you mean model.optim.lr?"),
+        (["--model.init_args.sync_check_every", "2"], "did you mean rollout.sync_check_every?"),
     ],
 )
 def test_an_unknown_option_names_the_options_it_resembles(args, expected, capsys):
@@ -36,6 +40,17 @@ def test_an_unknown_option_in_a_config_file_is_reported_too(capsys, tmp_path):
     old = tmp_path / "old.yaml"
     old.write_text("model:\n  class_path: rlvr_lightning.algos.real.REAL\n  init_args:\n    tua: 0.5\n")
     assert "did you mean model.tau" in cli_error(["--config", str(old)], capsys)
+
+
+def test_an_option_of_a_group_in_a_config_file_is_reported_with_its_group(capsys, tmp_path):
+    flat = tmp_path / "flat.yaml"
+    flat.write_text("model:\n  init_args:\n    lr: 1.0e-5\n")
+    assert "did you mean model.optim.lr?" in cli_error(["--config", str(flat)], capsys)
+    misspelt = tmp_path / "misspelt.yaml"
+    misspelt.write_text("model:\n  init_args:\n    update:\n      micro_batch_sise: 8\n")
+    assert "Group 'update' does not accept option 'micro_batch_sise'; did you mean model.update.micro_batch_size" in cli_error(
+        ["--config", str(misspelt)], capsys
+    )
 
 
 def test_the_runs_length_is_given_once_in_rollout_batches(capsys):

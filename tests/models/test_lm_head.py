@@ -136,7 +136,7 @@ def test_heads_the_chunked_path_cannot_reproduce_fall_back_to_the_full_logits():
 
 
 def test_the_weight_sync_probe_scores_through_the_chunked_head():
-    """`sequence_logprobs` (the trainer side of the weight-sync probe, and the HF engine's `score`) gives
+    """`sequence_logprobs` (the trainer side of the weight-sync probe, and the HF engine's `logprobs`) gives
     the model's own log-probs, and its LM head never returns vocabulary-wide logits: an 8k-token probe
     completion at V = 151,936 would otherwise build ~5 GB of logits plus their log-softmax."""
     vocab = 96

@@ -263,7 +263,7 @@ def test_adapter_sync_sends_only_the_adapter_and_vllm_then_scores_as_the_trainer
     assert load["kind"] == "adapter" and all(ADAPTER_KEY.match(n) for n in load["names"])
     assert len(load["names"]) == 2 * len(lora_layers(policy)) and load["bytes"] < full_bytes / 5
     trainer = sequence_logprobs(policy, PROMPT, COMPLETION)
-    served = adapter_engine.score(PROMPT, COMPLETION)
+    served = adapter_engine.logprobs(PROMPT, COMPLETION)
     assert max(abs(a - b) for a, b in zip(served, trainer)) < FP32_SYNC_TOL
     # The adapter is applied, not the base alone: the base model's scores are far from these.
     with adapters_disabled(policy):
@@ -307,7 +307,7 @@ def test_merged_sync_reaches_vllm_and_leaves_the_trainer_unmerged(tiny_policy_di
         load_into_engine(engine, policy, 1, settings, str(tiny_policy_dir))
         (load,) = engine.loads
         assert load["kind"] == "weights" and not any("lora_" in n or "base_layer" in n for n in load["names"])
-        served = vllm.score(PROMPT, COMPLETION)
+        served = vllm.logprobs(PROMPT, COMPLETION)
     finally:
         vllm.close()
     assert max(abs(a - b) for a, b in zip(served, trainer)) < FP32_SYNC_TOL

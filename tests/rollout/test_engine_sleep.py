@@ -141,7 +141,7 @@ def test_level2_step_order_release_reload_then_generate():
 
 def test_sync_probe_score_after_the_reload_wakes_the_kv_cache():
     llm, engine = synced_after_release()
-    assert engine.score([1], [2]) == [-1.0]
+    assert engine.logprobs([1], [2]) == [-1.0]
     assert llm.take() == [("wake_up", ("kv_cache",)), ("generate",)]
 
 
@@ -215,7 +215,7 @@ def test_real_engine_on_cpu_runs_without_sleep_and_takes_the_sleep_order(tiny_po
         with torch.no_grad():
             for p in trainer.parameters():
                 p.add_(0.05 * torch.randn_like(p))
-        before = engine.score(prompt, completion)
+        before = engine.logprobs(prompt, completion)
         engine.release_memory()
         assert vllm_core.is_sleeping()
         engine.load_weights(trainer.state_dict().items())
@@ -224,7 +224,7 @@ def test_real_engine_on_cpu_runs_without_sleep_and_takes_the_sleep_order(tiny_po
         # left out), so a hang ends the test process with a traceback instead.
         faulthandler.dump_traceback_later(120, exit=True)
         try:
-            after = engine.score(prompt, completion)
+            after = engine.logprobs(prompt, completion)
         finally:
             faulthandler.cancel_dump_traceback_later()
         assert not vllm_core.is_sleeping()

@@ -38,7 +38,7 @@ def test_generation_keeps_the_planned_tensors_and_not_every_steps_scores():
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     prompts = [torch.randint(3, VOCAB, (n,)).tolist() for n in (5, 8, 11, 12)]  # left padding: the masked path
-    engine = HFGenerateEngine(model, pad_id=0, eos_id=VOCAB + 1, scorer=None)  # no EOS: every sequence runs to the limit
+    engine = HFGenerateEngine(model, pad_id=0, eos_id=VOCAB + 1, logprobs=None)  # no EOS: every sequence runs to the limit
     sampling = SamplingConfig(group_size=GROUP, temperature=0.8, top_k=100, max_tokens=RESPONSE, seed=0)
     engine.generate(prompts, sampling)  # warm-up: lazily built state is not generation's
     gc.collect()

@@ -70,18 +70,18 @@ def test_weight_sync_moves_engine_to_trainer_weights(setup, tiny_policy_dir):
     trainer = AutoModelForCausalLM.from_pretrained(tiny_policy_dir, dtype=torch.float32).eval()
     prompt, completion = tok("What is 3+4+5?\n").input_ids, tok("3+4=7,7+5=12.\\boxed{12}").input_ids
 
-    def trainer_score():
+    def trainer_logprobs():
         return sequence_logprobs(trainer, prompt, completion)
 
-    before = engine.score(prompt, completion)
-    assert max(abs(a - b) for a, b in zip(before, trainer_score())) < 1e-3
+    before = engine.logprobs(prompt, completion)
+    assert max(abs(a - b) for a, b in zip(before, trainer_logprobs())) < 1e-3
     with torch.no_grad():
         for p in trainer.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    changed = trainer_score()
+    changed = trainer_logprobs()
     assert max(abs(a - b) for a, b in zip(before, changed)) > 1e-2  # the update is visible...
     engine.load_weights(trainer.state_dict().items())
-    after = engine.score(prompt, completion)
+    after = engine.logprobs(prompt, completion)
     assert max(abs(a - b) for a, b in zip(after, changed)) < 1e-3  # ...and the engine now has it
     assert max(abs(a - b) for a, b in zip(after, before)) > 1e-2
 
@@ -92,7 +92,7 @@ class _FrozenEngine:
     def __init__(self, scores):
         self.scores = scores
 
-    def score(self, prompt_ids, completion_ids, agreement_tol=1e-3):
+    def logprobs(self, prompt_ids, completion_ids, agreement_tol=1e-3):
         return list(self.scores)
 
 
@@ -151,7 +151,7 @@ def test_host_heap_tuning_takes_effect_on_glibc():
 
 
 def test_the_hf_engine_scores_in_the_updates_lm_head_chunks(tiny_policy_dir, monkeypatch):
-    """The HF engine's `score` (the weight-sync probe's engine side) runs the LM head in the module's
+    """The HF engine's `logprobs` (the weight-sync probe's engine side) runs the LM head in the module's
     `logprob_chunk_tokens`, as the update does: never the whole [L × V] logits of a long completion."""
     import rlvr_lightning.models.forward as forward
     from rlvr_lightning.algos import GRPO
@@ -163,6 +163,6 @@ def test_the_hf_engine_scores_in_the_updates_lm_head_chunks(tiny_policy_dir, mon
     module = standalone(GRPO(update=UpdateSettings(logprob_chunk_tokens=3)), dm)
     chunks = []
     monkeypatch.setattr(forward, "policy_forward", lambda *a, **kw: chunks.append(kw["chunk_tokens"]) or policy_forward(*a, **kw))
-    logp = module.session.engine.score([1, 2, 3], [4, 5, 6, 7])
+    logp = module.session.engine.logprobs([1, 2, 3], [4, 5, 6, 7])
     assert chunks == [3] and len(logp) == 4
     module.teardown("fit")

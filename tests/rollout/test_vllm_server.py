@@ -83,7 +83,7 @@ def test_token_id_generation_matches_the_trainer_and_the_in_process_engine(serve
             for c in group:
                 assert len(c.token_ids) == len(c.logprobs) > 0 and c.finish_reason in ("stop", "length")
                 trainer = sequence_logprobs(model, prompt, c.token_ids)
-                engine = in_process.score(prompt, c.token_ids)
+                engine = in_process.logprobs(prompt, c.token_ids)
                 assert max(abs(a - b) for a, b in zip(c.logprobs, engine)) < 1e-3
                 assert max(abs(a - b) for a, b in zip(c.logprobs, trainer)) < 1e-3
     finally:
@@ -97,10 +97,10 @@ def test_weight_sync_reaches_every_replica(servers, policy):
     tok, model = policy
     prompt, completion = tok("What is 2+2?\n").input_ids, tok("4\n").input_ids
     moved = perturbed(model)
-    before = servers.score(prompt, completion)
+    before = servers.logprobs(prompt, completion)
     servers.load_weights(full_weights(moved), version=3)
     assert servers.replicas.weight_versions() == ["3", "3"]
-    after = servers.score(prompt, completion)  # checks that both replicas agree, too
+    after = servers.logprobs(prompt, completion)  # checks that both replicas agree, too
     trainer = sequence_logprobs(moved, prompt, completion)
     assert max(abs(a - b) for a, b in zip(after, trainer)) < 1e-3
     assert max(abs(a - b) for a, b in zip(before, after)) > 1e-2  # the perturbation is visible
@@ -122,7 +122,7 @@ def test_a_killed_replica_is_restarted_with_the_current_weights(servers, policy)
     assert [len(g) for g in groups] == [2, 2, 2]  # prompt 1 went to the dead replica: restarted and retried
     assert victim.alive() and victim.proc.pid != old_group
     assert servers.replicas.weight_versions() == ["4", "4"]
-    assert max(abs(a - b) for a, b in zip(servers.score(prompt, completion), expected)) < 1e-3
+    assert max(abs(a - b) for a, b in zip(servers.logprobs(prompt, completion), expected)) < 1e-3
 
 
 def test_a_replica_holding_other_weights_fails_the_probe(servers, policy):
@@ -133,7 +133,7 @@ def test_a_replica_holding_other_weights_fails_the_probe(servers, policy):
     servers.transport.load(servers.replicas[1], path)  # behind the engine's back: replica 1 only
     try:
         with pytest.raises(WeightSyncError, match="disagrees"):
-            servers.score(prompt, completion)
+            servers.logprobs(prompt, completion)
     finally:
         servers.load_weights(full_weights(model), version=5)
 

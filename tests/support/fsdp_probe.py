@@ -50,7 +50,7 @@ class ShardProbe(RolloutCallback):
         rollout = torch.load(self.out / f"rank{trainer.global_rank}_step0.pt", weights_only=False)
         n = next(i for i, c in enumerate(rollout["completions"]) if c.token_ids)
         prompt, completion = rollout["prompt_ids"][n // rollout["group_size"]], rollout["completions"][n].token_ids
-        engine = pl_module.session.engine.score(prompt, completion)
+        engine = pl_module.session.engine.logprobs(prompt, completion)
         trainer_lp = sequence_logprobs(pl_module.policy, prompt, completion)
         diff = max(abs(a - b) for a, b in zip(engine, trainer_lp))
         (self.out / f"rank{trainer.global_rank}_engine.json").write_text(json.dumps({"max_abs_diff": diff}))

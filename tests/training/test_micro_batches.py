@@ -108,7 +108,7 @@ def test_sharded_ranks_run_the_same_separate_pass_forwards_even_without_rows_to_
     by_two = lambda rows, _whole: list(rows.split(2))  # noqa: E731
     for lockstep, expected in ((False, 0), (True, 2)):
         calls.clear()
-        separate_pass(model, None, t, 1.0, by_two, 0, with_old=False, scorer=NothingToScore(), lockstep=lockstep)
+        separate_pass(model, None, t, 1.0, by_two, 0, with_old=False, weigher=NothingToScore(), lockstep=lockstep)
         assert len(calls) == expected
 
 

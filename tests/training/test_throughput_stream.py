@@ -133,9 +133,9 @@ class GatedServer:
             self.model.load_state_dict(dict(weights), strict=False)
             self.version = version
 
-    def score(self, prompt_ids, completion_ids, *args, **kwargs):  # the sync probe: not beside a generation
+    def logprobs(self, prompt_ids, completion_ids, *args, **kwargs):  # the sync probe: not beside a generation
         with self.lock:
-            return self.engine.score(prompt_ids, completion_ids, *args, **kwargs)
+            return self.engine.logprobs(prompt_ids, completion_ids, *args, **kwargs)
 
 
 def run_steps(module, steps: int) -> list:
