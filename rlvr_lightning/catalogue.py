@@ -23,9 +23,11 @@ WIDTH = 120  # preset and algorithm descriptions are wrapped here, never cut
 # Words whose period does not end a sentence ("Dr. GRPO", "Cui et al. 2025").
 ABBREVIATIONS = ("Dr.", "al.", "e.g.", "i.e.", "vs.", "cf.", "Fig.", "Eq.", "approx.")
 # K, and why the clipped losses need K > 1: the presets of gspo, gmpo, sapo, cispo take K = 4 for it.
-K_LINE = ("K = num_mini_batches × ppo_epochs optimizer steps per rollout batch. With K = 1 every step is exactly "
-          "on policy (π_θ = π_old: each ratio is 1), so a ratio-based loss's clipping never acts; the presets of the "
-          "losses that differ only off policy (gspo, gmpo, sapo, cispo) take K = 4.")  # fmt: skip
+K_LINE = (
+    "K = num_mini_batches × ppo_epochs optimizer steps per rollout batch. With K = 1 every step is exactly "
+    "on policy (π_θ = π_old: each ratio is 1), so a ratio-based loss's clipping never acts; the presets of the "
+    "losses that differ only off policy (gspo, gmpo, sapo, cispo) take K = 4."
+)
 
 
 def first_sentence(text: str) -> str:
@@ -39,8 +41,9 @@ def first_sentence(text: str) -> str:
 
 def wrapped(first: str, text: str, indent: int) -> list[str]:
     """`first` then `text`, wrapped at WIDTH, continuation lines indented to `indent` columns."""
-    return textwrap.wrap(f"{first}{text}", WIDTH, subsequent_indent=" " * indent, break_on_hyphens=False,
-                         break_long_words=False) or [first.rstrip()]  # fmt: skip
+    return textwrap.wrap(
+        f"{first}{text}", WIDTH, subsequent_indent=" " * indent, break_on_hyphens=False, break_long_words=False
+    ) or [first.rstrip()]
 
 
 def leading_comment(text: str) -> str:
@@ -74,8 +77,12 @@ def algorithm_lines() -> list[str]:
         knobs = ", ".join(f"{k}={module.hparams[k]!r}" for k in own if k not in ("self", "kwargs"))
         pieces = ", ".join(f"{r.flag.split('.')[-1]}={module.hparams[r.flag.split('.')[-1]]}" for r in KINDS)
         summary = first_sentence(inspect.getdoc(inspect.getmodule(cls)) or "")
-        lines += [*wrapped(f"  {name:<8} ", summary, 11), *wrapped("           pieces: ", pieces, 19),
-                  *wrapped("           own knobs: ", knobs or NO_OWN_KNOBS, 22), f"           docs: {cls.docs}"]  # fmt: skip
+        lines += [
+            *wrapped(f"  {name:<8} ", summary, 11),
+            *wrapped("           pieces: ", pieces, 19),
+            *wrapped("           own knobs: ", knobs or NO_OWN_KNOBS, 22),
+            f"           docs: {cls.docs}",
+        ]
     return lines
 
 
@@ -107,10 +114,17 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    out = ["Presets (make train ALGO=<name>, or ALGO=path/to/your_preset.yaml; configs/algo/):", *preset_lines(), "",
-           "Algorithms (--model <Name>; rlvr_lightning.algos):", *wrapped("  ", K_LINE, 2), *algorithm_lines(), "",
-           "Registered pieces (yours: by dotted path, or by name with --imports <module>; README, 'Adding an algorithm'):",
-           *piece_lines()]  # fmt: skip
+    out = [
+        "Presets (make train ALGO=<name>, or ALGO=path/to/your_preset.yaml; configs/algo/):",
+        *preset_lines(),
+        "",
+        "Algorithms (--model <Name>; rlvr_lightning.algos):",
+        *wrapped("  ", K_LINE, 2),
+        *algorithm_lines(),
+        "",
+        "Registered pieces (yours: by dotted path, or by name with --imports <module>; README, 'Adding an algorithm'):",
+        *piece_lines(),
+    ]
     print("\n".join(out))
 
 

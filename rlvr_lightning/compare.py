@@ -128,8 +128,14 @@ def plot(runs: list[RunHistory], key: str, title: str, smooth: int, path: Path) 
         if smooth > 1:  # trailing moving average: per-step rewards are noisy
             values = [statistics.mean(values[max(0, j - smooth + 1) : j + 1]) for j in range(len(values))]
         # Distinct colour and dash per run, so a dozen runs (and runs that coincide) stay readable.
-        ax.plot(steps, values, label=r.name, marker="o" if len(points) < 20 else None, color=colors[i % len(colors)],
-                linestyle=("-", "--", ":", "-.")[i % 4])  # fmt: skip
+        ax.plot(
+            steps,
+            values,
+            label=r.name,
+            marker="o" if len(points) < 20 else None,
+            color=colors[i % len(colors)],
+            linestyle=("-", "--", ":", "-.")[i % 4],
+        )
     ax.set_xlabel("rollout batch")
     ax.set_ylabel(key + (f" (moving average of {smooth})" if smooth > 1 else ""))
     ax.set_title(title)

@@ -147,8 +147,10 @@ class DeviceDefaults:
 
     def params(self) -> dict[str, str]:
         """MLflow params beside the values themselves: where each came from."""
-        return {"device_defaults.accelerator": str(self.accelerator),
-                **{f"device_defaults.{key}": self.source(key) for key in self.keys}}  # fmt: skip
+        return {
+            "device_defaults.accelerator": str(self.accelerator),
+            **{f"device_defaults.{key}": self.source(key) for key in self.keys},
+        }
 
 
 def resolve_device_defaults(
@@ -208,8 +210,13 @@ def config_device_defaults(cfg, accelerator: Accelerator) -> DeviceDefaults:
         node, name = _section(cfg, key)
         given[key] = node[name]
     rollout = cfg.rollout
-    defaults = resolve_device_defaults(accelerator, given, fsdp=uses_fsdp2(cfg), sleep_level=int(rollout.sleep_level or 0),
-                                       engine_elsewhere=bool(rollout.server_urls or rollout.server_cuda_devices))  # fmt: skip
+    defaults = resolve_device_defaults(
+        accelerator,
+        given,
+        fsdp=uses_fsdp2(cfg),
+        sleep_level=int(rollout.sleep_level or 0),
+        engine_elsewhere=bool(rollout.server_urls or rollout.server_cuda_devices),
+    )
     return replace(defaults, keys=tuple(given))
 
 

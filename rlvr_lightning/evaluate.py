@@ -47,9 +47,11 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
         adapter = read_adapter(model)
         model = adapter.base_model
     logger = MLFlowLogger(
-        experiment_name=args.experiment, tracking_uri=args.tracking_uri, run_name=args.run_name,
+        experiment_name=args.experiment,
+        tracking_uri=args.tracking_uri,
+        run_name=args.run_name,
         tags={"kind": "evaluation", "model": args.model},
-    )  # fmt: skip
+    )
     if args.max_prompt_length is None:
         from transformers import AutoConfig
 
@@ -58,26 +60,56 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
         context = getattr(AutoConfig.from_pretrained(resolve_policy_path(model)), "max_position_embeddings", 4096)
         args.max_prompt_length = max(1, int(context) - args.max_tokens)
     # One engine for all benchmarks; the data module's own train/val sets are not used.
-    rollout = RolloutSettings(max_response_length=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                              engine=args.engine, dtype=args.dtype, kv_cache_gib=args.kv_cache_gib)  # fmt: skip
+    rollout = RolloutSettings(
+        max_response_length=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        engine=args.engine,
+        dtype=args.dtype,
+        kv_cache_gib=args.kv_cache_gib,
+    )
     dm = RolloutDataModule(
-        model_name_or_path=model, train_data=args.bench[0], val_data=None, train_split=args.split, batch_size=1,
-        problem_field=args.problem_field, answer_field=args.answer_field, prompt_template=args.prompt_template,
-        use_chat_template=args.use_chat_template, max_prompt_length=args.max_prompt_length, seed=args.seed,
+        model_name_or_path=model,
+        train_data=args.bench[0],
+        val_data=None,
+        train_split=args.split,
+        batch_size=1,
+        problem_field=args.problem_field,
+        answer_field=args.answer_field,
+        prompt_template=args.prompt_template,
+        use_chat_template=args.use_chat_template,
+        max_prompt_length=args.max_prompt_length,
+        seed=args.seed,
         rollout=rollout,
-    )  # fmt: skip
+    )
     benchmarks = [
-        Benchmark(name=name, source=source, split=args.split, problem_field=args.problem_field,
-                  answer_field=args.answer_field, limit=args.limit)  # fmt: skip
+        Benchmark(
+            name=name,
+            source=source,
+            split=args.split,
+            problem_field=args.problem_field,
+            answer_field=args.answer_field,
+            limit=args.limit,
+        )
         for name, source in zip(names, args.bench)
     ]
     evaluation = Evaluation(
-        every_n_steps=0, num_samples=args.n, temperature=args.temperature, greedy=not args.no_greedy,
-        pass_k=args.k, maj_k=[k for k in args.k if k > 1], prefix="eval", benchmarks=benchmarks,
-    )  # fmt: skip
+        every_n_steps=0,
+        num_samples=args.n,
+        temperature=args.temperature,
+        greedy=not args.no_greedy,
+        pass_k=args.k,
+        maj_k=[k for k in args.k if k > 1],
+        prefix="eval",
+        benchmarks=benchmarks,
+    )
     lora = None if adapter is None else replace(adapter.settings, sync="adapter")
-    module = standalone(RLVRModule(lora=lora), dm,
-                        callbacks=[RewardVerifier(num_workers=args.verifier_workers), evaluation], logger=logger)  # fmt: skip
+    module = standalone(
+        RLVRModule(lora=lora),
+        dm,
+        callbacks=[RewardVerifier(num_workers=args.verifier_workers), evaluation],
+        logger=logger,
+    )
     if adapter is not None:
         load_adapter_weights(module.policy, adapter.tensors)
         module.session.load(0)
@@ -109,8 +141,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--max-tokens", type=int, default=40)
-    p.add_argument("--max-prompt-length", type=int, default=None,
-                   help="longer prompts are dropped (default: the model's context minus --max-tokens)")  # fmt: skip
+    p.add_argument(
+        "--max-prompt-length",
+        type=int,
+        default=None,
+        help="longer prompts are dropped (default: the model's context minus --max-tokens)",
+    )
     p.add_argument("--no-greedy", action="store_true", help="skip the greedy pass")
     p.add_argument("--engine", default="vllm", choices=["vllm", "hf"])
     p.add_argument("--dtype", default="float32")

@@ -32,19 +32,29 @@ class RunRecord:
 def record_from_mlflow(client, run, columns) -> RunRecord:
     """The record of a finished MLflow run, with the metrics of `columns` and the plots."""
     params = run.data.params
-    return RunRecord(load_history(client, run, columns), params.get("trainer.max_steps", ""),
-                     params.get("data.model_name_or_path", ""), int(run.info.start_time or 0))  # fmt: skip
+    return RunRecord(
+        load_history(client, run, columns),
+        params.get("trainer.max_steps", ""),
+        params.get("data.model_name_or_path", ""),
+        int(run.info.start_time or 0),
+    )
 
 
 def write_record(record: RunRecord, directory: Path) -> Path:
     r = record.run
     path = directory / f"{r.name}.json"
     body = {
-        "name": r.name, "run_id": r.run_id, "algorithm": r.algorithm, "commit": r.commit, "warm_start": r.warm_start,
-        "seconds": None if math.isnan(r.seconds) else r.seconds, "max_steps": record.max_steps,
-        "model": record.model, "start_time": record.start_time,
+        "name": r.name,
+        "run_id": r.run_id,
+        "algorithm": r.algorithm,
+        "commit": r.commit,
+        "warm_start": r.warm_start,
+        "seconds": None if math.isnan(r.seconds) else r.seconds,
+        "max_steps": record.max_steps,
+        "model": record.model,
+        "start_time": record.start_time,
         "history": {key: [[step, value] for step, value in points] for key, points in sorted(r.history.items())},
-    }  # fmt: skip
+    }
     directory.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")  # a kill mid-write leaves the old record, never half of one
     tmp.write_text(json.dumps(body, indent=None, separators=(",", ":")) + "\n")
@@ -60,8 +70,16 @@ def read_records(directory: Path) -> dict[str, RunRecord]:
             d = json.loads(path.read_text())
             history = {key: [(int(s), float(v)) for s, v in points] for key, points in d["history"].items()}
             seconds = math.nan if d.get("seconds") is None else float(d["seconds"])
-            run = RunHistory(d["name"], d.get("run_id", ""), "FINISHED", d.get("algorithm", "?"), history, seconds,
-                             d.get("commit"), d.get("warm_start"))  # fmt: skip
+            run = RunHistory(
+                d["name"],
+                d.get("run_id", ""),
+                "FINISHED",
+                d.get("algorithm", "?"),
+                history,
+                seconds,
+                d.get("commit"),
+                d.get("warm_start"),
+            )
             out[run.name] = RunRecord(run, str(d["max_steps"]), str(d["model"]), int(d.get("start_time", 0)))
         except (KeyError, TypeError, ValueError) as e:
             raise SystemExit(f"error: run record {path} is not a record `make results` wrote ({e!r}); delete it to retrain that run") from e

@@ -26,9 +26,14 @@ def standalone(
     logger: Logger | bool = False,
 ) -> RLVRModule:
     trainer = L.Trainer(
-        accelerator=accelerator, devices=1, logger=logger, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=list(callbacks),
-    )  # fmt: skip
+        accelerator=accelerator,
+        devices=1,
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=list(callbacks),
+    )
     trainer._data_connector.attach_datamodule(module, datamodule=datamodule)
     module.trainer = trainer
     trainer.strategy.connect(module)

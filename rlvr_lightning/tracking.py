@@ -73,9 +73,11 @@ class MLFlowLogger(LightningMLFlowLogger):
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
             self._system_monitor = SystemMetricsMonitor(
-                self._run_id, sampling_interval=self._system_metrics_interval_s, tracking_uri=self._tracking_uri,
+                self._run_id,
+                sampling_interval=self._system_metrics_interval_s,
+                tracking_uri=self._tracking_uri,
                 resume_logging=self._continues_run,  # a resumed run's system metrics continue its steps
-            )  # fmt: skip
+            )
             self._system_monitor.start()
         return client
 
@@ -93,8 +95,11 @@ class MLFlowLogger(LightningMLFlowLogger):
             fresh = {k: v for k, v in metrics.items() if step_or_0 > self._last_logged_step(k)}
             if len(fresh) < len(metrics) and not self._told_about_skipping:
                 self._told_about_skipping = True
-                log.info("resumed MLflow run %s already holds step %d: its metric points there are kept, "
-                         "not logged again", self._run_id, step_or_0)  # fmt: skip
+                log.info(
+                    "resumed MLflow run %s already holds step %d: its metric points there are kept, not logged again",
+                    self._run_id,
+                    step_or_0,
+                )
             metrics = fresh
         if metrics:
             super().log_metrics(metrics, step)

@@ -87,8 +87,14 @@ class DAPO(GRPO):
 class DAPOStep(StepAlgorithm):
     """DAPO's changes to the step: the ±1 reward with the overlong penalty (4), and dynamic sampling (2)."""
 
-    def __init__(self, sampler: DynamicSampler | None, signed_reward: bool, overlong_buffer_len: int,
-                 overlong_penalty_factor: float, max_response_length: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        sampler: DynamicSampler | None,
+        signed_reward: bool,
+        overlong_buffer_len: int,
+        overlong_penalty_factor: float,
+        max_response_length: int,
+    ) -> None:
         """`sampler`: None when dynamic sampling is off."""
         self.sampler, self.signed_reward = sampler, signed_reward
         self.buffer, self.penalty_factor, self.L_max = overlong_buffer_len, overlong_penalty_factor, max_response_length

@@ -38,6 +38,10 @@ class GSPO(GRPO):
             num_mini_batches: optimizer steps per rollout batch (K); GSPO's ratio is 1 on the first one.
         """
         super().__init__(
-            policy_loss=policy_loss, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high,
-            num_mini_batches=num_mini_batches, kl_coef=kl_coef, **kwargs,
-        )  # fmt: skip
+            policy_loss=policy_loss,
+            clip_eps_low=clip_eps_low,
+            clip_eps_high=clip_eps_high,
+            num_mini_batches=num_mini_batches,
+            kl_coef=kl_coef,
+            **kwargs,
+        )

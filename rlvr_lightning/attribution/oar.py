@@ -102,17 +102,29 @@ class _Layout:
 
 
 def _answer_logits(
-    model, ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, max_answer: int,
-    start: int = 0, prefix=None, inputs_embeds: torch.Tensor | None = None, keep_cache: bool = False,
-):  # fmt: skip
+    model,
+    ids: torch.Tensor,
+    attention: torch.Tensor,
+    positions: torch.Tensor,
+    max_answer: int,
+    start: int = 0,
+    prefix=None,
+    inputs_embeds: torch.Tensor | None = None,
+    keep_cache: bool = False,
+):
     """Logits [n, ≤ max_answer, V] (fp32) at the positions that predict the last `max_answer` tokens,
     feeding columns `start:` only, on top of `prefix` (the KV cache of columns `:start`) when given;
     and this forward's KV cache if `keep_cache`."""
     kwargs = {"inputs_embeds": inputs_embeds} if inputs_embeds is not None else {"input_ids": ids[:, start:]}
     if prefix is not None:
         kwargs["past_key_values"] = prefix
-    out = model(attention_mask=attention, position_ids=positions[:, start:], logits_to_keep=max_answer + 1,
-                use_cache=keep_cache or prefix is not None, **kwargs)  # fmt: skip
+    out = model(
+        attention_mask=attention,
+        position_ids=positions[:, start:],
+        logits_to_keep=max_answer + 1,
+        use_cache=keep_cache or prefix is not None,
+        **kwargs,
+    )
     return out.logits[:, :-1].float(), (out.past_key_values if keep_cache else None)
 
 
@@ -147,9 +159,13 @@ def _answer_slice(z: torch.Tensor, answer_len: int) -> torch.Tensor:
 
 @torch.no_grad()
 def oar_p_scores(
-    model, inputs: list[ScoringInput], pad_id: int, mode: Readout = "last", chunk_size: int = 32,
+    model,
+    inputs: list[ScoringInput],
+    pad_id: int,
+    mode: Readout = "last",
+    chunk_size: int = 32,
     reuse_prefix: bool | None = None,
-) -> list[torch.Tensor]:  # fmt: skip
+) -> list[torch.Tensor]:
     """OAR-P (docs/algorithms.md#oar-p): per rollout, the read-out change when each reasoning token alone is replaced by
     `pad_id` (substitution, attention kept). Rollouts are taken `chunk_size` at a time: one clean
     forward, then all their perturbed copies in batches of `chunk_size` sequences, so memory is bounded

@@ -26,7 +26,7 @@ from rlvr_lightning.attribution.oar import (
     oar_g_saliency,
     oar_p_scores,
     segment_boxed,
-)  # fmt: skip
+)
 from rlvr_lightning.attribution.thr import ReweightMode, ThresholdMode, dominant_tokens, rollout_thr, thr_token_weights
 from rlvr_lightning.callbacks.rollout import AdvantageShaper
 from rlvr_lightning.context import ScoredBatch, StepContext
@@ -251,8 +251,11 @@ def oar_metrics(stats: RunningStats, sample: StreamSample, scored: int, candidat
         "oar/no_answer_span_frac": 1.0 - scored / candidates if candidates else 0.0,
     }
     if stats.count == 0:
-        return out | {f"oar/weight_{k}": 1.0 for k in ("p10", "p50", "p90", "min", "max")} | {
-            "oar/suppressed_frac": 0.0, "oar/boosted_frac": 0.0}  # fmt: skip
+        return (
+            out
+            | {f"oar/weight_{k}": 1.0 for k in ("p10", "p50", "p90", "min", "max")}
+            | {"oar/suppressed_frac": 0.0, "oar/boosted_frac": 0.0}
+        )
     q = sample.quantiles([0.1, 0.5, 0.9])
     return out | {
         "oar/weight_p10": q[0].item(), "oar/weight_p50": q[1].item(), "oar/weight_p90": q[2].item(),

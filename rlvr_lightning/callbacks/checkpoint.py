@@ -92,9 +92,13 @@ class ResumableCheckpoint(Checkpoint):
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 os.replace(tmp, last)
-            info = {"rollout_batches": pl_module.rollout_batches, "global_step": trainer.global_step,
-                    "policy_version": pl_module.session.policy_version, "mlflow_run_id": getattr(trainer.logger, "run_id", None),
-                    "checkpoint": str(last)}  # fmt: skip
+            info = {
+                "rollout_batches": pl_module.rollout_batches,
+                "global_step": trainer.global_step,
+                "policy_version": pl_module.session.policy_version,
+                "mlflow_run_id": getattr(trainer.logger, "run_id", None),
+                "checkpoint": str(last),
+            }
             (out / "last.json").write_text(json.dumps(info, indent=2))
         trainer.strategy.barrier("checkpoint saved")
         return last

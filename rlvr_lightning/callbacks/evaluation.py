@@ -72,10 +72,19 @@ class _Task:
 
     def params(self) -> dict[str, object]:
         s = self.sampling
-        return {f"{self.prefix}/{k}": v for k, v in dict(
-            source=self.source, problems=len(self.records), n=s.group_size, temperature=s.temperature, top_p=s.top_p,
-            top_k=s.top_k, max_tokens=s.max_tokens, seed=s.seed,
-        ).items()}  # fmt: skip
+        return {
+            f"{self.prefix}/{k}": v
+            for k, v in dict(
+                source=self.source,
+                problems=len(self.records),
+                n=s.group_size,
+                temperature=s.temperature,
+                top_p=s.top_p,
+                top_k=s.top_k,
+                max_tokens=s.max_tokens,
+                seed=s.seed,
+            ).items()
+        }
 
 
 class Evaluation(Callback):
@@ -153,9 +162,12 @@ class Evaluation(Callback):
         for b in self.benchmarks:
             n = b.n or self.num_samples
             sampling = r.sampling(
-                group_size=n, temperature=b.temperature if b.temperature is not None else temperature,
-                top_p=b.top_p if b.top_p is not None else r.top_p, max_tokens=b.max_tokens or r.max_response_length, seed=0,
-            )  # fmt: skip
+                group_size=n,
+                temperature=b.temperature if b.temperature is not None else temperature,
+                top_p=b.top_p if b.top_p is not None else r.top_p,
+                max_tokens=b.max_tokens or r.max_response_length,
+                seed=0,
+            )
             room = dm.max_model_len() - sampling.max_tokens  # the engine holds prompt + response
             if room < 1:
                 raise ConfigError(
@@ -234,8 +246,11 @@ class Evaluation(Callback):
         table = {k: v[: self.log_samples] for k, v in samples.items()}
         for key in ("prompt", "completion"):
             table[key] = [t if len(t) <= self.max_sample_chars else t[: self.max_sample_chars] + " …" for t in table[key]]
-        experiment.log_table(trainer.logger.run_id, data=table | {"step": [step] * len(table["prompt"])},
-                             artifact_file=f"samples/{prefix.replace('/', '_')}_step_{step:06d}.json")  # fmt: skip
+        experiment.log_table(
+            trainer.logger.run_id,
+            data=table | {"step": [step] * len(table["prompt"])},
+            artifact_file=f"samples/{prefix.replace('/', '_')}_step_{step:06d}.json",
+        )
 
     @staticmethod
     def _score(

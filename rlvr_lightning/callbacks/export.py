@@ -74,8 +74,12 @@ class HFExport(Callback):
 
     def _record(self, trainer: L.Trainer, pl_module, name: str, out: Path) -> None:
         """What the export holds (`rlvr_export.json`) and where it went (the MLflow run's `export/<name>` tag)."""
-        meta = {"rollout_batches": pl_module.rollout_batches, "policy_version": pl_module.session.policy_version,
-                "algorithm": type(pl_module).__name__, "mlflow_run_id": getattr(trainer.logger, "run_id", None)}  # fmt: skip
+        meta = {
+            "rollout_batches": pl_module.rollout_batches,
+            "policy_version": pl_module.session.policy_version,
+            "algorithm": type(pl_module).__name__,
+            "mlflow_run_id": getattr(trainer.logger, "run_id", None),
+        }
         (out / "rlvr_export.json").write_text(json.dumps(meta, indent=2))
         # An MLflow client has `set_tag`; another logger's experiment (Lightning's CSVLogger's writer) has not.
         experiment = getattr(trainer.logger, "experiment", None)

@@ -95,8 +95,11 @@ class RewardVerifier(RolloutCallback):
             self._reported.add(where)
             log.warning(
                 "%s: skipped %d of %d problems whose gold answer the verifier cannot parse, e.g. %s",
-                where, len(bad), len(records), ", ".join(f"{r.id}: {r.answer[:40]!r}" for r in bad[:5]),
-            )  # fmt: skip
+                where,
+                len(bad),
+                len(records),
+                ", ".join(f"{r.id}: {r.answer[:40]!r}" for r in bad[:5]),
+            )
         return [r for r, good in zip(records, ok) if good]
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

@@ -44,20 +44,27 @@ def before_after(client, run_id: str, key: str, se_key: str | None) -> str | Non
 def pieces_run(values, every_kind: bool = False) -> dict[str, str]:
     """The registered name of each piece `values` (an algorithm's hyper-parameters or its config's init_args)
     select, by selecting key; the KL estimator only with a KL term (`kl_coef` > 0) unless `every_kind`."""
-    return {key: piece.name for key, piece in selected_pieces(values).items()
-            if every_kind or key != "kl_estimator" or (values.get("kl_coef") or 0) > 0}  # fmt: skip
+    return {
+        key: piece.name
+        for key, piece in selected_pieces(values).items()
+        if every_kind or key != "kl_estimator" or (values.get("kl_coef") or 0) > 0
+    }
 
 
 def summary_lines(trainer: L.Trainer, module) -> list[str]:
     logger = next((lg for lg in trainer.loggers if isinstance(lg, MLFlowLogger)), None)
     algorithm = module.__class__.__name__
     name = f"{logger._run_name} ({algorithm})" if logger is not None and logger._run_name else algorithm
-    lines = [f"rlvr_lightning: {name}, {module.rollout_batches} rollout batches",
-             "  pieces: " + ", ".join(f"{k}={v}" for k, v in pieces_run(module.hparams).items())]  # fmt: skip
+    lines = [
+        f"rlvr_lightning: {name}, {module.rollout_batches} rollout batches",
+        "  pieces: " + ", ".join(f"{k}={v}" for k, v in pieces_run(module.hparams).items()),
+    ]
     if logger is not None:
         client, run_id = logger.experiment, logger.run_id
-        pass_keys = sorted((k for k in client.get_run(run_id).data.metrics if k.startswith("val/pass_at_")
-                            and not k.endswith("_se")), key=lambda k: int(k.rsplit("_", 1)[1]))  # fmt: skip
+        pass_keys = sorted(
+            (k for k in client.get_run(run_id).data.metrics if k.startswith("val/pass_at_") and not k.endswith("_se")),
+            key=lambda k: int(k.rsplit("_", 1)[1]),
+        )
         rows = HELD_OUT + [(f"pass@{k.rsplit('_', 1)[1]}", k, f"{k}_se") for k in pass_keys if k != "val/pass_at_1"]
         for label, key, se_key in rows:
             cell = before_after(client, run_id, key, se_key)
@@ -83,8 +90,13 @@ def git_commit() -> str | None:
     """This package's git commit (with `-dirty` for uncommitted changes), or None outside a checkout."""
     here = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=here,
-                             capture_output=True, text=True, timeout=10)  # fmt: skip
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--abbrev=12"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
@@ -93,9 +105,13 @@ def git_commit() -> str | None:
 def run_tags(trainer: L.Trainer, module) -> dict[str, str]:
     config = module.policy.config
     trainable, params = parameter_counts(module.policy)
-    tags = {"model_family": str(getattr(config, "model_type", "?")), "params": f"{params / 1e6:.1f}M",
-            "trainable_params": f"{trainable / 1e6:.3f}M ({trainable / params:.2%})",
-            "engine": str(trainer.datamodule.rollout.engine), "devices": str(trainer.world_size)}  # fmt: skip
+    tags = {
+        "model_family": str(getattr(config, "model_type", "?")),
+        "params": f"{params / 1e6:.1f}M",
+        "trainable_params": f"{trainable / 1e6:.3f}M ({trainable / params:.2%})",
+        "engine": str(trainer.datamodule.rollout.engine),
+        "devices": str(trainer.world_size),
+    }
     if digest := warm_start_digest(trainer.datamodule.hparams.model_name_or_path):
         tags["warm_start_sha256"] = digest
     commit = git_commit()
@@ -112,9 +128,13 @@ def dataset_input(source: str, part: str, records, context: str):
         name, source_type = f"embedded-{part}", "code"
     else:
         name, source_type = (Path(source).name, "local") if Path(source).exists() else (source, "hugging_face")
-    dataset = Dataset(name=name, digest=hashlib.sha256(blob).hexdigest()[:8], source_type=source_type,
-                      source=json.dumps({"uri": str(source), "split": part}),
-                      profile=json.dumps({"num_rows": len(records)}))  # fmt: skip
+    dataset = Dataset(
+        name=name,
+        digest=hashlib.sha256(blob).hexdigest()[:8],
+        source_type=source_type,
+        source=json.dumps({"uri": str(source), "split": part}),
+        profile=json.dumps({"num_rows": len(records)}),
+    )
     return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])
 
 

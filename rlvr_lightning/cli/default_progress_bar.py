@@ -15,5 +15,7 @@ def use_rollout_progress_bar(trainer_cfg: Namespace) -> None:
         "ProgressBar" in str(c.get("class_path", "")) for c in callbacks
     ):
         return
-    trainer_cfg.callbacks = [*callbacks, Namespace(class_path="rlvr_lightning.callbacks.progress.RolloutProgressBar",
-                                                   init_args=Namespace())]  # fmt: skip
+    trainer_cfg.callbacks = [
+        *callbacks,
+        Namespace(class_path="rlvr_lightning.callbacks.progress.RolloutProgressBar", init_args=Namespace()),
+    ]

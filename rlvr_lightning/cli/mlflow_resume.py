@@ -20,8 +20,10 @@ def reopen_checkpoint_run(ckpt_path: str, logger_args: Namespace) -> None:
     elif run_id:
         logging.getLogger(__name__).warning(
             "checkpoint %s was written by MLflow run %s, which %s does not hold; logging to a new run",
-            ckpt_path, run_id, logger_args.tracking_uri,
-        )  # fmt: skip
+            ckpt_path,
+            run_id,
+            logger_args.tracking_uri,
+        )
 
 
 def checkpoint_run_id(path: str) -> str | None:

@@ -12,8 +12,12 @@ from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.training.settings import BehaviourSettings, OptimSettings, UpdateSettings
 
 # The module's settings groups, each a section of its own here (`model.optim.lr`).
-GROUPS = {"model.optim": OptimSettings, "model.update": UpdateSettings, "model.behaviour": BehaviourSettings,
-          "model.lora": LoraSettings}  # fmt: skip
+GROUPS = {
+    "model.optim": OptimSettings,
+    "model.update": UpdateSettings,
+    "model.behaviour": BehaviourSettings,
+    "model.lora": LoraSettings,
+}
 # How jsonargparse names an unknown option: (section, [group,] option).
 UNKNOWN = (
     re.compile(r"(\w+): Option '(\w+)' is not accepted"),
@@ -36,8 +40,14 @@ def known_options() -> dict[str, set[str]]:
 
     algorithms = [getattr(rlvr_lightning.algos, n) for n in rlvr_lightning.algos.__all__]
     groups = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in GROUPS.items()}
-    return {"model": names(*algorithms), **groups, "data": names(RolloutDataModule), "rollout": names(RolloutSettings),
-            "trainer": names(L.Trainer), "plan": names(PlanSettings)}  # fmt: skip
+    return {
+        "model": names(*algorithms),
+        **groups,
+        "data": names(RolloutDataModule),
+        "rollout": names(RolloutSettings),
+        "trainer": names(L.Trainer),
+        "plan": names(PlanSettings),
+    }
 
 
 def option_hint(line: str) -> str:

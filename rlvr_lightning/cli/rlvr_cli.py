@@ -64,15 +64,19 @@ class RLVRCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
-            f"--{IMPORTS}", type=list[str] | str | None, default=None,
+            f"--{IMPORTS}",
+            type=list[str] | str | None,
+            default=None,
             help="Modules to import before the configuration is read, e.g. your own pieces' (`--imports my_pieces`, "
             "`imports: [my_pieces]` in a config file); their directory must be on PYTHONPATH.",
-        )  # fmt: skip
+        )
         parser.add_argument(
-            "--rollout_batches", type=int | None, default=None,
+            "--rollout_batches",
+            type=int | None,
+            default=None,
             help="The run's length in rollout batches (training steps); sets trainer.max_steps, which counts optimizer "
             "steps: model.num_mini_batches × model.ppo_epochs of them per rollout batch.",
-        )  # fmt: skip
+        )
         parser.add_class_arguments(RolloutSettings, "rollout")
         parser.add_class_arguments(PlanSettings, "plan")
         parser.link_arguments("rollout", "data.rollout", apply_on="instantiate")

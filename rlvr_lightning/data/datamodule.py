@@ -30,8 +30,10 @@ def context_length_problem(config, max_prompt_length: int, max_response_length: 
     limit = getattr(config, "max_position_embeddings", None)
     if limit is None or max_prompt_length + max_response_length <= limit:
         return None
-    return (f"data.max_prompt_length={max_prompt_length} + rollout.max_response_length={max_response_length} exceeds "
-            f"the {limit} positions of {model}; lower one of them")  # fmt: skip
+    return (
+        f"data.max_prompt_length={max_prompt_length} + rollout.max_response_length={max_response_length} exceeds "
+        f"the {limit} positions of {model}; lower one of them"
+    )
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -105,22 +107,36 @@ class RolloutDataModule(L.LightningDataModule):
         """Prompt + response must fit the model's positions; vLLM would refuse deep inside otherwise."""
         from transformers import AutoConfig
 
-        problem = context_length_problem(AutoConfig.from_pretrained(self.policy_path), self.hparams.max_prompt_length,
-                                         self.rollout.max_response_length, self.hparams.model_name_or_path)  # fmt: skip
+        problem = context_length_problem(
+            AutoConfig.from_pretrained(self.policy_path),
+            self.hparams.max_prompt_length,
+            self.rollout.max_response_length,
+            self.hparams.model_name_or_path,
+        )
         if problem:
             raise ConfigError(problem)
 
     def _load(self, source: str, split: str, train: bool) -> list[ProblemRecord]:
         h = self.hparams
         return self.load_records(
-            source, split, problem_field=h.problem_field, answer_field=h.answer_field, id_field=h.id_field,
-            max_prompt_tokens=h.max_prompt_length, embedded_part="train" if train else "test",
-        )  # fmt: skip
+            source,
+            split,
+            problem_field=h.problem_field,
+            answer_field=h.answer_field,
+            id_field=h.id_field,
+            max_prompt_tokens=h.max_prompt_length,
+            embedded_part="train" if train else "test",
+        )
 
     def load_records(
-        self, source: str, split: str = "test", max_prompt_tokens: int | None = None,
-        embedded_part: str | None = None, limit: int | None = None, **fields: str | None,
-    ) -> list[ProblemRecord]:  # fmt: skip
+        self,
+        source: str,
+        split: str = "test",
+        max_prompt_tokens: int | None = None,
+        embedded_part: str | None = None,
+        limit: int | None = None,
+        **fields: str | None,
+    ) -> list[ProblemRecord]:
         """Problems from `embedded` (its train or test part: `embedded_part`, else `split`), a file or an
         HF dataset (`fields`: `problem_field`, `answer_field`, `id_field` of `load_problems`), without
         those whose templated prompt is longer than `max_prompt_tokens` (counted)."""
@@ -134,8 +150,11 @@ class RolloutDataModule(L.LightningDataModule):
         if len(kept) < len(records):
             log.warning(
                 "%s: dropped %d of %d problems whose prompt is longer than %d tokens",
-                source, len(records) - len(kept), len(records), max_prompt_tokens,
-            )  # fmt: skip
+                source,
+                len(records) - len(kept),
+                len(records),
+                max_prompt_tokens,
+            )
         return kept
 
     def format_prompt(self, problem: str) -> str:
@@ -193,8 +212,9 @@ class RolloutDataModule(L.LightningDataModule):
         picked: list[ProblemRecord] = []
         while len(picked) < n:
             order = torch.randperm(
-                len(self.train_records), generator=torch.Generator().manual_seed(self.hparams.seed + 7919 * (self._extra_epoch + 1))
-            )  # fmt: skip
+                len(self.train_records),
+                generator=torch.Generator().manual_seed(self.hparams.seed + 7919 * (self._extra_epoch + 1)),
+            )
             take = order[self._extra_pos : self._extra_pos + n - len(picked)].tolist()
             picked += [self.train_records[i] for i in take]
             self._extra_pos += len(take)

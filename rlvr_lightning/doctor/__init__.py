@@ -75,14 +75,18 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="rlvr-doctor-") as tmp:
         setup = Setup(cfg, Path(tmp))
         print(setup.device_defaults.block())
-        print(f"device {setup.device}, trainer {setup.trainer_dtype}{' (FSDP2)' if setup.fsdp else ''}, "
-              f"rollout.engine={setup.rollout.engine} ({setup.engine_dtype})\n")  # fmt: skip
+        print(
+            f"device {setup.device}, trainer {setup.trainer_dtype}{' (FSDP2)' if setup.fsdp else ''}, "
+            f"rollout.engine={setup.rollout.engine} ({setup.engine_dtype})\n"
+        )
         try:
             rows = run_checks(setup, checks)
         finally:
             setup.close()
     print(as_table(rows))
     failed = [r.check for r in rows if r.result == FAIL]
-    print(f"\n{len(rows) - len(failed)} of {len(rows)} rows pass or are skipped; "
-          f"{len(failed)} failed{': ' + ', '.join(failed) if failed else ''} ({time.perf_counter() - t0:.0f} s)")  # fmt: skip
+    print(
+        f"\n{len(rows) - len(failed)} of {len(rows)} rows pass or are skipped; "
+        f"{len(failed)} failed{': ' + ', '.join(failed) if failed else ''} ({time.perf_counter() - t0:.0f} s)"
+    )
     sys.exit(1 if failed else 0)

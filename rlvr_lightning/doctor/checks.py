@@ -144,9 +144,15 @@ class Setup:
         if "_engine" not in vars(self):
             policy = self.trainer_policy
             adapter_rank = self.lora.engine_max_rank if self.lora is not None and self.lora.sync == "adapter" else None
-            site = EngineSite(str(self.policy_dir), max_model_len=128, seed=int(self.cfg.data.seed), policy=policy,
-                              policy_logprobs=partial(sequence_logprobs, policy), tokenizer=self.tokenizer,
-                              lora_max_rank=adapter_rank)  # fmt: skip
+            site = EngineSite(
+                str(self.policy_dir),
+                max_model_len=128,
+                seed=int(self.cfg.data.seed),
+                policy=policy,
+                policy_logprobs=partial(sequence_logprobs, policy),
+                tokenizer=self.tokenizer,
+                lora_max_rank=adapter_rank,
+            )
             try:
                 self._engine = self.rollout.build_engine(site)
             except Exception as err:
@@ -226,8 +232,9 @@ def _fsdp_rank(rank: int, world: int, workdir: str, device_type: str, param_dtyp
     if device_type == "cuda":
         torch.cuda.set_device(rank)
     store = out / "fsdp_store"
-    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", init_method=f"file://{store}",
-                            rank=rank, world_size=world)  # fmt: skip
+    dist.init_process_group(
+        "nccl" if device_type == "cuda" else "gloo", init_method=f"file://{store}", rank=rank, world_size=world
+    )
     try:
         mesh = init_device_mesh(device_type, (world,))
         policy, _ = load_policies(str(out / "policy"), with_reference=False, mesh=mesh, param_dtype=param_dtype)
@@ -344,8 +351,9 @@ def engine_logprobs(s: Setup) -> Row:
     tok = s.tokenizer
     prompt_ids = [tok(p).input_ids for p in PROMPTS]
     # Untruncated sampling, whatever the run's top-p/top-k: the trainer computes the full distribution's log-probs.
-    sampling = s.rollout.sampling(group_size=2, max_tokens=min(16, s.rollout.max_response_length), top_p=1.0,
-                                  top_k=-1, seed=int(s.cfg.data.seed))  # fmt: skip
+    sampling = s.rollout.sampling(
+        group_size=2, max_tokens=min(16, s.rollout.max_response_length), top_p=1.0, top_k=-1, seed=int(s.cfg.data.seed)
+    )
     groups = engine.generate(prompt_ids, sampling)
     batch = PromptBatch([str(i) for i in range(len(PROMPTS))], PROMPTS, [""] * len(PROMPTS))
     s.sample = Rollout(batch, sampling.group_size, prompt_ids, [c for g in groups for c in g], sampling, 0)
@@ -358,8 +366,13 @@ def engine_logprobs(s: Setup) -> Row:
     tol = max(FP32_ROLLOUT_TOL, default_sync_tol(s.engine_dtype, s.trainer_dtype))
     figure = f"{what}: max |Δ log-prob| {diff:.1e} (tol {tol:g}) over {int(t.response_mask.sum())} tokens; built in {built:.0f} s"
     if diff > tol:
-        return Row(name, FAIL, figure, "the engine samples from another distribution than the trainer scores: "
-                   "compare rollout.dtype with trainer.precision, and the model's attention implementation")  # fmt: skip
+        return Row(
+            name,
+            FAIL,
+            figure,
+            "the engine samples from another distribution than the trainer scores: "
+            "compare rollout.dtype with trainer.precision, and the model's attention implementation",
+        )
     return Row(name, PASS, figure)
 
 

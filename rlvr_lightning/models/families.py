@@ -40,10 +40,16 @@ def _family_config(family: str, spec: TinyQwen2Spec) -> tuple[type, type, dict]:
         return LlamaConfig, LlamaForCausalLM, {"tie_word_embeddings": False}
     if family == "gemma3":
         layers = ["sliding_attention"] * (spec.num_hidden_layers - 1) + ["full_attention"]
-        return Gemma3TextConfig, Gemma3ForCausalLM, {
-            "tie_word_embeddings": True, "sliding_window": SLIDING_WINDOW, "layer_types": layers,
-            "query_pre_attn_scalar": spec.hidden_size // spec.num_attention_heads,  # 1/√head_dim, as Gemma 3's
-        }  # fmt: skip
+        return (
+            Gemma3TextConfig,
+            Gemma3ForCausalLM,
+            {
+                "tie_word_embeddings": True,
+                "sliding_window": SLIDING_WINDOW,
+                "layer_types": layers,
+                "query_pre_attn_scalar": spec.hidden_size // spec.num_attention_heads,  # 1/√head_dim, as Gemma 3's
+            },
+        )
     raise ValueError(f"unknown model family {family!r}; choose one of {FAMILIES}")
 
 

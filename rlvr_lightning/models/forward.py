@@ -82,9 +82,12 @@ def _full_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
 
 def _run(model: torch.nn.Module, t: RolloutTensors, T: int):
     return model(
-        input_ids=t.input_ids, attention_mask=t.attention_mask, position_ids=t.position_ids,
-        logits_to_keep=T + 1, use_cache=False,
-    )  # fmt: skip
+        input_ids=t.input_ids,
+        attention_mask=t.attention_mask,
+        position_ids=t.position_ids,
+        logits_to_keep=T + 1,
+        use_cache=False,
+    )
 
 
 @contextmanager
@@ -167,10 +170,13 @@ def _packed_forward(model, t: RolloutTensors, temperature, with_entropy, capture
         return as_grid(logp)
 
     kwargs = dict(
-        input_ids=t.input_ids.flatten()[layout.token_index][None], attention_mask=None,
-        position_ids=layout.position_ids, logits_to_keep=layout.predicting, use_cache=False,
+        input_ids=t.input_ids.flatten()[layout.token_index][None],
+        attention_mask=None,
+        position_ids=layout.position_ids,
+        logits_to_keep=layout.predicting,
+        use_cache=False,
         **varlen_kwargs(model, layout),
-    )  # fmt: skip
+    )
     if chunked:
         with packed_forward(), _head_returning(model, response_logprobs):
             out = model(**kwargs)

@@ -103,11 +103,15 @@ class LoraSettings:
         from peft import LoraConfig
 
         return LoraConfig(
-            r=self.rank, lora_alpha=self.alpha, lora_dropout=0.0,
+            r=self.rank,
+            lora_alpha=self.alpha,
+            lora_dropout=0.0,
             target_modules=self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules),
-            use_rslora=self.use_rslora, bias="none", task_type="CAUSAL_LM",
+            use_rslora=self.use_rslora,
+            bias="none",
+            task_type="CAUSAL_LM",
             exclude_modules=list(UNTARGETABLE),
-        )  # fmt: skip
+        )
 
 
 def as_settings(lora: LoraSettings | dict | None) -> LoraSettings | None:
@@ -128,9 +132,10 @@ def warn_on_merged_half_precision(settings: LoraSettings | None, engine_dtype: s
         return False
     log.warning(
         "lora.sync=merged with a %s rollout engine: adapter updates below %s's rounding step of the base weights "
-        "do not reach the engine; --model.init_args.lora.sync adapter keeps them (docs/lora.md)", engine_dtype,
+        "do not reach the engine; --model.init_args.lora.sync adapter keeps them (docs/lora.md)",
         engine_dtype,
-    )  # fmt: skip
+        engine_dtype,
+    )
     return True
 
 
@@ -264,9 +269,11 @@ def read_adapter(path: str | Path) -> SavedAdapter:
     if config.get("peft_type") != "LORA":
         raise ConfigError(f"{path}: a {config.get('peft_type')} adapter; only LoRA adapters are supported")
     settings = LoraSettings(
-        rank=config["r"], alpha=config["lora_alpha"], target_modules=config["target_modules"],
+        rank=config["r"],
+        alpha=config["lora_alpha"],
+        target_modules=config["target_modules"],
         use_rslora=config.get("use_rslora", False),
-    )  # fmt: skip
+    )
     return SavedAdapter(settings, config["base_model_name_or_path"], load_file(str(path / "adapter_model.safetensors")))
 
 

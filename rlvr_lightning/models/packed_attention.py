@@ -117,24 +117,42 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, **kwargs):
         raise ValueError("a packed forward is one row of sequences with no attention mask")
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [S, H, D]
     out = varlen_causal_attention(
-        q, k, v, cu, int(kwargs.get("max_length_q") or 0), kwargs.get("scaling"), kwargs.get("sliding_window"),
-        kwargs.get("softcap"), kwargs.get("dropout", 0.0),
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        cu,
+        int(kwargs.get("max_length_q") or 0),
+        kwargs.get("scaling"),
+        kwargs.get("sliding_window"),
+        kwargs.get("softcap"),
+        kwargs.get("dropout", 0.0),
+    )
     return out[None], None
 
 
 def varlen_causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_length: int,
-    scale: float | None = None, sliding_window: int | None = None, softcap: float | None = None, dropout: float = 0.0,
-) -> torch.Tensor:  # fmt: skip
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_length: int,
+    scale: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
     """Causal attention within each sequence of q [S, Hq, D], k/v [S, Hkv, D] (Hq a multiple of Hkv),
     sequence i spanning rows cu_seqlens[i]:cu_seqlens[i+1]; a sliding window of W lets a token see the
     W − 1 tokens before it (transformers' convention). Returns [S, Hq, D]."""
     kernel = _varlen_kernel()
     usable = (
-        kernel is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and softcap is None
-        and dropout == 0.0 and (sliding_window is None or "window_size" in kernel[1])
-    )  # fmt: skip
+        kernel is not None
+        and q.is_cuda
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and softcap is None
+        and dropout == 0.0
+        and (sliding_window is None or "window_size" in kernel[1])
+    )
     if usable:
         return _torch_varlen(kernel, q, k, v, cu_seqlens, max_length, scale, sliding_window)
     return _per_sequence(q, k, v, cu_seqlens, scale, sliding_window, dropout)

@@ -64,7 +64,12 @@ def packed_layout(
     nonempty = lengths[lengths > 0]
     cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.long), nonempty.cumsum(0)]).to(torch.int32)
     return PackedLayout(
-        token_index.to(device), offset[None].to(device), predicting.to(device),
-        resp_row.to(device), t.to(device), cu_seqlens.to(device),
-        int(nonempty.max()) if len(nonempty) else 0, (n, response_width),
-    )  # fmt: skip
+        token_index.to(device),
+        offset[None].to(device),
+        predicting.to(device),
+        resp_row.to(device),
+        t.to(device),
+        cu_seqlens.to(device),
+        int(nonempty.max()) if len(nonempty) else 0,
+        (n, response_width),
+    )

@@ -158,11 +158,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     args = p.parse_args(argv)
     spec = SyntheticQwen2Spec(
-        vocab_size=args.vocab_size, hidden_size=args.hidden_size, num_hidden_layers=args.layers,
-        num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-        intermediate_size=args.intermediate_size or 4 * args.hidden_size, max_position_embeddings=args.max_positions,
-        tie_word_embeddings=not args.untied, seed=args.seed,
-    )  # fmt: skip
+        vocab_size=args.vocab_size,
+        hidden_size=args.hidden_size,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        intermediate_size=args.intermediate_size or 4 * args.hidden_size,
+        max_position_embeddings=args.max_positions,
+        tie_word_embeddings=not args.untied,
+        seed=args.seed,
+    )
     path = synthetic_policy_path(spec)
     print(link(args.out, path) if args.out else path)
 

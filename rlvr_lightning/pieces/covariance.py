@@ -30,8 +30,13 @@ def token_covariance(x: TokenSelectionInputs) -> tuple[Tensor, Tensor, float]:
     mask = x.mask.bool() & x.old_logp.isfinite() & x.advantages.isfinite()
     # float64 sums (exact token counts past 2**24); one collective carries the count and both sums.
     f64 = torch.float64
-    sums = torch.stack([mask.sum(dtype=f64), torch.where(mask, x.advantages, 0.0).sum(dtype=f64),
-                        torch.where(mask, x.old_logp, 0.0).sum(dtype=f64)])  # fmt: skip
+    sums = torch.stack(
+        [
+            mask.sum(dtype=f64),
+            torch.where(mask, x.advantages, 0.0).sum(dtype=f64),
+            torch.where(mask, x.old_logp, 0.0).sum(dtype=f64),
+        ]
+    )
     count, adv_sum, logp_sum = x.reduce_sum(sums).tolist()
     if count == 0:
         return torch.zeros_like(x.old_logp), mask, 0.0

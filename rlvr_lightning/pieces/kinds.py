@@ -102,11 +102,13 @@ class ProximalInputs:
 
 
 advantage_estimators = Registry(
-    "advantage estimator", "model.advantage_estimator",
+    "advantage estimator",
+    "model.advantage_estimator",
     "fn(AdvantageInputs, *, knobs) → sequence advantages [N], or (advantages [N], statistics {name: float})",
-)  # fmt: skip
+)
 policy_losses = Registry(
-    "policy loss", "model.policy_loss",
+    "policy loss",
+    "model.policy_loss",
     "token level: fn(TokenLossInputs, *, knobs) → (per-token loss [n, T], per-token stats); "
     "group level: fn(GroupLossInputs, *, knobs) → the step's loss over whole groups",
     # level: `token` (reduced by the loss aggregator) or `group` (couples a group's rollouts; REAL).
@@ -117,32 +119,42 @@ policy_losses = Registry(
     # fn(TokenSelectionInputs, *, knobs) → (bool [n, T], statistics); the loss reads it as `selected`.
     # token_weights (token level): whether a per-token weight (a token-level rollout correction) acts on its
     # token alone; False for losses that write one sequence term on every token (GSPO, GMPO).
-    traits={"level": "token", "token_advantages": True, "normaliser": None, "grad_weights": None, "token_selection": None,
-            "token_weights": True},
-)  # fmt: skip
+    traits={
+        "level": "token",
+        "token_advantages": True,
+        "normaliser": None,
+        "grad_weights": None,
+        "token_selection": None,
+        "token_weights": True,
+    },
+)
 loss_aggregators = Registry(
     "loss aggregator", "model.loss_agg", "fn(per_token [n, T], mask [n, T], OptimizerStepNorms) → the micro-batch's loss"
 )
 kl_estimators = Registry(
-    "KL estimator", "model.kl_estimator", "fn(logp [n, T], anchor_logp [n, T]) → per-token KL",
+    "KL estimator",
+    "model.kl_estimator",
+    "fn(logp [n, T], anchor_logp [n, T]) → per-token KL",
     # against: `reference` (the frozen initial policy, which the run then loads) or `behaviour` (π_old, the policy
     # that sampled: the regulariser keeps the update near it, and no reference model is loaded).
     traits={"against": "reference"},
-)  # fmt: skip
+)
 rollout_corrections = Registry(
-    "rollout correction", "model.rollout_correction",
+    "rollout correction",
+    "model.rollout_correction",
     "fn(CorrectionInputs, *, knobs) → (detached per-token weights [N, T] or None, statistics)",
     # level: `token` (each token its own weight) or `sequence` (one weight on all of a sequence's tokens).
     traits={"level": "token"},
-)  # fmt: skip
+)
 
 proximal_policies = Registry(
-    "proximal policy", "model.proximal_policy",
+    "proximal policy",
+    "model.proximal_policy",
     "fn(ProximalInputs, *, knobs) → log π_prox [n, T], detached (the clip's anchor; a rollout correction then weighs "
     "π_prox against π_behav)",
     # forward: θ_old comes from the trainer's no-grad pass before the update (the piece's function is not called).
     traits={"forward": False},
-)  # fmt: skip
+)
 
 KINDS = (advantage_estimators, policy_losses, loss_aggregators, kl_estimators, rollout_corrections, proximal_policies)
 

@@ -32,9 +32,14 @@ def _with_anchor(logits: Tensor, keep: Tensor) -> Tensor:
 
 
 def real_loss(
-    s_bar: Tensor, correct: Tensor, group_size: int, normaliser: float, tau: float = 0.5,
-    variant: RealVariant = "anchor", world_size: int = 1,
-) -> Tensor:  # fmt: skip
+    s_bar: Tensor,
+    correct: Tensor,
+    group_size: int,
+    normaliser: float,
+    tau: float = 0.5,
+    variant: RealVariant = "anchor",
+    world_size: int = 1,
+) -> Tensor:
     """REAL's loss of whole groups, in fp32, divided by the step's global `normaliser` (× world_size).
 
     anchor:   L_g = log(1 + Σ_{O+} e^{−s̄/τ}) + log(1 + Σ_{O−} e^{s̄/τ})         (normaliser B)
@@ -79,8 +84,10 @@ def real_grad_weights(
         lse_neg = torch.logsumexp(S.masked_fill(~neg, float("-inf")), 1, keepdim=True)
         lse_pos = torch.logsumexp((-S).masked_fill(~pos, float("-inf")), 1, keepdim=True)
         gate = torch.sigmoid(torch.where(mixed[:, None], lse_neg + lse_pos, torch.zeros_like(lse_neg)))
-        W = gate * (torch.softmax(S.masked_fill(~neg, float("-inf")), 1).nan_to_num(0.0) * neg
-                    - torch.softmax((-S).masked_fill(~pos, float("-inf")), 1).nan_to_num(0.0) * pos)  # fmt: skip
+        W = gate * (
+            torch.softmax(S.masked_fill(~neg, float("-inf")), 1).nan_to_num(0.0) * neg
+            - torch.softmax((-S).masked_fill(~pos, float("-inf")), 1).nan_to_num(0.0) * pos
+        )
     else:
         raise ValueError(f"unknown REAL variant {variant!r}; valid: anchor, bce, pairwise")
     return (W / tau * mixed[:, None]).reshape(-1) / normaliser

@@ -109,9 +109,11 @@ class Piece:
         return bind_knobs(self.fn, self.what, values, piece_args)
 
     def check_knobs(
-        self, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None = None,
+        self,
+        values: Mapping[str, Any],
+        piece_args: Mapping[str, Any] | None = None,
         run: Mapping[str, Any] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Run the piece's `check` on its knobs; one that names a run setting only when `run` gives it.
         Its ValueError becomes a one-line ConfigError naming the piece and where each value came from."""
         if self.check is None:

@@ -152,8 +152,10 @@ def sapo(x: TokenLossInputs, *, sapo_tau_pos: float = 1.0, sapo_tau_neg: float =
 
 def check_dppo(*, clip_eps_low: float, clip_eps_high: float, dppo_ratio_cap: float = 10.0) -> None:
     if not (clip_eps_low >= 0 and clip_eps_high >= 0 and dppo_ratio_cap > 0):
-        raise ValueError(f"DPPO needs trust-region widths δ (clip_eps_low, clip_eps_high) ≥ 0 and dppo_ratio_cap > 0, "
-                         f"got {clip_eps_low}, {clip_eps_high}, {dppo_ratio_cap}")  # fmt: skip
+        raise ValueError(
+            f"DPPO needs trust-region widths δ (clip_eps_low, clip_eps_high) ≥ 0 and dppo_ratio_cap > 0, "
+            f"got {clip_eps_low}, {clip_eps_high}, {dppo_ratio_cap}"
+        )
 
 
 def trust_region_masked(x: TokenLossInputs, pushed_up: Tensor, pushed_down: Tensor, cap: float) -> LossAndStats:

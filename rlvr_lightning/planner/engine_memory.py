@@ -85,12 +85,24 @@ def engine_share(spec: RunSpec, parameters: int) -> EngineShare:
     weights = parameters * nbytes / GIB
     if spec.engine == "hf":
         kv = spec.sequences_per_rank * (spec.max_prompt_length + spec.max_response_length) * kv_bytes_per_token(config, 4) / GIB
-        return EngineShare(kv + hf_decode_step_bytes(spec) / GIB, 0.0, 0.0, kv, kv_bytes_per_token(config, 4),
-                           "HF engine: the policy generates; its KV cache (fp32) and the last decoding step's tensors")  # fmt: skip
+        return EngineShare(
+            kv + hf_decode_step_bytes(spec) / GIB,
+            0.0,
+            0.0,
+            kv,
+            kv_bytes_per_token(config, 4),
+            "HF engine: the policy generates; its KV cache (fp32) and the last decoding step's tensors",
+        )
     if not hw.gpu:
         held = weights + spec.kv_cache_gib + CPU_ENGINE_FIXED_GIB + SAMPLER_COPIES * 256 * config.vocab_size * 4 / GIB
-        return EngineShare(held, held, weights, spec.kv_cache_gib, per_token,
-                           "vLLM on CPU: weights + rollout.kv_cache_gib + its start-up profile's high-water mark, held all run")  # fmt: skip
+        return EngineShare(
+            held,
+            held,
+            weights,
+            spec.kv_cache_gib,
+            per_token,
+            "vLLM on CPU: weights + rollout.kv_cache_gib + its start-up profile's high-water mark, held all run",
+        )
     total = spec.gpu_memory_utilization * hw.memory_gib
     kv = max(0.0, total - weights - profile_gib(config, nbytes, hw))
     if spec.engine_elsewhere:

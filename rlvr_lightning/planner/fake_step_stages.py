@@ -19,14 +19,27 @@ def step_stages(policy, reference, optimizer, setup: TrainerSetup) -> list[tuple
 
     n, P, T = setup.rows, setup.prompt_tokens, setup.response_tokens
     ones = torch.ones(n, P + T, dtype=torch.long)
-    batch = RolloutTensors(torch.zeros(n, P + T, dtype=torch.long), ones, torch.arange(P + T).expand(n, -1),
-                           torch.ones(n, T), torch.zeros(n, T), P)  # fmt: skip
+    batch = RolloutTensors(
+        torch.zeros(n, P + T, dtype=torch.long),
+        ones,
+        torch.arange(P + T).expand(n, -1),
+        torch.ones(n, T),
+        torch.zeros(n, T),
+        P,
+    )
     autocast = _autocast(setup)
 
     def forward(model, grad: bool, capture: bool = False):
         with autocast, torch.set_grad_enabled(grad):
-            return policy_forward(model, batch, 1.0, with_entropy=grad, capture_lm_head=capture,
-                                  chunk_tokens=setup.chunk_tokens, unpadded=True)  # fmt: skip
+            return policy_forward(
+                model,
+                batch,
+                1.0,
+                with_entropy=grad,
+                capture_lm_head=capture,
+                chunk_tokens=setup.chunk_tokens,
+                unpadded=True,
+            )
 
     def forward_backward():
         forward(policy, grad=True, capture=setup.capture_lm_head).logp.sum().backward()

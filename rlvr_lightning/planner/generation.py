@@ -88,11 +88,20 @@ class Generation:
         return self.prefill_s + self.decode_s + self.overhead_s
 
     def as_dict(self) -> dict:
-        return {"seconds": round(self.seconds, 3), "prefill_s": round(self.prefill_s, 3), "decode_s": round(self.decode_s, 3),
-                "overhead_s": round(self.overhead_s, 3), "decode_steps": self.decode_steps,
-                "mean_in_flight": round(self.mean_in_flight, 1), "peak_in_flight": self.peak_in_flight,
-                "preemptions": self.preemptions, "tail_s": round(self.tail_s, 3), "tail_steps": self.tail_steps,
-                "tail_rule": self.tail_rule, "model": self.model}  # fmt: skip
+        return {
+            "seconds": round(self.seconds, 3),
+            "prefill_s": round(self.prefill_s, 3),
+            "decode_s": round(self.decode_s, 3),
+            "overhead_s": round(self.overhead_s, 3),
+            "decode_steps": self.decode_steps,
+            "mean_in_flight": round(self.mean_in_flight, 1),
+            "peak_in_flight": self.peak_in_flight,
+            "preemptions": self.preemptions,
+            "tail_s": round(self.tail_s, 3),
+            "tail_steps": self.tail_steps,
+            "tail_rule": self.tail_rule,
+            "model": self.model,
+        }
 
 
 def continuous_batching(prompt: int, lengths: list[int], kv_tokens: int, max_num_seqs: int, costs: DecodeCosts) -> Generation:
@@ -152,8 +161,16 @@ def continuous_batching(prompt: int, lengths: list[int], kv_tokens: int, max_num
             _, ident, seq = heapq.heappop(ends)
             if running.get(seq, (0, 0, -1))[2] == ident:
                 remove(seq)
-    return _summary(segments, None, now, prefill_s, decode_s, costs, preemptions,
-                    "vLLM continuous batching: paged KV cache, admitted as others finish, preempted (recompute) when full")  # fmt: skip
+    return _summary(
+        segments,
+        None,
+        now,
+        prefill_s,
+        decode_s,
+        costs,
+        preemptions,
+        "vLLM continuous batching: paged KV cache, admitted as others finish, preempted (recompute) when full",
+    )
 
 
 def padded_batch(prompt: int, lengths: list[int], costs: DecodeCosts) -> Generation:
@@ -163,8 +180,16 @@ def padded_batch(prompt: int, lengths: list[int], costs: DecodeCosts) -> Generat
     seconds = costs.segment(steps, n, n * prompt)
     most = sorted(lengths)[math.ceil(0.75 * n) - 1]
     tail = (n, steps - most, seconds - costs.segment(most, n, n * prompt))
-    g = _summary([(n, steps, seconds)], [tail], steps, costs.prefill_seconds(n * prompt), seconds, costs, 0,
-                 "HF generate: one padded batch, every row decoded until the longest response ends")  # fmt: skip
+    g = _summary(
+        [(n, steps, seconds)],
+        [tail],
+        steps,
+        costs.prefill_seconds(n * prompt),
+        seconds,
+        costs,
+        0,
+        "HF generate: one padded batch, every row decoded until the longest response ends",
+    )
     return dataclasses.replace(g, tail_rule="steps after three quarters of the responses ended")
 
 
@@ -176,7 +201,14 @@ def _summary(segments, tail, steps, prefill_s, decode_s, costs, preemptions, mod
         tail = [(r, k, s) for r, k, s in segments if r < TAIL_SHARE * typical]
     tail_steps = sum(k for _, k, _ in tail)
     return Generation(
-        decode_steps=steps, prefill_s=prefill_s, decode_s=decode_s, overhead_s=steps * costs.step_overhead_s,
-        mean_in_flight=mean, peak_in_flight=peak, preemptions=preemptions,
-        tail_s=sum(s for _, _, s in tail) + tail_steps * costs.step_overhead_s, tail_steps=tail_steps, model=model,
-    )  # fmt: skip
+        decode_steps=steps,
+        prefill_s=prefill_s,
+        decode_s=decode_s,
+        overhead_s=steps * costs.step_overhead_s,
+        mean_in_flight=mean,
+        peak_in_flight=peak,
+        preemptions=preemptions,
+        tail_s=sum(s for _, _, s in tail) + tail_steps * costs.step_overhead_s,
+        tail_steps=tail_steps,
+        model=model,
+    )

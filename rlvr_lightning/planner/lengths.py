@@ -34,8 +34,10 @@ class LengthSpread:
     def describe(self) -> str:
         if self.share_at_cap == 1:
             return f"every response at the limit ({self.cap} tokens)"
-        return (f"response lengths log-normal, σ = {self.sigma:g}, median {self.median:.0f}, clipped at {self.cap}: "
-                f"mean {self.mean:.0f}, longest {self.lengths[-1]:.0f}, {self.share_at_cap:.0%} at the limit")  # fmt: skip
+        return (
+            f"response lengths log-normal, σ = {self.sigma:g}, median {self.median:.0f}, clipped at {self.cap}: "
+            f"mean {self.mean:.0f}, longest {self.lengths[-1]:.0f}, {self.share_at_cap:.0%} at the limit"
+        )
 
 
 def response_lengths(mean: float, cap: int, n: int, sigma: float = SPREAD_SIGMA) -> LengthSpread:

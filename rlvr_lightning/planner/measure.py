@@ -53,8 +53,14 @@ def real_step_peak_bytes(setup: TrainerSetup, seed: int = 0) -> int:
                 policy_forward(policy, batch, 1.0, chunk_tokens=setup.chunk_tokens)
 
     def update():
-        out = policy_forward(policy, batch, 1.0, with_entropy=True, capture_lm_head=setup.capture_lm_head,
-                             chunk_tokens=setup.chunk_tokens)  # fmt: skip
+        out = policy_forward(
+            policy,
+            batch,
+            1.0,
+            with_entropy=True,
+            capture_lm_head=setup.capture_lm_head,
+            chunk_tokens=setup.chunk_tokens,
+        )
         out.logp.sum().backward()
 
     def optimizer_step():

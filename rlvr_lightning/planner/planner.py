@@ -98,11 +98,23 @@ def plan_run(spec: RunSpec, estimate_time: bool = True) -> Plan:
 
 def trainer_setup(spec: RunSpec) -> TrainerSetup:
     return TrainerSetup(
-        spec.model_config, spec.world_size, spec.fsdp, spec.fsdp_param_dtype, spec.precision,
-        spec.activation_checkpointing, spec.rows_per_forward, spec.max_prompt_length, spec.max_response_length,
-        spec.chunk_tokens, spec.with_reference, spec.separate_old_pass, spec.thr, fused_attention=spec.hardware.gpu,
-        accumulates=spec.micro_batches_per_step > 1, lora=spec.lora,
-    )  # fmt: skip
+        spec.model_config,
+        spec.world_size,
+        spec.fsdp,
+        spec.fsdp_param_dtype,
+        spec.precision,
+        spec.activation_checkpointing,
+        spec.rows_per_forward,
+        spec.max_prompt_length,
+        spec.max_response_length,
+        spec.chunk_tokens,
+        spec.with_reference,
+        spec.separate_old_pass,
+        spec.thr,
+        fused_attention=spec.hardware.gpu,
+        accumulates=spec.micro_batches_per_step > 1,
+        lora=spec.lora,
+    )
 
 
 def process_libraries_gib(spec: RunSpec) -> float:
@@ -137,8 +149,12 @@ def candidate_changes(spec: RunSpec) -> list[tuple[str, dict]]:
     if spec.hardware.gpu:
         for factor in (2, 4):
             devices, nodes = (spec.devices * factor, spec.nodes) if spec.devices * factor <= 8 else (spec.devices, spec.nodes * factor)
-            out.append((f"--trainer.devices {devices} --trainer.num_nodes {nodes} (FSDP2)",
-                        {"devices": devices, "nodes": nodes, "fsdp": True}))  # fmt: skip
+            out.append(
+                (
+                    f"--trainer.devices {devices} --trainer.num_nodes {nodes} (FSDP2)",
+                    {"devices": devices, "nodes": nodes, "fsdp": True},
+                )
+            )
     return out
 
 

@@ -23,9 +23,14 @@ def as_dict(plan: Plan) -> dict:
         "fits": plan.fits,
         "breakdown": {k: round(v, 3) for k, v in plan.breakdown().items()},
         "stages_gib": {k: round(v, 3) for k, v in plan.stages.items()},
-        "engine": {"awake_gib": round(plan.engine.awake_gib, 3), "asleep_gib": round(plan.engine.asleep_gib, 3),
-                   "weights_gib": round(plan.engine.weights_gib, 3), "kv_cache_gib": round(plan.engine.kv_cache_gib, 3),
-                   "kv_tokens": plan.engine.kv_tokens, "note": plan.engine.note},  # fmt: skip
+        "engine": {
+            "awake_gib": round(plan.engine.awake_gib, 3),
+            "asleep_gib": round(plan.engine.asleep_gib, 3),
+            "weights_gib": round(plan.engine.weights_gib, 3),
+            "kv_cache_gib": round(plan.engine.kv_cache_gib, 3),
+            "kv_tokens": plan.engine.kv_tokens,
+            "note": plan.engine.note,
+        },
         "step_s_estimate": round(plan.step.total, 2),  # the expected step (kept for earlier readers)
         "step_s_expected": round(plan.step.total, 3),
         "step_s_worst": round(plan.step.worst_total, 3),
@@ -33,12 +38,19 @@ def as_dict(plan: Plan) -> dict:
         "step_s_by_stage_worst": {k: round(v, 3) for k, v in plan.step.worst_stages.items()},
         "expected_lengths": {"prompt": spec.expected_prompt_length, "response": spec.expected_response_length},
         "generation": _generation(plan.step),
-        "weight_sync": ({"transport": plan.step.sync.transport, **{k: round(v, 3) for k, v in plan.step.sync.parts.items()}}
-                        if plan.step.sync else None),  # fmt: skip
+        "weight_sync": (
+            {"transport": plan.step.sync.transport, **{k: round(v, 3) for k, v in plan.step.sync.parts.items()}}
+            if plan.step.sync
+            else None
+        ),
         "assumptions": plan.step.assumptions,
         "step_notes": plan.step.notes,
-        "layout": {"sequences_per_rank": spec.sequences_per_rank, "rows_per_forward": spec.rows_per_forward,
-                   "tokens_per_row": spec.max_prompt_length + spec.max_response_length, "packed": spec.packing},  # fmt: skip
+        "layout": {
+            "sequences_per_rank": spec.sequences_per_rank,
+            "rows_per_forward": spec.rows_per_forward,
+            "tokens_per_row": spec.max_prompt_length + spec.max_response_length,
+            "packed": spec.packing,
+        },
         "device_defaults": _device_defaults(spec),
         "fixes": [{"change": change, "peak_gib_per_rank": round(p.peak_gib, 3)} for change, p in plan.fixes],
         "warnings": plan.warnings,
@@ -81,16 +93,20 @@ def step_block(plan: Plan) -> list[str]:
     step = plan.step
     if not step.stages:
         return []
-    lines = [f"  step time, estimated: {step.total:.1f} s per rollout batch expected, {step.worst_total:.1f} s "
-             "at the worst case (every response at the limit)",
-             f"    {'':<32} {'expected':>9}   {'worst':>9}"]  # fmt: skip
+    lines = [
+        f"  step time, estimated: {step.total:.1f} s per rollout batch expected, {step.worst_total:.1f} s "
+        "at the worst case (every response at the limit)",
+        f"    {'':<32} {'expected':>9}   {'worst':>9}",
+    ]
     lines += [f"    {name:<32} {s:8.2f} s  {step.worst_stages.get(name, s):8.2f} s" for name, s in step.stages.items()]
     for label, g in (("expected", step.generation), ("worst", step.worst_generation)):
         if g is not None:
-            lines.append(f"    generation, {label}: prefill {g.prefill_s:.1f} s + decode {g.decode_s:.1f} s + per-step overhead "
-                         f"{g.overhead_s:.1f} s; {g.decode_steps:,} decode steps, {g.mean_in_flight:.0f} sequences in flight "
-                         f"(peak {g.peak_in_flight}), {g.preemptions} preemptions, tail {g.tail_s:.1f} s ({g.tail_steps:,} "
-                         f"{g.tail_rule})")  # fmt: skip
+            lines.append(
+                f"    generation, {label}: prefill {g.prefill_s:.1f} s + decode {g.decode_s:.1f} s + per-step overhead "
+                f"{g.overhead_s:.1f} s; {g.decode_steps:,} decode steps, {g.mean_in_flight:.0f} sequences in flight "
+                f"(peak {g.peak_in_flight}), {g.preemptions} preemptions, tail {g.tail_s:.1f} s ({g.tail_steps:,} "
+                f"{g.tail_rule})"
+            )
     lines += [f"    ({a})" for a in step.assumptions]
     lines += [f"  note: {n}" for n in step.notes]
     return lines

@@ -119,28 +119,51 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
     devices = 1 if devices in ("auto", None) else len(devices) if isinstance(devices, list) else int(devices)
     plan = getattr(cfg, "plan", None)
     means = {name: getattr(plan, f"mean_{name}_length", None) for name in ("prompt", "response")}
-    for name, cap, flag in (("prompt", data.max_prompt_length, "data.max_prompt_length"),
-                            ("response", rollout.max_response_length, "rollout.max_response_length")):  # fmt: skip
+    for name, cap, flag in (
+        ("prompt", data.max_prompt_length, "data.max_prompt_length"),
+        ("response", rollout.max_response_length, "rollout.max_response_length"),
+    ):
         mean = means[name]
         if mean is not None and not 0 < mean <= cap:
             raise ConfigError(f"plan.mean_{name}_length must be in (0, {flag}={cap}], got {mean:g}")
     return RunSpec(
-        model=data.model_name_or_path, model_config=model_config(data.model_name_or_path), hardware=hardware,
-        devices=devices, nodes=int(trainer.num_nodes or 1), fsdp=strategy.endswith("FSDP2Strategy"),
-        precision=str(defaults.values["trainer.precision"]), fsdp_param_dtype=settings.fsdp_param_dtype(accelerator),
-        activation_checkpointing=settings.update.activation_checkpointing, micro_batch_size=step.layout.micro_batch_size,
-        max_tokens_per_micro_batch=step.layout.max_tokens_per_micro_batch, chunk_tokens=step.layout.logprob_chunk_tokens,
-        with_reference=step.needs_reference, num_mini_batches=step.layout.num_mini_batches, ppo_epochs=step.layout.ppo_epochs,
-        separate_old_pass=step.behaviour == "trainer", prompts_per_rank=data.batch_size, group_size=rollout.group_size,
-        max_prompt_length=data.max_prompt_length, max_response_length=rollout.max_response_length,
-        engine=rollout.engine, engine_dtype=rollout.dtype, gpu_memory_utilization=rollout.gpu_memory_utilization,
-        sleep_level=rollout.sleep_level, kv_cache_gib=rollout.kv_cache_gib,
-        engine_elsewhere=bool(rollout.server_urls or rollout.server_cuda_devices), max_staleness=rollout.max_staleness,
+        model=data.model_name_or_path,
+        model_config=model_config(data.model_name_or_path),
+        hardware=hardware,
+        devices=devices,
+        nodes=int(trainer.num_nodes or 1),
+        fsdp=strategy.endswith("FSDP2Strategy"),
+        precision=str(defaults.values["trainer.precision"]),
+        fsdp_param_dtype=settings.fsdp_param_dtype(accelerator),
+        activation_checkpointing=settings.update.activation_checkpointing,
+        micro_batch_size=step.layout.micro_batch_size,
+        max_tokens_per_micro_batch=step.layout.max_tokens_per_micro_batch,
+        chunk_tokens=step.layout.logprob_chunk_tokens,
+        with_reference=step.needs_reference,
+        num_mini_batches=step.layout.num_mini_batches,
+        ppo_epochs=step.layout.ppo_epochs,
+        separate_old_pass=step.behaviour == "trainer",
+        prompts_per_rank=data.batch_size,
+        group_size=rollout.group_size,
+        max_prompt_length=data.max_prompt_length,
+        max_response_length=rollout.max_response_length,
+        engine=rollout.engine,
+        engine_dtype=rollout.dtype,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        sleep_level=rollout.sleep_level,
+        kv_cache_gib=rollout.kv_cache_gib,
+        engine_elsewhere=bool(rollout.server_urls or rollout.server_cuda_devices),
+        max_staleness=rollout.max_staleness,
         # The throughput stream's partial rollouts are requests frozen across a sync (vLLM keeps their KV cache):
         # generation is not cut into segments, so it is planned as one continuous batch.
         partial_rollouts=bool(rollout.partial_rollouts) and rollout.stream_mode == "reproducible",
-        thr="THRAttribution" in callbacks, oar="OARAttribution" in callbacks,
-        whole_groups=step.whole_groups or bool(shapers), lora=settings.lora, device_defaults=defaults,
-        packing=step.layout.packing, enforce_eager=bool(rollout.enforce_eager),
-        mean_prompt_length=means["prompt"], mean_response_length=means["response"],
-    )  # fmt: skip
+        thr="THRAttribution" in callbacks,
+        oar="OARAttribution" in callbacks,
+        whole_groups=step.whole_groups or bool(shapers),
+        lora=settings.lora,
+        device_defaults=defaults,
+        packing=step.layout.packing,
+        enforce_eager=bool(rollout.enforce_eager),
+        mean_prompt_length=means["prompt"],
+        mean_response_length=means["response"],
+    )

@@ -108,8 +108,10 @@ def estimate_step(spec: RunSpec, trainer: TrainerMemory, engine: EngineShare, en
     notes = overlap_notes(spec, stages, lambda s: segmented_generation(
         spec, engine_parameters, engine, spec.expected_prompt_length, spread, s).seconds)
     if spec.engine != "hf" and P + T > engine.kv_tokens:
-        notes.append(f"the KV cache ({engine.kv_tokens:,} tokens) holds less than one sequence at the limits "
-                     f"({P + T:,}): vLLM refuses to start; generation is priced as if it held one")  # fmt: skip
+        notes.append(
+            f"the KV cache ({engine.kv_tokens:,} tokens) holds less than one sequence at the limits "
+            f"({P + T:,}): vLLM refuses to start; generation is priced as if it held one"
+        )
     return StepTime(stages, assumptions, worst_stages, expected_gen, worst_gen, sync, spec.max_staleness > 0, notes)
 
 
@@ -184,9 +186,12 @@ def generation(spec: RunSpec, parameters: int, engine: EngineShare, prompt: int,
     streamed = streamed_parameters(spec, parameters)
     costs = DecodeCosts(
         weight_bytes=streamed * dtype_bytes(spec.engine_dtype, spec.model_config),
-        kv_bytes_per_token=engine.kv_bytes_per_token, bandwidth=hw.memory_tb_s * 1e12 * DECODE_EFFICIENCY,
-        flops_per_token=2 * streamed, flop_s=hw.tflops * 1e12 * PREFILL_EFFICIENCY, step_overhead_s=step_overhead(spec),
-    )  # fmt: skip
+        kv_bytes_per_token=engine.kv_bytes_per_token,
+        bandwidth=hw.memory_tb_s * 1e12 * DECODE_EFFICIENCY,
+        flops_per_token=2 * streamed,
+        flop_s=hw.tflops * 1e12 * PREFILL_EFFICIENCY,
+        step_overhead_s=step_overhead(spec),
+    )
     lengths = [max(1, round(spread.lengths[i])) for i in submission_order(len(spread.lengths))]
     if spec.engine == "hf":
         return padded_batch(prompt, lengths, costs)
@@ -211,8 +216,9 @@ def partial_segments(spread: LengthSpread, segments: int) -> tuple[LengthSpread,
     return replace(spread, lengths=tuple(p for p, _ in pieces), cap=caps[0]), sum(b for _, b in pieces) / len(pieces)
 
 
-def segmented_generation(spec: RunSpec, parameters: int, engine: EngineShare, prompt: float, spread: LengthSpread,
-                         segments: int) -> Generation:  # fmt: skip
+def segmented_generation(
+    spec: RunSpec, parameters: int, engine: EngineShare, prompt: float, spread: LengthSpread, segments: int
+) -> Generation:
     """A step's generation: the rank's sequences whole (segments = 1) or as partial rollouts' pieces."""
     if segments <= 1:
         return generation(spec, parameters, engine, round(prompt), spread)
@@ -229,18 +235,26 @@ def overlap_notes(spec: RunSpec, stages: dict[str, float], generation_at=None) -
     notes = []
     if spec.max_staleness:
         how = f" with partial rollouts in {spec.max_staleness} segments" if spec.partial_rollouts else ""
-        notes.append(f"rollout.max_staleness {spec.max_staleness}{how}: generation ({generation_s:.1f} s) runs beside "
-                     f"the update ({update:.1f} s): the step is the longer plus the weight sync, {overlapped:.1f} s")  # fmt: skip
+        notes.append(
+            f"rollout.max_staleness {spec.max_staleness}{how}: generation ({generation_s:.1f} s) runs beside "
+            f"the update ({update:.1f} s): the step is the longer plus the weight sync, {overlapped:.1f} s"
+        )
     elif generation_s > update:
-        notes.append(f"generation ({generation_s:.1f} s) outlasts the update ({update:.1f} s): --rollout.max_staleness 1 "
-                     f"would run the next rollout beside the update (one step off-policy), a step of ≈ {overlapped:.1f} s "
-                     f"instead of {sum(stages.values()):.1f} s")  # fmt: skip
+        notes.append(
+            f"generation ({generation_s:.1f} s) outlasts the update ({update:.1f} s): --rollout.max_staleness 1 "
+            f"would run the next rollout beside the update (one step off-policy), a step of ≈ {overlapped:.1f} s "
+            f"instead of {sum(stages.values()):.1f} s"
+        )
     if generation_s > update and generation_at is not None and spec.engine != "hf":
         hidden = next((s for s in range(max(2, spec.max_staleness + 1), 9) if generation_at(s) <= update), None)
         if hidden is not None:
-            notes.append(f"partial rollouts at --rollout.max_staleness {hidden} --rollout.partial_rollouts true would cut "
-                         f"each step's generation to {generation_at(hidden):.1f} s, hidden by the update")  # fmt: skip
+            notes.append(
+                f"partial rollouts at --rollout.max_staleness {hidden} --rollout.partial_rollouts true would cut "
+                f"each step's generation to {generation_at(hidden):.1f} s, hidden by the update"
+            )
         elif not spec.partial_rollouts or spec.max_staleness < 8:
-            notes.append(f"even partial rollouts at max_staleness 8 leave generation ({generation_at(8):.1f} s) longer "
-                         "than the update: the rollout side needs more engines")  # fmt: skip
+            notes.append(
+                f"even partial rollouts at max_staleness 8 leave generation ({generation_at(8):.1f} s) longer "
+                "than the update: the rollout side needs more engines"
+            )
     return notes

@@ -43,10 +43,14 @@ def measure_trainer(setup: TrainerSetup, with_flops: bool = True) -> TrainerMemo
         return round(x + (y - x) * t)
 
     stages = [
-        StagePeak(sb.stage, at(sa.peak_bytes, sb.peak_bytes),
-                  {k: at(sa.breakdown.get(k, 0), sb.breakdown.get(k, 0)) for k in sb.breakdown}, at(sa.flops, sb.flops))
+        StagePeak(
+            sb.stage,
+            at(sa.peak_bytes, sb.peak_bytes),
+            {k: at(sa.breakdown.get(k, 0), sb.breakdown.get(k, 0)) for k in sb.breakdown},
+            at(sa.flops, sb.flops),
+        )
         for sa, sb in zip(a.stages, b.stages, strict=True)
-    ]  # fmt: skip
+    ]
     return TrainerMemory(stages, b.parameters, b.trained)
 
 

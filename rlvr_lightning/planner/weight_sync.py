@@ -56,8 +56,10 @@ def weight_sync(spec: RunSpec, sent_bytes: float, engine_weight_bytes: float) ->
     link = hw.link_gb_s * 1e9
     load = sent_bytes / (ENGINE_LOAD_GB_S * 1e9)
     if spec.engine_elsewhere:
-        return WeightSync({"transfer": sent_bytes / link, "load": load, "prefix-cache reset": PREFIX_CACHE_RESET_S},
-                          f"NCCL broadcast to the servers over {hw.link_gb_s:.3g} GB/s")  # fmt: skip
+        return WeightSync(
+            {"transfer": sent_bytes / link, "load": load, "prefix-cache reset": PREFIX_CACHE_RESET_S},
+            f"NCCL broadcast to the servers over {hw.link_gb_s:.3g} GB/s",
+        )
     W = spec.world_size if spec.fsdp else 1
     parts = {"transfer": sent_bytes * (W - 1) / W / link, "load": load, "prefix-cache reset": PREFIX_CACHE_RESET_S}
     if spec.sleep_level == 1:

@@ -47,9 +47,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--readme", type=Path, help="also rewrite this README's figures block (`make results` passes README.md)"
     )
-    p.add_argument("--resume", action="store_true",
-                   help="skip the runs this experiment already finished with the same budget and model "
-                        "(an interrupted `make results` goes on where it stopped)")  # fmt: skip
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="skip the runs this experiment already finished with the same budget and model "
+        "(an interrupted `make results` goes on where it stopped)",
+    )
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.seeds < 1:

@@ -71,7 +71,11 @@ def claims_table(results: dict[str, PresetRuns]) -> list[str]:
             continue
         mean, half, n = paired_difference(pr, results[base], *by_column[column])
         if n == 0:
-            why = "not comparable (the runs began from different starts)" if unpaired_seeds(pr, results[base]) else "no seed in common"  # fmt: skip
+            why = (
+                "not comparable (the runs began from different starts)"
+                if unpaired_seeds(pr, results[base])
+                else "no seed in common"
+            )
             lines.append(f"| {claim} | {preset} − {base} | {column} | – | 0 | {why} |")
             continue
         lines.append(

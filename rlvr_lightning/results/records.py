@@ -42,8 +42,11 @@ def finished_runs(args: argparse.Namespace) -> set[tuple[str, str]]:
     client = mlflow.tracking.MlflowClient(tracking_uri=args.tracking_uri)
     exp = client.get_experiment_by_name(args.experiment)
     runs = client.search_runs([exp.experiment_id], max_results=5000) if exp else []
-    done = {(r.info.run_name, r.data.params.get("trainer.max_steps")) for r in runs
-            if r.info.status == "FINISHED" and r.data.params.get("data.model_name_or_path") == args.model}  # fmt: skip
+    done = {
+        (r.info.run_name, r.data.params.get("trainer.max_steps"))
+        for r in runs
+        if r.info.status == "FINISHED" and r.data.params.get("data.model_name_or_path") == args.model
+    }
     return done | {
         (name, rec.max_steps) for name, rec in read_records(records_dir(args)).items() if rec.model == args.model
     }
@@ -54,8 +57,11 @@ def load_presets(records: dict[str, RunRecord], presets: list[Path], args: argpa
     out = {}
     for preset in presets:
         budget = args.rollout_batches * steps_per_rollout_batch(preset)
-        runs = {s: rec.run for s in args.seed_list
-                if (rec := records.get(run_name(preset.stem, s))) and rec.matches(budget, args.model)}  # fmt: skip
+        runs = {
+            s: rec.run
+            for s in args.seed_list
+            if (rec := records.get(run_name(preset.stem, s))) and rec.matches(budget, args.model)
+        }
         if runs:
             out[preset.stem] = PresetRuns(preset.stem, steps_per_rollout_batch(preset), runs)
     return out

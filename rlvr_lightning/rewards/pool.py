@@ -236,13 +236,19 @@ class MathVerifier:
             pool_failed = any(outcome[p] == BROKEN for p in failed)
             logger.warning(
                 "math verification: %s; retrying %d of the %d distinct answers%s",
-                cause, len(failed), len(pairs), " on a new pool" if pool_failed else "",
-            )  # fmt: skip
+                cause,
+                len(failed),
+                len(pairs),
+                " on a new pool" if pool_failed else "",
+            )
             if pool_failed:
                 self.close()  # e.g. workers that never answered: start afresh
         if slow:
-            logger.info("math verification: %d answers ran out of time; retrying them with %gx the limits",
-                        len(slow), self.timeout_retry_factor)  # fmt: skip
+            logger.info(
+                "math verification: %d answers ran out of time; retrying them with %gx the limits",
+                len(slow),
+                self.timeout_retry_factor,
+            )
         retry = [p for p in unverified if p in failed or p in slow]
         if retry:
             again, retry_cause = self._run(retry, task, longer=slow)
@@ -257,16 +263,22 @@ class MathVerifier:
         """One line: what failed, what it means for the batch and what to do."""
         main_path = getattr(sys.modules.get("__main__"), "__file__", None)
         if main_path and self.mp_context != "fork" and not os.path.isfile(main_path):
-            todo = (f"Its '{self.mp_context}' workers re-import the main script {main_path}, which no longer "
-                    "exists: run a script file that stays in place.")  # fmt: skip
+            todo = (
+                f"Its '{self.mp_context}' workers re-import the main script {main_path}, which no longer "
+                "exists: run a script file that stays in place."
+            )
         else:
-            todo = (f"The workers' own error is on stderr above. Its '{self.mp_context}' workers re-import the main "
-                    "script: it must import without side effects, starting work only under "
-                    "`if __name__ == \"__main__\":`; math-verify must import in them; and the machine needs "
-                    f"memory for {self.num_workers} more processes (RewardVerifier.num_workers).")  # fmt: skip
-        return (f"math verification cannot run: {cause or 'its worker processes failed'}, on a retry too, so "
-                f"{num_unverified} of the {num_pairs} distinct answers of this batch were not verified (rather than scored "
-                f"0). {todo}")  # fmt: skip
+            todo = (
+                f"The workers' own error is on stderr above. Its '{self.mp_context}' workers re-import the main "
+                "script: it must import without side effects, starting work only under "
+                '`if __name__ == "__main__":`; math-verify must import in them; and the machine needs '
+                f"memory for {self.num_workers} more processes (RewardVerifier.num_workers)."
+            )
+        return (
+            f"math verification cannot run: {cause or 'its worker processes failed'}, on a retry too, so "
+            f"{num_unverified} of the {num_pairs} distinct answers of this batch were not verified (rather than scored "
+            f"0). {todo}"
+        )
 
     def _run(
         self, pairs: list[tuple], task, longer: set | frozenset = frozenset()

@@ -73,9 +73,13 @@ class HFGenerateEngine:
         greedy = sampling.temperature == 0
         # transformers' own warpers, in the order `generate` would add them, then the recorder, so it sees
         # the distribution the tokens are drawn from; `generate` itself is told to add none of its own.
-        warpers = [] if greedy else [TemperatureLogitsWarper(sampling.temperature)] + (
-            [TopKLogitsWarper(sampling.top_k)] if sampling.top_k > 0 else []) + (
-            [TopPLogitsWarper(sampling.top_p)] if sampling.top_p < 1.0 else [])  # fmt: skip
+        warpers = (
+            []
+            if greedy
+            else [TemperatureLogitsWarper(sampling.temperature)]
+            + ([TopKLogitsWarper(sampling.top_k)] if sampling.top_k > 0 else [])
+            + ([TopPLogitsWarper(sampling.top_p)] if sampling.top_p < 1.0 else [])
+        )
         recorder = ChosenTokenLogprobs()
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
@@ -92,7 +96,7 @@ class HFGenerateEngine:
                 **(dict(do_sample=False) if greedy else dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)),
                 logits_processor=LogitsProcessorList([*warpers, recorder]),
                 synced_gpus=sharded_across_ranks(self.model),
-            )  # fmt: skip
+            )
         finally:
             self.model.train(was_training)
         new_tokens = sequences[:, width:]

@@ -82,8 +82,9 @@ class ReplicaLink:
         address = trainer_address(url, engine.transfer_host)
         port = free_port(address)
         # Unpacked: the workers receive and load one tensor at a time, in the order they are sent.
-        info = NCCLWeightTransferInitInfo(master_address=address, master_port=port, rank_offset=1,
-                                          world_size=1 + world, packed=False)  # fmt: skip
+        info = NCCLWeightTransferInitInfo(
+            master_address=address, master_port=port, rank_offset=1, world_size=1 + world, packed=False
+        )
         device = torch.cuda.current_device()
 
         def open_trainer_end():

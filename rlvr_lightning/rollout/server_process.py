@@ -141,8 +141,10 @@ def placement(
             )
         return [(None, cuda_devices[i]) for i in mine]
     if torch.cuda.is_available() if cuda_available is None else cuda_available:
-        log.warning("rollout.server_cuda_devices is not set: the rollout servers share the trainer's GPU (lower "
-                    "rollout.gpu_memory_utilization, or give them GPUs of their own)")  # fmt: skip
+        log.warning(
+            "rollout.server_cuda_devices is not set: the rollout servers share the trainer's GPU (lower "
+            "rollout.gpu_memory_utilization, or give them GPUs of their own)"
+        )
         return [(None, None)] * replicas
     cores = available_cores() if cores is None else cores
     if len(cores) < total:
@@ -184,10 +186,14 @@ class ServerProcess:
         self.port = free_port()
         log_file = open(self.log_path, "ab")  # noqa: SIM115 - the child writes it for its whole life
         self.proc = subprocess.Popen(
-            self.spec.command(self.port), stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=self.spec.env(self.cpu_bind, self.cuda_devices), start_new_session=True,
+            self.spec.command(self.port),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.spec.env(self.cpu_bind, self.cuda_devices),
+            start_new_session=True,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-        )  # fmt: skip
+        )
         log_file.close()
 
     def wait_healthy(self, session) -> None:

@@ -139,10 +139,17 @@ class RolloutSettings:
             sync_check_every: probe the first weight sync and every N-th after it.
         """
         if None in (dtype, gpu_memory_utilization, enforce_eager):  # built in Python: this machine's defaults
-            given = {"rollout.dtype": dtype, "rollout.gpu_memory_utilization": gpu_memory_utilization,
-                     "rollout.enforce_eager": enforce_eager}  # fmt: skip
-            values = resolve_device_defaults(detect_accelerator(), given, sleep_level=sleep_level,
-                                             engine_elsewhere=bool(server_urls or server_cuda_devices)).values  # fmt: skip
+            given = {
+                "rollout.dtype": dtype,
+                "rollout.gpu_memory_utilization": gpu_memory_utilization,
+                "rollout.enforce_eager": enforce_eager,
+            }
+            values = resolve_device_defaults(
+                detect_accelerator(),
+                given,
+                sleep_level=sleep_level,
+                engine_elsewhere=bool(server_urls or server_cuda_devices),
+            ).values
             dtype, gpu_memory_utilization = values["rollout.dtype"], values["rollout.gpu_memory_utilization"]
             enforce_eager = values["rollout.enforce_eager"]
         check_choice("rollout.engine", engine, ENGINES)
@@ -173,8 +180,10 @@ class RolloutSettings:
             raise ConfigError(f"rollout.group_size must be ≥ 2 (group-relative advantages), got {group_size}")
         if max_response_length < 1:
             raise ConfigError(f"rollout.max_response_length must be ≥ 1, got {max_response_length}")
-        for name, seconds in (("server_request_timeout_s", server_request_timeout_s),
-                              ("weight_transfer_timeout_s", weight_transfer_timeout_s)):  # fmt: skip
+        for name, seconds in (
+            ("server_request_timeout_s", server_request_timeout_s),
+            ("weight_transfer_timeout_s", weight_transfer_timeout_s),
+        ):
             if seconds <= 0:
                 raise ConfigError(f"rollout.{name} must be > 0 seconds, got {seconds}")
         if temperature <= 0:
@@ -204,8 +213,13 @@ class RolloutSettings:
 
     def sampling(self, **overrides: Any) -> SamplingConfig:
         """The training sampling settings, with `overrides` (evaluation's, a per-batch seed)."""
-        base = dict(group_size=self.group_size, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                    max_tokens=self.max_response_length)  # fmt: skip
+        base = dict(
+            group_size=self.group_size,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_tokens=self.max_response_length,
+        )
         return SamplingConfig(**{**base, **overrides})
 
     def build_engine(self, site: EngineSite) -> RolloutEngine:
@@ -224,21 +238,33 @@ class RolloutSettings:
 
         # Each rank gets its own engine and its own seed, so ranks do not sample identical completions.
         return VLLMEngine(
-            site.policy_path, max_model_len=site.max_model_len, dtype=self.dtype, seed=site.seed + site.rank,
-            kv_cache_gib=self.kv_cache_gib, gpu_memory_utilization=self.gpu_memory_utilization,
-            enforce_eager=self.enforce_eager, sleep_level=self.sleep_level, lora_max_rank=site.lora_max_rank,
-        )  # fmt: skip
+            site.policy_path,
+            max_model_len=site.max_model_len,
+            dtype=self.dtype,
+            seed=site.seed + site.rank,
+            kv_cache_gib=self.kv_cache_gib,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            enforce_eager=self.enforce_eager,
+            sleep_level=self.sleep_level,
+            lora_max_rank=site.lora_max_rank,
+        )
 
     def server_spec(self, site: EngineSite):
         """What every launched `vllm serve` replica of this rank runs."""
         from rlvr_lightning.rollout.server_process import ServerSpec
 
         return ServerSpec(
-            site.policy_path, max_model_len=site.max_model_len, dtype=self.dtype, seed=site.seed + site.rank,
-            kv_cache_gib=self.kv_cache_gib, gpu_memory_utilization=self.gpu_memory_utilization,
-            enforce_eager=self.enforce_eager, extra_args=list(self.server_args or []),
-            start_timeout_s=self.server_start_timeout_s, lora_max_rank=site.lora_max_rank,
-        )  # fmt: skip
+            site.policy_path,
+            max_model_len=site.max_model_len,
+            dtype=self.dtype,
+            seed=site.seed + site.rank,
+            kv_cache_gib=self.kv_cache_gib,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            enforce_eager=self.enforce_eager,
+            extra_args=list(self.server_args or []),
+            start_timeout_s=self.server_start_timeout_s,
+            lora_max_rank=site.lora_max_rank,
+        )
 
     def _build_server_engine(self, site: EngineSite) -> RolloutEngine:
         from rlvr_lightning.rollout.vllm_server import VLLMServerEngine
@@ -252,8 +278,14 @@ class RolloutSettings:
         # Launched servers belong to their rank; attached ones are shared, and rank 0 alone writes the weights.
         role = "only" if site.world_size == 1 or not self.server_urls else ("leader" if site.rank == 0 else "follower")
         return VLLMServerEngine(
-            self.server_spec(site), replicas=self.server_replicas, urls=self.server_urls,
-            transport=self.weight_transfer, cuda_devices=self.server_cuda_devices, sync_role=role,
-            node_slot=(site.local_rank, site.ranks_per_node), request_timeout_s=self.server_request_timeout_s,
-            transfer_host=self.weight_transfer_host, transfer_timeout_s=self.weight_transfer_timeout_s,
-        )  # fmt: skip
+            self.server_spec(site),
+            replicas=self.server_replicas,
+            urls=self.server_urls,
+            transport=self.weight_transfer,
+            cuda_devices=self.server_cuda_devices,
+            sync_role=role,
+            node_slot=(site.local_rank, site.ranks_per_node),
+            request_timeout_s=self.server_request_timeout_s,
+            transfer_host=self.weight_transfer_host,
+            transfer_timeout_s=self.weight_transfer_timeout_s,
+        )

@@ -69,8 +69,11 @@ class SnapshotTransport:
 
     def load(self, replica, path: Path) -> None:
         client = self.engine.client
-        body = {"method": "reload_weights", "kwargs": {"weights_path": str(path), "is_checkpoint_format": True},
-                "timeout": client.request_timeout_s}  # fmt: skip
+        body = {
+            "method": "reload_weights",
+            "kwargs": {"weights_path": str(path), "is_checkpoint_format": True},
+            "timeout": client.request_timeout_s,
+        }
         client.post(replica.url, "/collective_rpc", json=body)
 
     def restore(self, replica) -> None:

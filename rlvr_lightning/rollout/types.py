@@ -26,9 +26,10 @@ class PromptBatch:
     @staticmethod
     def concat(batches: list[PromptBatch]) -> PromptBatch:
         return PromptBatch(
-            [x for b in batches for x in b.ids], [x for b in batches for x in b.prompts],
+            [x for b in batches for x in b.ids],
+            [x for b in batches for x in b.prompts],
             [x for b in batches for x in b.answers],
-        )  # fmt: skip
+        )
 
 
 @dataclass(frozen=True)
@@ -150,11 +151,16 @@ class Rollout:
         seqs = [g * G + j for g in groups for j in range(G)]
         pick = torch.tensor(seqs, dtype=torch.long)
         return Rollout(
-            batch=self.batch.select(groups), group_size=G, prompt_ids=[self.prompt_ids[g] for g in groups],
-            completions=[self.completions[n] for n in seqs], sampling=self.sampling,
-            policy_version=self.policy_version, texts=[self.texts[n] for n in seqs] if self.texts else (),
-            correct=None if self.correct is None else self.correct[pick], metrics=self.metrics,
-        )  # fmt: skip
+            batch=self.batch.select(groups),
+            group_size=G,
+            prompt_ids=[self.prompt_ids[g] for g in groups],
+            completions=[self.completions[n] for n in seqs],
+            sampling=self.sampling,
+            policy_version=self.policy_version,
+            texts=[self.texts[n] for n in seqs] if self.texts else (),
+            correct=None if self.correct is None else self.correct[pick],
+            metrics=self.metrics,
+        )
 
     @staticmethod
     def concat(rollouts: list[Rollout]) -> Rollout:
@@ -184,12 +190,16 @@ class Rollout:
             return None if any(p is None for p in parts) else torch.cat(parts)
 
         return Rollout(
-            batch=PromptBatch.concat([r.batch for r in rollouts]), group_size=first.group_size,
+            batch=PromptBatch.concat([r.batch for r in rollouts]),
+            group_size=first.group_size,
             prompt_ids=[p for r in rollouts for p in r.prompt_ids],
-            completions=[c for r in rollouts for c in r.completions], sampling=first.sampling,
-            policy_version=min(r.policy_version for r in rollouts), texts=[t for r in rollouts for t in r.texts],
-            correct=cat("correct"), metrics=metrics,
-        )  # fmt: skip
+            completions=[c for r in rollouts for c in r.completions],
+            sampling=first.sampling,
+            policy_version=min(r.policy_version for r in rollouts),
+            texts=[t for r in rollouts for t in r.texts],
+            correct=cat("correct"),
+            metrics=metrics,
+        )
 
     def tensors(self, pad_id: int) -> RolloutTensors:
         G = self.group_size
@@ -264,9 +274,13 @@ class RolloutTensors:
         width = max(1, int(self.response_mask.sum(1).max()))
         cols = slice(lead, P + width)
         return RolloutTensors(
-            self.input_ids[:, cols], self.attention_mask[:, cols], self.position_ids[:, cols],
-            self.response_mask[:, :width], self.rollout_logp[:, :width], P - lead,
-        )  # fmt: skip
+            self.input_ids[:, cols],
+            self.attention_mask[:, cols],
+            self.position_ids[:, cols],
+            self.response_mask[:, :width],
+            self.rollout_logp[:, :width],
+            P - lead,
+        )
 
     @property
     def lengths(self) -> torch.Tensor:

@@ -41,8 +41,10 @@ def token_versions(spans: list[dict], num_tokens: int, url: str) -> list[int]:
     """Each token's weight version from vLLM's spans ({version, start, end} over output-token indexes)."""
     versions = [int(span["version"]) for span in spans for _ in range(span["start"], span["end"])]
     if len(versions) != num_tokens:
-        raise WeightSyncError(f"rollout server {url}: its weight-version spans {spans} do not cover the "
-                              f"{num_tokens} tokens it generated; this vLLM cannot say which weights sampled them")  # fmt: skip
+        raise WeightSyncError(
+            f"rollout server {url}: its weight-version spans {spans} do not cover the "
+            f"{num_tokens} tokens it generated; this vLLM cannot say which weights sampled them"
+        )
     return versions
 
 
@@ -120,10 +122,14 @@ class VLLMServerEngine:
 
         def request(i: int) -> list[Completion]:
             params = {
-                "n": sampling.group_size, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                "top_k": sampling.top_k if sampling.top_k > 0 else -1, "max_tokens": sampling.max_tokens,
-                "logprobs": 0, "detokenize": False,
-            }  # fmt: skip
+                "n": sampling.group_size,
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "top_k": sampling.top_k if sampling.top_k > 0 else -1,
+                "max_tokens": sampling.max_tokens,
+                "logprobs": 0,
+                "detokenize": False,
+            }
             if sampling.seed is not None:  # one stream per prompt (vLLM gives the n children seed + j)
                 params["seed"] = (sampling.seed * 1_000_003 + i * sampling.group_size) % (2**31)
             body = {"token_ids": list(prompt_ids[i]), "sampling_params": params, **self._adapter_field()}
@@ -151,9 +157,10 @@ class VLLMServerEngine:
             spans = choice.get("weight_versions") or []
             content = (choice.get("logprobs") or {}).get("content") or []
             completion = Completion(
-                token_ids=list(choice["token_ids"]), logprobs=[c["logprob"] for c in content],
+                token_ids=list(choice["token_ids"]),
+                logprobs=[c["logprob"] for c in content],
                 finish_reason=choice.get("finish_reason") or "length",
-            )  # fmt: skip
+            )
             if self.across_syncs:
                 completion.versions = token_versions(spans, len(completion.token_ids), self.replicas[replica].url)
             elif (versions := {span["version"] for span in spans}) - {str(self.version)}:
@@ -285,8 +292,11 @@ class VLLMServerEngine:
         """Replica 0's log-probs of the completion; every other replica must agree within `agreement_tol`
         (the sync probe's tolerance), so the probe covers them all."""
         ids = list(prompt_ids) + list(completion_ids)
-        body = {"token_ids": ids, "sampling_params": {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0,
-                                                       "detokenize": False}, **self._adapter_field()}  # fmt: skip
+        body = {
+            "token_ids": ids,
+            "sampling_params": {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0, "detokenize": False},
+            **self._adapter_field(),
+        }
 
         def on(r: Replica) -> list[float]:
             per_pos = self.client.post(r.url, "/inference/v1/generate", json=body)["prompt_logprobs"][len(prompt_ids) :]
@@ -296,8 +306,10 @@ class VLLMServerEngine:
         for r, other in zip(self.replicas[1:], scores[1:]):
             diff = max((abs(a - b) for a, b in zip(scores[0], other)), default=0.0)
             if diff > agreement_tol:
-                raise WeightSyncError(f"replica {r.url} disagrees with {self.replicas[0].url} by {diff:.2e} "
-                                      f"(> {agreement_tol:.0e}) on the sync probe: they do not hold the same weights")  # fmt: skip
+                raise WeightSyncError(
+                    f"replica {r.url} disagrees with {self.replicas[0].url} by {diff:.2e} "
+                    f"(> {agreement_tol:.0e}) on the sync probe: they do not hold the same weights"
+                )
         return scores[0]
 
     def close(self) -> None:

@@ -52,8 +52,14 @@ class BoundPieces:
     def of(cls, h: Mapping[str, Any]) -> BoundPieces:
         """Bind the selected pieces (each runs its own knob check) and check that they combine."""
         check_piece_args(h)
-        pieces = cls(compose_objective(h), advantage_estimators.bound(h), rollout_corrections.selected(h),
-                     rollout_corrections.bound(h), proximal_policies.selected(h), proximal_policies.bound(h))  # fmt: skip
+        pieces = cls(
+            compose_objective(h),
+            advantage_estimators.bound(h),
+            rollout_corrections.selected(h),
+            rollout_corrections.bound(h),
+            proximal_policies.selected(h),
+            proximal_policies.bound(h),
+        )
         check_pieces(h, pieces.objective, pieces.correction, pieces.proximal)
         return pieces
 

@@ -96,9 +96,15 @@ def select_loss_batch(
         return None if x is None else x[rows, :width]
 
     return LossBatch(
-        tensors, pick(inputs.advantages) if advantages is None else advantages[:, :width], old_logp[:, :width],
-        pick(inputs.ref_logp), pick(inputs.loss_mask), pick(inputs.is_weight), inputs.correct[rows], inputs.group_size,
-    )  # fmt: skip
+        tensors,
+        pick(inputs.advantages) if advantages is None else advantages[:, :width],
+        old_logp[:, :width],
+        pick(inputs.ref_logp),
+        pick(inputs.loss_mask),
+        pick(inputs.is_weight),
+        inputs.correct[rows],
+        inputs.group_size,
+    )
 
 
 def optimizer_step_norms(inputs: UpdateInputs, rows: torch.Tensor, collectives: Collectives, norm_const: float) -> OptimizerStepNorms:

@@ -127,9 +127,16 @@ class ApproximateProximal:
     def loss_batch(self, inputs: UpdateInputs, rows: torch.Tensor, forward: PolicyForward, updates: int = 0) -> LossBatch:
         width = forward.logp.shape[1]
         behaviour, mask = inputs.tensors.rollout_logp[rows, :width], inputs.loss_mask[rows, :width]
-        old_logp = self.approximate(ProximalInputs(
-            behaviour, forward.logp.detach(), self.versions[rows, :width], self.version, self.version + updates, mask,
-        ))  # fmt: skip
+        old_logp = self.approximate(
+            ProximalInputs(
+                behaviour,
+                forward.logp.detach(),
+                self.versions[rows, :width],
+                self.version,
+                self.version + updates,
+                mask,
+            )
+        )
         weight, stats = self.correct(CorrectionInputs(old_logp, behaviour, mask, inputs.advantages[rows, :width]))
         tokens = float(mask.sum())
         for k, v in stats.items():  # token-weighted over the micro-batches of every step

@@ -63,9 +63,16 @@ def check_behaviour(logprobs: str, corrects_rollouts: bool, proximal: Piece) -> 
 
 
 def check_run(
-    h: Mapping[str, Any], batch_size: int, rollout: Any, objective: Objective, layout: UpdateLayout,
-    shapers: list[str], corrects_rollouts: bool, max_staleness: int, behaviour: Any,
-) -> None:  # fmt: skip
+    h: Mapping[str, Any],
+    batch_size: int,
+    rollout: Any,
+    objective: Objective,
+    layout: UpdateLayout,
+    shapers: list[str],
+    corrects_rollouts: bool,
+    max_staleness: int,
+    behaviour: Any,
+) -> None:
     """`batch_size`: prompts per rollout batch; `rollout`: the `rollout:` section (`RolloutSettings`);
     `shapers`: the names of the advantage shapers; `behaviour`: `model.behaviour` (`BehaviourSettings`)."""
     G = rollout.group_size
@@ -95,8 +102,13 @@ def check_behaviour_logprobs(
 ) -> None:
     uses_engine = corrects_rollouts or behaviour.logprobs == "rollout" or max_staleness > 0
     if rollout.samples_truncated_distribution and uses_engine and not behaviour.allow_filtered_rollout_logprobs:
-        what = (f"model.rollout_correction={h['rollout_correction']}" if corrects_rollouts else
-                "model.behaviour.logprobs=rollout" if behaviour.logprobs == "rollout" else f"rollout.max_staleness={max_staleness}")  # fmt: skip
+        what = (
+            f"model.rollout_correction={h['rollout_correction']}"
+            if corrects_rollouts
+            else "model.behaviour.logprobs=rollout"
+            if behaviour.logprobs == "rollout"
+            else f"rollout.max_staleness={max_staleness}"
+        )
         raise ConfigError(
             f"{what} uses the rollout engine's log-probs as the behaviour policy, but rollout.top_p={rollout.top_p} / "
             f"rollout.top_k={rollout.top_k} sample from a truncated distribution whose log-probs are not the "

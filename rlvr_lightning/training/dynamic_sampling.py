@@ -92,9 +92,12 @@ def dynamic_sample(
             n_kept += len(survivors)
         fewest = fewest_over_ranks(n_kept)
     stats = DynamicSamplingStats(
-        rounds=round_index, groups_generated=n_generated, groups_kept=n_kept,
-        exhausted=fewest < target_groups, accuracy_before_filter=n_correct / max(1, n_seqs),
-    )  # fmt: skip
+        rounds=round_index,
+        groups_generated=n_generated,
+        groups_kept=n_kept,
+        exhausted=fewest < target_groups,
+        accuracy_before_filter=n_correct / max(1, n_seqs),
+    )
     if stats.exhausted:
         message = (
             f"dynamic sampling found {fewest} of {target_groups} groups with mixed rewards in {round_index} "

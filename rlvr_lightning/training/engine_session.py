@@ -131,7 +131,9 @@ class EngineSession:
         with a checkpoint's batches in flight."""
         if self.stream is None:
             if rollout.stream_mode == "throughput":
-                self.stream = ThroughputStream(rollout.max_staleness, rollout.partial_rollouts, rollout.stale_groups == "hold", prompts)  # fmt: skip
+                self.stream = ThroughputStream(
+                    rollout.max_staleness, rollout.partial_rollouts, rollout.stale_groups == "hold", prompts
+                )
             else:
                 self.stream = RolloutStream(rollout.max_staleness, rollout.partial_rollouts, prompts)
             if self._stream_state is not None:

@@ -33,16 +33,32 @@ def engine_compute_dtype(rollout: Any, policy_config: Any, trainer_dtype: str, a
     return vllm_auto_dtype(checkpoint.removeprefix("torch."), accelerator.is_cuda, accelerator.bf16)
 
 
-def build_rollout_engine(datamodule: Any, trainer: Any, policy: torch.nn.Module, lora: LoraSettings | None,
-                         engine_dtype: str, trainer_logprobs: LogprobsFn) -> RolloutEngine:  # fmt: skip
+def build_rollout_engine(
+    datamodule: Any,
+    trainer: Any,
+    policy: torch.nn.Module,
+    lora: LoraSettings | None,
+    engine_dtype: str,
+    trainer_logprobs: LogprobsFn,
+) -> RolloutEngine:
     """The engine of the `rollout:` section for this rank; warns (once) where a merged LoRA sync would lose updates.
     `trainer_logprobs`: the trainer's log-probs of one sequence (what the HF engine, the trainer's own module, scores with)."""
     adapter_rank = lora.engine_max_rank if lora is not None and lora.sync == "adapter" else None
-    engine = datamodule.rollout.build_engine(EngineSite(
-        datamodule.policy_path, datamodule.max_model_len(), datamodule.hparams.seed, policy,
-        trainer_logprobs, datamodule.tokenizer, trainer.global_rank, trainer.world_size,
-        trainer.local_rank, trainer.num_devices, adapter_rank,
-    ))  # fmt: skip
+    engine = datamodule.rollout.build_engine(
+        EngineSite(
+            datamodule.policy_path,
+            datamodule.max_model_len(),
+            datamodule.hparams.seed,
+            policy,
+            trainer_logprobs,
+            datamodule.tokenizer,
+            trainer.global_rank,
+            trainer.world_size,
+            trainer.local_rank,
+            trainer.num_devices,
+            adapter_rank,
+        )
+    )
     if datamodule.rollout.engine != "hf" and trainer.is_global_zero:
         warn_on_merged_half_precision(lora, engine_dtype)
     return engine

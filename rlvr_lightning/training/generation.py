@@ -20,15 +20,26 @@ def encode_prompts(step: StepContext, batch: PromptBatch) -> list[list[int]]:
     return [step.tokenizer(p, add_special_tokens=False).input_ids for p in batch.prompts]
 
 
-def to_rollout(step: StepContext, batch: PromptBatch, prompt_ids: list[list[int]], sampling: SamplingConfig,
-               groups: list[list[Completion]], policy_version: int) -> Rollout:  # fmt: skip
+def to_rollout(
+    step: StepContext,
+    batch: PromptBatch,
+    prompt_ids: list[list[int]],
+    sampling: SamplingConfig,
+    groups: list[list[Completion]],
+    policy_version: int,
+) -> Rollout:
     """The engine's completion groups as a Rollout, sampled by policy version `policy_version`."""
     completions = [c for group in groups for c in group]
     texts = step.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
     return Rollout(
-        batch=batch, group_size=sampling.group_size, prompt_ids=prompt_ids, completions=completions,
-        sampling=sampling, policy_version=policy_version, texts=texts,
-    )  # fmt: skip
+        batch=batch,
+        group_size=sampling.group_size,
+        prompt_ids=prompt_ids,
+        completions=completions,
+        sampling=sampling,
+        policy_version=policy_version,
+        texts=texts,
+    )
 
 
 def sampling_seed(step: StepContext, round_index: int = 0, rollout_batch: int | None = None) -> int:

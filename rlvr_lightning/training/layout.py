@@ -33,9 +33,14 @@ class UpdateLayout:
         response tokens), the same count on every rank (the largest any rank needs); `unit` = G keeps
         groups whole."""
         return split_rows(
-            rows, token_counts, self.micro_batch_size, self.max_tokens_per_micro_batch, unit,
-            lambda count: collectives.agree(count, op="max"), packed=self.packing,
-        )  # fmt: skip
+            rows,
+            token_counts,
+            self.micro_batch_size,
+            self.max_tokens_per_micro_batch,
+            unit,
+            lambda count: collectives.agree(count, op="max"),
+            packed=self.packing,
+        )
 
 
 @dataclass(frozen=True)

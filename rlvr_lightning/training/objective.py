@@ -56,9 +56,13 @@ class Objective:
         return self.group_level and not self.two_pass
 
     def micro_batch_loss(
-        self, mb: LossBatch, logp: torch.Tensor, norms: OptimizerStepNorms, selected: torch.Tensor | None = None,
+        self,
+        mb: LossBatch,
+        logp: torch.Tensor,
+        norms: OptimizerStepNorms,
+        selected: torch.Tensor | None = None,
         on_policy: bool = False,
-    ) -> tuple[torch.Tensor, dict]:  # fmt: skip
+    ) -> tuple[torch.Tensor, dict]:
         """Scalar loss of one micro-batch, already divided by the step's global normalisers; `selected`:
         the micro-batch's share of the step's token selection (losses with a `token_selection`);
         `on_policy`: θ is θ_old (`TokenLossInputs.on_policy`)."""

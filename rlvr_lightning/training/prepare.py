@@ -26,10 +26,16 @@ from rlvr_lightning.training.step_metrics import StageTimer
 
 
 def prepare_update(
-    step: StepContext, batch: ScoredBatch, layout: UpdateLayout, source: BehaviourSource, correction: Callable,
-    mask_truncated: bool, shapers: list[AdvantageShaper], timer: StageTimer | None = None,
+    step: StepContext,
+    batch: ScoredBatch,
+    layout: UpdateLayout,
+    source: BehaviourSource,
+    correction: Callable,
+    mask_truncated: bool,
+    shapers: list[AdvantageShaper],
+    timer: StageTimer | None = None,
     approximate_proximal: Callable | None = None,
-) -> tuple[UpdateInputs, dict[str, float]]:  # fmt: skip
+) -> tuple[UpdateInputs, dict[str, float]]:
     """The batch ready for the update, its advantages reshaped by the shapers' token weights known before it
     (`UpdateInputs.token_weights`), and the rollout correction's statistics."""
     rollout, device = batch.rollout, step.device
@@ -45,11 +51,17 @@ def prepare_update(
     counts = t.token_counts  # [N, 2] prompt and response tokens: what token budgets pack
     with timer("old_logprob"):
         old_logp, ref_logp, hidden_weights = separate_pass(
-            step.policy, step.ref_policy, t, temperature,
+            step.policy,
+            step.ref_policy,
+            t,
+            temperature,
             lambda rows, whole_groups: layout.micro_batches(rows, counts, step.collectives, G if whole_groups else 1),
-            layout.logprob_chunk_tokens, with_old=source == "trainer", weigher=None if weigh_in_update else weigher,
-            lockstep=step.collectives.world_size > 1, packed=layout.packing,
-        )  # fmt: skip
+            layout.logprob_chunk_tokens,
+            with_old=source == "trainer",
+            weigher=None if weigh_in_update else weigher,
+            lockstep=step.collectives.world_size > 1,
+            packed=layout.packing,
+        )
     loss_mask = t.response_mask
     if mask_truncated:
         loss_mask = loss_mask * (~rollout.truncated).to(device, loss_mask.dtype)[:, None]

@@ -80,8 +80,12 @@ class RolloutStream:
     """`prompts(step, index)`: what rollout batch `index` generates, called once per batch, in batch order, when
     it starts; its first prompts are the dataloader's batch (DAPO adds its first round's extra prompts)."""
 
-    def __init__(self, max_staleness: int, partial_rollouts: bool,
-                 prompts: Callable[[StepContext, int], PromptBatch] = dataloader_batch) -> None:  # fmt: skip
+    def __init__(
+        self,
+        max_staleness: int,
+        partial_rollouts: bool,
+        prompts: Callable[[StepContext, int], PromptBatch] = dataloader_batch,
+    ) -> None:
         if max_staleness < 1:
             raise ValueError("a rollout stream generates ahead: max_staleness ≥ 1")
         self.max_staleness, self.partial_rollouts, self.prompts = max_staleness, partial_rollouts, prompts
@@ -107,10 +111,17 @@ class RolloutStream:
         if not current.complete:
             raise RuntimeError(f"rollout batch {k} is needed but {current.segments - current.done} segments are left")
         self._start_background(step)
-        rollout = to_rollout(step, current.batch, current.prompt_ids, current.sampling, [
-            current.sequences[g * current.sampling.group_size:(g + 1) * current.sampling.group_size]
-            for g in range(len(current.batch))
-        ], current.start_version)  # fmt: skip
+        rollout = to_rollout(
+            step,
+            current.batch,
+            current.prompt_ids,
+            current.sampling,
+            [
+                current.sequences[g * current.sampling.group_size : (g + 1) * current.sampling.group_size]
+                for g in range(len(current.batch))
+            ],
+            current.start_version,
+        )
         return score_rollout(step, rollout, timer)
 
     def wait(self, timer: StageTimer) -> None:
@@ -135,8 +146,11 @@ class RolloutStream:
         """The batches in flight (between steps nothing is being generated)."""
         if self.work:
             raise RuntimeError("the rollout stream is saved while a segment is being generated")
-        return {"max_staleness": self.max_staleness, "partial_rollouts": self.partial_rollouts,
-                "in_flight": [asdict(b) for b in self.in_flight.values()]}  # fmt: skip
+        return {
+            "max_staleness": self.max_staleness,
+            "partial_rollouts": self.partial_rollouts,
+            "in_flight": [asdict(b) for b in self.in_flight.values()],
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue the saved batches if this run streams as the saved one did; else start afresh (the
@@ -198,5 +212,9 @@ def with_version(c: Completion, version: int) -> Completion:
 
 def extended(c: Completion, more: Completion, version: int) -> Completion:
     """Sequence `c` continued by `more`, generated under `version`."""
-    return Completion(c.token_ids + more.token_ids, c.logprobs + more.logprobs, more.finish_reason,
-                      c.versions + [version] * len(more.token_ids))  # fmt: skip
+    return Completion(
+        c.token_ids + more.token_ids,
+        c.logprobs + more.logprobs,
+        more.finish_reason,
+        c.versions + [version] * len(more.token_ids),
+    )

@@ -134,8 +134,11 @@ class StepSettings:
     def of(cls, values: Mapping[str, Any], algorithm: type) -> StepSettings:
         """`values`: the module's arguments (groups as dataclasses or dicts); `algorithm`: its class, whose
         signature says which arguments are left at the library's default."""
-        groups = {"optim": group_of(OptimSettings, values.get("optim")), "update": group_of(UpdateSettings, values.get("update")),
-                  "behaviour": group_of(BehaviourSettings, values.get("behaviour"))}  # fmt: skip
+        groups = {
+            "optim": group_of(OptimSettings, values.get("optim")),
+            "update": group_of(UpdateSettings, values.get("update")),
+            "behaviour": group_of(BehaviourSettings, values.get("behaviour")),
+        }
         for group in groups.values():
             group.check()
         if values["num_mini_batches"] < 1 or values["ppo_epochs"] < 1:
@@ -174,14 +177,28 @@ class StepSettings:
         """The update's layout; packing the user's, else the device's default."""
         u = self.update
         packing = u.packing if u.packing is not None else default_for("model.update.packing", accelerator)
-        return UpdateLayout(self.args["num_mini_batches"], self.args["ppo_epochs"], u.micro_batch_size, u.max_tokens_per_micro_batch,
-                          u.logprob_chunk_tokens, self.optim.max_grad_norm, float(max_response_length), packing)  # fmt: skip
+        return UpdateLayout(
+            self.args["num_mini_batches"],
+            self.args["ppo_epochs"],
+            u.micro_batch_size,
+            u.max_tokens_per_micro_batch,
+            u.logprob_chunk_tokens,
+            self.optim.max_grad_norm,
+            float(max_response_length),
+            packing,
+        )
 
     def behaviour_source(self, max_staleness: int) -> BehaviourSource:
         """Where θ_old's log-probs come from (`rlvr_lightning.training.behaviour`)."""
         p = self.pieces
-        return behaviour_source(self.behaviour.logprobs, self.optimizer_steps_per_rollout_batch, p.corrects_rollouts,
-                                p.objective.reads_step_first, max_staleness > 0, p.approximates_proximal)  # fmt: skip
+        return behaviour_source(
+            self.behaviour.logprobs,
+            self.optimizer_steps_per_rollout_batch,
+            p.corrects_rollouts,
+            p.objective.reads_step_first,
+            max_staleness > 0,
+            p.approximates_proximal,
+        )
 
     def resolve(
         self, rollout: Any, batch_size: int, accelerator: Accelerator | None = None, shapers: tuple[str, ...] = (),
@@ -193,8 +210,17 @@ class StepSettings:
         layout = self.layout(rollout.max_response_length, accelerator)
         max_staleness = int(getattr(rollout, "max_staleness", 0))
         if check:
-                check_run(self.args, batch_size, rollout, self.pieces.objective, layout, list(shapers), self.pieces.corrects_rollouts,
-                      max_staleness, self.behaviour)  # fmt: skip
+            check_run(
+                self.args,
+                batch_size,
+                rollout,
+                self.pieces.objective,
+                layout,
+                list(shapers),
+                self.pieces.corrects_rollouts,
+                max_staleness,
+                self.behaviour,
+            )
         return ResolvedStep(self, layout, self.behaviour_source(max_staleness), self.pieces.objective.needs_whole_groups)
 
 

@@ -99,8 +99,13 @@ class TrainingStep:
             update_metrics = self.update.run(step, inputs, len(rollout.batch), optimization)
         self.session.sync_weights(rollout, timer)
         behaviour_metrics = getattr(inputs.behaviour, "metrics", dict)()  # a correction read in the update's forwards
-        metrics = {**update_metrics, **prepare_metrics, **behaviour_metrics, **shaper_metrics(self.shapers),
-                   **rollout.staleness(step.policy_version)}  # fmt: skip
+        metrics = {
+            **update_metrics,
+            **prepare_metrics,
+            **behaviour_metrics,
+            **shaper_metrics(self.shapers),
+            **rollout.staleness(step.policy_version),
+        }
         return StepResult(scored, inputs, inputs.token_weights(), metrics, timer.finish())
 
     def prepare(
@@ -112,9 +117,16 @@ class TrainingStep:
         advantages, advantage_metrics = self.pieces.advantages(inputs)
         scored = ScoredBatch(rollout, rewards, advantages)
         update_inputs, correction_metrics = prepare_update(
-            step, scored, self.layout, self.resolved.behaviour, self.pieces.correct, self.mask_truncated, list(self.shapers), timer,
+            step,
+            scored,
+            self.layout,
+            self.resolved.behaviour,
+            self.pieces.correct,
+            self.mask_truncated,
+            list(self.shapers),
+            timer,
             self.pieces.approximate_proximal,
-        )  # fmt: skip
+        )
         return scored, update_inputs, {**reward_metrics, **advantage_metrics, **correction_metrics}
 
 
@@ -123,5 +135,12 @@ def logged_metrics(result: StepResult | Skipped, session: EngineSession) -> dict
     `throughput/` metrics (`step_metrics`)."""
     if isinstance(result, Skipped):
         return {f"train/{k}": v for k, v in result.metrics.items()}
-    return step_metrics(result.batch, result.inputs.tensors, result.inputs.behaviour.old_logp_all(), result.metrics,
-                        result.times, session.policy_version, session.sync.probe.last_diff)  # fmt: skip
+    return step_metrics(
+        result.batch,
+        result.inputs.tensors,
+        result.inputs.behaviour.old_logp_all(),
+        result.metrics,
+        result.times,
+        session.policy_version,
+        session.sync.probe.last_diff,
+    )

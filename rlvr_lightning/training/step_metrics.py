@@ -94,8 +94,12 @@ class MetricAccumulator:
 
     def result(self) -> dict[str, float]:
         out = {k: self.sums[k] / self.counts[k] for k in self.sums if self.counts[k] > 0}
-        for old, new in (("clipped_low", "clip_frac_low"), ("clipped_high", "clip_frac_high"), ("clipped_dual", "clip_frac_dual"),
-                         ("ratio", "ratio_mean")):  # fmt: skip
+        for old, new in (
+            ("clipped_low", "clip_frac_low"),
+            ("clipped_high", "clip_frac_high"),
+            ("clipped_dual", "clip_frac_dual"),
+            ("ratio", "ratio_mean"),
+        ):
             if old in out:
                 out[new] = out.pop(old)
         if "clip_frac_low" in out:
@@ -104,9 +108,14 @@ class MetricAccumulator:
 
 
 def step_metrics(
-    batch: ScoredBatch, t: RolloutTensors, old_logp: torch.Tensor, update_metrics: dict[str, float],
-    times: dict[str, float], policy_version: int, sync_probe_diff: float,
-) -> dict[str, float]:  # fmt: skip
+    batch: ScoredBatch,
+    t: RolloutTensors,
+    old_logp: torch.Tensor,
+    update_metrics: dict[str, float],
+    times: dict[str, float],
+    policy_version: int,
+    sync_probe_diff: float,
+) -> dict[str, float]:
     """The `train/`, `time/` and `throughput/` metrics of one step (names as in verl/TRL where they exist)."""
     rollout = batch.rollout
     mask = t.response_mask

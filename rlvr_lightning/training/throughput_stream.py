@@ -101,8 +101,9 @@ class ThroughputStream:
     """`prompts(step, index)`: rollout batch `index`'s prompts (DAPO adds its first round's); a step trains as
     many groups as its own batch has prompts."""
 
-    def __init__(self, max_staleness: int, partial_rollouts: bool, hold: bool,
-                 prompts: Callable[[StepContext, int], PromptBatch]) -> None:  # fmt: skip
+    def __init__(
+        self, max_staleness: int, partial_rollouts: bool, hold: bool, prompts: Callable[[StepContext, int], PromptBatch]
+    ) -> None:
         self.max_staleness, self.partial_rollouts, self.hold, self.prompts = max_staleness, partial_rollouts, hold, prompts
         self.lock = threading.Condition()
         self.groups: list[Group] = []  # issued, not yet trained
@@ -137,8 +138,14 @@ class ThroughputStream:
         timer.times["rollout"] = max(g.seconds for g in taken)  # the groups ran side by side
         groups = [g.completions for g in taken]
         oldest = min(v for group in groups for c in group for v in c.versions or [self.version])
-        rollout = to_rollout(step, PromptBatch.concat([g.prompt for g in taken]), [g.prompt_ids for g in taken],
-                             step.sampling(), groups, oldest)  # fmt: skip
+        rollout = to_rollout(
+            step,
+            PromptBatch.concat([g.prompt for g in taken]),
+            [g.prompt_ids for g in taken],
+            step.sampling(),
+            groups,
+            oldest,
+        )
         dropped_metrics = {"groups_dropped": float(dropped)}
         if lengths:
             dropped_metrics["dropped_response_length_mean"] = sum(lengths) / len(lengths)
@@ -194,10 +201,14 @@ class ThroughputStream:
         """The finished groups, and the prompts not yet trained (those being generated are issued again)."""
         with self.lock:
             waiting = [g.to_issue(g.attempt) for g in self.groups if not g.ready]
-            return {"mode": "throughput", "max_staleness": self.max_staleness, "next_batch": self.next_batch,
-                    "per_step": self.per_step,
-                    "finished": [asdict(g) for g in self.groups if g.ready],
-                    "queue": [asdict(g) for g in [*waiting, *self.queue]]}  # fmt: skip
+            return {
+                "mode": "throughput",
+                "max_staleness": self.max_staleness,
+                "next_batch": self.next_batch,
+                "per_step": self.per_step,
+                "finished": [asdict(g) for g in self.groups if g.ready],
+                "queue": [asdict(g) for g in [*waiting, *self.queue]],
+            }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue a throughput stream's saved groups; anything else starts afresh (from its step's batch)."""

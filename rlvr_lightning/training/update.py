@@ -87,9 +87,13 @@ class PolicyUpdate:
         return metrics
 
     def accumulate_gradients(
-        self, step: StepContext, inputs: UpdateInputs, rows: torch.Tensor, backward: Callable[[torch.Tensor], None],
+        self,
+        step: StepContext,
+        inputs: UpdateInputs,
+        rows: torch.Tensor,
+        backward: Callable[[torch.Tensor], None],
         acc: MetricAccumulator | None = None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """Backward of one optimizer step's loss over the sequences `rows`; returns the step's loss."""
         norms = optimizer_step_norms(inputs, rows, step.collectives, self.layout.norm_const)
         if self.objective.two_pass:
@@ -150,9 +154,14 @@ class PolicyUpdate:
         """The policy's forward over the micro-batch `idx`, trimmed to its longest prompt and longest
         response (packed: its real tokens), and its loss batch."""
         forward = policy_forward(
-            step.policy, inputs.tensors.select(idx).trimmed(), inputs.temperature, with_entropy=with_entropy,
-            capture_lm_head=capture, chunk_tokens=self.layout.logprob_chunk_tokens, packed=self.layout.packing,
-        )  # fmt: skip
+            step.policy,
+            inputs.tensors.select(idx).trimmed(),
+            inputs.temperature,
+            with_entropy=with_entropy,
+            capture_lm_head=capture,
+            chunk_tokens=self.layout.logprob_chunk_tokens,
+            packed=self.layout.packing,
+        )
         return forward, inputs.loss_batch(idx, forward, self.updates_since_rollout)
 
     def _two_pass(

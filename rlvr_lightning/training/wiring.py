@@ -30,8 +30,15 @@ def resolve_step(settings: StepSettings, trainer: Any, device: Any, check: bool 
 
 def policies(settings: StepSettings, datamodule: Any, device_mesh: Any) -> tuple[Any, Any]:
     """The policy and, where the objective has a KL term, its frozen reference (`models.policy.load_policies`)."""
-    return load_policies(datamodule.policy_path, settings.pieces.objective.needs_reference, device_mesh, settings.fsdp_param_dtype(),
-                         settings.update.activation_checkpointing, settings.lora, datamodule.hparams.seed)  # fmt: skip
+    return load_policies(
+        datamodule.policy_path,
+        settings.pieces.objective.needs_reference,
+        device_mesh,
+        settings.fsdp_param_dtype(),
+        settings.update.activation_checkpointing,
+        settings.lora,
+        datamodule.hparams.seed,
+    )
 
 
 def trainer_dtype(settings: StepSettings, trainer: Any, sharded: bool) -> str:
@@ -45,8 +52,16 @@ def engine_spec(module: Any) -> EngineSpec:
     settings, trainer, policy = module.settings, module.trainer, module.policy
     dm, trainer_dt = trainer.datamodule, trainer_dtype(settings, trainer, module.device_mesh is not None)
     engine_dt = engine_compute_dtype(dm.rollout, policy.config, trainer_dt, accelerator_of_device(module.device))
-    return EngineSpec(dm, trainer, policy, settings.lora, engine_dt, trainer_dt, settings.update.logprob_chunk_tokens,
-                      trainer.strategy.barrier)  # fmt: skip
+    return EngineSpec(
+        dm,
+        trainer,
+        policy,
+        settings.lora,
+        engine_dt,
+        trainer_dt,
+        settings.update.logprob_chunk_tokens,
+        trainer.strategy.barrier,
+    )
 
 
 def training_step(module: Any, algorithm: StepAlgorithm, check: bool = False) -> TrainingStep:
@@ -54,8 +69,15 @@ def training_step(module: Any, algorithm: StepAlgorithm, check: bool = False) ->
     `check`: check the settings against the run first, as a run does at its start)."""
     trainer = module.trainer
     resolved = resolve_step(module.settings, trainer, module.device, check)
-    return TrainingStep(algorithm, resolved, module.settings.args["mask_truncated"], advantage_shapers(trainer),
-                        module.nonfinite, module.session, trainer.datamodule.rollout)  # fmt: skip
+    return TrainingStep(
+        algorithm,
+        resolved,
+        module.settings.args["mask_truncated"],
+        advantage_shapers(trainer),
+        module.nonfinite,
+        module.session,
+        trainer.datamodule.rollout,
+    )
 
 
 def step_context(module: Any) -> StepContext:
@@ -64,11 +86,20 @@ def step_context(module: Any) -> StepContext:
     strategy, dm = trainer.strategy, trainer.datamodule
     collectives = Collectives(trainer.world_size, module.global_rank, strategy.reduce, module.device, strategy.barrier)
     return StepContext(
-        policy=module.policy, ref_policy=module.ref_policy, engines=module.session, tokenizer=dm.tokenizer, data=dm,
-        sampling=dm.rollout.sampling, collectives=collectives, device=module.device, rollout_batch=module.rollout_batches,
-        policy_version=module.session.policy_version, total_rollout_batches=rollout_batches_total(trainer, module),
-        seed=dm.hparams.seed, scorers=tuple(rollout_callbacks(trainer)),
-    )  # fmt: skip
+        policy=module.policy,
+        ref_policy=module.ref_policy,
+        engines=module.session,
+        tokenizer=dm.tokenizer,
+        data=dm,
+        sampling=dm.rollout.sampling,
+        collectives=collectives,
+        device=module.device,
+        rollout_batch=module.rollout_batches,
+        policy_version=module.session.policy_version,
+        total_rollout_batches=rollout_batches_total(trainer, module),
+        seed=dm.hparams.seed,
+        scorers=tuple(rollout_callbacks(trainer)),
+    )
 
 
 def optimizer(optim: OptimSettings, policy: Any, max_steps: int | None) -> Any:
