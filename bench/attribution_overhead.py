@@ -22,7 +22,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from common import close, embedded_module, median, prompt_batches, write  # noqa: E402
 
-from rlvr_lightning.training.settings import OptimSettings, UpdateSettings
+from rlvr_lightning.training.settings import ComputeSettings, OptimSettings
 from rlvr_lightning.training.step_metrics import StepResult  # noqa: E402
 
 PARTS = ["step", "rollout", "reward", "old_logprob", "attribution", "update", "weight_sync"]
@@ -47,7 +47,7 @@ def main() -> None:
         "oar-p": OARAttribution(method="perturbation", conclude_template="\\boxed{"),
     }
     modes = args.modes.split(",")
-    module = embedded_module(GRPO(kl_coef=0.0, optim=OptimSettings(lr=3e-5), update=UpdateSettings(micro_batch_size=128)), engine=args.engine)
+    module = embedded_module(GRPO(kl_coef=0.0, optim=OptimSettings(lr=3e-5), compute=ComputeSettings(micro_batch_size=128)), engine=args.engine)
     batches = prompt_batches(module)
     fixed = list(module.trainer.callbacks)
     times = {m: [] for m in modes}

@@ -21,7 +21,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from common import close, embedded_module, median, prompt_batches, run_child, write  # noqa: E402
 
-from rlvr_lightning.training.settings import OptimSettings, UpdateSettings
+from rlvr_lightning.training.settings import ComputeSettings, OptimSettings
 
 REPEATS = 8
 
@@ -45,7 +45,7 @@ def one(engine: str) -> dict:
     from rlvr_lightning.training.generation import generate_and_score
     from rlvr_lightning.training.step_metrics import StageTimer
 
-    module = embedded_module(GRPO(kl_coef=0.001, optim=OptimSettings(lr=3e-5), update=UpdateSettings(micro_batch_size=128)), engine=engine)
+    module = embedded_module(GRPO(kl_coef=0.001, optim=OptimSettings(lr=3e-5), compute=ComputeSettings(micro_batch_size=128)), engine=engine)
     batches = prompt_batches(module)
     for _ in range(2):  # warm-up steps: engine, allocator and optimizer state as in training
         module.train_on_batch(next(batches))

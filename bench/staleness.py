@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import embedded_module, median, prompt_batches, run_child, write  # noqa: E402
 
-from rlvr_lightning.training.settings import OptimSettings, UpdateSettings
+from rlvr_lightning.training.settings import ComputeSettings, OptimSettings
 
 MODES = {  # name → rollout settings
     "sync": {"max_staleness": 0},
@@ -37,7 +37,7 @@ MODES = {  # name → rollout settings
 def one(mode: str, steps: int, replicas: int) -> dict:
     from rlvr_lightning.algos import GRPO
 
-    module = embedded_module(GRPO(kl_coef=0.001, optim=OptimSettings(lr=3e-5), update=UpdateSettings(micro_batch_size=128)), engine="vllm-server",
+    module = embedded_module(GRPO(kl_coef=0.001, optim=OptimSettings(lr=3e-5), compute=ComputeSettings(micro_batch_size=128)), engine="vllm-server",
                              server_replicas=replicas, **MODES[mode])  # fmt: skip
     batches = prompt_batches(module)
     times, ahead = [], []

@@ -11,13 +11,13 @@ with, so CPU runs stay bit-identical. On CUDA they are the fast ones:
 - `rollout.dtype` bfloat16 (float16 on a card without bf16) and `rollout.enforce_eager` false (CUDA graphs:
   a decode step costs vLLM roughly 1–5 ms instead of 10–20 ms eager);
 - bf16 compute with fp32 master weights: `trainer.precision` bf16-mixed (autocast), or, under FSDP2, FSDP2's
-  own MixedPrecisionPolicy (`model.update.fsdp_param_dtype` bfloat16: bf16 all-gathers and compute, fp32 gradient
+  own MixedPrecisionPolicy (`model.compute.fsdp_param_dtype` bfloat16: bf16 all-gathers and compute, fp32 gradient
   reduction and sharded masters) with `trainer.precision` 32-true, so that bf16 is applied once, not by
   autocast on top of bf16 parameters. A bf16 or fp16 precision the user chooses under FSDP2 keeps the
   parameters fp32 for the same reason. A card without bf16 trains in fp32 (fp16 training needs a loss
   scaler, which the update does not run);
 - `rollout.gpu_memory_utilization`: see `gpu_memory_share`;
-- `model.update.packing` (padding-free micro-batches) on.
+- `model.compute.packing` (padding-free micro-batches) on.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any
 # The settings that resolve from the device, in the order the start-up block prints them.
 KEYS = (
     "trainer.precision",
-    "model.update.fsdp_param_dtype",
-    "model.update.packing",
+    "model.compute.fsdp_param_dtype",
+    "model.compute.packing",
     "rollout.dtype",
     "rollout.enforce_eager",
     "rollout.gpu_memory_utilization",
@@ -38,8 +38,8 @@ KEYS = (
 # What every run had before the defaults followed the device; still every non-CUDA device's.
 CPU_DEFAULTS: dict[str, Any] = {
     "trainer.precision": "32-true",
-    "model.update.fsdp_param_dtype": "float32",
-    "model.update.packing": False,
+    "model.compute.fsdp_param_dtype": "float32",
+    "model.compute.packing": False,
     "rollout.dtype": "float32",
     "rollout.enforce_eager": True,
     "rollout.gpu_memory_utilization": 0.3,  # unused off a GPU; kept as it was
@@ -105,15 +105,15 @@ def cuda_defaults(bf16: bool, given: Mapping[str, Any], fsdp: bool, sleep_level:
     precision = given.get("trainer.precision")
     user_half_precision = precision is not None and str(precision).startswith(("bf16", "16"))
     fsdp_bf16 = bf16 and not user_half_precision  # FSDP2 computes in bf16 unless the user's precision already does
-    fsdp_param_dtype = given.get("model.update.fsdp_param_dtype") or ("bfloat16" if fsdp_bf16 else "float32")
+    fsdp_param_dtype = given.get("model.compute.fsdp_param_dtype") or ("bfloat16" if fsdp_bf16 else "float32")
     if not bf16 or (fsdp and fsdp_param_dtype == "bfloat16"):
         trainer_precision = "32-true"  # fp32 (no bf16), or bf16 from FSDP2's policy: not autocast again
     else:
         trainer_precision = "bf16-mixed"
     return {
         "trainer.precision": trainer_precision,
-        "model.update.fsdp_param_dtype": fsdp_param_dtype,
-        "model.update.packing": True,
+        "model.compute.fsdp_param_dtype": fsdp_param_dtype,
+        "model.compute.packing": True,
         "rollout.dtype": half,
         "rollout.enforce_eager": False,
         "rollout.gpu_memory_utilization": gpu_memory_share(sleep_level, engine_elsewhere),
@@ -127,14 +127,14 @@ class DeviceDefaults:
     accelerator: Accelerator
     values: dict[str, Any]
     from_device: frozenset[str]
-    keys: tuple[str, ...] = KEYS  # the settings the run has (`model.update.packing` only for a module that has it)
+    keys: tuple[str, ...] = KEYS  # the settings the run has (`model.compute.packing` only for a module that has it)
 
     def source(self, key: str) -> str:
         return f"device default ({self.accelerator.kind})" if key in self.from_device else "your config"
 
     def section(self, name: str) -> dict[str, Any]:
         """The resolved values of one config section (`model`, `rollout`, `trainer`), by option name (a
-        group's as `group.option`: `update.packing`)."""
+        group's as `group.option`: `compute.packing`)."""
         return {key.split(".", 1)[1]: self.values[key] for key in self.keys if key.startswith(f"{name}.")}
 
     def block(self) -> str:
@@ -194,7 +194,7 @@ def _section(cfg, key: str):
 
 
 def config_keys(cfg) -> tuple[str, ...]:
-    """The device-defaulted settings this configuration has (`model.update.packing` only for a module that has it)."""
+    """The device-defaulted settings this configuration has (`model.compute.packing` only for a module that has it)."""
     return tuple(key for key in KEYS if _section(cfg, key) is not None)
 
 

@@ -70,7 +70,7 @@ def shard_policy(
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    check_choice("model.update.fsdp_param_dtype", param_dtype, ("float32", "bfloat16"))
+    check_choice("model.compute.fsdp_param_dtype", param_dtype, ("float32", "bfloat16"))
     policy = MixedPrecisionPolicy(param_dtype=getattr(torch, param_dtype), reduce_dtype=torch.float32)
     if activation_checkpointing:
         checkpoint_layers(model)

@@ -23,7 +23,7 @@ def doctor_args(extra: list[str], workdir) -> list[str]:
     dtype = "bfloat16" if torch.cuda.is_available() else "float32"
     return [
         "--config", str(REPO / "configs/base.yaml"), "--config", str(REPO / "configs/algo/grpo.yaml"),
-        "--config", str(REPO / "configs/strategy/fsdp.yaml"), "--model.init_args.update.fsdp_param_dtype", dtype,
+        "--config", str(REPO / "configs/strategy/fsdp.yaml"), "--model.init_args.compute.fsdp_param_dtype", dtype,
         "--rollout.engine", "hf", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(workdir), *extra,
     ]  # fmt: skip
 

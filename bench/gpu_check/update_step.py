@@ -31,7 +31,7 @@ class UpdateShape:
     prompt_tokens: int
     response_tokens: int
     micro_batches: int = 1  # per optimizer step (gradients accumulate)
-    chunk_tokens: int = 2048  # model.update.logprob_chunk_tokens
+    chunk_tokens: int = 2048  # model.compute.logprob_chunk_tokens
     activation_checkpointing: bool = False
     packing: bool = False
 

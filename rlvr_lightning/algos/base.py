@@ -16,7 +16,7 @@ from rlvr_lightning.pieces import kinds
 from rlvr_lightning.training import wiring
 from rlvr_lightning.training.engine_session import EngineSession
 from rlvr_lightning.training.generation import generate
-from rlvr_lightning.training.settings import BehaviourSettings, OptimSettings, StepSettings, UpdateSettings
+from rlvr_lightning.training.settings import BehaviourSettings, ComputeSettings, OptimSettings, StepSettings
 from rlvr_lightning.training.step import Optimization, Skipped, StepAlgorithm, StepResult, TrainingStep
 from rlvr_lightning.training.update import NonFiniteGuard
 
@@ -42,7 +42,7 @@ class RLVRModule(L.LightningModule):
         num_mini_batches: int = 1,
         ppo_epochs: int = 1,
         optim: OptimSettings = OptimSettings(),
-        update: UpdateSettings = UpdateSettings(),
+        compute: ComputeSettings = ComputeSettings(),
         behaviour: BehaviourSettings = BehaviourSettings(),
         lora: LoraSettings | None = None,
     ) -> None:
@@ -65,7 +65,7 @@ class RLVRModule(L.LightningModule):
             num_mini_batches: K optimizer steps per rollout batch; the prompts are split into K mini-batches.
             ppo_epochs: passes over the rollout batch.
             optim: AdamW and its schedule (`training.settings.OptimSettings`).
-            update: how the update runs: micro-batches, chunks, packing, memory (`UpdateSettings`).
+            compute: how the update is computed: micro-batches, chunks, packing, memory (`ComputeSettings`).
             behaviour: where θ_old's log-probs come from (`BehaviourSettings`).
             lora: train a LoRA adapter (PEFT) instead of every weight (`models.lora.LoraSettings`).
         """
@@ -80,7 +80,7 @@ class RLVRModule(L.LightningModule):
         self.rollout_batches = 0  # completed rollout batches: the x-axis of every metric
         self.latest_val: dict[str, float] = {}
         self.session = EngineSession()  # the engine, weight sync, stream; attached at fit start
-        self.nonfinite = NonFiniteGuard(self.settings.update.max_nonfinite_steps)
+        self.nonfinite = NonFiniteGuard(self.settings.compute.max_nonfinite_steps)
 
     def configure_model(self) -> None:
         if self.policy is None:  # built here, where FSDP shards them

@@ -9,12 +9,12 @@ from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.models.lora import LoraSettings
 from rlvr_lightning.planner.settings import PlanSettings
 from rlvr_lightning.rollout.settings import RolloutSettings
-from rlvr_lightning.training.settings import BehaviourSettings, OptimSettings, UpdateSettings
+from rlvr_lightning.training.settings import BehaviourSettings, ComputeSettings, OptimSettings
 
 # The module's settings groups, each a section of its own here (`model.optim.lr`).
 GROUPS = {
     "model.optim": OptimSettings,
-    "model.update": UpdateSettings,
+    "model.compute": ComputeSettings,
     "model.behaviour": BehaviourSettings,
     "model.lora": LoraSettings,
 }

@@ -282,9 +282,9 @@ def fsdp_step(s: Setup) -> Row:
 
 # ---- 3. the chunked LM head ---------------------------------------------------------------------------------
 def chunked_head(s: Setup) -> Row:
-    name, chunk = "chunked LM head", s.settings.update.logprob_chunk_tokens
+    name, chunk = "chunked LM head", s.settings.compute.logprob_chunk_tokens
     if chunk <= 0:
-        return Row(name, SKIP, note="model.init_args.update.logprob_chunk_tokens=0: the run computes the full logits")
+        return Row(name, SKIP, note="model.init_args.compute.logprob_chunk_tokens=0: the run computes the full logits")
     model = s.trainer_policy
     unsupported = supports_chunked_head(model)
     if unsupported is not None:
@@ -297,7 +297,7 @@ def chunked_head(s: Setup) -> Row:
     diff, tol = masked_max(full - chunked, t.response_mask), default_sync_tol(s.trainer_dtype, s.trainer_dtype)
     figure = f"max |Δ log-prob| {diff:.1e} (tol {tol:g}, {s.trainer_dtype}, chunks of {chunk})"
     if diff > tol:
-        return Row(name, FAIL, figure, "set model.init_args.update.logprob_chunk_tokens 0 (full logits) and report it")
+        return Row(name, FAIL, figure, "set model.init_args.compute.logprob_chunk_tokens 0 (full logits) and report it")
     return Row(name, PASS, figure)
 
 
@@ -320,7 +320,7 @@ def last_tokens_changed(t: RolloutTensors, vocab: int) -> tuple[RolloutTensors, 
 
 
 def packed_micro_batches(s: Setup) -> Row:
-    """A packed forward (`model.update.packing`; on CUDA the varlen kernel of `models.packed_attention`) against the
+    """A packed forward (`model.compute.packing`; on CUDA the varlen kernel of `models.packed_attention`) against the
     padded one, and its causality and isolation: the bugs of a varlen kernel's arguments (a window that is not
     causal, boundaries off by one) pass a loose agreement on a random model, so each is probed on its own."""
     from rlvr_lightning.models.packed_attention import attention_implementation
@@ -338,7 +338,7 @@ def packed_micro_batches(s: Setup) -> Row:
     used = "sdpa, block-diagonal mask" if used == "sdpa" else used
     figure = f"max |Δ log-prob| {diff:.1e} (tol {tol:g}), leak {leak:.1e} (tol {PACKED_LEAK_TOL:g}); {used}, {s.trainer_dtype}"
     if diff > tol or leak > PACKED_LEAK_TOL:
-        return Row(name, FAIL, figure, "set model.init_args.update.packing false (padded micro-batches) and report it")
+        return Row(name, FAIL, figure, "set model.init_args.compute.packing false (padded micro-batches) and report it")
     return Row(name, PASS, figure)
 
 
@@ -465,8 +465,8 @@ def flash_attention(s: Setup) -> Row:
 CHECKS = [
     ("libraries", libraries, "make setup"),
     ("FSDP2 training step", fsdp_step, "NCCL_DEBUG=INFO shows a NCCL failure; see docs/doctor.md"),
-    ("chunked LM head", chunked_head, "set model.init_args.update.logprob_chunk_tokens 0 (full logits)"),
-    ("packed micro-batches", packed_micro_batches, "set model.init_args.update.packing false (padded micro-batches)"),
+    ("chunked LM head", chunked_head, "set model.init_args.compute.logprob_chunk_tokens 0 (full logits)"),
+    ("packed micro-batches", packed_micro_batches, "set model.init_args.compute.packing false (padded micro-batches)"),
     ("rollout engine", engine_logprobs, "compare rollout.dtype with trainer.precision; see docs/doctor.md"),
     ("weight sync", weight_sync, "rollouts would come from a stale policy; see docs/doctor.md"),
     ("engine sleep → wake", sleep_wake, "set rollout.sleep_level 0"),

@@ -3,7 +3,7 @@ entropy, and (when asked) the LM head's inputs that THR scores from. Every train
 a training step goes through `policy_forward`, so the three always come from the same pass.
 
 Padded (the default), the forward runs over the micro-batch as laid out, [n, P+T]; packed
-(`packed=True`, `model.update.packing`), over its real tokens only, concatenated into one row
+(`packed=True`, `model.compute.packing`), over its real tokens only, concatenated into one row
 (`models.packing`), and the response tokens' results are put back in the same [n, T] grid, so every
 consumer reads the same shapes either way."""
 

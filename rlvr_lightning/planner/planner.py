@@ -136,16 +136,16 @@ def candidate_changes(spec: RunSpec) -> list[tuple[str, dict]]:
     """Changes that lower a rank's peak, smallest first; each is re-planned before it is offered."""
     out = []
     if not spec.activation_checkpointing:
-        out.append(("--model.init_args.update.activation_checkpointing true", {"activation_checkpointing": True}))
+        out.append(("--model.init_args.compute.activation_checkpointing true", {"activation_checkpointing": True}))
     if spec.hardware.gpu and spec.engine.startswith("vllm") and not spec.engine_elsewhere and spec.sleep_level == 0:
         out.append(sleep_mode_change(spec))
     rows = spec.rows_per_forward
     while rows > 1:  # rows of 1 and 2 are measured for every plan: trying these costs nothing
         rows //= 2
-        out.append((f"--model.init_args.update.micro_batch_size {rows}", {"micro_batch_size": rows, "max_tokens_per_micro_batch": None}))
+        out.append((f"--model.init_args.compute.micro_batch_size {rows}", {"micro_batch_size": rows, "max_tokens_per_micro_batch": None}))
     if spec.chunk_tokens == 0 or spec.chunk_tokens > 256:
         chunk = 1024 if spec.chunk_tokens == 0 else spec.chunk_tokens // 4
-        out.append((f"--model.init_args.update.logprob_chunk_tokens {chunk}", {"chunk_tokens": chunk}))
+        out.append((f"--model.init_args.compute.logprob_chunk_tokens {chunk}", {"chunk_tokens": chunk}))
     if spec.hardware.gpu:
         for factor in (2, 4):
             devices, nodes = (spec.devices * factor, spec.nodes) if spec.devices * factor <= 8 else (spec.devices, spec.nodes * factor)

@@ -25,7 +25,7 @@ class RunSpec:
     activation_checkpointing: bool
     micro_batch_size: int
     max_tokens_per_micro_batch: int | None
-    chunk_tokens: int  # model.update.logprob_chunk_tokens
+    chunk_tokens: int  # model.compute.logprob_chunk_tokens
     with_reference: bool  # a KL term against the frozen initial policy, which the run loads
     num_mini_batches: int
     ppo_epochs: int
@@ -46,7 +46,7 @@ class RunSpec:
     whole_groups: bool = False  # micro-batches hold whole groups (a group-level loss; THR or OAR reading them)
     lora: object | None = None  # models.lora.LoraSettings of a LoRA policy
     partial_rollouts: bool = False  # rollout.partial_rollouts in the reproducible stream: segments, each prefilled again
-    # model.update.packing: micro-batches of real tokens only. The worst case planned has no padding, so a packed
+    # model.compute.packing: micro-batches of real tokens only. The worst case planned has no padding, so a packed
     # forward holds the same tokens as a padded one and the plan is the same (on a GPU attention is planned
     # as a fused kernel either way: varlen packed, flash or memory-efficient padded).
     packing: bool = False
@@ -135,7 +135,7 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
         fsdp=strategy.endswith("FSDP2Strategy"),
         precision=str(defaults.values["trainer.precision"]),
         fsdp_param_dtype=settings.fsdp_param_dtype(accelerator),
-        activation_checkpointing=settings.update.activation_checkpointing,
+        activation_checkpointing=settings.compute.activation_checkpointing,
         micro_batch_size=step.layout.micro_batch_size,
         max_tokens_per_micro_batch=step.layout.max_tokens_per_micro_batch,
         chunk_tokens=step.layout.logprob_chunk_tokens,

@@ -20,7 +20,7 @@ class TrainerSetup:
     rows: int  # sequences in the largest forward
     prompt_tokens: int
     response_tokens: int
-    chunk_tokens: int  # model.update.logprob_chunk_tokens
+    chunk_tokens: int  # model.compute.logprob_chunk_tokens
     with_reference: bool  # a KL term against the frozen initial policy: a copy of it
     separate_old_pass: bool  # θ_old from a no-grad forward before the update
     capture_lm_head: bool  # THR reads the LM head's inputs in the update's forward

@@ -87,7 +87,7 @@ def check_run(
     check_behaviour_logprobs(h, behaviour, rollout, corrects_rollouts, max_staleness)
     if objective.needs_whole_groups and not layout.keeps_groups_whole(G):
         raise ConfigError(
-            f"model.policy_loss={h['policy_loss']} couples the {G} rollouts of a group, but model.update.micro_batch_size="
+            f"model.policy_loss={h['policy_loss']} couples the {G} rollouts of a group, but model.compute.micro_batch_size="
             f"{layout.micro_batch_size} would split groups: use a multiple of rollout.group_size={G}, or model.two_pass=true"
         )
     if shapers and not objective.policy_loss["token_advantages"]:

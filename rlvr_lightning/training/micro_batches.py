@@ -1,6 +1,6 @@
 """How the sequences of one forward/backward pass are split into micro-batches.
 
-Two rules, the second opt-in (`model.update.max_tokens_per_micro_batch`):
+Two rules, the second opt-in (`model.compute.max_tokens_per_micro_batch`):
   - by rows: `micro_batch_size` consecutive sequences at a time (groups stay contiguous);
   - by token budget: sequences sorted by length and packed so that each micro-batch's forward,
     rows × (its longest prompt + its longest response), stays within the budget. That is the size of
@@ -10,7 +10,7 @@ Two rules, the second opt-in (`model.update.max_tokens_per_micro_batch`):
     packed with one with a short prompt and a long response costs more than either's own length.
     Sorting puts rows of similar length together, so little padding is left even when response
     lengths spread from hundreds to thousands of tokens.
-Token budgets count real tokens when micro-batches are packed (`model.update.packing`: each micro-batch's
+Token budgets count real tokens when micro-batches are packed (`model.compute.packing`: each micro-batch's
 sequences concatenated without padding, `models.packing`): a micro-batch's forward then costs
 Σ (prompt + response) of its rows, wherever their tokens lie. Every cover costs the same slots then,
 and rows of different lengths may share a micro-batch at no cost, so units are packed first-fit,

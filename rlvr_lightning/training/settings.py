@@ -1,8 +1,8 @@
 """The training module's settings, grouped and checked once when the module is built.
 
 An algorithm's own arguments (its pieces, their knobs, K) stay flat on the module, `--model.init_args.<name>`;
-how it is optimised and how its update runs are groups: `--model.init_args.optim.lr`,
-`--model.init_args.update.micro_batch_size`, `--model.init_args.behaviour.logprobs`. Each group checks its
+how it is optimised and how its update is computed are groups: `--model.init_args.optim.lr`,
+`--model.init_args.compute.micro_batch_size`, `--model.init_args.behaviour.logprobs`. Each group checks its
 own values (`check`); `StepSettings` binds the pieces and checks how they combine, and `StepSettings.resolve`
 adds what needs the run (the `rollout:` section, the device, the callbacks) to give a `ResolvedStep`.
 """
@@ -53,9 +53,9 @@ class OptimSettings:
 
 
 @dataclass(frozen=True)
-class UpdateSettings:
+class ComputeSettings:
     """How a rollout batch's update runs on the hardware: micro-batches, the LM head's chunks, packing,
-    memory and precision (`--model.init_args.update.<name>`). None of these changes the update's value.
+    memory and precision (`--model.init_args.compute.<name>`). None of these changes the update's value.
 
     Args:
         micro_batch_size: sequences per forward/backward (gradient accumulation inside a mini-batch).
@@ -80,13 +80,13 @@ class UpdateSettings:
 
     def check(self) -> None:
         if self.fsdp_param_dtype is not None:
-            check_choice("model.update.fsdp_param_dtype", self.fsdp_param_dtype, ("float32", "bfloat16"))
+            check_choice("model.compute.fsdp_param_dtype", self.fsdp_param_dtype, ("float32", "bfloat16"))
         if self.micro_batch_size < 1:
-            raise ConfigError(f"model.update.micro_batch_size must be ≥ 1, got {self.micro_batch_size}")
+            raise ConfigError(f"model.compute.micro_batch_size must be ≥ 1, got {self.micro_batch_size}")
         if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 1:
-            raise ConfigError(f"model.update.max_tokens_per_micro_batch must be ≥ 1 (or null), got {self.max_tokens_per_micro_batch}")
+            raise ConfigError(f"model.compute.max_tokens_per_micro_batch must be ≥ 1 (or null), got {self.max_tokens_per_micro_batch}")
         if self.logprob_chunk_tokens < 0:
-            raise ConfigError(f"model.update.logprob_chunk_tokens must be ≥ 0 (0 = no chunking), got {self.logprob_chunk_tokens}")
+            raise ConfigError(f"model.compute.logprob_chunk_tokens must be ≥ 0 (0 = no chunking), got {self.logprob_chunk_tokens}")
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class StepSettings:
 
     args: AlgorithmArgs
     optim: OptimSettings
-    update: UpdateSettings
+    compute: ComputeSettings
     behaviour: BehaviourSettings
     lora: LoraSettings | None
     pieces: BoundPieces
@@ -136,7 +136,7 @@ class StepSettings:
         signature says which arguments are left at the library's default."""
         groups = {
             "optim": group_of(OptimSettings, values.get("optim")),
-            "update": group_of(UpdateSettings, values.get("update")),
+            "compute": group_of(ComputeSettings, values.get("compute")),
             "behaviour": group_of(BehaviourSettings, values.get("behaviour")),
         }
         for group in groups.values():
@@ -164,19 +164,19 @@ class StepSettings:
     def hparams(self) -> dict[str, Any]:
         """What the module records: the flat arguments, every knob the pieces run with, and the groups as
         plain dicts (flat MLflow params `model.init_args.optim.lr`; plain pickles in checkpoints)."""
-        groups = {"optim": asdict(self.optim), "update": asdict(self.update), "behaviour": asdict(self.behaviour)}
+        groups = {"optim": asdict(self.optim), "compute": asdict(self.compute), "behaviour": asdict(self.behaviour)}
         lora = None if self.lora is None else asdict(self.lora)
         return {**self.args, "piece_args": piece_args_run_with(self.args), **groups, "lora": lora}
 
     def fsdp_param_dtype(self, accelerator: Accelerator | None = None) -> str:
         """The FSDP2 parameter dtype: the user's, else the device's default (a module built in Python; the
         CLI has resolved it from the trainer's accelerator)."""
-        return self.update.fsdp_param_dtype or default_for("model.update.fsdp_param_dtype", accelerator)
+        return self.compute.fsdp_param_dtype or default_for("model.compute.fsdp_param_dtype", accelerator)
 
     def layout(self, max_response_length: int, accelerator: Accelerator | None = None) -> UpdateLayout:
         """The update's layout; packing the user's, else the device's default."""
-        u = self.update
-        packing = u.packing if u.packing is not None else default_for("model.update.packing", accelerator)
+        u = self.compute
+        packing = u.packing if u.packing is not None else default_for("model.compute.packing", accelerator)
         return UpdateLayout(
             self.args["num_mini_batches"],
             self.args["ppo_epochs"],

@@ -35,7 +35,7 @@ def policies(settings: StepSettings, datamodule: Any, device_mesh: Any) -> tuple
         settings.pieces.objective.needs_reference,
         device_mesh,
         settings.fsdp_param_dtype(),
-        settings.update.activation_checkpointing,
+        settings.compute.activation_checkpointing,
         settings.lora,
         datamodule.hparams.seed,
     )
@@ -59,7 +59,7 @@ def engine_spec(module: Any) -> EngineSpec:
         settings.lora,
         engine_dt,
         trainer_dt,
-        settings.update.logprob_chunk_tokens,
+        settings.compute.logprob_chunk_tokens,
         trainer.strategy.barrier,
     )
 

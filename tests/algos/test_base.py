@@ -16,7 +16,7 @@ from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.standalone import standalone
 from rlvr_lightning.training.behaviour import FromUpdateForward, Precomputed, separate_pass
-from rlvr_lightning.training.settings import BehaviourSettings, OptimSettings, UpdateSettings
+from rlvr_lightning.training.settings import BehaviourSettings, ComputeSettings, OptimSettings
 from rlvr_lightning.training.step_metrics import MetricAccumulator
 from tests.support.settings import checked, resettle
 
@@ -99,7 +99,7 @@ def trainer_old_logp(module, inputs, micro_batch_size=8):
     """θ_old's log-probs from the trainer's separate no-grad pass."""
     layout = lambda rows, _whole_groups: list(rows.split(micro_batch_size))  # noqa: E731
     return separate_pass(
-        module.policy, None, inputs.tensors, inputs.temperature, layout, module.settings.update.logprob_chunk_tokens,
+        module.policy, None, inputs.tensors, inputs.temperature, layout, module.settings.compute.logprob_chunk_tokens,
         with_old=True,
     )[0]
 
@@ -227,7 +227,7 @@ def test_first_mini_batch_after_a_rollout_is_exactly_on_policy(tiny_policy_dir, 
     """At θ = θ_old the θ_old log-probs the loss receives are the policy's own (an independent forward),
     whichever strategy produced them, and the ratio is 1 with nothing clipped."""
     cls, kwargs = PRESETS[preset]
-    module = attach(cls, tiny_policy_dir, update=UpdateSettings(micro_batch_size=3), **{**kwargs, "num_mini_batches": num_mini_batches})
+    module = attach(cls, tiny_policy_dir, compute=ComputeSettings(micro_batch_size=3), **{**kwargs, "num_mini_batches": num_mini_batches})
     # A loss that reads the whole step first (a token selection) needs θ_old before the update: its own pass.
     one_pass = num_mini_batches == 1 and not module.settings.pieces.objective.reads_step_first
     assert module.rlvr_step.resolved.behaviour == ("update" if one_pass else "trainer")
@@ -264,7 +264,7 @@ def test_old_logprobs_from_the_update_forward_equal_a_separate_pass(tiny_policy_
     same loss and gradient as with θ_old's log-probs from their own no-grad forward, and the log-probs
     the update recorded are exactly those."""
     cls, kwargs = PRESETS[preset]
-    module = attach(cls, tiny_policy_dir, update=UpdateSettings(micro_batch_size=3), **kwargs)
+    module = attach(cls, tiny_policy_dir, compute=ComputeSettings(micro_batch_size=3), **kwargs)
     if module.rlvr_step.resolved.behaviour != "update":
         pytest.skip("this preset's θ_old does not come from the update's forward")
     inputs = prepared(module, sample_rollout(module))
@@ -375,7 +375,7 @@ def test_several_updates_per_rollout_batch_keep_theta_old_fixed(tiny_policy_dir)
     mini-batch, taken after the first optimizer step, sees ratios ≠ 1 (off policy), while θ_old's
     log-probs are those of the policy that sampled. Reading θ_old from the update's forward here
     would make every ratio exactly 1."""
-    module = attach(GRPO, tiny_policy_dir, num_mini_batches=2, optim=OptimSettings(lr=1e-2), update=UpdateSettings(micro_batch_size=8))
+    module = attach(GRPO, tiny_policy_dir, num_mini_batches=2, optim=OptimSettings(lr=1e-2), compute=ComputeSettings(micro_batch_size=8))
     assert module.rlvr_step.resolved.behaviour == "trainer"
     rollout = sample_rollout(module)
     inputs = prepared(module, rollout)
@@ -388,7 +388,7 @@ def test_several_updates_per_rollout_batch_keep_theta_old_fixed(tiny_policy_dir)
 def test_several_passes_over_a_rollout_batch_keep_theta_old_and_step_the_optimizer_each_time(tiny_policy_dir):
     """ppo_epochs = 2 × num_mini_batches = 2: four optimizer steps on one rollout batch, θ_old from the pass
     before the update (fixed), the later steps off policy, and the schedule advanced four times."""
-    module = attach(GRPO, tiny_policy_dir, num_mini_batches=2, ppo_epochs=2, optim=OptimSettings(lr=1e-2), update=UpdateSettings(micro_batch_size=8))
+    module = attach(GRPO, tiny_policy_dir, num_mini_batches=2, ppo_epochs=2, optim=OptimSettings(lr=1e-2), compute=ComputeSettings(micro_batch_size=8))
     assert module.rlvr_step.resolved.behaviour == "trainer"
     inputs = prepared(module, sample_rollout(module))
     before = trainer_old_logp(module, inputs)

@@ -13,7 +13,7 @@ from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces.real import real_grad_weights, real_loss
 from rlvr_lightning.pieces.token_losses import sequence_log_ratio
 from rlvr_lightning.rollout.types import Verdict
-from rlvr_lightning.training.settings import UpdateSettings
+from rlvr_lightning.training.settings import ComputeSettings
 from tests.algos.test_base import attach, gradient, independent_logprobs, prepared, sample_rollout, with_old_logp
 from tests.support.settings import checked, resettle
 
@@ -127,7 +127,7 @@ def test_non_mixed_groups_count_in_the_prompt_normaliser(tiny_policy_dir, varian
     """Through the module's own step (it counts B, or M, itself): group 1 is all wrong, so it adds nothing
     to the sum but counts in B = 2 prompts (not 8 sequences, not 1 mixed group); M = 4 mixed rollouts. Loss
     and gradient equal the formula written out over an independent forward of the policy, off policy."""
-    module = attach(REAL, tiny_policy_dir, policy_loss=f"real-{variant}", update=UpdateSettings(micro_batch_size=4))
+    module = attach(REAL, tiny_policy_dir, policy_loss=f"real-{variant}", compute=ComputeSettings(micro_batch_size=4))
     rollout = sample_rollout(module)
     rollout = rollout.scored(Verdict(torch.cat([rollout.correct[:4], torch.zeros(4)])))  # group 1 all wrong
     inputs = prepared(module, rollout)
@@ -192,7 +192,7 @@ def test_two_pass_skips_its_first_pass_on_policy(tiny_policy_dir):
 
 
 def test_group_splitting_micro_batches_are_refused_without_two_pass(tiny_policy_dir):
-    module = attach(REAL, tiny_policy_dir, update=UpdateSettings(micro_batch_size=6), num_mini_batches=2)  # G = 4
+    module = attach(REAL, tiny_policy_dir, compute=ComputeSettings(micro_batch_size=6), num_mini_batches=2)  # G = 4
     with pytest.raises(ConfigError, match="two_pass"):
         checked(module)
 def test_real_config_errors():

@@ -13,7 +13,7 @@ from rlvr_lightning.attribution.thr import dominant_tokens, group_thr_scores, th
 from rlvr_lightning.callbacks.attribution import THRAttribution
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.models.forward import policy_forward
-from rlvr_lightning.training.settings import UpdateSettings
+from rlvr_lightning.training.settings import ComputeSettings
 from rlvr_lightning.training.shaping import HiddenWeigher
 from tests.algos.test_base import attach, gradient, prepared, sample_rollout
 from tests.support.settings import checked
@@ -195,7 +195,7 @@ def thr_update(tiny_policy_dir, p, micro_batch_size, rollout_edit=None):
     reads θ_old's LM-head inputs in the update's forward, 3 (splits groups) in the separate no-grad pass.
     What it returns: `THRRun`."""
     thr = THRAttribution(p=p, threshold="all")
-    module = with_thr(GRPO, tiny_policy_dir, thr, update=UpdateSettings(micro_batch_size=micro_batch_size))
+    module = with_thr(GRPO, tiny_policy_dir, thr, compute=ComputeSettings(micro_batch_size=micro_batch_size))
     rollout = sample_rollout(module)
     if rollout_edit:
         rollout_edit(rollout)
@@ -258,7 +258,7 @@ def test_thr_composes_with_gspo_token_and_is_refused_where_it_cannot(tiny_policy
     with pytest.raises(ConfigError, match="policy_loss=gspo does not honour them"):
         checked(with_thr(GSPO, tiny_policy_dir, THRAttribution(p=0.2), num_mini_batches=2))
     with pytest.raises(ConfigError, match="policy_loss=real-anchor does not honour them"):
-        checked(with_thr(REAL, tiny_policy_dir, THRAttribution(p=0.2), update=UpdateSettings(micro_batch_size=4), num_mini_batches=1))
+        checked(with_thr(REAL, tiny_policy_dir, THRAttribution(p=0.2), compute=ComputeSettings(micro_batch_size=4), num_mini_batches=1))
     with pytest.raises(ConfigError, match="policy_loss=gmpo does not honour them"):  # one term per sequence
         checked(with_thr(GRPO, tiny_policy_dir, THRAttribution(p=0.2), policy_loss="gmpo"))
     for loss in ("cispo", "sapo"):  # per-token losses take the reshaped token advantages

@@ -14,7 +14,7 @@ from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.standalone import standalone
-from rlvr_lightning.training.settings import OptimSettings, UpdateSettings
+from rlvr_lightning.training.settings import ComputeSettings, OptimSettings
 from rlvr_lightning.training.step_metrics import StepResult
 
 
@@ -26,7 +26,7 @@ def test_export_reproduces_greedy_outputs_in_transformers_and_vllm(tmp_path, qui
 
     _, model_dir = quick_warm_start
     dm = RolloutDataModule(model_name_or_path=str(model_dir), batch_size=8, val_data=None, rollout=RolloutSettings(group_size=8, max_response_length=24))  # fmt: skip
-    module = standalone(GRPO(optim=OptimSettings(lr=1e-3), update=UpdateSettings(micro_batch_size=16)), dm, callbacks=[RewardVerifier(num_workers=1)])
+    module = standalone(GRPO(optim=OptimSettings(lr=1e-3), compute=ComputeSettings(micro_batch_size=16)), dm, callbacks=[RewardVerifier(num_workers=1)])
     before = {name: p.detach().clone() for name, p in module.policy.named_parameters()}
     for batch in dm.train_dataloader():  # until a batch with a mixed group has moved the weights
         assert isinstance(module.train_on_batch(batch), StepResult)  # an update, then the weights go to the engine

@@ -56,5 +56,7 @@ def test_verbose_flag_is_removed_and_changes_nothing(clean_env, flag):
 )  # fmt: skip
 def test_progress_bar_counts_rollout_batches(max_steps, max_epochs, num_mini_batches, ppo_epochs, expected):
     trainer = SimpleNamespace(max_steps=max_steps, max_epochs=max_epochs, num_training_batches=520)
-    module = SimpleNamespace(hparams=SimpleNamespace(num_mini_batches=num_mini_batches, ppo_epochs=ppo_epochs))
+    from rlvr_lightning.algos import GRPO
+
+    module = GRPO(num_mini_batches=num_mini_batches, ppo_epochs=ppo_epochs)  # no weights until configure_model
     assert rollout_batches_total(trainer, module) == expected

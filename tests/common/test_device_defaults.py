@@ -23,12 +23,12 @@ from tests.support.settings import resettle
 CPU, CUDA = Accelerator("cpu"), Accelerator("cuda", bf16=True)
 CONFIG = ["--config", str(REPO / "configs/base.yaml"), "--config", str(REPO / "configs/algo/grpo.yaml")]
 # What every run was given before the defaults followed the device (written out: a changed CPU value must fail).
-TODAYS = {"trainer.precision": "32-true", "model.update.fsdp_param_dtype": "float32", "model.update.packing": False,
+TODAYS = {"trainer.precision": "32-true", "model.compute.fsdp_param_dtype": "float32", "model.compute.packing": False,
           "rollout.dtype": "float32", "rollout.enforce_eager": True, "rollout.gpu_memory_utilization": 0.3}  # fmt: skip
-FAST = {"trainer.precision": "bf16-mixed", "model.update.fsdp_param_dtype": "bfloat16", "model.update.packing": True,
+FAST = {"trainer.precision": "bf16-mixed", "model.compute.fsdp_param_dtype": "bfloat16", "model.compute.packing": True,
         "rollout.dtype": "bfloat16", "rollout.enforce_eager": False, "rollout.gpu_memory_utilization": 0.3}  # fmt: skip
 # A value for every setting that is neither device's default: the user's, which must win on both.
-USERS = {"trainer.precision": "16-mixed", "model.update.fsdp_param_dtype": "float32", "model.update.packing": False,
+USERS = {"trainer.precision": "16-mixed", "model.compute.fsdp_param_dtype": "float32", "model.compute.packing": False,
          "rollout.dtype": "float16", "rollout.enforce_eager": True, "rollout.gpu_memory_utilization": 0.7}  # fmt: skip
 
 
@@ -65,17 +65,17 @@ def test_under_fsdp2_bf16_compute_is_applied_once():
     """FSDP2's MixedPrecisionPolicy computes in bf16 (fp32 masters and reduction): the trainer's precision is then
     not autocast on top; a half precision the user chooses keeps the FSDP2 parameters fp32 instead."""
     fsdp = resolve_device_defaults(CUDA, {}, fsdp=True).values
-    assert (fsdp["model.update.fsdp_param_dtype"], fsdp["trainer.precision"]) == ("bfloat16", "32-true")
-    assert trainer_compute_dtype(fsdp["trainer.precision"], fsdp["model.update.fsdp_param_dtype"]) == "bfloat16"
+    assert (fsdp["model.compute.fsdp_param_dtype"], fsdp["trainer.precision"]) == ("bfloat16", "32-true")
+    assert trainer_compute_dtype(fsdp["trainer.precision"], fsdp["model.compute.fsdp_param_dtype"]) == "bfloat16"
     autocast = resolve_device_defaults(CUDA, {"trainer.precision": "bf16-mixed"}, fsdp=True).values
-    assert (autocast["model.update.fsdp_param_dtype"], autocast["trainer.precision"]) == ("float32", "bf16-mixed")
+    assert (autocast["model.compute.fsdp_param_dtype"], autocast["trainer.precision"]) == ("float32", "bf16-mixed")
     plain = resolve_device_defaults(CUDA, {}).values  # no FSDP2: autocast is the one place
     assert trainer_compute_dtype(plain["trainer.precision"], None) == "bfloat16"
 
 
 def test_a_cuda_card_without_bf16_gets_an_fp16_engine_and_an_fp32_trainer():
     resolved = resolve_device_defaults(Accelerator("cuda", bf16=False), {}, fsdp=True).values
-    assert (resolved["rollout.dtype"], resolved["trainer.precision"], resolved["model.update.fsdp_param_dtype"]) == (
+    assert (resolved["rollout.dtype"], resolved["trainer.precision"], resolved["model.compute.fsdp_param_dtype"]) == (
         "float16", "32-true", "float32")  # fmt: skip
 
 
@@ -134,16 +134,16 @@ def cli_argv(monkeypatch, tmp_path):
 def test_make_train_on_cuda_resolves_prints_and_records_the_fast_defaults(cli_argv, cuda_machine, capsys):
     cli = resolved_cli()
     cfg = cli.config
-    values = (cfg.trainer.precision, cfg.model.init_args.update.fsdp_param_dtype, cfg.rollout.dtype, cfg.rollout.enforce_eager,
+    values = (cfg.trainer.precision, cfg["model.init_args.compute.fsdp_param_dtype"], cfg.rollout.dtype, cfg.rollout.enforce_eager,
               cfg.rollout.gpu_memory_utilization)  # fmt: skip
     assert values == ("bf16-mixed", "bfloat16", "bfloat16", False, 0.3)
-    assert cfg.model.init_args.update.packing is True
+    assert cfg.model.init_args.compute.packing is True
     out = capsys.readouterr().out
     assert "settings that follow the device (cuda, bf16):" in out
     assert out.count("from: device default (cuda)") == len(cli.device_defaults.keys)
     assert "rollout.dtype                    bfloat16    from: device default (cuda)" in out
     params = recorded_params(cli)
-    assert (params["trainer.precision"], params["rollout.dtype"], params["model.init_args.update.fsdp_param_dtype"]) == (
+    assert (params["trainer.precision"], params["rollout.dtype"], params["model.init_args.compute.fsdp_param_dtype"]) == (
         "bf16-mixed", "bfloat16", "bfloat16")  # fmt: skip
     assert params["rollout.enforce_eager"] is False and params["rollout.gpu_memory_utilization"] == 0.3
     assert params["device_defaults.accelerator"] == "cuda, bf16"
@@ -155,7 +155,7 @@ def test_make_train_on_cuda_keeps_what_the_user_set(cli_argv, cuda_machine, caps
                        "--rollout.sleep_level", "1")  # fmt: skip
     cfg = cli.config
     assert (cfg.trainer.precision, cfg.rollout.dtype, cfg.rollout.enforce_eager) == ("32-true", "float32", True)
-    assert cfg.rollout.gpu_memory_utilization == 0.5 and cfg.model.init_args.update.fsdp_param_dtype == "bfloat16"
+    assert cfg.rollout.gpu_memory_utilization == 0.5 and cfg["model.init_args.compute.fsdp_param_dtype"] == "bfloat16"
     out = capsys.readouterr().out
     assert "trainer.precision                32-true     from: your config" in out
     params = recorded_params(cli)
@@ -166,11 +166,11 @@ def test_make_train_on_cuda_keeps_what_the_user_set(cli_argv, cuda_machine, caps
 def test_make_train_on_cpu_resolves_todays_values(cli_argv, capsys):
     cli = resolved_cli()
     cfg = cli.config
-    values = {"trainer.precision": cfg.trainer.precision, "model.update.fsdp_param_dtype": cfg.model.init_args.update.fsdp_param_dtype,
+    values = {"trainer.precision": cfg.trainer.precision, "model.compute.fsdp_param_dtype": cfg["model.init_args.compute.fsdp_param_dtype"],
               "rollout.dtype": cfg.rollout.dtype, "rollout.enforce_eager": cfg.rollout.enforce_eager,
               "rollout.gpu_memory_utilization": cfg.rollout.gpu_memory_utilization}  # fmt: skip
     assert values == {k: v for k, v in TODAYS.items() if k in values}
-    assert cfg.model.init_args.update.packing is False
+    assert cfg.model.init_args.compute.packing is False
     assert "from: device default (cpu)" in capsys.readouterr().out
     assert recorded_params(cli)["device_defaults.accelerator"] == "cpu"
 
@@ -206,7 +206,7 @@ def test_a_module_built_in_python_packs_as_the_device_it_is_on_does(tiny_policy_
     from tests.algos.test_base import attach
 
     module = attach(GRPO, tiny_policy_dir)
-    assert module.settings.update.packing is None and module.device.type == "cpu"
+    assert module.settings.compute.packing is None and module.device.type == "cpu"
     assert module.rlvr_step.layout.packing is False
     module._device = torch.device("cuda", 0)  # where the trainer would have placed it (nothing is moved)
     assert module.rlvr_step.layout.packing is True

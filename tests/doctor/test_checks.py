@@ -109,9 +109,9 @@ def test_the_doctor_reads_the_trainers_compute_dtype_as_the_run_does(precision, 
     from rlvr_lightning.algos import GRPO
     from rlvr_lightning.training import wiring
     from rlvr_lightning.training.engine_setup import trainer_compute_dtype
-    from rlvr_lightning.training.settings import UpdateSettings
+    from rlvr_lightning.training.settings import ComputeSettings
 
-    settings = GRPO(update=UpdateSettings(fsdp_param_dtype=fsdp_param_dtype)).settings
+    settings = GRPO(compute=ComputeSettings(fsdp_param_dtype=fsdp_param_dtype)).settings
     assert wiring.trainer_dtype(settings, SimpleNamespace(precision=precision), sharded=mesh is not None) == expected
     assert trainer_compute_dtype(precision, fsdp_param_dtype if mesh else None) == expected
 

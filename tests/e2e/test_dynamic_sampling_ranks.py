@@ -85,7 +85,7 @@ def test_dapo_on_two_fsdp_ranks_with_the_hf_engine_stays_in_step(tmp_path, quick
     )
     args = fsdp_args(tmp_path, model_dir, "dapo")
     args += ["--config", str(tmp_path / "uneven.yaml"), "--rollout.engine", "hf", "--rollout_batches", "2",
-             "--model.init_args.num_mini_batches=2", "--model.init_args.update.micro_batch_size=8"]  # fmt: skip
+             "--model.init_args.num_mini_batches=2", "--model.init_args.compute.micro_batch_size=8"]  # fmt: skip
     proc = run_cli(args, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads((tmp_path / "uneven" / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -91,7 +91,7 @@ def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_p
     if lora is not None:  # LoRA's usual larger steps, so the adapter moves measurably in 3 steps
         args += ["--model.init_args.lora.rank=8", "--model.init_args.lora.sync=adapter", "--model.init_args.optim.lr=1e-3"]
     if algo == "thr":  # ~1 or 2 groups of ≤ 8 × 70 tokens per micro-batch, depending on their lengths
-        args.append("--model.init_args.update.max_tokens_per_micro_batch=1000")
+        args.append("--model.init_args.compute.max_tokens_per_micro_batch=1000")
     proc = run_cli(args, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     probe = tmp_path / "probe"

@@ -47,8 +47,8 @@ def test_an_option_of_a_group_in_a_config_file_is_reported_with_its_group(capsys
     flat.write_text("model:\n  init_args:\n    lr: 1.0e-5\n")
     assert "did you mean model.optim.lr?" in cli_error(["--config", str(flat)], capsys)
     misspelt = tmp_path / "misspelt.yaml"
-    misspelt.write_text("model:\n  init_args:\n    update:\n      micro_batch_sise: 8\n")
-    assert "Group 'update' does not accept option 'micro_batch_sise'; did you mean model.update.micro_batch_size" in cli_error(
+    misspelt.write_text("model:\n  init_args:\n    compute:\n      micro_batch_sise: 8\n")
+    assert "Group 'compute' does not accept option 'micro_batch_sise'; did you mean model.compute.micro_batch_size" in cli_error(
         ["--config", str(misspelt)], capsys
     )
 

@@ -1,4 +1,4 @@
-"""`model.update.activation_checkpointing` recomputes each decoder layer in the backward pass, with the policy
+"""`model.compute.activation_checkpointing` recomputes each decoder layer in the backward pass, with the policy
 in eval mode (as it trains), and leaves the gradient unchanged."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from rlvr_lightning.models.packing import packed_layout
 from rlvr_lightning.parallel import checkpoint_layers
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.training.micro_batches import forward_tokens, split_rows
-from rlvr_lightning.training.settings import UpdateSettings
+from rlvr_lightning.training.settings import ComputeSettings
 from tests.models.test_lm_head_transforms import FAMILIES as TRANSFORM_FAMILIES
 from tests.models.test_lm_head_transforms import SHARED, family_model
 from tests.support.settings import resettle
@@ -205,15 +205,15 @@ def module_cases():
     from tests.algos.test_base import attach
     from tests.attribution.test_thr import with_thr
 
-    thr = lambda d, rows: with_thr(GRPO, d, THRAttribution(p=0.3, threshold="all"), update=UpdateSettings(micro_batch_size=rows))  # noqa: E731
+    thr = lambda d, rows: with_thr(GRPO, d, THRAttribution(p=0.3, threshold="all"), compute=ComputeSettings(micro_batch_size=rows))  # noqa: E731
     return {  # (the module, its token budget: the real tokens of about three sequences, or None: rows)
         # θ_old and the reference from the separate pass (two mini-batches), truncated IS on the engine's log-probs.
         "grpo-kl-tis": (
             lambda d: attach(GRPO, d, kl_coef=0.05, rollout_correction="tis-token", num_mini_batches=2),
             64,
         ),
-        "real-whole-groups": (lambda d: attach(REAL, d, update=UpdateSettings(micro_batch_size=4)), None),
-        "real-two-pass": (lambda d: attach(REAL, d, two_pass=True, update=UpdateSettings(micro_batch_size=3)), 64),
+        "real-whole-groups": (lambda d: attach(REAL, d, compute=ComputeSettings(micro_batch_size=4)), None),
+        "real-two-pass": (lambda d: attach(REAL, d, two_pass=True, compute=ComputeSettings(micro_batch_size=3)), 64),
         "thr-read-in-the-update": (lambda d: thr(d, 4), None),
         "thr-separate-pass": (lambda d: thr(d, 3), None),
     }
@@ -235,7 +235,7 @@ def packed_or_padded_update(tiny_policy_dir, case, packing):
     set_engine_logprobs(rollout, -1.0 - 0.1 * torch.rand(8, MAX_LEN, generator=torch.Generator().manual_seed(3)))
     _, inputs, _ = module.rlvr_step.prepare(module.step_context(), rollout)
     acc = MetricAccumulator()
-    loss, grad = gradient(module, inputs, module.settings.update.micro_batch_size, acc, max_tokens=max_tokens)
+    loss, grad = gradient(module, inputs, module.settings.compute.micro_batch_size, acc, max_tokens=max_tokens)
     return dict(inputs=inputs, loss=loss, grad=grad, metrics=acc.result(), shapes=shapes, weights=inputs.token_weights())
 
 
@@ -271,8 +271,8 @@ def test_a_packed_grpo_run_trains_through_the_cli(tmp_path, quick_warm_start):
     from tests.support.cli import run_cli, small_run_args
 
     _, model_dir = quick_warm_start
-    args = [*small_run_args(tmp_path, model_dir), "--model.init_args.update.packing", "true",
-            "--model.init_args.update.max_tokens_per_micro_batch", "96", "--model.init_args.kl_coef", "0.01"]  # fmt: skip
+    args = [*small_run_args(tmp_path, model_dir), "--model.init_args.compute.packing", "true",
+            "--model.init_args.compute.max_tokens_per_micro_batch", "96", "--model.init_args.kl_coef", "0.01"]  # fmt: skip
     proc = run_cli(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
@@ -280,7 +280,7 @@ def test_a_packed_grpo_run_trains_through_the_cli(tmp_path, quick_warm_start):
 
     client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
-    assert run.info.status == "FINISHED" and run.data.params["model.init_args.update.packing"] == "True"
+    assert run.info.status == "FINISHED" and run.data.params["model.init_args.compute.packing"] == "True"
     history = {key: [m.value for m in client.get_metric_history(run.info.run_id, key)] for key in run.data.metrics}
     assert len(history["train/loss"]) == 2 and all(math.isfinite(v) for v in history["train/loss"])
     assert all(math.isfinite(v) for v in history["train/grad_norm"] + history["train/kl"])

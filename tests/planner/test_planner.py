@@ -113,7 +113,7 @@ def test_a_token_budget_below_a_group_plans_whole_groups_where_the_loss_needs_th
 
     monkeypatch.setattr(sys, "argv", ["plan"])
     flags = ["--rollout.group_size", "8", "--rollout.max_response_length", "100", "--data.max_prompt_length", "28",
-             "--model.init_args.update.max_tokens_per_micro_batch", "256"]  # fmt: skip
+             "--model.init_args.compute.max_tokens_per_micro_batch", "256"]  # fmt: skip
     real = run_spec(parse([*BASE[:2], "--config", "configs/algo/real.yaml", *flags])[0], hardware("cpu"))
     grpo = run_spec(parsed(*flags), hardware("cpu"))
     assert (real.whole_groups, real.rows_per_forward) == (True, 8)
@@ -131,8 +131,8 @@ def test_preflight_refuses_on_a_gpu_and_names_the_first_change_that_fits(monkeyp
         preflight(cfg)
     message = str(err.value)
     assert "predicted peak" in message and "against 4.0 GiB" in message, message
-    assert "the first change that fits: --model.init_args.update.micro_batch_size 16" in message, message
-    preflight(parsed(*run, "--model.init_args.update.micro_batch_size", "16"))  # the change it named: no error
+    assert "the first change that fits: --model.init_args.compute.micro_batch_size 16" in message, message
+    preflight(parsed(*run, "--model.init_args.compute.micro_batch_size", "16"))  # the change it named: no error
     preflight(parsed(*run, "--plan.check", "false"))
 
 
@@ -163,7 +163,7 @@ def test_make_train_refuses_a_run_that_will_not_fit_in_one_line(tmp_path, capsys
               "--plan.hardware", "h100", "--plan.device_gib", "4", "--rollout.max_response_length", "1024"])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and err[-1].startswith("error: plan: predicted peak") and "Traceback" not in "".join(err)
-    assert "--model.init_args.update.micro_batch_size 16" in err[-1]
+    assert "--model.init_args.compute.micro_batch_size 16" in err[-1]
     assert not (tmp_path / "cache").exists()  # the embedded warm start was not built
 
 

@@ -15,7 +15,7 @@ from rlvr_lightning.rollout.settings import vllm_auto_dtype
 from rlvr_lightning.rollout.sync import WeightSyncProbe, default_sync_tol
 from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.rollout.vllm_engine import VLLMEngine
-from rlvr_lightning.training.settings import UpdateSettings
+from rlvr_lightning.training.settings import ComputeSettings
 
 PROMPTS = ["What is 1+2-3?\n", "What is 17+20+9?\n", "Hi\n"]  # different lengths: exercises left padding
 
@@ -160,7 +160,7 @@ def test_the_hf_engine_scores_in_the_updates_lm_head_chunks(tiny_policy_dir, mon
     from rlvr_lightning.standalone import standalone
 
     dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=2, val_data=None, rollout=RolloutSettings(engine="hf"))
-    module = standalone(GRPO(update=UpdateSettings(logprob_chunk_tokens=3)), dm)
+    module = standalone(GRPO(compute=ComputeSettings(logprob_chunk_tokens=3)), dm)
     chunks = []
     monkeypatch.setattr(forward, "policy_forward", lambda *a, **kw: chunks.append(kw["chunk_tokens"]) or policy_forward(*a, **kw))
     logp = module.session.engine.logprobs([1, 2, 3], [4, 5, 6, 7])

@@ -5,14 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 from rlvr_lightning.training import wiring
-from rlvr_lightning.training.settings import BehaviourSettings, OptimSettings, StepSettings, UpdateSettings
+from rlvr_lightning.training.settings import BehaviourSettings, ComputeSettings, OptimSettings, StepSettings
 
-GROUPS = {"optim": OptimSettings, "update": UpdateSettings, "behaviour": BehaviourSettings}
+GROUPS = {"optim": OptimSettings, "compute": ComputeSettings, "behaviour": BehaviourSettings}
 
 
 def resettle(module, **changes) -> None:
     """`module` runs its next step with `changes`: flat algorithm arguments by name, a group's fields by theirs
-    (`micro_batch_size=4` changes `update`); the pieces are bound and checked again, as at construction."""
+    (`micro_batch_size=4` changes `compute`); the pieces are bound and checked again, as at construction."""
     values = dict(module.hparams)
     for name, value in changes.items():
         group = next((g for g, cls in GROUPS.items() if name in {f.name for f in dataclasses.fields(cls)}), None)

@@ -9,15 +9,15 @@ import pytest
 from rlvr_lightning.algos import DAPO, GRPO, REAL
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rollout.settings import RolloutSettings
-from rlvr_lightning.training.settings import BehaviourSettings, OptimSettings, StepSettings, UpdateSettings
+from rlvr_lightning.training.settings import BehaviourSettings, ComputeSettings, OptimSettings, StepSettings
 from tests.support.cli import REPO
 
 
 def test_each_group_checks_its_own_values_when_the_module_is_built():
-    with pytest.raises(ConfigError, match="model.update.micro_batch_size must be ≥ 1, got 0"):
-        GRPO(update=UpdateSettings(micro_batch_size=0))
-    with pytest.raises(ConfigError, match="model.update.logprob_chunk_tokens must be ≥ 0"):
-        GRPO(update=UpdateSettings(logprob_chunk_tokens=-1))
+    with pytest.raises(ConfigError, match="model.compute.micro_batch_size must be ≥ 1, got 0"):
+        GRPO(compute=ComputeSettings(micro_batch_size=0))
+    with pytest.raises(ConfigError, match="model.compute.logprob_chunk_tokens must be ≥ 0"):
+        GRPO(compute=ComputeSettings(logprob_chunk_tokens=-1))
     with pytest.raises(ConfigError, match="model.optim.lr_schedule"):
         GRPO(optim=OptimSettings(lr_schedule="linear"))
     with pytest.raises(ConfigError, match="model.behaviour.logprobs"):
@@ -31,12 +31,12 @@ def test_each_group_checks_its_own_values_when_the_module_is_built():
 def test_a_group_given_as_a_dict_is_the_same_settings_and_an_unknown_key_names_the_groups_fields():
     """A checkpoint's hyper-parameters hold the groups as plain dicts (flat MLflow params, plain pickles): a
     module built from them runs with the same settings."""
-    module = DAPO(optim=OptimSettings(lr=3e-5, warmup_steps=2), update=UpdateSettings(micro_batch_size=16))
+    module = DAPO(optim=OptimSettings(lr=3e-5, warmup_steps=2), compute=ComputeSettings(micro_batch_size=16))
     again = DAPO(**{k: v for k, v in module.hparams.items() if k != "lora"})
     assert module.hparams["optim"] == {"lr": 3e-5, "weight_decay": 0.0, "warmup_steps": 2, "lr_schedule": "constant",
                                        "max_grad_norm": 1.0}  # fmt: skip
-    assert (again.settings.optim, again.settings.update, again.settings.behaviour) == (
-        module.settings.optim, module.settings.update, module.settings.behaviour)  # fmt: skip
+    assert (again.settings.optim, again.settings.compute, again.settings.behaviour) == (
+        module.settings.optim, module.settings.compute, module.settings.behaviour)  # fmt: skip
     assert again.settings.args["clip_eps_high"] == 0.28
     with pytest.raises(ConfigError, match="OptimSettings: .*'lrr'.*its settings are lr, weight_decay"):
         GRPO(optim={"lrr": 1e-3})
@@ -53,7 +53,7 @@ def test_the_groups_do_not_feed_the_pieces_knobs_and_two_pass_is_reals():
 
 def test_the_resolved_step_lays_out_the_update_and_picks_theta_olds_source():
     settings = GRPO(num_mini_batches=2, optim=OptimSettings(max_grad_norm=0.5),
-                    update=UpdateSettings(micro_batch_size=3, packing=False)).settings  # fmt: skip
+                    compute=ComputeSettings(micro_batch_size=3, packing=False)).settings  # fmt: skip
     step = settings.resolve(RolloutSettings(group_size=4, max_response_length=8), batch_size=2, check=True)
     layout = step.layout
     assert (layout.num_mini_batches, layout.micro_batch_size, layout.max_grad_norm, layout.norm_const) == (2, 3, 0.5, 8.0)
@@ -63,8 +63,8 @@ def test_the_resolved_step_lays_out_the_update_and_picks_theta_olds_source():
     with pytest.raises(ConfigError, match="data.batch_size=3 prompts must divide into model.num_mini_batches=2"):
         settings.resolve(RolloutSettings(group_size=4), batch_size=3, check=True)
     # A REAL step with micro-batches that split its groups is refused, naming the group's option.
-    real = REAL(num_mini_batches=1, update=UpdateSettings(micro_batch_size=3)).settings
-    with pytest.raises(ConfigError, match="model.update.micro_batch_size=3 would split groups"):
+    real = REAL(num_mini_batches=1, compute=ComputeSettings(micro_batch_size=3)).settings
+    with pytest.raises(ConfigError, match="model.compute.micro_batch_size=3 would split groups"):
         real.resolve(RolloutSettings(group_size=4), batch_size=2, check=True)
 
 
@@ -75,10 +75,10 @@ def test_the_settings_of_a_parsed_configuration_are_the_modules():
 
     configs = REPO / "configs"
     cfg, _ = parse(["--config", str(configs / "base.yaml"), "--config", str(configs / "algo" / "dapo.yaml"),
-                    "--model.init_args.update.micro_batch_size", "8"])  # fmt: skip
+                    "--model.init_args.compute.micro_batch_size", "8"])  # fmt: skip
     settings = StepSettings.of_config(cfg.model)
-    assert settings.optim.lr == 3e-5 and settings.update.micro_batch_size == 8
+    assert settings.optim.lr == 3e-5 and settings.compute.micro_batch_size == 8
     assert settings.args["clip_eps_high"] == 0.28 and settings.optimizer_steps_per_rollout_batch == 4
     built = DAPO(**cfg.model.init_args.as_dict()).settings
-    assert (built.optim, built.update, built.behaviour, dict(built.args)) == (
-        settings.optim, settings.update, settings.behaviour, dict(settings.args))  # fmt: skip
+    assert (built.optim, built.compute, built.behaviour, dict(built.args)) == (
+        settings.optim, settings.compute, settings.behaviour, dict(settings.args))  # fmt: skip

@@ -12,7 +12,7 @@ from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.standalone import standalone
 from rlvr_lightning.training.objective import Objective
-from rlvr_lightning.training.settings import OptimSettings, UpdateSettings
+from rlvr_lightning.training.settings import ComputeSettings, OptimSettings
 
 
 def poison_loss(monkeypatch) -> None:
@@ -28,7 +28,7 @@ def poison_loss(monkeypatch) -> None:
 
 def test_nan_update_is_skipped_with_weights_unchanged_then_stops(tiny_policy_dir, monkeypatch):
     dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=4, val_data=None, rollout=RolloutSettings(group_size=4, max_response_length=8, engine="hf"))  # fmt: skip
-    module = standalone(GRPO(optim=OptimSettings(lr=1e-2), update=UpdateSettings(max_nonfinite_steps=2)), dm, callbacks=[RewardVerifier(num_workers=1)])
+    module = standalone(GRPO(optim=OptimSettings(lr=1e-2), compute=ComputeSettings(max_nonfinite_steps=2)), dm, callbacks=[RewardVerifier(num_workers=1)])
     try:
         batch = next(iter(dm.train_dataloader()))
         before = {k: v.clone() for k, v in module.policy.state_dict().items()}
