@@ -46,8 +46,7 @@ class BehaviourLogprobs(Protocol):
         ...
 
     def token_weights(self) -> torch.Tensor | None:
-        """[N, T] the weights the shapers read from θ_old's LM-head inputs (in the pass before the update, or
-        in its forwards), or None."""
+        """[N, T] the weights the shapers read from θ_old's LM-head inputs in the update's forwards, or None."""
         ...
 
 
@@ -65,11 +64,13 @@ class UpdateInputs:
     temperature: float  # the rollout's sampling temperature: log-probs are those of π/T
     behaviour: BehaviourLogprobs
     shaper_weights: torch.Tensor | None = None  # [N, T] the shapers' own weights, before any forward (None: none)
+    pass_weights: torch.Tensor | None = None  # [N, T] read from θ_old's LM-head inputs in the pass before the update
 
     def token_weights(self) -> torch.Tensor | None:
         """[N, T] every advantage shaper's token weights, composed (None: no shaper weighs): their own, and those
-        read from θ_old's LM-head inputs, in the pass before the update or in its forward (complete after it)."""
-        return compose_token_weights(self.shaper_weights, self.behaviour.token_weights())
+        read from θ_old's LM-head inputs, in the pass before the update or in its forwards (complete after it)."""
+        read = compose_token_weights(self.pass_weights, self.behaviour.token_weights())
+        return compose_token_weights(self.shaper_weights, read)
 
     def loss_batch(self, rows: torch.Tensor, forward: PolicyForward, updates: int = 0) -> LossBatch:
         """The micro-batch `rows` as the loss reads it, given its forward under the current policy."""

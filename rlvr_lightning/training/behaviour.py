@@ -58,13 +58,12 @@ def behaviour_source(
 
 
 class Precomputed:
-    """θ_old's log-probs known before the update (the trainer's separate pass, or the engine's), and the
-    shapers' weights that pass read from θ_old's LM-head inputs."""
+    """θ_old's log-probs known before the update (the trainer's separate pass, or the engine's)."""
 
     reads_lm_head = False
 
-    def __init__(self, old_logp: torch.Tensor, source: BehaviourSource, weights: torch.Tensor | None = None) -> None:
-        self.old_logp, self.source, self._weights = old_logp, source, weights
+    def __init__(self, old_logp: torch.Tensor, source: BehaviourSource) -> None:
+        self.old_logp, self.source = old_logp, source
 
     def loss_batch(self, inputs: UpdateInputs, rows: torch.Tensor, forward: PolicyForward, updates: int = 0) -> LossBatch:
         return select_loss_batch(inputs, rows, forward.tensors, self.old_logp[rows])
@@ -73,7 +72,7 @@ class Precomputed:
         return self.old_logp
 
     def token_weights(self) -> torch.Tensor | None:
-        return self._weights
+        return None
 
 
 class FromUpdateForward:

@@ -71,10 +71,12 @@ def prepare_update(
     elif source == "update":
         behaviour = FromUpdateForward(t.response_mask.shape, device, weigher if weigh_in_update else None)
     else:
-        behaviour = Precomputed(t.rollout_logp if source == "rollout" else old_logp, source, hidden_weights)
+        behaviour = Precomputed(t.rollout_logp if source == "rollout" else old_logp, source)
     advantages = batch.advantages.to(device)[:, None] * t.response_mask
     correct = rollout.correct.to(device, torch.float32)
-    inputs = UpdateInputs(t, advantages, ref_logp, loss_mask, None, correct, G, temperature, behaviour, shaper_weights)
+    inputs = UpdateInputs(
+        t, advantages, ref_logp, loss_mask, None, correct, G, temperature, behaviour, shaper_weights, hidden_weights
+    )
     if (weights := inputs.token_weights()) is not None:  # those known before the update
         inputs = replace(inputs, advantages=advantages * weights.to(device))
     if source == "proximal":
