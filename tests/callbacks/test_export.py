@@ -25,7 +25,10 @@ def test_export_reproduces_greedy_outputs_in_transformers_and_vllm(tmp_path, qui
     from rlvr_lightning.rollout.vllm_engine import VLLMEngine
 
     _, model_dir = quick_warm_start
-    dm = RolloutDataModule(model_name_or_path=str(model_dir), batch_size=8, val_data=None, rollout=RolloutSettings(group_size=8, max_response_length=24))  # fmt: skip
+    # Trained on the HF engine, which samples from the policy being trained: the one vLLM engine here is the
+    # export's. A vLLM training engine (its start-up, weight syncs and sampling) cost most of this test's time,
+    # and weight sync into vLLM is tests/rollout/test_vllm_engine.py's.
+    dm = RolloutDataModule(model_name_or_path=str(model_dir), batch_size=8, val_data=None, rollout=RolloutSettings(group_size=8, max_response_length=24, engine="hf"))  # fmt: skip
     module = standalone(GRPO(optim=OptimSettings(lr=1e-3), compute=ComputeSettings(micro_batch_size=16)), dm, callbacks=[RewardVerifier(num_workers=1)])
     before = {name: p.detach().clone() for name, p in module.policy.named_parameters()}
     for batch in dm.train_dataloader():  # until a batch with a mixed group has moved the weights
