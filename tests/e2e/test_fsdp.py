@@ -22,7 +22,17 @@ from rlvr_lightning.training.step import StepAlgorithm
 from tests.support.cli import REPO, run_cli
 
 STEPS, PROMPTS_PER_RANK, G, RESPONSE = 3, 2, 8, 40
-HPARAMS = dict(lr=1e-4, kl_coef=0.001, micro_batch_size=8)  # micro-batches: accumulation is exercised too
+# The module's options by their CLI names (a group's as `group.option`); micro-batches: accumulation is exercised too.
+HPARAMS = {"optim.lr": 1e-4, "kl_coef": 0.001, "compute.micro_batch_size": 8}
+
+
+def module_args(options: dict) -> dict:
+    """The module's keyword arguments for options by their CLI names (`optim.lr` → `optim={"lr": …}`)."""
+    args: dict = {}
+    for name, value in options.items():
+        group, _, option = name.rpartition(".")
+        (args.setdefault(group, {}) if group else args)[option] = value
+    return args
 
 
 def fsdp_args(tmp_path: Path, model_dir: Path, algo: str = "grpo") -> list[str]:
@@ -56,7 +66,7 @@ def replay(model_dir: Path, probe: Path, callbacks=(), lora: LoraSettings | None
     """The same steps in one process: both ranks' rollouts of a step form one rollout batch (a LoRA policy
     from the run's initial adapter); the final weights as the engine gets them (a LoRA policy's merged)."""
     dm = RolloutDataModule(model_name_or_path=str(model_dir), batch_size=2 * PROMPTS_PER_RANK, val_data=None, rollout=RolloutSettings(group_size=G, max_response_length=RESPONSE, engine="hf"))  # fmt: skip
-    module = standalone(GRPO(**hparams, lora=lora), dm, callbacks=callbacks)
+    module = standalone(GRPO(**module_args(hparams), lora=lora), dm, callbacks=callbacks)
     if lora is not None:
         load_adapter_weights(module.policy, torch.load(probe / "initial_adapter.pt", weights_only=True))
     try:
@@ -114,7 +124,7 @@ def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_p
         GRPO(),
         RolloutDataModule(model_name_or_path=str(model_dir), val_data=None, rollout=RolloutSettings(engine="hf")),
     )
-    hparams = {**HPARAMS, "lr": 1e-3} if lora is not None else HPARAMS
+    hparams = {**HPARAMS, "optim.lr": 1e-3} if lora is not None else HPARAMS
     reference = replay(model_dir, probe, [THRAttribution(p=0.2)] if algo == "thr" else [], lora, hparams)
     moved = max((reference[k] - p).abs().max().item() for k, p in initial.policy.state_dict().items())
     assert moved > 1e-5  # the steps changed the weights, so equality below means something
