@@ -236,16 +236,18 @@ class RolloutSettings:
             return self._build_server_engine(site)
         from rlvr_lightning.rollout.vllm_engine import VLLMEngine
 
-        # Each rank gets its own engine and its own seed, so ranks do not sample identical completions.
-        return VLLMEngine(
-            site.policy_path,
+        return VLLMEngine(site.policy_path, **self.vllm_args(site), sleep_level=self.sleep_level)
+
+    def vllm_args(self, site: EngineSite) -> dict[str, Any]:
+        """What a vLLM engine of this rank runs with, in process or as a `vllm serve` replica. Each rank gets its
+        own seed, so ranks do not sample identical completions."""
+        return dict(
             max_model_len=site.max_model_len,
             dtype=self.dtype,
             seed=site.seed + site.rank,
             kv_cache_gib=self.kv_cache_gib,
             gpu_memory_utilization=self.gpu_memory_utilization,
             enforce_eager=self.enforce_eager,
-            sleep_level=self.sleep_level,
             lora_max_rank=site.lora_max_rank,
         )
 
@@ -255,15 +257,9 @@ class RolloutSettings:
 
         return ServerSpec(
             site.policy_path,
-            max_model_len=site.max_model_len,
-            dtype=self.dtype,
-            seed=site.seed + site.rank,
-            kv_cache_gib=self.kv_cache_gib,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            enforce_eager=self.enforce_eager,
+            **self.vllm_args(site),
             extra_args=list(self.server_args or []),
             start_timeout_s=self.server_start_timeout_s,
-            lora_max_rank=site.lora_max_rank,
         )
 
     def _build_server_engine(self, site: EngineSite) -> RolloutEngine:
