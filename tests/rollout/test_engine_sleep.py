@@ -286,8 +286,8 @@ def test_training_step_releases_engine_memory_once_between_rollouts_and_update(t
         monkeypatch.setattr(PolicyUpdate, "run", lambda *a, **k: calls.append("update") or run(*a, **k))
         module.train_on_batch(next(iter(dm.train_dataloader())))
         # Every generation round (DAPO's second one too) before the one release; the weight sync loads,
-        # then probes the first sync with one score.
+        # then probes the first sync with one log-prob call.
         rounds = ["generate"] * (1 if algo == "grpo" else 2)
-        assert calls == [*rounds, "release_memory", "update", "load_weights", "score"]
+        assert calls == [*rounds, "release_memory", "update", "load_weights", "logprobs"]
     finally:
         module.teardown("fit")
