@@ -135,12 +135,17 @@ def merged(preset: dict) -> dict:
 
 
 def hparam_mismatches(module, init_args: dict) -> list[str]:
+    """Each argument the preset sets, as the module runs with it; a settings group (`optim: {lr: …}`) option by
+    option, the ones the preset leaves at their defaults aside."""
     out = []
     for key, want in (init_args or {}).items():
-        if key not in module.hparams:
+        have = module.hparams.get(key, KeyError)
+        if have is KeyError:
             out.append(f"model.init_args.{key}: not a hyper-parameter of {type(module).__name__}")
-        elif not same(module.hparams[key], want):
-            out.append(f"model.init_args.{key}: preset {want!r}, module {module.hparams[key]!r}")
+        elif isinstance(want, dict) and isinstance(have, dict) and key != "piece_args":
+            out += [f"model.init_args.{key}.{k}: preset {v!r}, module {have.get(k)!r}" for k, v in want.items() if not same(have.get(k), v)]
+        elif not same(have, want):
+            out.append(f"model.init_args.{key}: preset {want!r}, module {have!r}")
     return out
 
 

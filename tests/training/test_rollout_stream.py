@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rlvr_lightning.algos import GRPO
 from rlvr_lightning.callbacks.progress import rollout_batches_total
 from rlvr_lightning.callbacks.rollout import RolloutCallback
 from rlvr_lightning.context import Collectives, StepContext
@@ -78,9 +79,7 @@ def context(max_steps: int, num_mini_batches: int, engine, k: int = 0, group_siz
     """Step k's context (policy version k); the run's length from max_steps as the module computes it."""
     data = SimpleNamespace(train_batch_at=batch_at)
     trainer = SimpleNamespace(max_steps=max_steps, max_epochs=None)
-    total = rollout_batches_total(
-        trainer, SimpleNamespace(hparams=SimpleNamespace(num_mini_batches=num_mini_batches, ppo_epochs=1))
-    )
+    total = rollout_batches_total(trainer, GRPO(num_mini_batches=num_mini_batches))  # no weights until configure_model
     return StepContext(
         policy=None, ref_policy=None, engines=SimpleNamespace(engine=engine), tokenizer=Tokenizer(), data=data,
         sampling=lambda seed: SamplingConfig(group_size=group_size, max_tokens=MAX_TOKENS, seed=seed),
