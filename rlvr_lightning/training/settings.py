@@ -143,7 +143,10 @@ class StepSettings:
             group.check()
         if values["num_mini_batches"] < 1 or values["ppo_epochs"] < 1:
             raise ConfigError("model.num_mini_batches and model.ppo_epochs must be ≥ 1")
-        args = algorithm_args({k: v for k, v in values.items() if k not in (*groups, "lora")}, algorithm)
+        # Piece names as plain strings: the CLI parses them into checked `str` subtypes, which a checkpoint's
+        # hyper-parameters would then pickle by class (and `torch.load(weights_only=True)` refuses).
+        flat = {k: str(v) if isinstance(v, str) else v for k, v in values.items() if k not in (*groups, "lora")}
+        args = algorithm_args(flat, algorithm)
         pieces = BoundPieces.of(args)  # each piece checks its knobs; the combination is checked
         check_behaviour(groups["behaviour"].logprobs, pieces.corrects_rollouts, pieces.proximal)
         return cls(args, **groups, lora=as_settings(values.get("lora")), pieces=pieces)

@@ -82,3 +82,16 @@ def test_the_settings_of_a_parsed_configuration_are_the_modules():
     built = DAPO(**cfg.model.init_args.as_dict()).settings
     assert (built.optim, built.compute, built.behaviour, dict(built.args)) == (
         settings.optim, settings.compute, settings.behaviour, dict(settings.args))  # fmt: skip
+
+
+def test_the_recorded_hyper_parameters_are_plain_values_a_weights_only_checkpoint_loads(tmp_path):
+    """The CLI parses piece names into checked `str` subtypes; a checkpoint's hyper-parameters must hold plain
+    strings and dicts, or `torch.load(weights_only=True)` refuses the resumed run's checkpoint."""
+    import torch
+
+    from rlvr_lightning.pieces.kinds import AdvantageEstimatorName, PolicyLossName
+
+    module = GRPO(advantage_estimator=AdvantageEstimatorName("rloo"), policy_loss=PolicyLossName("ppo-clip"))
+    assert type(module.hparams["advantage_estimator"]) is str and module.settings.args["advantage_estimator"] == "rloo"
+    torch.save({"hyper_parameters": dict(module.hparams)}, tmp_path / "hparams.pt")
+    assert torch.load(tmp_path / "hparams.pt", weights_only=True)["hyper_parameters"]["compute"]["micro_batch_size"] == 64
