@@ -36,7 +36,8 @@ from rlvr_lightning.models.weights import full_weights, load_into_engine
 from rlvr_lightning.rollout.settings import EngineSite, RolloutSettings
 from rlvr_lightning.rollout.sync import EngineSync, default_sync_tol
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, RolloutTensors, SamplingConfig
-from rlvr_lightning.training.engine_setup import engine_compute_dtype, trainer_compute_dtype
+from rlvr_lightning.training import wiring
+from rlvr_lightning.training.engine_setup import engine_compute_dtype
 from rlvr_lightning.training.settings import StepSettings
 
 PASS, FAIL, SKIP = "pass", "FAIL", "skipped"
@@ -92,9 +93,8 @@ class Setup:
 
     @property
     def trainer_dtype(self) -> str:
-        return trainer_compute_dtype(
-            str(self.cfg.trainer.precision), self.settings.fsdp_param_dtype() if self.fsdp else None
-        )
+        # The run's own derivation, from the configuration's trainer section instead of a built trainer.
+        return wiring.trainer_dtype(self.settings, self.cfg.trainer, sharded=self.fsdp)
 
     @property
     def engine_dtype(self) -> str:
