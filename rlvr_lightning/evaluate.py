@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 
@@ -27,15 +28,14 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from lightning.pytorch.loggers import MLFlowLogger
 
-    from rlvr_lightning.algos.base import RLVRModule
-    from rlvr_lightning.callbacks.evaluation import Benchmark, Evaluation
+    from rlvr_lightning.callbacks.evaluation import Benchmark, EvalTarget, Evaluation
     from rlvr_lightning.callbacks.reward import RewardVerifier
     from rlvr_lightning.data.datamodule import RolloutDataModule
     from rlvr_lightning.errors import ConfigError
     from rlvr_lightning.models.checkpoint import is_lightning_checkpoint, policy_from_checkpoint
-    from rlvr_lightning.models.lora import is_adapter_dir, load_adapter_weights, read_adapter
+    from rlvr_lightning.models.lora import is_adapter_dir, read_adapter
     from rlvr_lightning.rollout.settings import RolloutSettings
-    from rlvr_lightning.standalone import standalone
+    from rlvr_lightning.training.generation import sample
 
     names = [bench_name(s) for s in args.bench]
     if len(set(names)) < len(names):
@@ -46,12 +46,6 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
     elif is_adapter_dir(model):  # a LoRA export: its base model, served with the adapter (vLLM's LoRA path)
         adapter = read_adapter(model)
         model = adapter.base_model
-    logger = MLFlowLogger(
-        experiment_name=args.experiment,
-        tracking_uri=args.tracking_uri,
-        run_name=args.run_name,
-        tags={"kind": "evaluation", "model": args.model},
-    )
     if args.max_prompt_length is None:
         from transformers import AutoConfig
 
@@ -59,7 +53,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
 
         context = getattr(AutoConfig.from_pretrained(resolve_policy_path(model)), "max_position_embeddings", 4096)
         args.max_prompt_length = max(1, int(context) - args.max_tokens)
-    # One engine for all benchmarks; the data module's own train/val sets are not used.
+    # The data module holds the prompt template, the tokenizer and the engine's settings; its own
+    # train/val sets are not used.
     rollout = RolloutSettings(
         max_response_length=args.max_tokens,
         temperature=args.temperature,
@@ -82,6 +77,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
         seed=args.seed,
         rollout=rollout,
     )
+    dm.setup("validate")
     benchmarks = [
         Benchmark(
             name=name,
@@ -103,27 +99,53 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
         prefix="eval",
         benchmarks=benchmarks,
     )
-    lora = None if adapter is None else replace(adapter.settings, sync="adapter")
-    module = standalone(
-        RLVRModule(lora=lora),
-        dm,
-        callbacks=[RewardVerifier(num_workers=args.verifier_workers), evaluation],
-        logger=logger,
+    logger = MLFlowLogger(
+        experiment_name=args.experiment,
+        tracking_uri=args.tracking_uri,
+        run_name=args.run_name,
+        tags={"kind": "evaluation", "model": args.model},
     )
-    if adapter is not None:
-        load_adapter_weights(module.policy, adapter.tensors)
-        module.session.load(0)
+    verifier = RewardVerifier(num_workers=args.verifier_workers)
+    engine = model_engine(dm, adapter)
     try:
-        results = evaluation.evaluate(module.trainer, module)
+        target = EvalTarget(partial(sample, engine, dm.tokenizer), dm, verifier, logger)
+        results = evaluation.run(target, step=0)
     finally:
-        for cb in module.trainer.callbacks:
-            cb.teardown(module.trainer, module, "validate")
-        module.teardown("validate")
+        engine.close()
+        verifier.close()
     logger.finalize("success")
     for key, value in sorted(results.items()):
         print(f"{key:45s} {value:.4f}")
     print(f"MLflow run {logger.run_id} in {args.tracking_uri}")
     return results
+
+
+def model_engine(dm, adapter=None):
+    """The engine that samples the evaluated model on this machine (one rank), without a training module: vLLM
+    loads the model from its files and serves `adapter` (a `SavedAdapter`) through its LoRA path; the HF
+    engine samples with the model loaded here, the adapter in place."""
+    from rlvr_lightning.models.forward import sequence_logprobs
+    from rlvr_lightning.models.lora import load_adapter_weights
+    from rlvr_lightning.models.policy import load_policies
+    from rlvr_lightning.rollout.settings import EngineSite
+
+    lora = None if adapter is None else adapter.settings
+    site = EngineSite(
+        dm.policy_path,
+        dm.max_model_len(),
+        dm.hparams.seed,
+        tokenizer=dm.tokenizer,
+        lora_max_rank=None if lora is None else lora.engine_max_rank,
+    )
+    if dm.rollout.engine == "hf":
+        policy, _ = load_policies(dm.policy_path, with_reference=False, lora=lora)
+        if adapter is not None:
+            load_adapter_weights(policy, adapter.tensors)
+        return dm.rollout.build_engine(replace(site, policy=policy, policy_logprobs=partial(sequence_logprobs, policy)))
+    engine = dm.rollout.build_engine(site)
+    if adapter is not None:
+        engine.load_adapter(adapter.tensors.items(), adapter.config, version=0)
+    return engine
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,7 +2,8 @@
 
 Lightning gives a module its trainer, datamodule and model only inside `fit`. `standalone()`
 wires the same objects with a bare CPU/GPU Trainer so that `module.train_on_batch`, each stage of
-`rlvr_lightning.training` and the attribution callbacks run exactly as in training.
+`rlvr_lightning.training` and the attribution callbacks run exactly as in training. (Evaluating a
+model needs no module: `rlvr_lightning.evaluate`.)
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ def standalone(
         enable_model_summary=False,
         callbacks=list(callbacks),
     )
-    trainer._data_connector.attach_datamodule(module, datamodule=datamodule)
-    module.trainer = trainer
+    # What `fit` attaches, through the public attributes (the callbacks and the step read `trainer.datamodule`).
+    trainer.datamodule, datamodule.trainer, module.trainer = datamodule, trainer, trainer
     trainer.strategy.connect(module)
     datamodule.setup("fit")
     module.configure_model()

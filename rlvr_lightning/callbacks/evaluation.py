@@ -14,18 +14,23 @@ sample completions (prompt, completion, parsed answer, gold, reward) as the MLfl
 sampling settings: `val/<name>/accuracy`, `val/<name>/pass_at_<k>`, `val/<name>/maj_at_<k>`,
 `val/<name>/accuracy_greedy`, with the settings recorded as MLflow params `val/<name>/temperature`, ….
 Not a Lightning validation loop: evaluation needs the engine and the verifier, not `validation_step`.
-Under several ranks (FSDP) each rank scores its share of every set and the metrics are reduced over ranks.
+`Evaluation.run` scores an `EvalTarget` (a sampler, the data module, the verifier, a logger), so `make eval`
+evaluates a model without a training module or a trainer. Under several ranks (FSDP) each rank scores its
+share of every set and the metrics are reduced over ranks.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from functools import partial
+from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import Logger
 
 from rlvr_lightning.callbacks.periodic import is_due
 from rlvr_lightning.callbacks.reward import RewardVerifier
@@ -33,7 +38,7 @@ from rlvr_lightning.data.sources import ProblemRecord
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.metrics import MajAtK, PassAtK
 from rlvr_lightning.rewards.extraction import extract_prediction
-from rlvr_lightning.rollout.types import SamplingConfig
+from rlvr_lightning.rollout.types import PromptBatch, Rollout, SamplingConfig
 
 
 @dataclass
@@ -57,6 +62,20 @@ class Benchmark:
     max_tokens: int | None = None
     pass_k: list[int] | None = None
     maj_k: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class EvalTarget:
+    """What one evaluation runs on: in training, the module's engine and the trainer's data module, logger and
+    ranks (`Evaluation.target`); offline (`make eval`), an engine built for the model alone."""
+
+    generate: Callable[[PromptBatch, SamplingConfig], Rollout]  # the policy's completions of a prompt batch
+    data: Any  # the RolloutDataModule: held-out set, prompt template, `rollout:` settings, collate
+    verifier: RewardVerifier
+    logger: Logger | None = None
+    rank: int = 0
+    world_size: int = 1
+    sum_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None  # needed where world_size > 1
 
 
 @dataclass
@@ -134,7 +153,7 @@ class Evaluation(Callback):
         self.temperature = temperature
         self.greedy = greedy
         self.batch_size = batch_size
-        self._last_step = -1
+        self._last_step, self._latest = -1, {}
         self._tasks: list[_Task] | None = None
         self._params_logged = False
 
@@ -205,56 +224,73 @@ class Evaluation(Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.evaluate(trainer, pl_module)
 
-    @torch.no_grad()
     def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
         # x-axis: completed rollout batches, the axis of the train/ metrics whatever the number of
         # optimizer steps per batch (GSPO takes 4), so runs of different algorithms line up in MLflow.
-        step = pl_module.rollout_batches
+        pl_module.latest_val = self.run(self.target(trainer, pl_module), pl_module.rollout_batches)
+        return pl_module.latest_val
+
+    @staticmethod
+    def target(trainer: L.Trainer, pl_module: L.LightningModule) -> EvalTarget:
+        """The training run's policy, data, verifier, logger and ranks as an evaluation target."""
+        strategy, device = trainer.strategy, pl_module.device
+        return EvalTarget(
+            pl_module.generate,
+            trainer.datamodule,
+            _verifier(trainer),
+            trainer.logger,
+            trainer.global_rank,
+            trainer.world_size,
+            lambda sums: strategy.reduce(sums.to(device), reduce_op="sum").cpu(),
+        )
+
+    @torch.no_grad()
+    def run(self, target: EvalTarget, step: int) -> dict[str, float]:
+        """Score every evaluation set on `target` and log the metrics at `step` (once per step)."""
         if step == self._last_step:
-            return pl_module.latest_val
-        verifier = _verifier(trainer)
-        tasks = self.tasks(trainer.datamodule, verifier)
+            return self._latest
+        tasks = self.tasks(target.data, target.verifier)
         if not tasks:
             return {}
-        if trainer.logger is not None and not self._params_logged:  # the settings next to the scores
-            trainer.logger.log_hyperparams({k: v for t in tasks for k, v in t.params().items()})
+        logger = target.logger
+        if logger is not None and not self._params_logged:  # the settings next to the scores
+            logger.log_hyperparams({k: v for t in tasks for k, v in t.params().items()})
             self._params_logged = True
         out: dict[str, float] = {}
         for task in tasks:
             t0 = time.perf_counter()
-            parts, sharded = rank_batches(task.records, trainer.global_rank, trainer.world_size, self.batch_size)
-            batches = [trainer.datamodule.collate(part) for part in parts]
-            score = partial(self._score, pl_module, verifier, batches, sharded=sharded)
+            parts, sharded = rank_batches(task.records, target.rank, target.world_size, self.batch_size)
+            batches = [target.data.collate(part) for part in parts]
+            score = partial(self._score, target, batches, sharded=sharded)
             metrics, samples = score(task.sampling, task.pass_k, task.maj_k)
             if self.greedy:
                 greedy, _ = score(replace(task.sampling, group_size=1, temperature=0.0), [], [])
                 metrics["accuracy_greedy"] = greedy["accuracy"]
             metrics["seconds"] = time.perf_counter() - t0
             out |= {f"{task.prefix}/{k}": v for k, v in metrics.items()}
-            if trainer.logger is not None:
-                self._log_samples(trainer, samples, step, task.prefix)
-        pl_module.latest_val = out
-        self._last_step = step
-        if trainer.logger is not None:
-            trainer.logger.log_metrics(out, step=step)
+            if logger is not None:
+                self._log_samples(logger, samples, step, task.prefix)
+        self._latest, self._last_step = out, step
+        if logger is not None:
+            logger.log_metrics(out, step=step)
         return out
 
-    def _log_samples(self, trainer: L.Trainer, samples: dict[str, list], step: int, prefix: str) -> None:
-        experiment = getattr(trainer.logger, "experiment", None)
+    def _log_samples(self, logger: Logger, samples: dict[str, list], step: int, prefix: str) -> None:
+        experiment = getattr(logger, "experiment", None)
         if not self.log_samples or not samples["prompt"] or not hasattr(experiment, "log_table"):
             return
         table = {k: v[: self.log_samples] for k, v in samples.items()}
         for key in ("prompt", "completion"):
             table[key] = [t if len(t) <= self.max_sample_chars else t[: self.max_sample_chars] + " …" for t in table[key]]
         experiment.log_table(
-            trainer.logger.run_id,
+            logger.run_id,
             data=table | {"step": [step] * len(table["prompt"])},
             artifact_file=f"samples/{prefix.replace('/', '_')}_step_{step:06d}.json",
         )
 
     @staticmethod
     def _score(
-        pl_module, verifier: RewardVerifier, batches, sampling, pass_k: list[int], maj_k: list[int], sharded: bool = False
+        target: EvalTarget, batches, sampling, pass_k: list[int], maj_k: list[int], sharded: bool = False
     ) -> tuple[dict[str, float], dict[str, list]]:
         correct, lengths, no_answer, n_problems = [], [], 0.0, 0
         # Under several ranks each scores its share (`rank_batches`): the torchmetrics states below
@@ -263,8 +299,8 @@ class Evaluation(Callback):
         maj_metrics = {k: MajAtK(k) for k in maj_k}
         samples: dict[str, list] = {"prompt": [], "completion": [], "parsed_answer": [], "gold": [], "reward": []}
         for batch in batches:
-            rollout = pl_module.generate(batch, sampling)
-            c, m = verifier.score(rollout.answers_per_sequence, list(rollout.texts), rollout.truncated)
+            rollout = target.generate(batch, sampling)
+            c, m = target.verifier.score(rollout.answers_per_sequence, list(rollout.texts), rollout.truncated)
             correct.append(c)
             per_problem = c.view(len(batch), sampling.group_size)  # completions are grouped per problem
             for metric in pass_metrics.values():
@@ -286,7 +322,7 @@ class Evaluation(Callback):
         c = torch.cat(correct)
         sums = torch.tensor([c.sum().item(), len(c), sum(lengths), no_answer, n_problems], dtype=torch.float64)
         if sharded:
-            sums = pl_module.trainer.strategy.reduce(sums.to(pl_module.device), reduce_op="sum").cpu()
+            sums = target.sum_over_ranks(sums)
         correct_sum, count, length_sum, no_answer, n_problems = sums.tolist()
         out = {}
         for k, metric in pass_metrics.items():

@@ -103,6 +103,10 @@ class RewardVerifier(RolloutCallback):
         return [r for r, good in zip(records, ok) if good]
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the worker pool (a later score starts a new one)."""
         if self.verifier is not None:
             self.verifier.close()
             self.verifier = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from jsonargparse import Namespace
 
 from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.training.settings import optimizer_steps_per_rollout_batch
 
 
 def resolve_run_length(cfg: Namespace) -> None:
@@ -21,5 +22,4 @@ def resolve_run_length(cfg: Namespace) -> None:
             f"rollout_batches={batches} and trainer.max_steps={max_steps} both set the run's length: give it once, as "
             "--rollout_batches (trainer.max_steps counts optimizer steps; --rollout_batches null leaves it to them)"
         )
-    args = cfg.model.init_args
-    cfg.trainer.max_steps = batches * args.num_mini_batches * args.ppo_epochs
+    cfg.trainer.max_steps = batches * optimizer_steps_per_rollout_batch(cfg.model.init_args)

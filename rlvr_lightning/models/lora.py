@@ -258,6 +258,7 @@ class SavedAdapter:
     settings: LoraSettings
     base_model: str  # the model the adapter applies to (`base_model_name_or_path`)
     tensors: dict[str, torch.Tensor]  # under PEFT's file names
+    config: dict  # its `adapter_config.json`, as a vLLM engine is handed an adapter
 
 
 def read_adapter(path: str | Path) -> SavedAdapter:
@@ -274,7 +275,8 @@ def read_adapter(path: str | Path) -> SavedAdapter:
         target_modules=config["target_modules"],
         use_rslora=config.get("use_rslora", False),
     )
-    return SavedAdapter(settings, config["base_model_name_or_path"], load_file(str(path / "adapter_model.safetensors")))
+    tensors = load_file(str(path / "adapter_model.safetensors"))
+    return SavedAdapter(settings, config["base_model_name_or_path"], tensors, config)
 
 
 def load_adapter_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:

@@ -12,11 +12,18 @@ from pathlib import Path
 
 import yaml
 
+from rlvr_lightning.errors import ConfigError
+
 
 def steps_per_rollout_batch(preset: Path) -> int:
-    """Optimizer steps a preset takes per rollout batch (num_mini_batches × ppo_epochs, default 1 × 1)."""
-    model = (yaml.safe_load(preset.read_text()) or {}).get("model", {}).get("init_args", {})
-    return int(model.get("num_mini_batches", 1)) * int(model.get("ppo_epochs", 1))
+    """Optimizer steps a preset takes per rollout batch: K of its algorithm as the preset configures it (what it
+    leaves unset, its class's default: GSPO's and REAL's K is 4)."""
+    from rlvr_lightning.training.settings import StepSettings
+
+    model = (yaml.safe_load(preset.read_text()) or {}).get("model")
+    if not model:
+        raise ConfigError(f"{preset}: a preset names its algorithm (model.class_path)")
+    return StepSettings.of_config(model).optimizer_steps_per_rollout_batch
 
 
 def run_name(preset: str, seed: int) -> str:

@@ -22,8 +22,18 @@ from rlvr_lightning.training.objective import Objective, compose_objective
 def argument_defaults(cls: type) -> dict[str, Any]:
     """The library's default of each argument of an algorithm class: where a subclass repeats an argument of
     the class it extends, the base's default (DAPO's clip_eps_high=0.28 is DAPO setting it, against 0.2)."""
+    return _defaults(cls.__mro__)  # most derived first: the base-most definition is written last
+
+
+def class_defaults(cls: type) -> dict[str, Any]:
+    """What each argument of an algorithm class is when left unset: the most derived class's default (GSPO's
+    num_mini_batches=4), through the arguments a subclass passes on (`**kwargs`) to the class it extends."""
+    return _defaults(reversed(cls.__mro__))
+
+
+def _defaults(classes) -> dict[str, Any]:
     defaults: dict[str, Any] = {}
-    for klass in cls.__mro__:  # most derived first: the base-most definition is written last
+    for klass in classes:  # a later class's default overwrites an earlier one's
         init = klass.__dict__.get("__init__")
         if init is None:
             continue

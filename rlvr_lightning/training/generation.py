@@ -4,6 +4,7 @@ rollout callbacks (the reward verifier). It returns the scored rollout; nothing 
 from __future__ import annotations
 
 from rlvr_lightning.context import StepContext
+from rlvr_lightning.rollout.engine import RolloutEngine
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.seeding import derived_seed
 from rlvr_lightning.training.step_metrics import StageTimer
@@ -12,16 +13,22 @@ from rlvr_lightning.training.step_metrics import StageTimer
 def generate(step: StepContext, batch: PromptBatch, sampling: SamplingConfig | None = None) -> Rollout:
     """Sample completions for a prompt batch (the training sampling settings unless given)."""
     sampling = sampling or step.sampling(seed=sampling_seed(step))
-    prompt_ids = encode_prompts(step, batch)
-    return to_rollout(step, batch, prompt_ids, sampling, step.engine.generate(prompt_ids, sampling), step.policy_version)
+    return sample(step.engine, step.tokenizer, batch, sampling, step.policy_version)
 
 
-def encode_prompts(step: StepContext, batch: PromptBatch) -> list[list[int]]:
-    return [step.tokenizer(p, add_special_tokens=False).input_ids for p in batch.prompts]
+def sample(engine: RolloutEngine, tokenizer, batch: PromptBatch, sampling: SamplingConfig, policy_version: int = 0) -> Rollout:
+    """`engine`'s completions for a prompt batch as a Rollout of policy version `policy_version`: the training
+    step's generation, and `make eval`'s, which has no training step."""
+    prompt_ids = encode_prompts(tokenizer, batch)
+    return to_rollout(tokenizer, batch, prompt_ids, sampling, engine.generate(prompt_ids, sampling), policy_version)
+
+
+def encode_prompts(tokenizer, batch: PromptBatch) -> list[list[int]]:
+    return [tokenizer(p, add_special_tokens=False).input_ids for p in batch.prompts]
 
 
 def to_rollout(
-    step: StepContext,
+    tokenizer,
     batch: PromptBatch,
     prompt_ids: list[list[int]],
     sampling: SamplingConfig,
@@ -30,7 +37,7 @@ def to_rollout(
 ) -> Rollout:
     """The engine's completion groups as a Rollout, sampled by policy version `policy_version`."""
     completions = [c for group in groups for c in group]
-    texts = step.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+    texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
     return Rollout(
         batch=batch,
         group_size=sampling.group_size,

@@ -112,7 +112,7 @@ class RolloutStream:
             raise RuntimeError(f"rollout batch {k} is needed but {current.segments - current.done} segments are left")
         self._start_background(step)
         rollout = to_rollout(
-            step,
+            step.tokenizer,
             current.batch,
             current.prompt_ids,
             current.sampling,
@@ -169,7 +169,7 @@ class RolloutStream:
     # ---- the schedule ---------------------------------------------------------------------------------
     def _new(self, step: StepContext, batch: PromptBatch, index: int, segments: int) -> InFlightBatch:
         sampling = step.sampling(seed=sampling_seed(step, rollout_batch=index))
-        return InFlightBatch(index, batch, encode_prompts(step, batch), sampling, step.policy_version, segments)
+        return InFlightBatch(index, batch, encode_prompts(step.tokenizer, batch), sampling, step.policy_version, segments)
 
     def _start_background(self, step: StepContext) -> None:
         """Start the batches this version is the first of, then run one segment of every batch in flight."""

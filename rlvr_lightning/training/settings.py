@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any, Literal, TypeVar
 
 from rlvr_lightning.device_defaults import Accelerator, default_for
@@ -20,7 +21,7 @@ from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.models.lora import LoraSettings, as_settings
 from rlvr_lightning.pieces.registry import AlgorithmArgs
 from rlvr_lightning.pieces.selection import piece_args_run_with
-from rlvr_lightning.training.algorithm import BoundPieces, algorithm_args
+from rlvr_lightning.training.algorithm import BoundPieces, algorithm_args, class_defaults
 from rlvr_lightning.training.behaviour import BehaviourSource, behaviour_source
 from rlvr_lightning.training.checks import check_behaviour, check_run
 from rlvr_lightning.training.layout import UpdateLayout
@@ -106,6 +107,13 @@ class BehaviourSettings:
         check_choice("model.behaviour.logprobs", self.logprobs, ("trainer", "rollout"))
 
 
+def optimizer_steps_per_rollout_batch(args: Any) -> int:
+    """K, from an algorithm's arguments (a mapping or a parsed namespace): the mini-batches of one pass, times
+    the passes."""
+    get = args.get if isinstance(args, Mapping) else partial(getattr, args)
+    return get("num_mini_batches") * get("ppo_epochs")
+
+
 def group_of(cls: type[Group], value: Group | Mapping[str, Any] | None) -> Group:
     """A settings group from the CLI's dataclass, a plain dict (Python, a checkpoint's hyper-parameters) or
     None (its defaults)."""
@@ -153,16 +161,17 @@ class StepSettings:
 
     @classmethod
     def of_config(cls, model: Any) -> StepSettings:
-        """From a parsed configuration's `model:` section (its class path and arguments), without building the
-        module: what `make plan` and `make doctor` read."""
-        module_path, _, name = model.class_path.rpartition(".")
-        init_args = model.init_args.as_dict() if hasattr(model.init_args, "as_dict") else dict(model.init_args)
-        return cls.of(init_args, getattr(importlib.import_module(module_path), name))
+        """From a configuration's `model:` section without building the module: as the CLI parsed it (`make plan`,
+        `make doctor`), or a preset's YAML as a dict, whose unset arguments take the class's own defaults
+        (`make results`)."""
+        model = model.as_dict() if hasattr(model, "as_dict") else dict(model)
+        module_path, _, name = model["class_path"].rpartition(".")
+        algorithm = getattr(importlib.import_module(module_path), name)
+        return cls.of(class_defaults(algorithm) | dict(model.get("init_args") or {}), algorithm)
 
     @property
     def optimizer_steps_per_rollout_batch(self) -> int:
-        """K: the mini-batches of one pass, times the passes."""
-        return self.args["num_mini_batches"] * self.args["ppo_epochs"]
+        return optimizer_steps_per_rollout_batch(self.args)
 
     def hparams(self) -> dict[str, Any]:
         """What the module records: the flat arguments, every knob the pieces run with, and the groups as

@@ -139,7 +139,7 @@ class ThroughputStream:
         groups = [g.completions for g in taken]
         oldest = min(v for group in groups for c in group for v in c.versions or [self.version])
         rollout = to_rollout(
-            step,
+            step.tokenizer,
             PromptBatch.concat([g.prompt for g in taken]),
             [g.prompt_ids for g in taken],
             step.sampling(),
@@ -260,7 +260,7 @@ class ThroughputStream:
         last = min(step.total_rollout_batches, step.rollout_batch + self.max_staleness + 2)
         while self.next_batch < last:
             batch = self.prompts(step, self.next_batch)
-            for i, ids in enumerate(encode_prompts(step, batch)):
+            for i, ids in enumerate(encode_prompts(step.tokenizer, batch)):
                 self.queue.append(Group((self.next_batch, i), batch.select([i]), ids, issued=-1))
             self.per_step = len(batch)
             self.next_batch += 1

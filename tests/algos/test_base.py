@@ -104,6 +104,11 @@ def trainer_old_logp(module, inputs, micro_batch_size=8):
     )[0]
 
 
+def seeded_noise(like: torch.Tensor) -> torch.Tensor:
+    """Standard normal noise of `like`'s shape, the same whichever tests ran before in this process."""
+    return torch.randn(like.shape, generator=torch.Generator().manual_seed(0), dtype=like.dtype)
+
+
 def with_old_logp(inputs, old_logp):
     """`inputs` with θ_old's log-probs given before the update (e.g. off-policy ones)."""
     return inputs.with_behaviour(Precomputed(old_logp, "trainer"))
@@ -117,7 +122,7 @@ def test_gradient_accumulation_does_not_change_the_update(tiny_policy_dir, prese
     inputs = prepared(module, rollout)
     # Make the step off-policy so that clipping and the ratio matter, not only the on-policy case.
     old_logp = trainer_old_logp(module, inputs)
-    inputs = with_old_logp(inputs, old_logp + 0.01 * torch.randn_like(old_logp) * inputs.tensors.response_mask)
+    inputs = with_old_logp(inputs, old_logp + 0.01 * seeded_noise(old_logp) * inputs.tensors.response_mask)
     loss_whole, g_whole = gradient(module, inputs, 8)
     for size in (3, 1):
         loss_split, g_split = gradient(module, inputs, size)
@@ -143,7 +148,7 @@ def test_token_budget_micro_batches_give_the_same_update_as_row_micro_batches(ti
     inputs = prepared(module, rollout)
     assert (inputs.ref_logp is not None) == module.settings.pieces.objective.needs_reference and inputs.is_weight is not None
     old_logp = trainer_old_logp(module, inputs)
-    inputs = with_old_logp(inputs, old_logp + 0.01 * torch.randn_like(old_logp) * inputs.tensors.response_mask)
+    inputs = with_old_logp(inputs, old_logp + 0.01 * seeded_noise(old_logp) * inputs.tensors.response_mask)
     rows_acc, budget_acc = MetricAccumulator(), MetricAccumulator()
     loss_rows, g_rows = gradient(module, inputs, 8, rows_acc)
     lengths = inputs.tensors.lengths
@@ -317,7 +322,7 @@ def test_truncated_is_scales_the_policy_gradient_by_the_capped_ratio(tiny_policy
 def test_behaviour_logprobs_from_the_rollout_engine(tiny_policy_dir):
     module = attach(GRPO, tiny_policy_dir, behaviour=BehaviourSettings(logprobs="rollout"))
     rollout = sample_rollout(module)
-    engine_logp = -torch.rand(8, MAX_LEN)
+    engine_logp = -torch.rand(8, MAX_LEN, generator=torch.Generator().manual_seed(4))
     set_engine_logprobs(rollout, engine_logp)
     inputs = prepared(module, rollout)
     torch.testing.assert_close(inputs.behaviour.old_logp_all(), engine_logp * inputs.tensors.response_mask)

@@ -139,3 +139,44 @@ def test_ranks_score_disjoint_shares_in_equally_many_batches(n, world, batch_siz
         assert scored == sorted(records * world)  # every rank scores the whole set
     if world > 1 and n >= world * batch_size:
         assert per_rank[0][1]  # large sets are always shared
+
+
+def test_an_evaluation_scores_any_sampler_without_a_trainer(tiny_policy_dir):
+    """`Evaluation.run` on a plain target (what `make eval` builds): problem i of the held-out set gets
+    c_i = i mod 5 correct completions of n = 4 (c = 4 stands for all), so accuracy, the unbiased pass@k,
+    greedy accuracy (the first sample) and the no-answer fraction are known in closed form."""
+    from math import comb
+
+    from rlvr_lightning.callbacks.evaluation import EvalTarget
+    from rlvr_lightning.rollout.types import Completion
+    from rlvr_lightning.training.generation import to_rollout
+
+    dm = datamodule(tiny_policy_dir, val_size=10)
+    tok, n = dm.tokenizer, 4
+    correct = {p: min(i % 5, n) for i, p in enumerate(dm.collate(dm.val_records).prompts)}
+    calls = []
+
+    def scripted(batch, sampling):
+        calls.append(sampling)
+        texts = [
+            [f"so \\boxed{{{gold}}}" if j < correct[p] else ("no answer" if j == n - 1 else "\\boxed{\\pi}") for j in range(sampling.group_size)]
+            for p, gold in zip(batch.prompts, batch.answers)
+        ]  # fmt: skip
+        groups = [[Completion(tok(t).input_ids + [tok.eos_token_id], [0.0], "stop") for t in group] for group in texts]
+        return to_rollout(tok, batch, [tok(p).input_ids for p in batch.prompts], sampling, groups, 0)
+
+    verifier = RewardVerifier(num_workers=1)
+    evaluation = Evaluation(num_samples=n, pass_k=[1, 2, 4], batch_size=3)
+    try:
+        out = evaluation.run(EvalTarget(scripted, dm, verifier), step=0)
+    finally:
+        verifier.close()
+    c = list(correct.values())
+    assert out["val/num_problems"] == 10 and len(calls) == 2 * 4  # 4 batches of ≤ 3 prompts, sampled and greedy
+    assert out["val/accuracy"] == pytest.approx(sum(c) / (n * 10))
+    for k in (1, 2, 4):
+        expected = sum(1 - comb(n - ci, k) / comb(n, k) for ci in c) / 10
+        assert out[f"val/pass_at_{k}"] == pytest.approx(expected), k
+    assert out["val/accuracy_greedy"] == pytest.approx(sum(ci > 0 for ci in c) / 10)
+    assert out["val/no_answer_frac"] == pytest.approx(sum(ci < n for ci in c) / (n * 10))
+    assert evaluation.run(EvalTarget(scripted, dm, verifier), step=0) is out and len(calls) == 8  # once per step

@@ -84,6 +84,22 @@ def test_the_settings_of_a_parsed_configuration_are_the_modules():
         settings.optim, settings.compute, settings.behaviour, dict(settings.args))  # fmt: skip
 
 
+def test_a_presets_k_takes_what_it_leaves_unset_from_its_class(tmp_path):
+    """`make results` reads K from a preset's YAML alone (its budget is rollout batches × K): an argument the
+    preset leaves unset is its class's own default (GSPO's K = 4), not the base class's 1."""
+    from rlvr_lightning.results.grid import steps_per_rollout_batch
+
+    preset = tmp_path / "my-gspo.yaml"
+    preset.write_text("model:\n  class_path: rlvr_lightning.algos.gspo.GSPO\n  init_args:\n    ppo_epochs: 2\n")
+    assert steps_per_rollout_batch(preset) == 8
+    grpo = tmp_path / "my-grpo.yaml"
+    grpo.write_text("model:\n  class_path: rlvr_lightning.algos.GRPO\n")
+    assert steps_per_rollout_batch(grpo) == 1
+    (tmp_path / "none.yaml").write_text("trainer: {}\n")
+    with pytest.raises(ConfigError, match="names its algorithm"):
+        steps_per_rollout_batch(tmp_path / "none.yaml")
+
+
 def test_the_recorded_hyper_parameters_are_plain_values_a_weights_only_checkpoint_loads(tmp_path):
     """The CLI parses piece names into checked `str` subtypes; a checkpoint's hyper-parameters must hold plain
     strings and dicts, or `torch.load(weights_only=True)` refuses the resumed run's checkpoint."""
