@@ -20,20 +20,28 @@ else
   $PIP install -q -e ".[cpu,test]"
   $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
-# The MLflow UI test drives a real headless Chromium. Browser downloads (Playwright's own) are not
-# reachable on every machine, so it uses the distribution's package; without one the test is skipped.
-if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+# Install a Debian package as root (or through sudo without a password) where it is missing; otherwise say
+# what goes without it. $1: the package, $2: a command it provides, $3: what it is for, $4: what happens without it.
+apt_install() {
+  command -v "$2" >/dev/null 2>&1 && return 0
   SUDO=""; [ "$(id -u)" = 0 ] || { command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && SUDO="sudo -n"; }
   if command -v apt-get >/dev/null 2>&1 && { [ "$(id -u)" = 0 ] || [ -n "$SUDO" ]; }; then
-    echo "setup: installing Debian's chromium (for the MLflow UI browser test)"
+    echo "setup: installing Debian's $1 ($3)"
     export DEBIAN_FRONTEND=noninteractive
-    $SUDO apt-get install -y -q chromium >/dev/null 2>&1 \
-      || { $SUDO apt-get update -q >/dev/null 2>&1 && $SUDO apt-get install -y -q chromium >/dev/null 2>&1; } \
-      || echo "setup: chromium could not be installed; the MLflow UI browser test will be skipped"
+    $SUDO apt-get install -y -q "$1" >/dev/null 2>&1 \
+      || { $SUDO apt-get update -q >/dev/null 2>&1 && $SUDO apt-get install -y -q "$1" >/dev/null 2>&1; } \
+      || echo "setup: $1 could not be installed; $4"
   else
-    echo "setup: no chromium and no apt-get as root; the MLflow UI browser test will be skipped (install chromium to run it)"
+    echo "setup: no $1 and no apt-get as root; $4 (install $1)"
   fi
-fi
+}
+# The MLflow UI test drives a real headless Chromium. Browser downloads (Playwright's own) are not
+# reachable on every machine, so it uses the distribution's package.
+command -v chromium-browser >/dev/null 2>&1 \
+  || apt_install chromium chromium "for the MLflow UI browser test" "the MLflow UI browser test will be skipped"
+# Model-written code (the Python tool) runs in bubblewrap namespaces; without bwrap the sandbox refuses to run it.
+apt_install bubblewrap bwrap "the sandbox for model-written code" \
+  "the sandbox's tests will be skipped and the Python tool refused (docs/sandbox.md)"
 "$VENV/bin/python" - <<'PY'
 import torch, vllm, transformers, lightning, mlflow, math_verify  # noqa: F401  (fails loudly if the stack is broken)
 print(f"setup: ok (torch {torch.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}, lightning {lightning.__version__})")

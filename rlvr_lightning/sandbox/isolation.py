@@ -1,0 +1,119 @@
+"""How a sandbox worker is started: inside bubblewrap (`bwrap`) namespaces, or, only when the user asks for it
+by name, as a plain child process.
+
+Bubblewrap gives the worker its own mount, PID, network, IPC and UTS namespaces: the file system it sees is
+the system's libraries and the Python that runs it, read-only, a private size-limited /tmp and nothing else
+(no home, no repository, no checkpoints); no network interface but loopback; only its own processes in /proc;
+an environment of a few fixed variables. Run as root, the worker keeps the capabilities to drop each call to
+the unprivileged `nobody` and to kill it, and nothing else; run as a user, bubblewrap maps it into a user
+namespace. The kernel's no-new-privileges flag is set, so no setuid program regains anything.
+
+Containers would give the same and more, but need a daemon and privileges that a training machine or CI
+runner often does not grant; bubblewrap is one small package and needs neither.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from rlvr_lightning.errors import ConfigError
+
+WORKER = Path(__file__).with_name("worker.py")
+WORKER_INSIDE = "/sandbox/worker.py"
+NOBODY = 65534
+# What a call's interpreter may read besides its own files: the system's libraries.
+SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
+# The variables a call sees (the trainer's own environment, tokens included, never reaches it).
+ENVIRONMENT = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONHASHSEED": "0",
+    "OPENBLAS_NUM_THREADS": "1",  # one core per call: calls run side by side
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+UNISOLATED_HINT = (
+    "install bubblewrap (`apt-get install bubblewrap`; `make setup` does where it can), or set the sandbox's "
+    "isolation to `none` to run model-written code as a plain process of this user (unsafe for untrusted code)"
+)
+
+
+class SandboxUnavailable(ConfigError):
+    """Model-written code would run without isolation: refused unless the user asked for that."""
+
+
+def python_dirs(preload: tuple[str, ...]) -> list[str]:
+    """The directories a worker's interpreter reads: its installation, the environment's prefix, and where each
+    preloaded module was installed."""
+    dirs = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
+    for name in preload:
+        spec = __import__("importlib.util").util.find_spec(name)
+        if spec is None or not spec.origin:
+            raise ConfigError(f"sandbox preload: no module named {name!r} in this environment")
+        origin = Path(spec.origin).resolve()
+        package = origin.parent.parent if origin.name == "__init__.py" else origin.parent
+        dirs.add(str(package))
+    # A directory inside another is bound with it.
+    ordered = sorted(dirs)
+    return [d for i, d in enumerate(ordered) if not any(d.startswith(o.rstrip("/") + "/") for o in ordered[:i])]
+
+
+def bwrap_command(preload: tuple[str, ...], tmp_mb: int) -> list[str]:
+    """The command that starts one worker inside bubblewrap."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SandboxUnavailable(f"no sandbox for model-written code: bubblewrap (bwrap) is not installed; {UNISOLATED_HINT}")
+    cmd = [bwrap, "--die-with-parent", "--new-session", "--clearenv"]
+    cmd += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    root = os.getuid() == 0
+    if root:  # keep only what drops a call to `nobody` and kills it
+        cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL"]
+    else:
+        cmd += ["--unshare-user"]
+    for key, value in ENVIRONMENT.items():
+        cmd += ["--setenv", key, value]
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            cmd += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            cmd += ["--ro-bind", path, path]
+    cmd += ["--proc", "/proc", "--dev", "/dev"]
+    cmd += ["--perms", "1777", "--size", str(tmp_mb << 20), "--tmpfs", "/tmp"]
+    made = {"/", "/tmp", "/proc", "/dev", *SYSTEM_DIRS}
+    binds = [*python_dirs(preload), WORKER_INSIDE]
+    for target in binds:
+        for parent in reversed(Path(target).parents):
+            # bubblewrap makes a bind's missing parents 0700; the unprivileged call must traverse them
+            if str(parent) not in made and not any(str(parent).startswith(d + "/") for d in SYSTEM_DIRS):
+                cmd += ["--perms", "0755", "--dir", str(parent)]
+                made.add(str(parent))
+    for path in binds[:-1]:
+        if not any(path.startswith(d + "/") for d in SYSTEM_DIRS):
+            cmd += ["--ro-bind", path, path]
+    cmd += ["--ro-bind", str(WORKER), WORKER_INSIDE, "--chdir", "/tmp"]
+    cmd += [sys.executable, "-I", WORKER_INSIDE, "--preload", ",".join(preload), "--own-pid-namespace"]
+    return cmd + (["--code-uid", str(NOBODY)] if root else [])
+
+
+def unisolated_command(preload: tuple[str, ...]) -> list[str]:
+    """A worker as a plain child process (`isolation: none`): limits and a private temporary directory, but the
+    code sees this user's files, network and processes."""
+    cmd = [sys.executable, "-I", str(WORKER), "--preload", ",".join(preload)]
+    return cmd + (["--code-uid", str(NOBODY)] if os.getuid() == 0 else [])
+
+
+def check_isolation(preload: tuple[str, ...] = ()) -> None:
+    """Start a worker's sandbox once and run `true`-like Python in it; a one-line `SandboxUnavailable` if the
+    machine cannot (no bubblewrap, or namespaces refused)."""
+    cmd = bwrap_command(preload, tmp_mb=1)
+    probe = cmd[: cmd.index(sys.executable)] + [sys.executable, "-I", "-c", "pass"]
+    proc = subprocess.run(probe, capture_output=True, text=True, env=dict(ENVIRONMENT), timeout=60)
+    if proc.returncode != 0:
+        reason = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SandboxUnavailable(f"no sandbox for model-written code: bubblewrap failed here ({reason}); {UNISOLATED_HINT}")

@@ -1,0 +1,195 @@
+"""The sandbox's host side: a pool of pre-warmed workers (`worker.py`), each running one call at a time, so a
+batch's calls run side by side and a slow one holds only its own worker. A worker that dies (the code killed
+it, or it stopped answering) is replaced; the call it was running is reported as `crashed`, never retried.
+"""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from rlvr_lightning.errors import ConfigError, check_choice
+from rlvr_lightning.sandbox.isolation import ENVIRONMENT, bwrap_command, check_isolation, unisolated_command
+from rlvr_lightning.sandbox.worker import read_message, write_message
+
+Status = Literal["ok", "error", "timeout", "output_limit", "crashed"]
+
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    """How model-written code runs (`docs/sandbox.md`).
+
+    isolation: `bwrap` (bubblewrap namespaces; refused with a one-line error where the machine has none) or
+        `none` (a plain process of this user: only for code you trust).
+    workers: pre-warmed workers, i.e. calls that run at once.
+    timeout_s: a call's wall-clock limit (its CPU time is limited to the same); then every process it started
+        is killed.
+    memory_mb: what a call may allocate beyond the warm interpreter.
+    output_bytes: stdout and stderr together are read up to this; a call that prints more is stopped.
+    file_mb: the largest file a call may write; tmp_mb: its private /tmp in all.
+    processes: processes the code's user may have at once (a fork bomb stops there).
+    preload: modules each worker imports once, before any call (a call's own import of them is free).
+    """
+
+    isolation: Literal["bwrap", "none"] = "bwrap"
+    workers: int = 4
+    timeout_s: float = 5.0
+    memory_mb: int = 1024
+    output_bytes: int = 65536
+    file_mb: int = 16
+    tmp_mb: int = 64
+    processes: int = 64
+    preload: tuple[str, ...] = ("numpy", "sympy")
+
+    def check(self) -> None:
+        check_choice("sandbox.isolation", self.isolation, ("bwrap", "none"))
+        for name in ("workers", "timeout_s", "memory_mb", "output_bytes", "file_mb", "tmp_mb", "processes"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"sandbox.{name}={getattr(self, name)!r} must be > 0")
+
+
+@dataclass(frozen=True)
+class Execution:
+    """What one call did: its output as read (capped), how it ended, and its wall time."""
+
+    stdout: str
+    stderr: str
+    status: Status
+    exit_code: int | None
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+class _Worker:
+    def __init__(self, command: list[str]) -> None:
+        self.proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=dict(ENVIRONMENT)
+        )
+        hello = read_message(self.proc.stdout)
+        if not hello or not hello.get("ready"):
+            self.close()
+            raise ConfigError(f"a sandbox worker did not start (exit code {self.proc.poll()}): {' '.join(command[:3])} …")
+
+    def call(self, request: dict, wait_s: float) -> dict | None:
+        """The worker's answer, or None when it died or did not answer within `wait_s`."""
+        answer: list[dict | None] = [None]
+
+        def exchange() -> None:
+            try:
+                write_message(self.proc.stdin, request)
+                answer[0] = read_message(self.proc.stdout)
+            except (BrokenPipeError, OSError, ValueError):
+                answer[0] = None
+
+        thread = threading.Thread(target=exchange, daemon=True)
+        thread.start()
+        thread.join(wait_s)
+        if thread.is_alive():  # the worker hangs: killing its sandbox ends the exchange
+            self.close(wait_s=0)
+            thread.join()
+            return None
+        return answer[0]
+
+    def close(self, wait_s: float = 2.0) -> None:
+        """End the worker: at the end of its input it stops (and removes its files); one that does not within
+        `wait_s` is killed, and bubblewrap's namespace with it: every process of its calls."""
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(wait_s)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdout,):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+class Sandbox:
+    """Run model-written Python, isolated. Thread-safe; `run_many` runs a batch on every worker at once.
+
+        with Sandbox(SandboxSettings(workers=2)) as box:
+            box.run("print(2 ** 10)").stdout   # '1024\\n'
+    """
+
+    def __init__(self, settings: SandboxSettings = SandboxSettings()) -> None:
+        settings.check()
+        self.settings = settings
+        preload = tuple(settings.preload)
+        if settings.isolation == "bwrap":
+            check_isolation(preload)  # fail closed, in one line, before any model code exists
+            self._command = bwrap_command(preload, settings.tmp_mb)
+        else:
+            self._command = unisolated_command(preload)
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._all: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        # Workers are started from threads that live as long as the sandbox: bubblewrap's --die-with-parent
+        # follows the thread that started it, and a worker started from a finished thread would die with it.
+        self._spawner = ThreadPoolExecutor(settings.workers, thread_name_prefix="sandbox-spawn")
+        for worker in [self._spawner.submit(_Worker, self._command) for _ in range(settings.workers)]:
+            self._add(worker.result())  # warmed side by side
+
+    def _add(self, worker: _Worker) -> None:
+        with self._lock:
+            self._all.append(worker)
+        self._idle.put(worker)
+
+    def _replace(self, worker: _Worker) -> None:
+        worker.close()
+        with self._lock:
+            self._all.remove(worker)
+            closed = self._closed
+        if not closed:
+            self._add(self._spawner.submit(_Worker, self._command).result())
+
+    def run(self, code: str, timeout_s: float | None = None) -> Execution:
+        """Run `code` in a fresh, warm interpreter; never raises for anything the code does."""
+        s = self.settings
+        timeout = s.timeout_s if timeout_s is None else timeout_s
+        request = dict(code=code, timeout_s=timeout, memory_mb=s.memory_mb, output_bytes=s.output_bytes,
+                       file_mb=s.file_mb, processes=s.processes)  # fmt: skip
+        start = time.monotonic()
+        worker = self._idle.get()
+        answer = worker.call(request, wait_s=timeout + 10.0)  # the worker's own kill comes first
+        if answer is None or worker.proc.poll() is not None:
+            self._replace(worker)
+            return Execution("", "the sandbox worker died during the call", "crashed", None, time.monotonic() - start)
+        self._idle.put(worker)
+        return Execution(answer["stdout"], answer["stderr"], answer["status"], answer["exit_code"], answer["seconds"])
+
+    def run_many(self, codes: list[str], timeout_s: float | None = None) -> list[Execution]:
+        """Run each of `codes`, as many at once as there are workers; results in order."""
+        if not codes:
+            return []
+        with ThreadPoolExecutor(min(len(codes), self.settings.workers)) as pool:
+            return list(pool.map(lambda code: self.run(code, timeout_s), codes))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            workers = list(self._all)
+        for worker in workers:
+            worker.close()
+        self._spawner.shutdown()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def describe(self) -> dict:
+        return asdict(self.settings)
