@@ -14,6 +14,7 @@ runner often does not grant; bubblewrap is one small package and needs neither.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -48,20 +49,22 @@ class SandboxUnavailable(ConfigError):
     """Model-written code would run without isolation: refused unless the user asked for that."""
 
 
-def python_dirs(preload: tuple[str, ...]) -> list[str]:
-    """The directories a worker's interpreter reads: its installation, the environment's prefix, and where each
+def python_dirs(preload: tuple[str, ...]) -> dict[str, str]:
+    """The directories a worker's interpreter reads, as {path in the sandbox: path on the machine}: its
+    installation, the environment's prefix (at the path Python knows it by, which may run through symbolic
+    links: a virtual environment is recognised from where its interpreter is started), and where each
     preloaded module was installed."""
-    dirs = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
+    dirs = {os.path.realpath(sys.base_prefix): os.path.realpath(sys.base_prefix), sys.prefix: os.path.realpath(sys.prefix)}
     for name in preload:
-        spec = __import__("importlib.util").util.find_spec(name)
+        spec = importlib.util.find_spec(name)
         if spec is None or not spec.origin:
             raise ConfigError(f"sandbox preload: no module named {name!r} in this environment")
         origin = Path(spec.origin).resolve()
-        package = origin.parent.parent if origin.name == "__init__.py" else origin.parent
-        dirs.add(str(package))
-    # A directory inside another is bound with it.
-    ordered = sorted(dirs)
-    return [d for i, d in enumerate(ordered) if not any(d.startswith(o.rstrip("/") + "/") for o in ordered[:i])]
+        package = str(origin.parent.parent if origin.name == "__init__.py" else origin.parent)
+        dirs.setdefault(package, package)
+    # A directory inside another (by either path) is there with it.
+    inside = lambda d, o: d != o and d.startswith(o.rstrip("/") + "/")  # noqa: E731
+    return {t: s for t, s in dirs.items() if not any(inside(t, o) or inside(s, dirs[o]) for o in dirs)}
 
 
 def bwrap_command(preload: tuple[str, ...], tmp_mb: int) -> list[str]:
@@ -85,20 +88,24 @@ def bwrap_command(preload: tuple[str, ...], tmp_mb: int) -> list[str]:
             cmd += ["--ro-bind", path, path]
     cmd += ["--proc", "/proc", "--dev", "/dev"]
     cmd += ["--perms", "1777", "--size", str(tmp_mb << 20), "--tmpfs", "/tmp"]
+    binds = {t: s for t, s in python_dirs(preload).items() if not _under(t, SYSTEM_DIRS)}
+    binds[WORKER_INSIDE] = str(WORKER)
     made = {"/", "/tmp", "/proc", "/dev", *SYSTEM_DIRS}
-    binds = [*python_dirs(preload), WORKER_INSIDE]
     for target in binds:
-        for parent in reversed(Path(target).parents):
+        for parent in map(str, reversed(Path(target).parents)):
             # bubblewrap makes a bind's missing parents 0700; the unprivileged call must traverse them
-            if str(parent) not in made and not any(str(parent).startswith(d + "/") for d in SYSTEM_DIRS):
-                cmd += ["--perms", "0755", "--dir", str(parent)]
-                made.add(str(parent))
-    for path in binds[:-1]:
-        if not any(path.startswith(d + "/") for d in SYSTEM_DIRS):
-            cmd += ["--ro-bind", path, path]
-    cmd += ["--ro-bind", str(WORKER), WORKER_INSIDE, "--chdir", "/tmp"]
+            if parent not in made and not _under(parent, SYSTEM_DIRS):
+                cmd += ["--perms", "0755", "--dir", parent]
+                made.add(parent)
+    for target, source in binds.items():
+        cmd += ["--ro-bind", source, target]
+    cmd += ["--chdir", "/tmp"]
     cmd += [sys.executable, "-I", WORKER_INSIDE, "--preload", ",".join(preload), "--own-pid-namespace"]
     return cmd + (["--code-uid", str(NOBODY)] if root else [])
+
+
+def _under(path: str, dirs) -> bool:
+    return any(path.startswith(d + "/") for d in dirs)
 
 
 def unisolated_command(preload: tuple[str, ...]) -> list[str]:

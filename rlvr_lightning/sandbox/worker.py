@@ -142,6 +142,7 @@ class Worker:
 
             self.tmp = tempfile.mkdtemp(prefix="rlvr-sandbox-")
             os.chmod(self.tmp, 0o1777)
+        self.fixed = set(os.listdir(self.tmp))  # mount points of the sandbox's own (a Python installed under /tmp)
 
     def call(self, request: dict) -> dict:
         out_r, out_w = os.pipe()
@@ -229,7 +230,7 @@ class Worker:
 
     def _clean_tmp(self) -> None:
         """Empty the private temporary directory as the code's user (its files are the code's own)."""
-        if not os.listdir(self.tmp):
+        if not set(os.listdir(self.tmp)) - self.fixed:
             return
         pid = os.fork()
         if pid == 0:
@@ -240,7 +241,7 @@ class Worker:
                     os.setuid(self.code_uid)
                 import shutil
 
-                for name in os.listdir(self.tmp):
+                for name in set(os.listdir(self.tmp)) - self.fixed:
                     path = os.path.join(self.tmp, name)
                     try:
                         if os.path.isdir(path) and not os.path.islink(path):

@@ -39,10 +39,10 @@ def test_each_ending_reads_as_the_recipes_show_it(result, expected):
 
 def test_the_sandbox_command_prints_what_the_model_reads(tmp_path, capsys):
     from rlvr_lightning.sandbox.__main__ import main
-    from tests.sandbox.test_hostile import isolation_problem
+    from tests.sandbox.test_hostile import needs_bwrap
 
-    if isolation_problem():
-        pytest.skip(isolation_problem())
+    if needs_bwrap.args[0]:
+        pytest.skip(needs_bwrap.kwargs["reason"])
     program = tmp_path / "tool.py"
     program.write_text("import sympy\nx = sympy.symbols('x')\nsympy.solve(x**2 - 5*x + 6, x)\n")
     assert main([str(program)]) == 0
@@ -69,3 +69,12 @@ def test_an_unisolated_sandbox_runs_only_when_asked_and_cleans_up(tmp_path):
         assert box.run("while True:\n    pass").status == "timeout"
         assert box.run("print('x' * 10**6)").status == "output_limit"
     assert set(glob.glob(f"{tempfile.gettempdir()}/rlvr-sandbox-*")) == before
+
+
+def test_without_isolation_the_sandbox_refuses_in_one_line(tmp_path, monkeypatch):
+    from rlvr_lightning.sandbox import Sandbox, SandboxSettings, SandboxUnavailable
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on this PATH
+    with pytest.raises(SandboxUnavailable, match=r"bubblewrap \(bwrap\) is not installed.*isolation to `none`") as e:
+        Sandbox(SandboxSettings(workers=1))
+    assert "\n" not in str(e.value)
