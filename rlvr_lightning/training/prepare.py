@@ -62,7 +62,7 @@ def prepare_update(
             lockstep=step.collectives.world_size > 1,
             packed=layout.packing,
         )
-    loss_mask = t.response_mask
+    loss_mask = t.loss_mask  # sampled response tokens: not padding, not what an environment inserted
     if mask_truncated:
         loss_mask = loss_mask * (~rollout.truncated).to(device, loss_mask.dtype)[:, None]
     if source == "proximal":  # θ_old and the correction's weights come from the update's forwards
@@ -72,7 +72,7 @@ def prepare_update(
         behaviour = FromUpdateForward(t.response_mask.shape, device, weigher if weigh_in_update else None)
     else:
         behaviour = Precomputed(t.rollout_logp if source == "rollout" else old_logp, source)
-    advantages = batch.advantages.to(device)[:, None] * t.response_mask
+    advantages = batch.advantages.to(device)[:, None] * t.loss_mask
     correct = rollout.correct.to(device, torch.float32)
     inputs = UpdateInputs(
         t, advantages, ref_logp, loss_mask, None, correct, G, temperature, behaviour, shaper_weights, hidden_weights
