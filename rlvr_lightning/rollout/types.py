@@ -40,6 +40,7 @@ class SamplingConfig:
     top_k: int = -1  # -1 = off
     max_tokens: int = 32
     seed: int | None = None
+    stop: tuple[str, ...] = ()  # text that ends a completion where the engine honours it (a tool call's marker)
 
 
 @dataclass

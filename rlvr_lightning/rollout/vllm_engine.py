@@ -204,8 +204,11 @@ class VLLMEngine:
             seed=sampling.seed if torch.cuda.is_available() else None,
             logprobs=0,  # the sampled token's own log-prob
             # The trainer decodes the token ids itself (one batch_decode); vLLM's incremental
-            # detokenizer would be pure overhead: 10–20% of rollout time on the embedded default.
-            detokenize=False,
+            # detokenizer would be pure overhead: 10–20% of rollout time on the embedded default. Stop
+            # strings (a tool call's marker) need it, and keep the marker's tokens.
+            detokenize=bool(sampling.stop),
+            stop=list(sampling.stop) or None,
+            include_stop_str_in_output=bool(sampling.stop),
         )
         outputs = self.llm.generate(
             [{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False, lora_request=self.lora_request

@@ -128,8 +128,10 @@ class VLLMServerEngine:
                 "top_k": sampling.top_k if sampling.top_k > 0 else -1,
                 "max_tokens": sampling.max_tokens,
                 "logprobs": 0,
-                "detokenize": False,
+                "detokenize": bool(sampling.stop),  # stop strings (a tool call's marker) need the text
             }
+            if sampling.stop:
+                params |= {"stop": list(sampling.stop), "include_stop_str_in_output": True}
             if sampling.seed is not None:  # one stream per prompt (vLLM gives the n children seed + j)
                 params["seed"] = (sampling.seed * 1_000_003 + i * sampling.group_size) % (2**31)
             body = {"token_ids": list(prompt_ids[i]), "sampling_params": params, **self._adapter_field()}

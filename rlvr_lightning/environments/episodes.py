@@ -1,0 +1,110 @@
+"""Multi-turn generation with a tool: sample, stop where the model closes a code block, run the code, append
+its output's token ids, and sample on from there, until each answer ends or hits a limit.
+
+Token-in/token-out: a completion's ids are exactly the ids the engine sampled, with the ids of each output the
+library tokenized between them (`Completion.sampled` marks which is which); nothing the model wrote is decoded
+and encoded again. Text is decoded only to find a closed block and read its code. An engine that honours stop
+strings (vLLM) ends a segment at the block's end; where one samples past it (the HF engine), the segment is cut
+at the first token that completes the marker, and what follows is dropped: the prefix of a sample is a sample
+of the prefix, and the rest is sampled again after the output, as the model would see it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from rlvr_lightning.environments.python_tool import PythonTool, ToolCall
+from rlvr_lightning.rollout.engine import RolloutEngine
+from rlvr_lightning.rollout.types import Completion, SamplingConfig
+
+StopReason = Literal["answered", "max_calls", "length"]
+
+
+@dataclass
+class Episode:
+    """One answer in the making: its prompt, its response so far and the calls it made."""
+
+    prompt: list[int]
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    sampled: list[int] = field(default_factory=list)
+    calls: list[ToolCall] = field(default_factory=list)
+    turns: int = 0
+    stop: StopReason | None = None
+
+    def add(self, ids: list[int], logprobs: list[float], sampled: int) -> None:
+        self.ids += ids
+        self.logprobs += logprobs
+        self.sampled += [sampled] * len(ids)
+
+    def completion(self) -> Completion:
+        finish = "length" if self.stop == "length" else "stop"
+        return Completion(self.ids, self.logprobs, finish, sampled=self.sampled if 0 in self.sampled else [])
+
+
+def cut_at_marker(tokenizer, ids: list[int], marker: str) -> int:
+    """The fewest leading tokens of `ids` whose text contains `marker` (len(ids) if none does)."""
+    if marker not in tokenizer.decode(ids):
+        return len(ids)
+    lo, hi = 1, len(ids)  # containing the marker is monotone in the prefix length
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if marker in tokenizer.decode(ids[:mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def generate_episodes(
+    engine: RolloutEngine, tokenizer, prompt_ids: list[list[int]], sampling: SamplingConfig, tool: PythonTool
+) -> list[list[Episode]]:
+    """G episodes per prompt (`sampling.group_size`), each within `sampling.max_tokens` response tokens, tool
+    outputs included; grouped per prompt like `RolloutEngine.generate`."""
+    G, budget, marker = sampling.group_size, sampling.max_tokens, tool.settings.code_end
+    max_turns = 2 * tool.settings.max_calls + 2  # a marker that closes no code block resumes without a call
+    groups = engine.generate(prompt_ids, replace(sampling, stop=tool.stop))
+    episodes = [Episode(list(prompt_ids[i])) for i in range(len(prompt_ids)) for _ in range(G)]
+    segments = [c for group in groups for c in group]
+    active = list(range(len(episodes)))
+    while active:
+        to_run: list[tuple[int, str]] = []
+        for n, segment in zip(active, segments):
+            episode = episodes[n]
+            keep = cut_at_marker(tokenizer, segment.token_ids, marker)
+            episode.add(segment.token_ids[:keep], segment.logprobs[:keep], 1)
+            episode.turns += 1
+            stopped_at_marker = keep < len(segment.token_ids) or tokenizer.decode(segment.token_ids).endswith(marker)
+            code = tool.code_of(tokenizer.decode(segment.token_ids[:keep])) if stopped_at_marker else None
+            if len(episode.ids) >= budget or (segment.finish_reason == "length" and not stopped_at_marker):
+                episode.stop = "length"
+            elif code is not None and len(episode.calls) >= tool.settings.max_calls:
+                episode.stop = "max_calls"
+            elif code is not None:
+                to_run.append((n, code))
+            elif not stopped_at_marker or episode.turns >= max_turns:
+                episode.stop = "answered"
+        for (n, _), call in zip(to_run, tool.run([code for _, code in to_run])):
+            episode = episodes[n]
+            episode.calls.append(call)
+            output = tokenizer(call.appended, add_special_tokens=False).input_ids
+            room = budget - len(episode.ids)
+            episode.add(output[:room], [0.0] * min(room, len(output)), 0)
+            if len(output) >= room:
+                episode.stop = "length"
+        active = [n for n in range(len(episodes)) if episodes[n].stop is None]
+        if not active:
+            break
+        prompts = [episodes[n].prompt + episodes[n].ids for n in active]
+        # One continuation per episode, each with what is left of its budget; the engine's own seed keeps a run
+        # reproducible (the continuations are asked for in the same order every time).
+        lefts = [budget - len(episodes[n].ids) for n in active]
+        segments = []
+        for left in sorted(set(lefts)):
+            which = [k for k, x in enumerate(lefts) if x == left]
+            params = replace(sampling, group_size=1, max_tokens=left, stop=tool.stop, seed=None)
+            for k, group in zip(which, engine.generate([prompts[k] for k in which], params)):
+                segments.append((k, group[0]))
+        segments = [c for _, c in sorted(segments, key=lambda x: x[0])]
+    return [episodes[i * G : (i + 1) * G] for i in range(len(prompt_ids))]

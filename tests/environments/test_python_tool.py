@@ -1,0 +1,108 @@
+"""The Python tool: finding the code a segment closes, running a batch in the sandbox, and multi-turn
+generation with it on the real engines: token-in/token-out, masks, budgets and limits."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from rlvr_lightning.environments.python_tool import PythonTool, PythonToolSettings
+from rlvr_lightning.sandbox import SandboxSettings
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+
+
+@pytest.mark.parametrize(
+    "text, code",
+    [
+        ("Let me compute.\n```python\nprint(347 * 829)\n```\n", "print(347 * 829)"),
+        ("a\n```python\nx = 1\n```\n```output\n1\n```\nthen\n```python\nprint(x + 1)\n```\n", "print(x + 1)"),
+        ("```python\nprint(1)\n```\n  ", "print(1)"),  # a token that ran past the marker: whitespace only
+        ("no code here", None),
+        ("```python\nprint(1)\n```\nand more text", None),  # the block is not where the segment ends
+        ("```python\nx\n```\n```output\n1\n```\n", None),  # the marker closes an output block the model wrote
+        ("plain\n```\nblock\n```\n", None),  # a block without the python marker
+    ],
+)
+def test_the_code_a_segment_ends_with(text, code):
+    assert PythonTool().code_of(text) == code
+
+
+@needs_bwrap
+def test_a_batch_of_calls_reads_as_the_model_sees_it():
+    tool = PythonTool(PythonToolSettings(timeout_s=1.0, observation_chars=60, sandbox=SandboxSettings(workers=2)))
+    try:
+        calls = tool.run(["print(347 * 829)", "1/0", "while True: pass", "print('y' * 500)", "x = 6\nx * 7"])
+    finally:
+        tool.close()
+    assert [c.appended for c in calls[:3]] == [
+        "```output\n287663\n```\n",
+        "```output\nZeroDivisionError: division by zero\n```\n",
+        "```output\nTimeoutError: the code ran longer than 1 s\n```\n",
+    ]
+    assert calls[3].truncated and len(calls[3].appended) <= 60 + len("```output\n\n```\n")
+    assert calls[4].appended == "```output\n42\n```\n"  # nothing printed: the last expression's value
+    assert [c.execution.status for c in calls] == ["ok", "error", "timeout", "ok", "ok"]
+
+
+def inserted_spans(sampled: list[int]) -> list[tuple[int, int]]:
+    spans, start = [], None
+    for i, s in enumerate([*sampled, 1]):
+        if s == 0 and start is None:
+            start = i
+        elif s == 1 and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+@needs_bwrap
+@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.e2e)])
+def test_episodes_on_a_real_engine_keep_the_sampled_ids_and_insert_the_outputs_ids(quick_warm_start, engine):
+    """The warm start boxes an answer in most completions; with `\\boxed{` … `}` as the tool's markers each
+    boxed answer is a call (its content runs as code), so a real engine calls the tool often. Every episode's
+    ids are its sampled segments with each output's own tokenization between them, inserted tokens carry no
+    log-prob, the budget holds, and the trainer's log-probs of the whole sequence equal the engine's on every
+    sampled token (the engine saw exactly these ids: nothing was decoded and encoded again)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlvr_lightning.data.datamodule import RolloutDataModule
+    from rlvr_lightning.environments.episodes import generate_episodes
+    from rlvr_lightning.evaluate import model_engine
+    from rlvr_lightning.models.forward import sequence_logprobs
+    from rlvr_lightning.rollout.settings import RolloutSettings
+
+    _, model_dir = quick_warm_start
+    budget = 48
+    dm = RolloutDataModule(model_name_or_path=str(model_dir), batch_size=4, rollout=RolloutSettings(engine=engine, max_response_length=budget))
+    dm.setup("fit")
+    tok = dm.tokenizer
+    batch = dm.collate(dm.train_records[:4])
+    prompts = [tok(p, add_special_tokens=False).input_ids for p in batch.prompts]
+    settings = PythonToolSettings(max_calls=2, code_start="\\boxed{", code_end="}", timeout_s=2.0, sandbox=SandboxSettings(workers=2))
+    tool, eng = PythonTool(settings), model_engine(dm)
+    try:
+        sampling = dm.rollout.sampling(group_size=4, seed=0)
+        groups = generate_episodes(eng, tok, prompts, sampling, tool)
+    finally:
+        tool.close()
+        eng.close()
+    episodes = [e for g in groups for e in g]
+    assert len(groups) == 4 and all(len(g) == 4 for g in groups)
+    assert sum(len(e.calls) for e in episodes) >= 4  # the tool was called
+    assert {e.stop for e in episodes} <= {"answered", "max_calls", "length"} and all(len(e.calls) <= 2 for e in episodes)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    for e in episodes:
+        c = e.completion()
+        assert len(c.token_ids) <= budget and len(c.token_ids) == len(c.logprobs)
+        spans = inserted_spans(c.sampled) if c.sampled else []
+        outputs = [tok(call.appended, add_special_tokens=False).input_ids for call in e.calls]
+        assert len(spans) == len(outputs)
+        for (a, b), ids in zip(spans, outputs):
+            assert c.token_ids[a:b] == ids[: b - a] and (b - a == len(ids) or e.stop == "length")
+            assert all(lp == 0.0 for lp in c.logprobs[a:b])
+        trainer = sequence_logprobs(policy, e.prompt, c.token_ids)
+        sampled = [i for i in range(len(c.token_ids)) if not c.sampled or c.sampled[i]]
+        assert max(abs(trainer[i] - c.logprobs[i]) for i in sampled) < 2e-3
