@@ -38,10 +38,14 @@ class Collectives:
 
 
 class EngineSource(Protocol):
-    """Where the step's rollout engine comes from (`rlvr_lightning.training.engine_session.EngineSession`)."""
+    """Where the step's rollout engine comes from (`rlvr_lightning.training.engine_session.EngineSession`),
+    and the tool its answers may call (`rlvr_lightning.environments.python_tool.PythonTool`; None: no tool)."""
 
     @property
     def engine(self) -> RolloutEngine: ...
+
+    @property
+    def tool(self) -> Any: ...
 
 
 class PromptSource(Protocol):
@@ -70,6 +74,10 @@ class StepContext:
     @property
     def engine(self) -> RolloutEngine:
         return self.engines.engine
+
+    @property
+    def tool(self) -> Any:
+        return self.engines.tool
 
 
 @dataclass(frozen=True)

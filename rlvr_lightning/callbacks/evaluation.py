@@ -300,12 +300,12 @@ class Evaluation(Callback):
         samples: dict[str, list] = {"prompt": [], "completion": [], "parsed_answer": [], "gold": [], "reward": []}
         for batch in batches:
             rollout = target.generate(batch, sampling)
-            c, m = target.verifier.score(rollout.answers_per_sequence, list(rollout.texts), rollout.truncated)
+            c, m = target.verifier.score(rollout.answers_per_sequence, list(rollout.answer_texts), rollout.truncated)
             correct.append(c)
             per_problem = c.view(len(batch), sampling.group_size)  # completions are grouped per problem
             for metric in pass_metrics.values():
                 metric.update(per_problem)
-            answers = [extract_prediction(t) for t in rollout.texts]
+            answers = [extract_prediction(t) for t in rollout.answer_texts]
             for metric in maj_metrics.values():
                 metric.update(
                     [answers[i * sampling.group_size : (i + 1) * sampling.group_size] for i in range(len(batch))],

@@ -131,5 +131,5 @@ class RewardVerifier(RolloutCallback):
         return correct, metrics
 
     def on_rollout_generated(self, step: StepContext, rollout: Rollout) -> Verdict:
-        correct, metrics = self.score(rollout.answers_per_sequence, list(rollout.texts), rollout.truncated)
+        correct, metrics = self.score(rollout.answers_per_sequence, list(rollout.answer_texts), rollout.truncated)
         return Verdict(correct, metrics)

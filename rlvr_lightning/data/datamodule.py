@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from dataclasses import asdict
 
 import lightning as L
 import torch
@@ -16,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from rlvr_lightning.data.batches import ResumableBatches
 from rlvr_lightning.data.sources import ProblemRecord, embedded_records, load_problems
+from rlvr_lightning.environments.python_tool import PythonToolSettings
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.models.policy import load_tokenizer
 from rlvr_lightning.models.warm_start import EMBEDDED, resolve_policy_path
@@ -54,6 +56,7 @@ class RolloutDataModule(L.LightningDataModule):
         val_size: int | None = 200,
         seed: int = 0,
         rollout: RolloutSettings = None,  # not `| None`: jsonargparse links only into a plain class type
+        tool: PythonToolSettings | None = None,
     ) -> None:
         """
         Args:
@@ -71,9 +74,14 @@ class RolloutDataModule(L.LightningDataModule):
             val_size: held-out problems used (the first ones; null: all).
             seed: the prompt order's seed, and the seed every sampling seed of the run derives from.
             rollout: the `rollout:` section (sampling and engine settings); LightningCLI passes it in.
+            tool: a Python tool the answers may call (`--data.tool.max_calls 4`; docs/tools.md); null: none.
         """
         super().__init__()
-        self.save_hyperparameters(ignore=["rollout"])
+        self.save_hyperparameters(ignore=["rollout", "tool"])
+        self.hparams["tool"] = None if tool is None else asdict(tool)  # plain values: a checkpoint loads weights-only
+        if tool is not None:
+            tool.check()
+        self.tool = tool
         self.rollout = rollout if rollout is not None else RolloutSettings()
         self.tokenizer = None
         self.policy_path: str | None = None

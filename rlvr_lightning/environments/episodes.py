@@ -17,6 +17,7 @@ from typing import Literal
 from rlvr_lightning.environments.python_tool import PythonTool, ToolCall
 from rlvr_lightning.rollout.engine import RolloutEngine
 from rlvr_lightning.rollout.types import Completion, SamplingConfig
+from rlvr_lightning.seeding import derived_seed
 
 StopReason = Literal["answered", "max_calls", "length"]
 
@@ -37,6 +38,11 @@ class Episode:
         self.ids += ids
         self.logprobs += logprobs
         self.sampled += [sampled] * len(ids)
+
+    @property
+    def own_ids(self) -> list[int]:
+        """The tokens the model sampled, without what the tool inserted."""
+        return [t for t, s in zip(self.ids, self.sampled) if s]
 
     def completion(self) -> Completion:
         finish = "length" if self.stop == "length" else "stop"
@@ -68,7 +74,9 @@ def generate_episodes(
     episodes = [Episode(list(prompt_ids[i])) for i in range(len(prompt_ids)) for _ in range(G)]
     segments = [c for group in groups for c in group]
     active = list(range(len(episodes)))
+    turn = 0
     while active:
+        turn += 1
         to_run: list[tuple[int, str]] = []
         for n, segment in zip(active, segments):
             episode = episodes[n]
@@ -97,14 +105,43 @@ def generate_episodes(
         if not active:
             break
         prompts = [episodes[n].prompt + episodes[n].ids for n in active]
-        # One continuation per episode, each with what is left of its budget; the engine's own seed keeps a run
-        # reproducible (the continuations are asked for in the same order every time).
+        # One continuation per episode, each with what is left of its budget, seeded from the batch's seed, the
+        # turn and that budget (an engine that takes no per-request seed, vLLM on CPU, follows its own seed: the
+        # continuations are asked for in the same order every time).
         lefts = [budget - len(episodes[n].ids) for n in active]
         segments = []
         for left in sorted(set(lefts)):
             which = [k for k, x in enumerate(lefts) if x == left]
-            params = replace(sampling, group_size=1, max_tokens=left, stop=tool.stop, seed=None)
+            seed = None if sampling.seed is None else derived_seed(sampling.seed, turn, left)
+            params = replace(sampling, group_size=1, max_tokens=left, stop=tool.stop, seed=seed)
             for k, group in zip(which, engine.generate([prompts[k] for k in which], params)):
                 segments.append((k, group[0]))
         segments = [c for _, c in sorted(segments, key=lambda x: x[0])]
     return [episodes[i * G : (i + 1) * G] for i in range(len(prompt_ids))]
+
+
+def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """A rollout batch's tool metrics (logged as `train/tool_…`, `train/stop_…`): calls per answer, the share of
+    answers that call, how calls ended, outputs cut, turns, the share of response tokens the tool inserted, call
+    latency, and why answers stopped."""
+    n = max(1, len(episodes))
+    calls = [c for e in episodes for c in e.calls]
+    ended = [c.execution.status for c in calls]
+    seconds = sorted(c.execution.seconds for c in calls)
+    tokens = sum(len(e.ids) for e in episodes)
+    per_call = max(1, len(calls))
+    out = {
+        "tool_calls_per_answer": len(calls) / n,
+        "tool_answers_with_call": sum(bool(e.calls) for e in episodes) / n,
+        "tool_success_frac": ended.count("ok") / per_call,
+        "tool_error_frac": ended.count("error") / per_call,
+        "tool_timeout_frac": ended.count("timeout") / per_call,
+        "tool_output_truncated_frac": sum(c.truncated for c in calls) / per_call,
+        "tool_turns_mean": sum(e.turns for e in episodes) / n,
+        "tool_output_token_frac": sum(e.sampled.count(0) for e in episodes) / max(1, tokens),
+        "tool_latency_p50_ms": 1000 * seconds[len(seconds) // 2] if seconds else 0.0,
+        "tool_latency_p95_ms": 1000 * seconds[int(0.95 * (len(seconds) - 1))] if seconds else 0.0,
+    }
+    for reason in ("answered", "max_calls", "length"):
+        out[f"stop_{reason}_frac"] = sum(e.stop == reason for e in episodes) / n
+    return out

@@ -93,11 +93,14 @@ class Rollout:
     sampling: SamplingConfig
     policy_version: int
     texts: tuple[str, ...] = ()  # decoded completions (B·G)
+    # The model's own words where a tool inserted text into a completion (its sampled tokens only, decoded):
+    # what the reward reads, so that a tool's output cannot answer for the model; empty: `texts`.
+    own_texts: tuple[str, ...] = ()
     correct: torch.Tensor | None = None  # [N] the verifier's verdict c ∈ {0,1}; None until scored
     metrics: Mapping[str, float] = field(default_factory=dict)  # generation's and the verifier's
 
     def __post_init__(self) -> None:
-        for name in ("prompt_ids", "completions", "texts"):
+        for name in ("prompt_ids", "completions", "texts", "own_texts"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "metrics", MappingProxyType(dict(self.metrics)))
 
@@ -123,6 +126,11 @@ class Rollout:
 
     def group_of(self, n: int) -> int:
         return n // self.group_size
+
+    @property
+    def answer_texts(self) -> tuple[str, ...]:
+        """What the reward reads of each completion: the model's own words (`own_texts`, else `texts`)."""
+        return self.own_texts or self.texts
 
     @property
     def answers_per_sequence(self) -> list[str]:
@@ -167,6 +175,7 @@ class Rollout:
             sampling=self.sampling,
             policy_version=self.policy_version,
             texts=[self.texts[n] for n in seqs] if self.texts else (),
+            own_texts=[self.own_texts[n] for n in seqs] if self.own_texts else (),
             correct=None if self.correct is None else self.correct[pick],
             metrics=self.metrics,
         )
@@ -206,6 +215,7 @@ class Rollout:
             sampling=first.sampling,
             policy_version=min(r.policy_version for r in rollouts),
             texts=[t for r in rollouts for t in r.texts],
+            own_texts=[t for r in rollouts for t in r.answer_texts] if any(r.own_texts for r in rollouts) else (),
             correct=cat("correct"),
             metrics=metrics,
         )

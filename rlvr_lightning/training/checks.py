@@ -115,3 +115,17 @@ def check_behaviour_logprobs(
             "policy's. Sample with top_p=1 and top_k=-1, or set model.behaviour.allow_filtered_rollout_logprobs=true "
             "to accept the bias."
         )
+
+
+def check_tool(rollout: Any, shapers: tuple[str, ...]) -> None:
+    """What a run with the Python tool (`data.tool`) cannot do yet, refused before it starts."""
+    if rollout.max_staleness > 0:
+        raise ConfigError(
+            f"data.tool with rollout.max_staleness={rollout.max_staleness}: answers that call the tool are generated "
+            "synchronously for now (set rollout.max_staleness 0)"
+        )
+    if shapers:
+        raise ConfigError(
+            f"data.tool with {', '.join(shapers)}: THR and OAR do not yet leave the tool's output tokens out of their "
+            "weights' normalisation; train with the tool without them for now"
+        )

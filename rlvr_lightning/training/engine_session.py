@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from rlvr_lightning.environments.python_tool import PythonTool
 from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.models.lora import LoraSettings
 from rlvr_lightning.models.weights import full_weights, load_into_engine
@@ -54,6 +55,7 @@ class EngineSession:
         self.spec: EngineSpec | None = None
         self._stream_state: dict | None = None  # a checkpoint's batches in flight, until the stream is built
         self._engine: RolloutEngine | None = None
+        self._tool: PythonTool | None = None
 
     def attach(self, spec: EngineSpec) -> None:
         """What the engine is built from and synced with (the policy exists from here on); the sync probe's
@@ -77,6 +79,14 @@ class EngineSession:
     def engine(self, engine: RolloutEngine) -> None:
         """Use `engine` (one built elsewhere: a bench's, a test's stand-in server)."""
         self._engine = engine
+
+    @property
+    def tool(self) -> PythonTool | None:
+        """The Python tool the answers may call (`data.tool`), its sandbox started on first use; None: no tool."""
+        settings = None if self.spec is None else getattr(self.spec.datamodule, "tool", None)
+        if settings is not None and self._tool is None:
+            self._tool = PythonTool(settings)
+        return self._tool
 
     @property
     def trainer_logprobs(self) -> LogprobsFn:
@@ -142,10 +152,10 @@ class EngineSession:
         return self.stream
 
     def close(self) -> None:
-        for part in (self.stream, self._engine):  # the batches ahead are generated on the engine: first
+        for part in (self.stream, self._engine, self._tool):  # the batches ahead are generated on the engine: first
             if part is not None:
                 part.close()
-        self.stream, self._engine = None, None
+        self.stream, self._engine, self._tool = None, None, None
 
     def state_dict(self) -> dict:
         """The policy version, and the stream's batches in flight (a resumed run continues them)."""

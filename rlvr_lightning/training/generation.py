@@ -3,7 +3,11 @@ rollout callbacks (the reward verifier). It returns the scored rollout; nothing 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rlvr_lightning.context import StepContext
+from rlvr_lightning.environments.episodes import episode_metrics, generate_episodes
+from rlvr_lightning.environments.python_tool import PythonTool
 from rlvr_lightning.rollout.engine import RolloutEngine
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.seeding import derived_seed
@@ -13,14 +17,29 @@ from rlvr_lightning.training.step_metrics import StageTimer
 def generate(step: StepContext, batch: PromptBatch, sampling: SamplingConfig | None = None) -> Rollout:
     """Sample completions for a prompt batch (the training sampling settings unless given)."""
     sampling = sampling or step.sampling(seed=sampling_seed(step))
-    return sample(step.engine, step.tokenizer, batch, sampling, step.policy_version)
+    return sample(step.engine, step.tokenizer, batch, sampling, step.policy_version, step.tool)
 
 
-def sample(engine: RolloutEngine, tokenizer, batch: PromptBatch, sampling: SamplingConfig, policy_version: int = 0) -> Rollout:
-    """`engine`'s completions for a prompt batch as a Rollout of policy version `policy_version`: the training
-    step's generation, and `make eval`'s, which has no training step."""
+def sample(
+    engine: RolloutEngine,
+    tokenizer,
+    batch: PromptBatch,
+    sampling: SamplingConfig,
+    policy_version: int = 0,
+    tool: PythonTool | None = None,
+) -> Rollout:
+    """`engine`'s completions for a prompt batch as a Rollout of policy version `policy_version`, answers calling
+    `tool` when given (`environments.episodes`): the training step's generation, and `make eval`'s, which has no
+    training step."""
     prompt_ids = encode_prompts(tokenizer, batch)
-    return to_rollout(tokenizer, batch, prompt_ids, sampling, engine.generate(prompt_ids, sampling), policy_version)
+    if tool is None:
+        return to_rollout(tokenizer, batch, prompt_ids, sampling, engine.generate(prompt_ids, sampling), policy_version)
+    groups = generate_episodes(engine, tokenizer, prompt_ids, sampling, tool)
+    completions = [[e.completion() for e in group] for group in groups]
+    rollout = to_rollout(tokenizer, batch, prompt_ids, sampling, completions, policy_version)
+    episodes = [e for group in groups for e in group]
+    own = tokenizer.batch_decode([e.own_ids for e in episodes], skip_special_tokens=True)
+    return replace(rollout, own_texts=own).with_metrics(episode_metrics(episodes))
 
 
 def encode_prompts(tokenizer, batch: PromptBatch) -> list[list[int]]:

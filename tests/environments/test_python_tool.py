@@ -106,3 +106,15 @@ def test_episodes_on_a_real_engine_keep_the_sampled_ids_and_insert_the_outputs_i
         trainer = sequence_logprobs(policy, e.prompt, c.token_ids)
         sampled = [i for i in range(len(c.token_ids)) if not c.sampled or c.sampled[i]]
         assert max(abs(trainer[i] - c.logprobs[i]) for i in sampled) < 2e-3
+
+
+def test_what_a_run_with_the_tool_cannot_do_yet_is_refused_in_one_line():
+    from rlvr_lightning.errors import ConfigError
+    from rlvr_lightning.rollout.settings import RolloutSettings
+    from rlvr_lightning.training.checks import check_tool
+
+    check_tool(RolloutSettings(), ())
+    with pytest.raises(ConfigError, match=r"^data.tool with rollout.max_staleness=1: .*set rollout.max_staleness 0\)$"):
+        check_tool(RolloutSettings(engine="vllm-server", max_staleness=1), ())
+    with pytest.raises(ConfigError, match=r"^data.tool with THRAttribution: THR and OAR"):
+        check_tool(RolloutSettings(), ("THRAttribution",))

@@ -1,0 +1,36 @@
+"""A GRPO run whose answers call the Python tool, as a user runs it: the CLI with `--data.tool.*`, 2 rollout
+batches on the real vLLM engine, the code run in the sandbox."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from tests.e2e.test_presets import finished_run, preset_args
+from tests.support.cli import run_cli
+
+# The tests' warm start boxes an answer in most completions: with `\boxed{` … `}` as the tool's markers each
+# boxed answer is a call, so the run exercises calls, outputs and continuations without a model trained to write
+# python blocks (the default markers).
+BOXED_AS_CALLS = ["--data.tool.max_calls", "2", "--data.tool.code_start", "\\boxed{", "--data.tool.code_end", "}",
+                  "--data.tool.sandbox.workers", "2", "--data.tool.timeout_s", "2"]  # fmt: skip
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+def test_a_grpo_run_whose_answers_call_the_tool(tmp_path, quick_warm_start):
+    _, model_dir = quick_warm_start
+    args = [*preset_args(tmp_path, "grpo", model_dir, max_response_length=40), "--rollout_batches", "2"]
+    proc = run_cli([*args, *BOXED_AS_CALLS], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run, history = finished_run(tmp_path, "grpo")
+    calls = [p.value for p in history["train/tool_calls_per_answer"]]
+    assert len(calls) == 2 and max(calls) > 0
+    assert 0 < max(p.value for p in history["train/tool_output_token_frac"]) < 1
+    for reason in ("answered", "max_calls", "length"):
+        assert f"train/stop_{reason}_frac" in history
+    ends = sum(history[f"train/stop_{r}_frac"][-1].value for r in ("answered", "max_calls", "length"))
+    assert ends == pytest.approx(1.0)
+    assert run.data.params["data.tool.max_calls"] == "2" and run.data.params["data.tool.sandbox.isolation"] == "bwrap"
+    assert "train/grad_norm" in history and "val/accuracy" in history
