@@ -31,6 +31,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
     from rlvr_lightning.callbacks.evaluation import Benchmark, EvalTarget, Evaluation
     from rlvr_lightning.callbacks.reward import RewardVerifier
     from rlvr_lightning.data.datamodule import RolloutDataModule
+    from rlvr_lightning.environments.python_tool import PythonTool, PythonToolSettings
     from rlvr_lightning.errors import ConfigError
     from rlvr_lightning.models.checkpoint import is_lightning_checkpoint, policy_from_checkpoint
     from rlvr_lightning.models.lora import is_adapter_dir, read_adapter
@@ -106,13 +107,16 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
         tags={"kind": "evaluation", "model": args.model},
     )
     verifier = RewardVerifier(num_workers=args.verifier_workers)
+    tool = None if args.tool_max_calls == 0 else PythonTool(PythonToolSettings(max_calls=args.tool_max_calls))
     engine = model_engine(dm, adapter)
     try:
-        target = EvalTarget(partial(sample, engine, dm.tokenizer), dm, verifier, logger)
-        results = evaluation.run(target, step=0)
+        generate = partial(sample, engine, dm.tokenizer, policy_version=0, tool=tool)
+        results = evaluation.run(EvalTarget(generate, dm, verifier, logger), step=0)
     finally:
         engine.close()
         verifier.close()
+        if tool is not None:
+            tool.close()
     logger.finalize("success")
     for key, value in sorted(results.items()):
         print(f"{key:45s} {value:.4f}")
@@ -170,6 +174,9 @@ def main(argv: list[str] | None = None) -> None:
         help="longer prompts are dropped (default: the model's context minus --max-tokens)",
     )
     p.add_argument("--no-greedy", action="store_true", help="skip the greedy pass")
+    p.add_argument(
+        "--tool-max-calls", type=int, default=0, help="answers may call the Python tool this often (0: no tool; docs/tools.md)"
+    )
     p.add_argument("--engine", default="vllm", choices=["vllm", "hf"])
     p.add_argument("--dtype", default="float32")
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
