@@ -83,8 +83,10 @@ def generate_episodes(
             keep = cut_at_marker(tokenizer, segment.token_ids, marker)
             episode.add(segment.token_ids[:keep], segment.logprobs[:keep], 1)
             episode.turns += 1
-            stopped_at_marker = keep < len(segment.token_ids) or tokenizer.decode(segment.token_ids).endswith(marker)
-            code = tool.code_of(tokenizer.decode(segment.token_ids[:keep])) if stopped_at_marker else None
+            text = tokenizer.decode(segment.token_ids[:keep])
+            at = text.find(marker)  # the kept tokens end on the marker; the last one may carry a few characters more
+            stopped_at_marker = at != -1
+            code = tool.code_of(text[: at + len(marker)]) if stopped_at_marker else None
             if len(episode.ids) >= budget or (segment.finish_reason == "length" and not stopped_at_marker):
                 episode.stop = "length"
             elif code is not None and len(episode.calls) >= tool.settings.max_calls:
