@@ -118,3 +118,27 @@ def test_what_a_run_with_the_tool_cannot_do_yet_is_refused_in_one_line():
         check_tool(RolloutSettings(engine="vllm-server", max_staleness=1), ())
     with pytest.raises(ConfigError, match=r"^data.tool with THRAttribution: THR and OAR"):
         check_tool(RolloutSettings(), ("THRAttribution",))
+
+
+def test_the_reward_reads_the_models_own_words_not_what_the_tool_printed():
+    """A call that prints the boxed answer cannot answer for the model: the verifier scores the model's own text."""
+    import torch
+
+    from rlvr_lightning.callbacks.reward import RewardVerifier
+    from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
+
+    model = "```python\nprint(chr(92) + 'boxed{' + str(6 * 7) + '}')\n```\n"  # the model's own words hold no box
+    printed = "```output\n\\boxed{42}\n```\n"
+    texts = [model + printed, model + printed + "So \\boxed{42}."]
+    own = [model, model + "So \\boxed{42}."]
+    rollout = Rollout(
+        batch=PromptBatch(["p"], ["6 * 7?"], ["42"]), group_size=2, prompt_ids=[[1]],
+        completions=[Completion([1], [0.0], "stop"), Completion([1], [0.0], "stop")],
+        sampling=SamplingConfig(group_size=2), policy_version=0, texts=texts, own_texts=own,
+    )  # fmt: skip
+    verifier = RewardVerifier(num_workers=1)
+    try:
+        verdict = verifier.on_rollout_generated(None, rollout)
+    finally:
+        verifier.close()
+    assert torch.equal(verdict.correct, torch.tensor([0.0, 1.0]))
