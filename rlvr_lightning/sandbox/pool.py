@@ -161,6 +161,8 @@ class Sandbox:
         timeout = s.timeout_s if timeout_s is None else timeout_s
         request = dict(code=code, timeout_s=timeout, memory_mb=s.memory_mb, output_bytes=s.output_bytes,
                        file_mb=s.file_mb, processes=s.processes)  # fmt: skip
+        if self._closed:
+            raise RuntimeError("this sandbox is closed")
         start = time.monotonic()
         worker = self._idle.get()
         answer = worker.call(request, wait_s=timeout + 10.0)  # the worker's own kill comes first

@@ -142,3 +142,37 @@ def test_the_reward_reads_the_models_own_words_not_what_the_tool_printed():
     finally:
         verifier.close()
     assert torch.equal(verdict.correct, torch.tensor([0.0, 1.0]))
+
+
+HOSTILE_CALLS = [
+    "import socket\ns = socket.socket()\ns.settimeout(1)\ns.connect(('1.1.1.1', 53))",
+    "print(open('/etc/shadow').read())",
+    "import os\nprint(dict(os.environ))",
+    "open('/usr/planted', 'w').write('x')",
+    "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+    "x = bytearray(8 * 1024 ** 3)",
+    "while True:\n    pass",
+    "while True:\n    print('x' * 1000)",
+    "f = open('/tmp/flood', 'wb')\nwhile True:\n    f.write(b'x' * 65536)",
+    "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
+    "import os\nif os.fork() == 0:\n    os.setsid()\n    import time\n    time.sleep(600)\nprint('left a daemon')",
+    "import os\nos.setuid(0)",
+]
+
+
+@needs_bwrap
+def test_hostile_calls_in_a_batch_leave_the_tool_serving_and_their_outputs_bounded():
+    """What a run's answers would call: each hostile program ends with a bounded output the model reads, and the
+    next batch of calls runs as usual (tests/sandbox/test_hostile.py checks each one's containment)."""
+    settings = PythonToolSettings(timeout_s=1.0, observation_chars=200, sandbox=SandboxSettings(workers=2, memory_mb=256, tmp_mb=16, processes=32))
+    tool = PythonTool(settings)
+    try:
+        calls = tool.run(HOSTILE_CALLS)
+        after = tool.run(["print(6 * 7)", "import sympy\nsympy.isprime(97)"])
+    finally:
+        tool.close()
+    wrap = len(settings.output_start) + len(settings.output_end)
+    assert all(len(c.appended) <= 200 + wrap for c in calls)
+    assert {c.execution.status for c in calls} <= {"ok", "error", "timeout", "output_limit"}
+    assert "SECRET" not in "".join(c.appended for c in calls) and "root:" not in calls[1].appended
+    assert [c.appended for c in after] == ["```output\n42\n```\n", "```output\nTrue\n```\n"]
