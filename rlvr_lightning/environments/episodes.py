@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from rlvr_lightning.environments.python_tool import PythonTool, ToolCall
+from rlvr_lightning.environments.python_tool import PythonTool, PythonToolSettings, ToolCall
+from rlvr_lightning.rewards.extraction import extract_prediction
 from rlvr_lightning.rollout.engine import RolloutEngine
 from rlvr_lightning.rollout.types import Completion, SamplingConfig
 from rlvr_lightning.seeding import derived_seed
@@ -33,6 +34,7 @@ class Episode:
     calls: list[ToolCall] = field(default_factory=list)
     turns: int = 0
     stop: StopReason | None = None
+    void_turns: int = 0  # segments with neither a closed code block nor an answer (SimpleTIR's void turn)
 
     def add(self, ids: list[int], logprobs: list[float], sampled: int) -> None:
         self.ids += ids
@@ -44,9 +46,24 @@ class Episode:
         """The tokens the model sampled, without what the tool inserted."""
         return [t for t, s in zip(self.ids, self.sampled) if s]
 
-    def completion(self) -> Completion:
+    @property
+    def timed_out(self) -> bool:
+        return any(c.execution.status == "timeout" for c in self.calls)
+
+    def excluded_by(self, settings: PythonToolSettings) -> str:
+        """The stability guard that leaves this answer out of the loss, or "" (`PythonToolSettings.drop_*`)."""
+        if settings.drop_void_turns and self.void_turns:
+            return "void_turn"
+        if settings.drop_max_calls and self.stop == "max_calls":
+            return "max_calls"
+        if settings.drop_timeouts and self.timed_out:
+            return "timeout"
+        return ""
+
+    def completion(self, settings: PythonToolSettings) -> Completion:
         finish = "length" if self.stop == "length" else "stop"
-        return Completion(self.ids, self.logprobs, finish, sampled=self.sampled if 0 in self.sampled else [])
+        sampled = self.sampled if 0 in self.sampled else []
+        return Completion(self.ids, self.logprobs, finish, sampled=sampled, excluded=self.excluded_by(settings))
 
 
 def cut_at_marker(tokenizer, ids: list[int], marker: str) -> int:
@@ -87,6 +104,8 @@ def generate_episodes(
             at = text.find(marker)  # the kept tokens end on the marker; the last one may carry a few characters more
             stopped_at_marker = at != -1
             code = tool.code_of(text[: at + len(marker)]) if stopped_at_marker else None
+            if code is None and (stopped_at_marker or extract_prediction(text) is None):
+                episode.void_turns += 1  # neither a call nor an answer
             if len(episode.ids) >= budget or (segment.finish_reason == "length" and not stopped_at_marker):
                 episode.stop = "length"
             elif code is not None and len(episode.calls) >= tool.settings.max_calls:
@@ -122,10 +141,11 @@ def generate_episodes(
     return [episodes[i * G : (i + 1) * G] for i in range(len(prompt_ids))]
 
 
-def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
+def episode_metrics(episodes: list[Episode], settings: PythonToolSettings) -> dict[str, float]:
     """A rollout batch's tool metrics (logged as `train/tool_…`, `train/stop_…`): calls per answer, the share of
     answers that call, how calls ended, outputs cut, turns, the share of response tokens the tool inserted, call
-    latency, and why answers stopped."""
+    latency, why answers stopped, and the shares of answers with a void turn, with a timed-out call, and that the
+    stability guards leave out of the loss."""
     n = max(1, len(episodes))
     calls = [c for e in episodes for c in e.calls]
     ended = [c.execution.status for c in calls]
@@ -146,4 +166,7 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
     }
     for reason in ("answered", "max_calls", "length"):
         out[f"stop_{reason}_frac"] = sum(e.stop == reason for e in episodes) / n
+    out["tool_void_turn_answers"] = sum(bool(e.void_turns) for e in episodes) / n
+    out["tool_timed_out_answers"] = sum(e.timed_out for e in episodes) / n
+    out["tool_excluded_answers"] = sum(bool(e.excluded_by(settings)) for e in episodes) / n
     return out

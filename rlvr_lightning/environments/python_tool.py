@@ -28,7 +28,10 @@ class PythonToolSettings:
     """max_calls: tool calls per answer; a block written after the last one ends the answer (`max_calls`).
     observation_chars: an output longer than this keeps its head and tail. timeout_s: a call's time limit.
     code_start / code_end: the block's opening and closing markers; output_start / output_end: what wraps the
-    output appended after it. sandbox: where the code runs (`docs/sandbox.md`)."""
+    output appended after it. sandbox: where the code runs (`docs/sandbox.md`).
+    Stability guards (each off by default, its share logged either way): leave out of the loss the answers with a
+    void turn (a segment with neither a closed code block nor an answer: SimpleTIR's filter), those that hit
+    `max_calls`, and those with a call that timed out."""
 
     max_calls: int = 4
     observation_chars: int = 512
@@ -38,6 +41,9 @@ class PythonToolSettings:
     output_start: str = "```output\n"
     output_end: str = "\n```\n"
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)
+    drop_void_turns: bool = False
+    drop_max_calls: bool = False
+    drop_timeouts: bool = False
 
     def check(self) -> None:
         if self.max_calls < 1 or self.observation_chars < 1 or not self.timeout_s > 0:

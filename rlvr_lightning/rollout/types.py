@@ -55,6 +55,8 @@ class Completion:
     # library; its log-prob entry is 0); empty: every token sampled. Inserted tokens are context for the tokens
     # after them and nothing else: no loss, no KL, no entropy, no attribution weight, no normaliser count.
     sampled: list[int] = field(default_factory=list)
+    # Why a stability guard leaves this completion out of the loss (a tool run's `drop_*`); "": it trains.
+    excluded: str = ""
 
     def versions_or(self, version: int) -> list[int]:
         return self.versions or [version] * len(self.token_ids)
@@ -139,6 +141,11 @@ class Rollout:
     @property
     def truncated(self) -> torch.Tensor:
         return torch.tensor([c.finish_reason == "length" for c in self.completions])
+
+    @property
+    def excluded(self) -> torch.Tensor:
+        """[N] the completions a stability guard leaves out of the loss (`Completion.excluded`)."""
+        return torch.tensor([bool(c.excluded) for c in self.completions])
 
     def with_token_versions(self) -> Rollout:
         """The same rollout with every completion's per-token versions written out."""

@@ -35,11 +35,11 @@ def sample(
     if tool is None:
         return to_rollout(tokenizer, batch, prompt_ids, sampling, engine.generate(prompt_ids, sampling), policy_version)
     groups = generate_episodes(engine, tokenizer, prompt_ids, sampling, tool)
-    completions = [[e.completion() for e in group] for group in groups]
+    completions = [[e.completion(tool.settings) for e in group] for group in groups]
     rollout = to_rollout(tokenizer, batch, prompt_ids, sampling, completions, policy_version)
     episodes = [e for group in groups for e in group]
     own = tokenizer.batch_decode([e.own_ids for e in episodes], skip_special_tokens=True)
-    return replace(rollout, own_texts=own).with_metrics(episode_metrics(episodes))
+    return replace(rollout, own_texts=own).with_metrics(episode_metrics(episodes, tool.settings))
 
 
 def encode_prompts(tokenizer, batch: PromptBatch) -> list[list[int]]:

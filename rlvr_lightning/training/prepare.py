@@ -65,6 +65,8 @@ def prepare_update(
     loss_mask = t.loss_mask  # sampled response tokens: not padding, not what an environment inserted
     if mask_truncated:
         loss_mask = loss_mask * (~rollout.truncated).to(device, loss_mask.dtype)[:, None]
+    if any(c.excluded for c in rollout.completions):  # a tool run's stability guards
+        loss_mask = loss_mask * (~rollout.excluded).to(device, loss_mask.dtype)[:, None]
     if source == "proximal":  # θ_old and the correction's weights come from the update's forwards
         versions = rollout.token_versions(t.response_mask.shape[1]).to(device)
         behaviour = ApproximateProximal(approximate_proximal, correction, versions, step.policy_version)

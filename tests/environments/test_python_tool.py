@@ -95,7 +95,7 @@ def test_episodes_on_a_real_engine_keep_the_sampled_ids_and_insert_the_outputs_i
     assert {e.stop for e in episodes} <= {"answered", "max_calls", "length"} and all(len(e.calls) <= 2 for e in episodes)
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     for e in episodes:
-        c = e.completion()
+        c = e.completion(settings)
         assert len(c.token_ids) <= budget and len(c.token_ids) == len(c.logprobs)
         spans = inserted_spans(c.sampled) if c.sampled else []
         outputs = [tok(call.appended, add_special_tokens=False).input_ids for call in e.calls]
@@ -176,3 +176,35 @@ def test_hostile_calls_in_a_batch_leave_the_tool_serving_and_their_outputs_bound
     assert {c.execution.status for c in calls} <= {"ok", "error", "timeout", "output_limit"}
     assert "SECRET" not in "".join(c.appended for c in calls) and "root:" not in calls[1].appended
     assert [c.appended for c in after] == ["```output\n42\n```\n", "```output\nTrue\n```\n"]
+
+
+def test_the_stability_guards_leave_their_answers_out_of_the_loss(tiny_policy_dir):
+    """Each guard is off by default; on, it excludes its answers (SimpleTIR's void turns, the call limit, a timed-out
+    call), and the step's loss mask is zero on every token of an excluded answer and untouched elsewhere."""
+    from dataclasses import replace
+
+    from rlvr_lightning.algos import GRPO
+    from rlvr_lightning.environments.episodes import Episode
+    from rlvr_lightning.environments.python_tool import ToolCall
+    from rlvr_lightning.sandbox import Execution
+    from tests.algos.test_base import attach, prepared, sample_rollout
+
+    timed_out = ToolCall("while True: pass", Execution("", "", "timeout", None, 1.0), "", False)
+    void = Episode([1], void_turns=1, stop="answered")
+    capped = Episode([1], stop="max_calls")
+    slow = Episode([1], calls=[timed_out], stop="answered")
+    fine = Episode([1], stop="answered")
+    off = PythonToolSettings()
+    assert [e.excluded_by(off) for e in (void, capped, slow, fine)] == ["", "", "", ""]
+    on = PythonToolSettings(drop_void_turns=True, drop_max_calls=True, drop_timeouts=True)
+    assert [e.excluded_by(on) for e in (void, capped, slow, fine)] == ["void_turn", "max_calls", "timeout", ""]
+
+    module = attach(GRPO, tiny_policy_dir)
+    rollout = sample_rollout(module)
+    completions = list(rollout.completions)
+    for n in (1, 6):
+        completions[n] = replace(completions[n], excluded="void_turn")
+    inputs = prepared(module, replace(rollout, completions=completions))
+    rows = inputs.loss_mask.sum(1)
+    assert rows[1] == 0 and rows[6] == 0
+    assert all(rows[n] == len(rollout.completions[n].token_ids) for n in range(8) if n not in (1, 6))
