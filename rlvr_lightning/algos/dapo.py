@@ -103,6 +103,7 @@ class DAPOStep(StepAlgorithm):
     def rewards(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         correct = rollout.correct.float()
         reward = 2 * correct - 1 if self.signed_reward else correct
+        reward = rollout.reward_with_terms(reward)  # a user's reward functions' terms, if any
         if self.buffer > 0 and self.penalty_factor:
             penalty = overlong_penalty(rollout.response_lengths, self.L_max, self.buffer)
             return reward + self.penalty_factor * penalty, {"overlong_penalty_mean": penalty.mean().item()}

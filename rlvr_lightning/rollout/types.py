@@ -71,8 +71,10 @@ class Verdict:
     """What a scorer (the reward verifier) returns for a rollout batch: correctness c ∈ {0, 1} per sequence
     and its metrics. The algorithm turns it into its reward (r = c, or DAPO's shaping: `ScoredBatch`)."""
 
-    correct: torch.Tensor  # [N]
+    correct: torch.Tensor | None  # [N]; None: this scorer leaves correctness to another (the verifier)
     metrics: Mapping[str, float] = field(default_factory=dict)
+    # Named [N] reward terms, weighted, that the algorithm adds to its reward (a user's reward functions).
+    reward_terms: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -100,23 +102,34 @@ class Rollout:
     own_texts: tuple[str, ...] = ()
     correct: torch.Tensor | None = None  # [N] the verifier's verdict c ∈ {0,1}; None until scored
     metrics: Mapping[str, float] = field(default_factory=dict)  # generation's and the verifier's
+    reward_terms: Mapping[str, torch.Tensor] = field(default_factory=dict)  # [N] each, added to the reward
 
     def __post_init__(self) -> None:
         for name in ("prompt_ids", "completions", "texts", "own_texts"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        object.__setattr__(self, "metrics", MappingProxyType(dict(self.metrics)))
+        for name in ("metrics", "reward_terms"):
+            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
 
     def __getstate__(self) -> dict:  # a read-only mapping does not pickle: its dict does
-        return {**self.__dict__, "metrics": dict(self.metrics)}
+        return {**self.__dict__, "metrics": dict(self.metrics), "reward_terms": dict(self.reward_terms)}
 
     def __setstate__(self, state: dict) -> None:
         for name, value in state.items():
             object.__setattr__(self, name, value)
-        object.__setattr__(self, "metrics", MappingProxyType(dict(self.metrics)))
+        for name in ("metrics", "reward_terms"):
+            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name, {}))))
 
     def scored(self, verdict: Verdict) -> Rollout:
-        """The rollout with a scorer's verdict and metrics."""
-        return replace(self, correct=verdict.correct, metrics={**self.metrics, **verdict.metrics})
+        """The rollout with a scorer's verdict (its correctness, if it gives one; its reward terms) and metrics."""
+        correct = self.correct if verdict.correct is None else verdict.correct
+        terms = {**self.reward_terms, **verdict.reward_terms}
+        return replace(self, correct=correct, metrics={**self.metrics, **verdict.metrics}, reward_terms=terms)
+
+    def reward_with_terms(self, reward: torch.Tensor) -> torch.Tensor:
+        """`reward` [N] plus every reward term (unchanged where there is none)."""
+        for term in self.reward_terms.values():
+            reward = reward + term.to(reward.dtype)
+        return reward
 
     def with_metrics(self, metrics: Mapping[str, float]) -> Rollout:
         """The rollout with more metrics (dynamic sampling's, the stream's)."""
@@ -185,6 +198,7 @@ class Rollout:
             own_texts=[self.own_texts[n] for n in seqs] if self.own_texts else (),
             correct=None if self.correct is None else self.correct[pick],
             metrics=self.metrics,
+            reward_terms={k: v[pick] for k, v in self.reward_terms.items()},
         )
 
     @staticmethod
@@ -225,6 +239,7 @@ class Rollout:
             own_texts=[t for r in rollouts for t in r.answer_texts] if any(r.own_texts for r in rollouts) else (),
             correct=cat("correct"),
             metrics=metrics,
+            reward_terms={k: torch.cat([r.reward_terms[k] for r in rollouts]) for k in first.reward_terms},
         )
 
     def tensors(self, pad_id: int) -> RolloutTensors:

@@ -45,8 +45,9 @@ class StepAlgorithm:
     rollout is generated now, or taken from the stream generating ahead (`rollout.max_staleness`)."""
 
     def rewards(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
-        """The reward r [N] fed to the advantage estimator, and its metrics."""
-        return rollout.correct.clone(), {}
+        """The reward r [N] fed to the advantage estimator, and its metrics: the verdict c, plus the reward terms of
+        a user's reward functions (`callbacks.reward_functions`) if any."""
+        return rollout.reward_with_terms(rollout.correct.clone()), {}
 
     def prompts(self, step: StepContext, index: int) -> PromptBatch:
         """The prompts rollout batch `index` generates (the stream asks ahead of the dataloader)."""
