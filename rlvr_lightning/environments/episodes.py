@@ -66,10 +66,11 @@ class Episode:
         return Completion(self.ids, self.logprobs, finish, sampled=sampled, excluded=self.excluded_by(settings))
 
 
-def cut_at_marker(tokenizer, ids: list[int], marker: str) -> int:
-    """The fewest leading tokens of `ids` whose text contains `marker` (len(ids) if none does)."""
-    if marker not in tokenizer.decode(ids):
-        return len(ids)
+def cut_at_marker(tokenizer, ids: list[int], marker: str) -> tuple[int, str]:
+    """The fewest leading tokens of `ids` whose text contains `marker` (len(ids) if none does), and their text."""
+    text = tokenizer.decode(ids)
+    if marker not in text:
+        return len(ids), text
     lo, hi = 1, len(ids)  # containing the marker is monotone in the prefix length
     while lo < hi:
         mid = (lo + hi) // 2
@@ -77,7 +78,7 @@ def cut_at_marker(tokenizer, ids: list[int], marker: str) -> int:
             hi = mid
         else:
             lo = mid + 1
-    return lo
+    return lo, text if lo == len(ids) else tokenizer.decode(ids[:lo])
 
 
 def generate_episodes(
@@ -97,10 +98,9 @@ def generate_episodes(
         to_run: list[tuple[int, str]] = []
         for n, segment in zip(active, segments):
             episode = episodes[n]
-            keep = cut_at_marker(tokenizer, segment.token_ids, marker)
+            keep, text = cut_at_marker(tokenizer, segment.token_ids, marker)
             episode.add(segment.token_ids[:keep], segment.logprobs[:keep], 1)
             episode.turns += 1
-            text = tokenizer.decode(segment.token_ids[:keep])
             at = text.find(marker)  # the kept tokens end on the marker; the last one may carry a few characters more
             stopped_at_marker = at != -1
             code = tool.code_of(text[: at + len(marker)]) if stopped_at_marker else None

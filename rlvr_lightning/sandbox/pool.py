@@ -10,7 +10,7 @@ import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal
 
 from rlvr_lightning.errors import ConfigError, check_choice
@@ -192,6 +192,3 @@ class Sandbox:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def describe(self) -> dict:
-        return asdict(self.settings)
