@@ -68,7 +68,7 @@ list: setup
 # a process, so its module fixtures (an engine, say) are built once.
 TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check rlvr_lightning tests bench

@@ -11,7 +11,7 @@ A run killed after its last checkpoint and resumed from it trains the steps betw
 the kill again, and would log them again: MLflow appends metric points and has no API to remove one,
 so every chart would show two points for those steps. This logger, continuing an existing run, keeps
 what that run already holds and logs each metric only at steps past its last logged one (what W&B does
-with a resumed run's earlier steps). A resume is exact on a deterministic setup (tests/e2e/test_resume.py),
+with a resumed run's earlier steps). A resume is exact on a deterministic setup (tests/e2e/test_stream_resume.py),
 so the points kept are the ones the resumed run would have logged.
 """
 

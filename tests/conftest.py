@@ -22,6 +22,18 @@ BENCHMARKS = REPO.parent / "shared" / "data" / "benchmarks"
 needs_benchmarks = pytest.mark.skipif(not BENCHMARKS.is_dir(), reason=f"benchmark files not found at {BENCHMARKS}")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The files with the most end-to-end runs first, the rest after them by their number of tests (as
+    pytest-xdist's own order). `make test` hands whole files to its workers in this order
+    (`--dist loadfile --no-loadscope-reorder`): the long runs start early and short files fill the end, where
+    xdist's own order (by number of tests) left a two-minute run for last while the other worker idled."""
+    from collections import Counter
+
+    e2e = Counter(item.path for item in items if item.get_closest_marker("e2e"))
+    tests = Counter(item.path for item in items)
+    items.sort(key=lambda item: (-e2e[item.path], -tests[item.path], str(item.path)))  # stable within a file
+
+
 @pytest.fixture(scope="session")
 def tiny_policy_dir(tmp_path_factory) -> Path:
     """An untrained tiny Qwen2 + byte-level tokenizer in HF layout (random weights, fixed seed)."""

@@ -17,8 +17,8 @@ from rlvr_lightning.models.lora import LoraSettings
 from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.standalone import standalone
 from rlvr_lightning.training.settings import OptimSettings
-from tests.e2e.test_fsdp_resume import ParityReward
 from tests.support.cli import REPO
+from tests.support.rewards import ParityReward
 
 PRESETS = sorted((REPO / "configs/algo").glob("*.yaml"))
 

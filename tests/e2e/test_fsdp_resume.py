@@ -15,10 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr_lightning.callbacks.rollout import RolloutCallback
-from rlvr_lightning.rollout.types import Verdict
-from tests.e2e.test_resume import args_for as single_process_args
-from tests.entry_points.test_cli import REPO
+from tests.support.cli import REPO
+from tests.support.resume import args_for as single_process_args
 
 STEPS, EVAL_EVERY = 4, 2
 # Timings differ between any two runs; every other metric is compared.
@@ -28,7 +26,7 @@ trainer:
   callbacks:
     - class_path: rlvr_lightning.callbacks.reward.RewardVerifier
       init_args: {{num_workers: 1}}
-    - class_path: tests.e2e.test_fsdp_resume.ParityReward
+    - class_path: tests.support.rewards.ParityReward
     - class_path: rlvr_lightning.callbacks.evaluation.Evaluation
       init_args: {{every_n_steps: {EVAL_EVERY}, num_samples: 2, log_samples: 0}}
     - class_path: rlvr_lightning.callbacks.checkpoint.ResumableCheckpoint
@@ -36,17 +34,8 @@ trainer:
 """
 
 
-class ParityReward(RolloutCallback):
-    """A deterministic stand-in reward after the verifier's: "the completion's token ids sum to an even
-    number". The untrained tiny policy answers nothing correctly, so with the verifier's rewards alone
-    no step would move the weights or Adam's moments, and a resume that lost them would go unnoticed."""
-
-    def on_rollout_generated(self, step, rollout) -> Verdict:
-        return Verdict(torch.tensor([float(sum(c.token_ids) % 2 == 0) for c in rollout.completions]))
-
-
 def args_for(run_dir: Path, model_dir: Path) -> list[str]:
-    """test_resume.py's run (data, lengths, learning rate) on 2 FSDP ranks, with the callbacks above."""
+    """tests/support/resume.py's run (data, lengths, learning rate) on 2 FSDP ranks, with the callbacks above."""
     (run_dir / "fsdp.yaml").write_text(CALLBACKS)
     args = [
         *single_process_args(run_dir, model_dir), "--config", "configs/strategy/fsdp.yaml",

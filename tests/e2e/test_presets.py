@@ -130,9 +130,9 @@ def finished_run(tmp_path: Path, algo: str):
         # (dr-grpo, gspo, dapo-real-baseline, real-bce, thr-explore) are held by the pieces' and the modules'
         # own tests, and every preset is built through the CLI by entry_points/test_presets_config.py.
         # K = 4, as the paper's recipe: from the second update on the ratio leaves 1, so clip-higher can act.
-        # The tests' quick warm start answers ~2% correctly: 10 rounds may not fill the batch with mixed
-        # groups (the preset then raises, tested below), so the rounds are unlimited here.
-        ("dapo", "DAPO", ["--model.init_args.max_num_gen_batches=0"]),
+        # The tests' quick warm start answers ~2% correctly, so dynamic sampling would draw round after round
+        # for mixed groups; ParityReward's correctness mixes most groups in the first round.
+        ("dapo", "DAPO", ["--trainer.callbacks+=tests.support.rewards.ParityReward"]),
         ("kl-cov", "GRPO", []),  # a token selection over each step: θ_old's pass, the covariance logged
     ],
 )

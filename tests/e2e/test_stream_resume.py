@@ -1,7 +1,10 @@
-"""Bounded staleness on real `vllm serve` replicas: GRPO two versions ahead with partial rollouts on two
-replicas, killed (SIGKILL) after a checkpoint and resumed, logs exactly, bit for bit, the metrics of an
-uninterrupted run: the steps before the kill come from one process, those after from another, so this is
-also two separate runs agreeing. The batches in flight at the checkpoint are continued, not regenerated."""
+"""Kill-and-resume in one process: GRPO with a LoRA adapter, two versions ahead with partial rollouts on two
+real `vllm serve` replicas, killed (SIGKILL) after a checkpoint and resumed, logs exactly, bit for bit, the
+metrics of an uninterrupted run into the same MLflow run, one point per step: the steps before the kill come
+from one process, those after from another, so this is also two separate runs agreeing. The batches in flight
+at the checkpoint are continued, not regenerated; the checkpoint holds the adapter and its AdamW state, and the
+resumed replicas are handed the adapter it had before they generate (the base weights alone would sample and
+score differently). Full weights resume on two FSDP ranks in tests/e2e/test_fsdp_resume.py."""
 
 from __future__ import annotations
 
@@ -12,12 +15,13 @@ import signal
 
 import pytest
 
-from tests.e2e.test_resume import COMPARED, STEPS, args_for, histories, kill_after_checkpoint
 from tests.rollout.test_vllm_server import serve_processes
 from tests.support.cli import run_cli
+from tests.support.resume import COMPARED, STEPS, args_for, histories, kill_after_checkpoint
 
 STREAM = ["--rollout.engine", "vllm-server", "--rollout.server_replicas", "2", "--rollout.max_staleness", "2",
           "--rollout.partial_rollouts", "true"]  # fmt: skip
+LORA = ["--model.init_args.lora.rank", "8", "--model.init_args.lora.sync", "adapter", "--model.init_args.optim.lr", "1e-2"]
 STALENESS = ("train/staleness_mean", "train/staleness_max")
 
 
@@ -27,10 +31,10 @@ def test_two_versions_ahead_with_partial_rollouts_resumes_bit_for_bit(tmp_path, 
     model_dir = shutil.copytree(warm, tmp_path / "policy")  # its own path: its servers are told apart
     reference_dir, resumed_dir = tmp_path / "reference", tmp_path / "resumed"
     reference_dir.mkdir(), resumed_dir.mkdir()
-    proc = run_cli([*args_for(reference_dir, model_dir), *STREAM], reference_dir, timeout=900)
+    proc = run_cli([*args_for(reference_dir, model_dir), *STREAM, *LORA], reference_dir, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
-    args = [*args_for(resumed_dir, model_dir), *STREAM]
+    args = [*args_for(resumed_dir, model_dir), *STREAM, *LORA]
     try:
         k = kill_after_checkpoint(resumed_dir, args, min_step=2)
     finally:
@@ -43,10 +47,13 @@ def test_two_versions_ahead_with_partial_rollouts_resumes_bit_for_bit(tmp_path, 
     assert proc.returncode == 0, proc.stderr[-4000:]
 
     keys = (*COMPARED, *STALENESS)
-    _, resumed = histories(resumed_dir, keys)
+    run, resumed = histories(resumed_dir, keys)
     _, reference = histories(reference_dir, keys)
     assert reference["train/staleness_max"] == {0: 0.0, 1: 1.0, **{s: 2.0 for s in range(2, STEPS)}}
     assert 1.0 < reference["train/staleness_mean"][STEPS - 1] < 2.0  # partial: tokens of both versions
     for key in keys:
         assert resumed[key] == reference[key], (key, k)  # exactly, every step, before and after the kill
+    assert sorted(resumed["val/accuracy"]) == [0, 2, 4, STEPS]  # no extra evaluation on resume
+    assert run.info.status == "FINISHED" and ckpt.parent.name == run.info.run_id
+    assert run.data.params["model.init_args.lora.sync"] == "adapter"
     assert serve_processes(model_dir) == []

@@ -321,7 +321,7 @@ trainer:
   callbacks:
     - class_path: rlvr_lightning.callbacks.reward.RewardVerifier
       init_args: {num_workers: 1}
-    - class_path: tests.e2e.test_fsdp_resume.ParityReward   # rewards the policy earns, so the adapter moves
+    - class_path: tests.support.rewards.ParityReward   # rewards the policy earns, so the adapter moves
     - class_path: rlvr_lightning.callbacks.checkpoint.ResumableCheckpoint
       init_args: {dirpath: checkpoints, every_n_steps: 0}
     - class_path: rlvr_lightning.callbacks.export.HFExport

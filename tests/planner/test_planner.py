@@ -89,6 +89,9 @@ def test_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
     from rlvr_lightning.plan import main
 
     monkeypatch.setattr(sys, "argv", ["plan"])
+    # Offline, as this machine is: the hub's client would otherwise retry its connection for ~20 s first.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(pytest.importorskip("huggingface_hub.constants"), "HF_HUB_OFFLINE", True)
     for argv, message in [(["--hardware", "tpu-v5"], "plan.hardware: unknown hardware 'tpu-v5'"),
                           (["--data.model_name_or_path", str(tmp_path)], "is a directory without a config.json"),
                           (["--data.model_name_or_path", "nobody/no-such-model"], "no model configuration for 'nobody/no-such-model'")]:  # fmt: skip

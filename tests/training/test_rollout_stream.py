@@ -297,7 +297,7 @@ def test_real_thr_and_a_lora_policy_train_two_versions_ahead_with_partial_rollou
     through the module's steps at max_staleness 2 with partial rollouts."""
     import math
 
-    from tests.e2e.test_fsdp_resume import ParityReward
+    from tests.support.rewards import ParityReward
 
     kwargs = setup()
     # Rewards the untrained policy earns (mixed groups), so REAL's and THR's signals are not all zero.

@@ -1,6 +1,6 @@
-"""Kill-and-resume: a run killed (SIGKILL) after step k and resumed from its last checkpoint logs
-the same metrics for steps k+1..n as an uninterrupted run with the same seed, into the same MLflow run,
-with one point per step however many steps ran twice."""
+"""Kill-and-resume through the CLI: the short run both resume tests train (tests/e2e/test_stream_resume.py in
+one process, tests/e2e/test_fsdp_resume.py on two ranks), killing it after a checkpoint, and reading its
+MLflow histories."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
-from tests.support.cli import REPO, run_cli
+from tests.support.cli import REPO
 
 STEPS = 5
 COMPARED = ("train/reward_mean", "train/accuracy", "train/loss", "train/grad_norm", "train/entropy",
@@ -24,7 +22,7 @@ trainer:
   callbacks:
     - class_path: rlvr_lightning.callbacks.reward.RewardVerifier
       init_args: {num_workers: 1}
-    - class_path: tests.e2e.test_fsdp_resume.ParityReward   # rewards the quick warm start earns, so weights move
+    - class_path: tests.support.rewards.ParityReward   # rewards the quick warm start earns, so weights move
     - class_path: rlvr_lightning.callbacks.evaluation.Evaluation
       init_args: {every_n_steps: 2, num_samples: 2, log_samples: 0}
     - class_path: rlvr_lightning.callbacks.checkpoint.ResumableCheckpoint
@@ -93,54 +91,3 @@ def kill_after_checkpoint(run_dir: Path, args: list[str], min_step: int) -> int:
     logged = [m.step for m in client.get_metric_history(info.parent.name, "train/reward_mean")]
     assert max(logged) >= k, (logged, k)  # steps after the checkpoint were logged before the kill
     return k
-
-
-# A LoRA policy synced as an adapter: the checkpoint holds the adapter and its AdamW state, and the resumed
-# engine must be handed the adapter it had (the base weights alone would score the same rollouts differently).
-LORA = ["--model.init_args.lora.rank", "8", "--model.init_args.lora.sync", "adapter", "--model.init_args.optim.lr", "1e-2"]
-
-
-# One policy kind here: a single process with a LoRA adapter (its own .ckpt, the in-process engine handed the
-# adapter on resume). Full weights resume in tests/e2e/test_fsdp_resume.py (the in-process engine reloaded on two
-# ranks, the same checks) and tests/e2e/test_stream_resume.py (one process, a single .ckpt, servers).
-@pytest.mark.e2e
-@pytest.mark.parametrize("policy", ["lora-adapter"])
-def test_killed_run_resumes_exactly_into_the_same_mlflow_run(tmp_path, quick_warm_start, policy):
-    _, model_dir = quick_warm_start
-    extra = LORA if policy == "lora-adapter" else []
-    reference_dir, resumed_dir = tmp_path / "reference", tmp_path / "resumed"
-    reference_dir.mkdir(), resumed_dir.mkdir()
-    proc = run_cli([*args_for(reference_dir, model_dir), *extra], reference_dir)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-
-    args = [*args_for(resumed_dir, model_dir), *extra]
-    k = kill_after_checkpoint(resumed_dir, args, min_step=2)
-    assert 2 <= k < STEPS, k
-    _, before = histories(resumed_dir)
-    (ckpt,) = resumed_dir.glob("checkpoints/*/last.ckpt")
-    proc = run_cli([*args, "--ckpt_path", str(ckpt)], resumed_dir)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-
-    run, resumed = histories(resumed_dir)
-    _, reference = histories(reference_dir)
-    assert run.info.status == "FINISHED" and ckpt.parent.name == run.info.run_id
-    assert sorted(resumed["train/reward_mean"]) == list(range(STEPS))  # metrics continue at the right step
-    for key in COMPARED:
-        assert sorted(resumed[key]) == sorted(reference[key]), key
-        for step in [s for s in reference[key] if s > k]:
-            assert resumed[key][step] == pytest.approx(reference[key][step], abs=1e-5), (key, step, k)
-        for step in [s for s in before[key] if s <= k]:  # what was logged before the kill stays
-            assert before[key][step] == pytest.approx(reference[key][step], abs=1e-5), (key, step)
-    assert sorted(resumed["val/accuracy"]) == [0, 2, 4, STEPS]  # no extra evaluation on resume
-
-
-def test_a_checkpoint_from_another_store_resumes_into_a_new_run(tmp_path):
-    import mlflow
-
-    from rlvr_lightning.cli.mlflow_resume import mlflow_run_exists
-
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
-    run = client.create_run(client.create_experiment("x"))
-    assert mlflow_run_exists(uri, run.info.run_id)
-    assert not mlflow_run_exists(uri, "0" * 32)  # written elsewhere: the CLI warns and opens a new run
