@@ -1,5 +1,5 @@
 """`python -m rlvr_lightning list [--imports my_pieces] [--config my.yaml]` (`make list [ARGS=…]`): every
-preset, algorithm class and registered piece, each with the first sentence of its description (whole,
+preset, algorithm class, registered piece and environment, each with the first sentence of its description (whole,
 wrapped) and where it is documented. Read from the code itself (the registries, the classes' signatures
 and docstrings, the preset files), so it cannot drift. A user's pieces are listed too: those of the
 modules `--imports` (or a `--config` file's `imports:`) names and of installed packages' entry points."""
@@ -13,6 +13,8 @@ import textwrap
 from pathlib import Path
 
 import rlvr_lightning.algos as algos
+from rlvr_lightning.environments.base import Environment
+from rlvr_lightning.environments.python_tool import PythonTool
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces import KINDS
 from rlvr_lightning.pieces.loading import load_piece_modules
@@ -108,6 +110,20 @@ def piece_lines() -> list[str]:
     return lines
 
 
+def environment_lines() -> list[str]:
+    """The built-in environments and every `Environment` subclass the imported modules define."""
+    lines = ["  (none)           one segment per answer, scored by the verifier (the default)"]
+    found, todo = [], list(Environment.__subclasses__())
+    while todo:
+        cls = todo.pop(0)
+        found.append(cls)
+        todo += cls.__subclasses__()
+    for cls in found:
+        flag = "--data.tool.*" if cls is PythonTool else f"--data.environment {cls.__module__}.{cls.__qualname__}"
+        lines.append(f"  {cls.__name__:<16} {first_sentence(inspect.getdoc(cls) or '')}  ({flag})")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         load_piece_modules(sys.argv[1:] if argv is None else argv)  # a user's pieces are listed too
@@ -124,6 +140,9 @@ def main(argv: list[str] | None = None) -> None:
         "",
         "Registered pieces (yours: by dotted path, or by name with --imports <module>; README, 'Adding an algorithm'):",
         *piece_lines(),
+        "",
+        "Environments (yours: a subclass of rlvr_lightning.environments.base.Environment; docs/environments.md):",
+        *environment_lines(),
     ]
     print("\n".join(out))
 

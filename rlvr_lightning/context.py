@@ -39,13 +39,14 @@ class Collectives:
 
 class EngineSource(Protocol):
     """Where the step's rollout engine comes from (`rlvr_lightning.training.engine_session.EngineSession`),
-    and the tool its answers may call (`rlvr_lightning.environments.python_tool.PythonTool`; None: no tool)."""
+    and the environment its answers are generated in (`rlvr_lightning.environments.base.Environment`; None:
+    one segment per answer)."""
 
     @property
     def engine(self) -> RolloutEngine: ...
 
     @property
-    def tool(self) -> Any: ...
+    def environment(self) -> Any: ...
 
 
 class PromptSource(Protocol):
@@ -76,8 +77,8 @@ class StepContext:
         return self.engines.engine
 
     @property
-    def tool(self) -> Any:
-        return self.engines.tool
+    def environment(self) -> Any:
+        return self.engines.environment
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
     tool = None if args.tool_max_calls == 0 else PythonTool(PythonToolSettings(max_calls=args.tool_max_calls))
     engine = model_engine(dm, adapter)
     try:
-        generate = partial(sample, engine, dm.tokenizer, policy_version=0, tool=tool)
+        generate = partial(sample, engine, dm.tokenizer, policy_version=0, environment=tool)
         results = evaluation.run(EvalTarget(generate, dm, verifier, logger), step=0)
     finally:
         engine.close()

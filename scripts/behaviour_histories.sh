@@ -20,6 +20,8 @@ RUNS=(
   "oar-g|oar-g|"
   "grpo-async|grpo-async|"
   "grpo-lora|grpo|--model.init_args.lora.rank 8"
+  # answers in turns: the warm start's \boxed{…} run as tool calls (needs bubblewrap)
+  "grpo-tool|grpo|--data.tool.max_calls 2 --data.tool.code_start \\boxed{ --data.tool.code_end } --data.tool.sandbox.workers 2"
 )
 for spec in "${RUNS[@]}"; do
   IFS='|' read -r name preset extra <<<"$spec"

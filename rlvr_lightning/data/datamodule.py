@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader
 
 from rlvr_lightning.data.batches import ResumableBatches
 from rlvr_lightning.data.sources import ProblemRecord, embedded_records, load_problems
-from rlvr_lightning.environments.python_tool import PythonToolSettings
+from rlvr_lightning.environments.base import Environment
+from rlvr_lightning.environments.python_tool import PythonTool, PythonToolSettings
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.models.policy import load_tokenizer
 from rlvr_lightning.models.warm_start import EMBEDDED, resolve_policy_path
@@ -57,6 +58,7 @@ class RolloutDataModule(L.LightningDataModule):
         seed: int = 0,
         rollout: RolloutSettings = None,  # not `| None`: jsonargparse links only into a plain class type
         tool: PythonToolSettings | None = None,
+        environment: Environment | None = None,
     ) -> None:
         """
         Args:
@@ -75,13 +77,20 @@ class RolloutDataModule(L.LightningDataModule):
             seed: the prompt order's seed, and the seed every sampling seed of the run derives from.
             rollout: the `rollout:` section (sampling and engine settings); LightningCLI passes it in.
             tool: a Python tool the answers may call (`--data.tool.max_calls 4`; docs/tools.md); null: none.
+            environment: an environment of one's own that answers the model between the segments of an
+                answer, by dotted path (`--data.environment my_envs.SecondChance`; docs/environments.md).
         """
         super().__init__()
-        self.save_hyperparameters(ignore=["rollout", "tool"])
-        self.hparams["tool"] = None if tool is None else asdict(tool)  # plain values: a checkpoint loads weights-only
+        self.save_hyperparameters(ignore=["rollout", "tool", "environment"])
+        # plain values: a checkpoint loads weights-only
+        self.hparams["tool"] = None if tool is None else asdict(tool)
+        self.hparams["environment"] = None if environment is None else f"{type(environment).__module__}.{type(environment).__qualname__}"
         if tool is not None:
             tool.check()
+            if environment is not None:
+                raise ConfigError("data.tool and data.environment: set one (the Python tool is an environment)")
         self.tool = tool
+        self.environment = environment
         self.rollout = rollout if rollout is not None else RolloutSettings()
         self.tokenizer = None
         self.policy_path: str | None = None
@@ -91,6 +100,11 @@ class RolloutDataModule(L.LightningDataModule):
         # Position in the stream of extra prompts (DAPO's dynamic sampling); part of the state dict.
         self._extra_epoch = 0
         self._extra_pos = 0
+
+    def make_environment(self) -> Environment | None:
+        """The environment the answers are generated in: the Python tool (`tool`), one's own, or None (one
+        segment per answer)."""
+        return PythonTool(self.tool) if self.tool is not None else self.environment
 
     # ---- setup -------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:

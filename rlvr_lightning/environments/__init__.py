@@ -1,2 +1,2 @@
-"""Environments a model answers in: the Python tool of tool-integrated reasoning (`python_tool`) and the
-multi-turn generation that runs it (`episodes`)."""
+"""Environments a model answers in, turn by turn: what one is (`base`), the multi-turn generation that runs
+one (`episodes`), and the Python tool of tool-integrated reasoning (`python_tool`)."""

@@ -1,40 +1,44 @@
-"""Multi-turn generation with a tool: sample, stop where the model closes a code block, run the code, append
-its output's token ids, and sample on from there, until each answer ends or hits a limit.
+"""Multi-turn generation: sample, stop where a segment ends, let the environment reply, append its reply's
+token ids, and sample on from there, until each answer ends or hits a limit (`environments.base`).
 
-Token-in/token-out: a completion's ids are exactly the ids the engine sampled, with the ids of each output the
+Token-in/token-out: a completion's ids are exactly the ids the engine sampled, with the ids of each reply the
 library tokenized between them (`Completion.sampled` marks which is which); nothing the model wrote is decoded
-and encoded again. Text is decoded only to find a closed block and read its code. An engine that honours stop
-strings (vLLM) ends a segment at the block's end; where one samples past it (the HF engine), the segment is cut
-at the first token that completes the marker, and what follows is dropped: the prefix of a sample is a sample
-of the prefix, and the rest is sampled again after the output, as the model would see it.
+and encoded again. Text is decoded only for the environment to read. An engine that honours stop strings (vLLM)
+ends a segment at the environment's stop string; where one samples past it (the HF engine), the segment is cut
+at the first token that completes it, and what follows is dropped: the prefix of a sample is a sample of the
+prefix, and the rest is sampled again after the reply, as the model would see it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any
 
-from rlvr_lightning.environments.python_tool import PythonTool, PythonToolSettings, ToolCall
-from rlvr_lightning.rewards.extraction import extract_prediction
+from rlvr_lightning.environments.base import Environment, EnvironmentFailed, Reply
 from rlvr_lightning.rollout.engine import RolloutEngine
-from rlvr_lightning.rollout.types import Completion, SamplingConfig
+from rlvr_lightning.rollout.types import Completion, PromptBatch, SamplingConfig
 from rlvr_lightning.seeding import derived_seed
 
-StopReason = Literal["answered", "max_calls", "length"]
+STOP_REASONS = ("answered", "length", "max_turns")  # the loop's own; an environment adds its `stop_reasons`
 
 
 @dataclass
 class Episode:
-    """One answer in the making: its prompt, its response so far and the calls it made."""
+    """One answer in the making: its prompt and problem, its response so far, and what the environment did."""
 
     prompt: list[int]
+    question: str = ""  # the problem's prompt text
+    answer: str = ""  # its gold answer
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     sampled: list[int] = field(default_factory=list)
-    calls: list[ToolCall] = field(default_factory=list)
     turns: int = 0
-    stop: StopReason | None = None
-    void_turns: int = 0  # segments with neither a closed code block nor an answer (SimpleTIR's void turn)
+    segment: str = ""  # the latest segment's text, ending on the stop string where it hit one
+    stopped_at: str | None = None  # the environment's stop string the latest segment ended on
+    stop: str | None = None  # why it ended (`Reply.stop`, or the loop's "length" / "max_turns")
+    reward: float | None = None  # the environment's reward, when it gave one
+    calls: list[Any] = field(default_factory=list)  # what the environment ran for it (the Python tool's calls)
+    state: dict[str, Any] = field(default_factory=dict)  # the environment's own notes on it
 
     def add(self, ids: list[int], logprobs: list[float], sampled: int) -> None:
         self.ids += ids
@@ -43,85 +47,79 @@ class Episode:
 
     @property
     def own_ids(self) -> list[int]:
-        """The tokens the model sampled, without what the tool inserted."""
+        """The tokens the model sampled, without what the environment inserted."""
         return [t for t, s in zip(self.ids, self.sampled) if s]
 
-    @property
-    def timed_out(self) -> bool:
-        return any(c.execution.status == "timeout" for c in self.calls)
-
-    def excluded_by(self, settings: PythonToolSettings) -> str:
-        """The stability guard that leaves this answer out of the loss, or "" (`PythonToolSettings.drop_*`)."""
-        if settings.drop_void_turns and self.void_turns:
-            return "void_turn"
-        if settings.drop_max_calls and self.stop == "max_calls":
-            return "max_calls"
-        if settings.drop_timeouts and self.timed_out:
-            return "timeout"
-        return ""
-
-    def completion(self, settings: PythonToolSettings) -> Completion:
+    def completion(self, excluded: str = "") -> Completion:
         finish = "length" if self.stop == "length" else "stop"
         sampled = self.sampled if 0 in self.sampled else []
-        return Completion(self.ids, self.logprobs, finish, sampled=sampled, excluded=self.excluded_by(settings))
+        return Completion(self.ids, self.logprobs, finish, sampled=sampled, excluded=excluded)
 
 
-def cut_at_marker(tokenizer, ids: list[int], marker: str) -> tuple[int, str]:
-    """The fewest leading tokens of `ids` whose text contains `marker` (len(ids) if none does), and their text."""
+def cut_at_stop(tokenizer, ids: list[int], stops: tuple[str, ...]) -> tuple[int, str, str | None]:
+    """The fewest leading tokens of `ids` whose text contains one of `stops` (len(ids) if none does), their
+    text, and the stop string it contains first (None if none)."""
     text = tokenizer.decode(ids)
-    if marker not in text:
-        return len(ids), text
-    lo, hi = 1, len(ids)  # containing the marker is monotone in the prefix length
+    if not any(s in text for s in stops):
+        return len(ids), text, None
+    lo, hi = 1, len(ids)  # containing a stop string is monotone in the prefix length
     while lo < hi:
         mid = (lo + hi) // 2
-        if marker in tokenizer.decode(ids[:mid]):
+        if any(s in tokenizer.decode(ids[:mid]) for s in stops):
             hi = mid
         else:
             lo = mid + 1
-    return lo, text if lo == len(ids) else tokenizer.decode(ids[:lo])
+    kept = text if lo == len(ids) else tokenizer.decode(ids[:lo])
+    return lo, kept, min((s for s in stops if s in kept), key=kept.find)
 
 
 def generate_episodes(
-    engine: RolloutEngine, tokenizer, prompt_ids: list[list[int]], sampling: SamplingConfig, tool: PythonTool
+    engine: RolloutEngine,
+    tokenizer,
+    prompt_ids: list[list[int]],
+    sampling: SamplingConfig,
+    environment: Environment,
+    batch: PromptBatch | None = None,
 ) -> list[list[Episode]]:
-    """G episodes per prompt (`sampling.group_size`), each within `sampling.max_tokens` response tokens, tool
-    outputs included; grouped per prompt like `RolloutEngine.generate`."""
-    G, budget, marker = sampling.group_size, sampling.max_tokens, tool.settings.code_end
-    max_turns = 2 * tool.settings.max_calls + 2  # a marker that closes no code block resumes without a call
-    groups = engine.generate(prompt_ids, replace(sampling, stop=tool.stop))
-    episodes = [Episode(list(prompt_ids[i])) for i in range(len(prompt_ids)) for _ in range(G)]
+    """G episodes per prompt (`sampling.group_size`) of `batch`'s problems, each within `sampling.max_tokens`
+    response tokens, replies included; grouped per prompt like `RolloutEngine.generate`."""
+    G, budget = sampling.group_size, sampling.max_tokens
+    stops = tuple(environment.stop)
+    segment_sampling = replace(sampling, stop=(*sampling.stop, *stops)) if stops else sampling
+    groups = engine.generate(prompt_ids, segment_sampling)
+    problems = list(zip(batch.prompts, batch.answers)) if batch is not None else [("", "")] * len(prompt_ids)
+    episodes = [Episode(list(prompt_ids[i]), *problems[i]) for i in range(len(prompt_ids)) for _ in range(G)]
     segments = [c for group in groups for c in group]
     active = list(range(len(episodes)))
     turn = 0
     while active:
         turn += 1
-        to_run: list[tuple[int, str]] = []
         for n, segment in zip(active, segments):
             episode = episodes[n]
-            keep, text = cut_at_marker(tokenizer, segment.token_ids, marker)
+            keep, text, hit = cut_at_stop(tokenizer, segment.token_ids, stops) if stops else (
+                len(segment.token_ids), tokenizer.decode(segment.token_ids), None)  # fmt: skip
             episode.add(segment.token_ids[:keep], segment.logprobs[:keep], 1)
             episode.turns += 1
-            at = text.find(marker)  # the kept tokens end on the marker; the last one may carry a few characters more
-            stopped_at_marker = at != -1
-            code = tool.code_of(text[: at + len(marker)]) if stopped_at_marker else None
-            if code is None and (stopped_at_marker or extract_prediction(text) is None):
-                episode.void_turns += 1  # neither a call nor an answer
-            if len(episode.ids) >= budget or (segment.finish_reason == "length" and not stopped_at_marker):
+            # the kept tokens end on the stop string; the last one may carry a few characters more
+            episode.segment = text if hit is None else text[: text.find(hit) + len(hit)]
+            episode.stopped_at = hit
+            if len(episode.ids) >= budget or (segment.finish_reason == "length" and hit is None):
                 episode.stop = "length"
-            elif code is not None and len(episode.calls) >= tool.settings.max_calls:
-                episode.stop = "max_calls"
-            elif code is not None:
-                to_run.append((n, code))
-            elif not stopped_at_marker or episode.turns >= max_turns:
-                episode.stop = "answered"
-        for (n, _), call in zip(to_run, tool.run([code for _, code in to_run])):
-            episode = episodes[n]
-            episode.calls.append(call)
-            output = tokenizer(call.appended, add_special_tokens=False).input_ids
+        shown = [episodes[n] for n in active]
+        replies = environment_replies(environment, shown)
+        for episode, reply in zip(shown, replies):
+            if episode.stop is not None:
+                continue
+            if reply.text is None:
+                episode.stop, episode.reward = reply.stop, reply.reward
+                continue
+            output = tokenizer(reply.text, add_special_tokens=False).input_ids if reply.text else []
             room = budget - len(episode.ids)
             episode.add(output[:room], [0.0] * min(room, len(output)), 0)
-            if len(output) >= room:
+            if output and len(output) >= room:
                 episode.stop = "length"
+            elif episode.turns >= environment.max_turns:
+                episode.stop = "max_turns"
         active = [n for n in range(len(episodes)) if episodes[n].stop is None]
         if not active:
             break
@@ -134,39 +132,39 @@ def generate_episodes(
         for left in sorted(set(lefts)):
             which = [k for k, x in enumerate(lefts) if x == left]
             seed = None if sampling.seed is None else derived_seed(sampling.seed, turn, left)
-            params = replace(sampling, group_size=1, max_tokens=left, stop=tool.stop, seed=seed)
+            params = replace(segment_sampling, group_size=1, max_tokens=left, seed=seed)
             for k, group in zip(which, engine.generate([prompts[k] for k in which], params)):
                 segments.append((k, group[0]))
         segments = [c for _, c in sorted(segments, key=lambda x: x[0])]
     return [episodes[i * G : (i + 1) * G] for i in range(len(prompt_ids))]
 
 
-def episode_metrics(episodes: list[Episode], settings: PythonToolSettings) -> dict[str, float]:
-    """A rollout batch's tool metrics (logged as `train/tool_…`, `train/stop_…`): calls per answer, the share of
-    answers that call, how calls ended, outputs cut, turns, the share of response tokens the tool inserted, call
-    latency, why answers stopped, and the shares of answers with a void turn, with a timed-out call, and that the
-    stability guards leave out of the loss."""
+def environment_replies(environment: Environment, episodes: list[Episode]) -> list[Reply]:
+    """`environment.reply(episodes)`, checked: one `Reply` per episode, and whatever it raises as one line."""
+    name = type(environment).__name__
+    try:
+        replies = list(environment.reply(episodes))
+    except Exception as err:
+        message = " ".join(str(err).split())
+        raise EnvironmentFailed(f"data.environment: {name}.reply raised {type(err).__name__}: {message}") from err
+    if len(replies) != len(episodes) or not all(isinstance(r, Reply) for r in replies):
+        raise EnvironmentFailed(f"data.environment: {name}.reply must return one Reply per episode "
+                                f"({len(episodes)}), got {replies[:3]!r}{'…' if len(replies) > 3 else ''}")  # fmt: skip
+    return replies
+
+
+def episode_metrics(episodes: list[Episode], environment: Environment) -> dict[str, float]:
+    """A rollout batch's episode metrics (logged under `train/`): why answers stopped (`stop_<reason>_frac`),
+    turns per answer, the share of response tokens the environment inserted, its mean reward where it gives
+    one, and the environment's own metrics."""
     n = max(1, len(episodes))
-    calls = [c for e in episodes for c in e.calls]
-    ended = [c.execution.status for c in calls]
-    seconds = sorted(c.execution.seconds for c in calls)
     tokens = sum(len(e.ids) for e in episodes)
-    per_call = max(1, len(calls))
     out = {
-        "tool_calls_per_answer": len(calls) / n,
-        "tool_answers_with_call": sum(bool(e.calls) for e in episodes) / n,
-        "tool_success_frac": ended.count("ok") / per_call,
-        "tool_error_frac": ended.count("error") / per_call,
-        "tool_timeout_frac": ended.count("timeout") / per_call,
-        "tool_output_truncated_frac": sum(c.truncated for c in calls) / per_call,
-        "tool_turns_mean": sum(e.turns for e in episodes) / n,
-        "tool_output_token_frac": sum(e.sampled.count(0) for e in episodes) / max(1, tokens),
-        "tool_latency_p50_ms": 1000 * seconds[len(seconds) // 2] if seconds else 0.0,
-        "tool_latency_p95_ms": 1000 * seconds[int(0.95 * (len(seconds) - 1))] if seconds else 0.0,
+        "turns_mean": sum(e.turns for e in episodes) / n,
+        "inserted_token_frac": sum(e.sampled.count(0) for e in episodes) / max(1, tokens),
     }
-    for reason in ("answered", "max_calls", "length"):
+    for reason in (*STOP_REASONS, *environment.stop_reasons):
         out[f"stop_{reason}_frac"] = sum(e.stop == reason for e in episodes) / n
-    out["tool_void_turn_answers"] = sum(bool(e.void_turns) for e in episodes) / n
-    out["tool_timed_out_answers"] = sum(e.timed_out for e in episodes) / n
-    out["tool_excluded_answers"] = sum(bool(e.excluded_by(settings)) for e in episodes) / n
-    return out
+    if any(e.reward is not None for e in episodes):
+        out["reward_environment_mean"] = sum(e.reward or 0.0 for e in episodes) / n
+    return {**out, **environment.metrics(episodes)}

@@ -16,11 +16,18 @@ The block's markers are settings: a model trained with other tags (`<code>`/`</c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from rlvr_lightning.environments.base import Environment, Reply
 from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.rewards.extraction import extract_prediction
 from rlvr_lightning.sandbox import Execution, Sandbox, SandboxSettings
 from rlvr_lightning.sandbox.observation import observation
+
+if TYPE_CHECKING:
+    from rlvr_lightning.environments.episodes import Episode
 
 
 @dataclass(frozen=True)
@@ -63,8 +70,11 @@ class ToolCall:
     truncated: bool
 
 
-class PythonTool:
-    """The tool of a run: finds the code a segment ends with and runs a batch of them side by side."""
+class PythonTool(Environment):
+    """The Python tool of tool-integrated reasoning: a segment ending on a closed code block is a call, whose
+    output is the reply; one that ends otherwise is the answer. A batch's calls run side by side."""
+
+    stop_reasons = ("max_calls",)
 
     def __init__(self, settings: PythonToolSettings = PythonToolSettings()) -> None:
         settings.check()
@@ -75,6 +85,64 @@ class PythonTool:
     def stop(self) -> tuple[str, ...]:
         """Where generation stops for a call: the block's closing marker."""
         return (self.settings.code_end,)
+
+    @property
+    def max_turns(self) -> int:
+        return 2 * self.settings.max_calls + 2  # a marker that closes no code block resumes without a call
+
+    def reply(self, episodes: Sequence[Episode]) -> list[Reply]:
+        replies: list[Reply | None] = [None] * len(episodes)
+        to_run: list[tuple[int, str]] = []
+        for i, episode in enumerate(episodes):
+            at_marker = episode.stopped_at is not None
+            code = self.code_of(episode.segment) if at_marker else None
+            if code is None and (at_marker or extract_prediction(episode.segment) is None):
+                episode.state["void_turns"] = episode.state.get("void_turns", 0) + 1  # neither a call nor an answer
+            if episode.stop is not None:  # out of budget: its code is not run
+                replies[i] = Reply(None, episode.stop)
+            elif code is not None and len(episode.calls) >= self.settings.max_calls:
+                replies[i] = Reply(None, "max_calls")
+            elif code is not None:
+                to_run.append((i, code))
+            else:  # the answer, or a marker that closed no code block: sample on with nothing appended
+                replies[i] = Reply("") if at_marker else Reply(None, "answered")
+        for (i, _), call in zip(to_run, self.run([code for _, code in to_run])):
+            episodes[i].calls.append(call)
+            replies[i] = Reply(call.appended)
+        return replies  # type: ignore[return-value]
+
+    def excluded(self, episode: Episode) -> str:
+        """The stability guard that leaves this answer out of the loss, or "" (`PythonToolSettings.drop_*`)."""
+        s = self.settings
+        if s.drop_void_turns and episode.state.get("void_turns", 0):
+            return "void_turn"
+        if s.drop_max_calls and episode.stop == "max_calls":
+            return "max_calls"
+        if s.drop_timeouts and timed_out(episode):
+            return "timeout"
+        return ""
+
+    def metrics(self, episodes: Sequence[Episode]) -> dict[str, float]:
+        """Calls per answer, the share of answers that call, how calls ended, outputs cut, call latency, and the
+        shares of answers with a void turn, with a timed-out call, and that the stability guards leave out."""
+        n = max(1, len(episodes))
+        calls = [c for e in episodes for c in e.calls]
+        ended = [c.execution.status for c in calls]
+        seconds = sorted(c.execution.seconds for c in calls)
+        per_call = max(1, len(calls))
+        return {
+            "tool_calls_per_answer": len(calls) / n,
+            "tool_answers_with_call": sum(bool(e.calls) for e in episodes) / n,
+            "tool_success_frac": ended.count("ok") / per_call,
+            "tool_error_frac": ended.count("error") / per_call,
+            "tool_timeout_frac": ended.count("timeout") / per_call,
+            "tool_output_truncated_frac": sum(c.truncated for c in calls) / per_call,
+            "tool_latency_p50_ms": 1000 * seconds[len(seconds) // 2] if seconds else 0.0,
+            "tool_latency_p95_ms": 1000 * seconds[int(0.95 * (len(seconds) - 1))] if seconds else 0.0,
+            "tool_void_turn_answers": sum(bool(e.state.get("void_turns", 0)) for e in episodes) / n,
+            "tool_timed_out_answers": sum(timed_out(e) for e in episodes) / n,
+            "tool_excluded_answers": sum(bool(self.excluded(e)) for e in episodes) / n,
+        }
 
     def code_of(self, text: str) -> str | None:
         """The code of the block that `text` (everything the model wrote so far) closes at its end, or None when
@@ -104,3 +172,7 @@ class PythonTool:
         if self._sandbox is not None:
             self._sandbox.close()
             self._sandbox = None
+
+
+def timed_out(episode: Episode) -> bool:
+    return any(c.execution.status == "timeout" for c in episode.calls)

@@ -5,8 +5,8 @@ Bubblewrap gives the worker its own mount, PID, network, IPC and UTS namespaces:
 the system's libraries and the Python that runs it, read-only, a private size-limited /tmp and nothing else
 (no home, no repository, no checkpoints); no network interface but loopback; only its own processes in /proc;
 an environment of a few fixed variables. Run as root, the worker keeps the capabilities to drop each call to
-the unprivileged `nobody` and to kill it, and nothing else; run as a user, bubblewrap maps it into a user
-namespace. The kernel's no-new-privileges flag is set, so no setuid program regains anything.
+an unprivileged user id of its own (`code_uid`) and to kill it, and nothing else; run as a user, bubblewrap
+maps it into a user namespace. The kernel's no-new-privileges flag is set, so no setuid program regains anything.
 
 Containers would give the same and more, but need a daemon and privileges that a training machine or CI
 runner often does not grant; bubblewrap is one small package and needs neither.
@@ -15,6 +15,7 @@ runner often does not grant; bubblewrap is one small package and needs neither.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import shutil
 import subprocess
@@ -25,7 +26,22 @@ from rlvr_lightning.errors import ConfigError
 
 WORKER = Path(__file__).with_name("worker.py")
 WORKER_INSIDE = "/sandbox/worker.py"
-NOBODY = 65534
+# Run as root, each worker's calls run as a user of their own: the process limit (RLIMIT_NPROC) counts a user's
+# processes machine-wide, so calls sharing one user (`nobody`) would share one limit, and a call holding all of
+# it would make its neighbours' threads and forks fail. The ids lie above the ranges that systems give accounts
+# and containers (systemd's end at 1878982656) and below 2**31: no file outside the sandbox is theirs.
+CODE_UID_BASE = 1_900_000_000
+CODE_UIDS_PER_PROCESS = 4096
+_next_code_uid = itertools.count()
+
+
+def code_uid() -> int | None:
+    """A user id no other worker of this machine's sandboxes runs calls as (None: not root, no user to drop to;
+    an unprivileged sandbox's user namespace counts its processes on its own)."""
+    if os.getuid() != 0:
+        return None
+    slot = (os.getpid() % 50_000) * CODE_UIDS_PER_PROCESS  # the largest id stays below 2**31
+    return CODE_UID_BASE + slot + next(_next_code_uid) % CODE_UIDS_PER_PROCESS
 # What a call's interpreter may read besides its own files: the system's libraries.
 SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
 # The variables a call sees (the trainer's own environment, tokens included, never reaches it).
@@ -67,15 +83,15 @@ def python_dirs(preload: tuple[str, ...]) -> dict[str, str]:
     return {t: s for t, s in dirs.items() if not any(inside(t, o) or inside(s, dirs[o]) for o in dirs)}
 
 
-def bwrap_command(preload: tuple[str, ...], tmp_mb: int) -> list[str]:
-    """The command that starts one worker inside bubblewrap."""
+def bwrap_command(preload: tuple[str, ...], tmp_mb: int, uid: int | None) -> list[str]:
+    """The command that starts one worker inside bubblewrap, its calls run as `uid` (`code_uid()`)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable(f"no sandbox for model-written code: bubblewrap (bwrap) is not installed; {UNISOLATED_HINT}")
     cmd = [bwrap, "--die-with-parent", "--new-session", "--clearenv"]
     cmd += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
     root = os.getuid() == 0
-    if root:  # keep only what drops a call to `nobody` and kills it
+    if root:  # keep only what drops a call to its own user and kills it
         cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL"]
     else:
         cmd += ["--unshare-user"]
@@ -101,24 +117,24 @@ def bwrap_command(preload: tuple[str, ...], tmp_mb: int) -> list[str]:
         cmd += ["--ro-bind", source, target]
     cmd += ["--chdir", "/tmp"]
     cmd += [sys.executable, "-I", WORKER_INSIDE, "--preload", ",".join(preload), "--own-pid-namespace"]
-    return cmd + (["--code-uid", str(NOBODY)] if root else [])
+    return cmd + (["--code-uid", str(uid)] if uid is not None else [])
 
 
 def _under(path: str, dirs) -> bool:
     return any(path.startswith(d + "/") for d in dirs)
 
 
-def unisolated_command(preload: tuple[str, ...]) -> list[str]:
+def unisolated_command(preload: tuple[str, ...], uid: int | None) -> list[str]:
     """A worker as a plain child process (`isolation: none`): limits and a private temporary directory, but the
     code sees this user's files, network and processes."""
     cmd = [sys.executable, "-I", str(WORKER), "--preload", ",".join(preload)]
-    return cmd + (["--code-uid", str(NOBODY)] if os.getuid() == 0 else [])
+    return cmd + (["--code-uid", str(uid)] if uid is not None else [])
 
 
 def check_isolation(preload: tuple[str, ...] = ()) -> None:
     """Start a worker's sandbox once and run `true`-like Python in it; a one-line `SandboxUnavailable` if the
     machine cannot (no bubblewrap, or namespaces refused)."""
-    cmd = bwrap_command(preload, tmp_mb=1)
+    cmd = bwrap_command(preload, tmp_mb=1, uid=code_uid())
     probe = cmd[: cmd.index(sys.executable)] + [sys.executable, "-I", "-c", "pass"]
     proc = subprocess.run(probe, capture_output=True, text=True, env=dict(ENVIRONMENT), timeout=60)
     if proc.returncode != 0:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rlvr_lightning.errors import ConfigError, check_choice
-from rlvr_lightning.sandbox.isolation import ENVIRONMENT, bwrap_command, check_isolation, unisolated_command
+from rlvr_lightning.sandbox.isolation import ENVIRONMENT, bwrap_command, check_isolation, code_uid, unisolated_command
 from rlvr_lightning.sandbox.worker import read_message, write_message
 
 Status = Literal["ok", "error", "timeout", "output_limit", "crashed"]
@@ -129,9 +129,9 @@ class Sandbox:
         preload = tuple(settings.preload)
         if settings.isolation == "bwrap":
             check_isolation(preload)  # fail closed, in one line, before any model code exists
-            self._command = bwrap_command(preload, settings.tmp_mb)
+            self._command = lambda: bwrap_command(preload, settings.tmp_mb, code_uid())
         else:
-            self._command = unisolated_command(preload)
+            self._command = lambda: unisolated_command(preload, code_uid())
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
@@ -139,7 +139,7 @@ class Sandbox:
         # Workers are started from threads that live as long as the sandbox: bubblewrap's --die-with-parent
         # follows the thread that started it, and a worker started from a finished thread would die with it.
         self._spawner = ThreadPoolExecutor(settings.workers, thread_name_prefix="sandbox-spawn")
-        for worker in [self._spawner.submit(_Worker, self._command) for _ in range(settings.workers)]:
+        for worker in [self._spawner.submit(_Worker, self._command()) for _ in range(settings.workers)]:
             self._add(worker.result())  # warmed side by side
 
     def _add(self, worker: _Worker) -> None:
@@ -153,7 +153,7 @@ class Sandbox:
             self._all.remove(worker)
             closed = self._closed
         if not closed:
-            self._add(self._spawner.submit(_Worker, self._command).result())
+            self._add(self._spawner.submit(_Worker, self._command()).result())
 
     def run(self, code: str, timeout_s: float | None = None) -> Execution:
         """Run `code` in a fresh, warm interpreter; never raises for anything the code does."""

@@ -117,15 +117,16 @@ def check_behaviour_logprobs(
         )
 
 
-def check_tool(rollout: Any, shapers: tuple[str, ...]) -> None:
-    """What a run with the Python tool (`data.tool`) cannot do yet, refused before it starts."""
+def check_environment(name: str, rollout: Any, shapers: tuple[str, ...]) -> None:
+    """What a run in an environment (`name`: data.tool, data.environment) cannot do yet, refused before it
+    starts."""
     if rollout.max_staleness > 0:
         raise ConfigError(
-            f"data.tool with rollout.max_staleness={rollout.max_staleness}: answers that call the tool are generated "
+            f"{name} with rollout.max_staleness={rollout.max_staleness}: answers in an environment are generated "
             "synchronously for now (set rollout.max_staleness 0)"
         )
     if shapers:
         raise ConfigError(
-            f"data.tool with {', '.join(shapers)}: THR and OAR do not yet leave the tool's output tokens out of their "
-            "weights' normalisation; train with the tool without them for now"
+            f"{name} with {', '.join(shapers)}: THR and OAR do not yet leave the inserted tokens out of their "
+            "weights' normalisation; train in an environment without them for now"
         )

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from rlvr_lightning.environments.python_tool import PythonTool
+from rlvr_lightning.environments.base import Environment
 from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.models.lora import LoraSettings
 from rlvr_lightning.models.weights import full_weights, load_into_engine
@@ -55,7 +55,7 @@ class EngineSession:
         self.spec: EngineSpec | None = None
         self._stream_state: dict | None = None  # a checkpoint's batches in flight, until the stream is built
         self._engine: RolloutEngine | None = None
-        self._tool: PythonTool | None = None
+        self._environment: Environment | None = None
 
     def attach(self, spec: EngineSpec) -> None:
         """What the engine is built from and synced with (the policy exists from here on); the sync probe's
@@ -81,12 +81,12 @@ class EngineSession:
         self._engine = engine
 
     @property
-    def tool(self) -> PythonTool | None:
-        """The Python tool the answers may call (`data.tool`), its sandbox started on first use; None: no tool."""
-        settings = None if self.spec is None else getattr(self.spec.datamodule, "tool", None)
-        if settings is not None and self._tool is None:
-            self._tool = PythonTool(settings)
-        return self._tool
+    def environment(self) -> Environment | None:
+        """The environment the answers are generated in (`data.tool`, `data.environment`), made on first use
+        (the tool's sandbox starts then); None: one segment per answer."""
+        if self._environment is None and self.spec is not None and hasattr(self.spec.datamodule, "make_environment"):
+            self._environment = self.spec.datamodule.make_environment()
+        return self._environment
 
     @property
     def trainer_logprobs(self) -> LogprobsFn:
@@ -152,10 +152,10 @@ class EngineSession:
         return self.stream
 
     def close(self) -> None:
-        for part in (self.stream, self._engine, self._tool):  # the batches ahead are generated on the engine: first
+        for part in (self.stream, self._engine, self._environment):  # the batches ahead are generated on the engine: first
             if part is not None:
                 part.close()
-        self.stream, self._engine, self._tool = None, None, None
+        self.stream, self._engine, self._environment = None, None, None
 
     def state_dict(self) -> dict:
         """The policy version, and the stream's batches in flight (a resumed run continues them)."""

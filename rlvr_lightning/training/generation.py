@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
 from rlvr_lightning.context import StepContext
+from rlvr_lightning.environments.base import Environment
 from rlvr_lightning.environments.episodes import episode_metrics, generate_episodes
-from rlvr_lightning.environments.python_tool import PythonTool
 from rlvr_lightning.rollout.engine import RolloutEngine
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.seeding import derived_seed
@@ -17,7 +19,7 @@ from rlvr_lightning.training.step_metrics import StageTimer
 def generate(step: StepContext, batch: PromptBatch, sampling: SamplingConfig | None = None) -> Rollout:
     """Sample completions for a prompt batch (the training sampling settings unless given)."""
     sampling = sampling or step.sampling(seed=sampling_seed(step))
-    return sample(step.engine, step.tokenizer, batch, sampling, step.policy_version, step.tool)
+    return sample(step.engine, step.tokenizer, batch, sampling, step.policy_version, step.environment)
 
 
 def sample(
@@ -26,20 +28,25 @@ def sample(
     batch: PromptBatch,
     sampling: SamplingConfig,
     policy_version: int = 0,
-    tool: PythonTool | None = None,
+    environment: Environment | None = None,
 ) -> Rollout:
-    """`engine`'s completions for a prompt batch as a Rollout of policy version `policy_version`, answers calling
-    `tool` when given (`environments.episodes`): the training step's generation, and `make eval`'s, which has no
-    training step."""
+    """`engine`'s completions for a prompt batch as a Rollout of policy version `policy_version`, answered in
+    turns with `environment` when given (`environments.episodes`): the training step's generation, and
+    `make eval`'s, which has no training step. The environment's rewards, where it gives them, are the reward
+    term `environment` (0 for an answer it gave none)."""
     prompt_ids = encode_prompts(tokenizer, batch)
-    if tool is None:
+    if environment is None:
         return to_rollout(tokenizer, batch, prompt_ids, sampling, engine.generate(prompt_ids, sampling), policy_version)
-    groups = generate_episodes(engine, tokenizer, prompt_ids, sampling, tool)
-    completions = [[e.completion(tool.settings) for e in group] for group in groups]
+    groups = generate_episodes(engine, tokenizer, prompt_ids, sampling, environment, batch)
+    completions = [[e.completion(environment.excluded(e)) for e in group] for group in groups]
     rollout = to_rollout(tokenizer, batch, prompt_ids, sampling, completions, policy_version)
     episodes = [e for group in groups for e in group]
     own = tokenizer.batch_decode([e.own_ids for e in episodes], skip_special_tokens=True)
-    return replace(rollout, own_texts=own).with_metrics(episode_metrics(episodes, tool.settings))
+    terms = {}
+    if any(e.reward is not None for e in episodes):
+        terms["environment"] = torch.tensor([e.reward or 0.0 for e in episodes], dtype=torch.float32)
+    rollout = replace(rollout, own_texts=own, reward_terms={**rollout.reward_terms, **terms})
+    return rollout.with_metrics(episode_metrics(episodes, environment))
 
 
 def encode_prompts(tokenizer, batch: PromptBatch) -> list[list[int]]:

@@ -13,7 +13,7 @@ from rlvr_lightning.context import Collectives, StepContext
 from rlvr_lightning.device_defaults import accelerator_of_device
 from rlvr_lightning.models.lora import trainable_parameters
 from rlvr_lightning.models.policy import load_policies
-from rlvr_lightning.training.checks import check_tool
+from rlvr_lightning.training.checks import check_environment
 from rlvr_lightning.training.engine_session import EngineSpec
 from rlvr_lightning.training.engine_setup import engine_compute_dtype, trainer_compute_dtype
 from rlvr_lightning.training.optim import adamw_with_schedule
@@ -26,8 +26,9 @@ def resolve_step(settings: StepSettings, trainer: Any, device: Any, check: bool 
     (`check`: run the checks that need them)."""
     dm = trainer.datamodule
     shapers = tuple(type(cb).__name__ for cb in advantage_shapers(trainer))
-    if check and getattr(dm, "tool", None) is not None:
-        check_tool(dm.rollout, shapers)
+    chosen = [name for name in ("tool", "environment") if getattr(dm, name, None) is not None]
+    if check and chosen:
+        check_environment(f"data.{chosen[0]}", dm.rollout, shapers)
     return settings.resolve(dm.rollout, dm.hparams.batch_size, accelerator_of_device(device), shapers, check)
 
 

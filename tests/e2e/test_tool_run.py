@@ -28,7 +28,7 @@ def test_a_grpo_run_whose_answers_call_the_tool(tmp_path, quick_warm_start):
     run, history = finished_run(tmp_path, "grpo")
     calls = [p.value for p in history["train/tool_calls_per_answer"]]
     assert len(calls) == 2 and max(calls) > 0
-    assert 0 < max(p.value for p in history["train/tool_output_token_frac"]) < 1
+    assert 0 < max(p.value for p in history["train/inserted_token_frac"]) < 1
     for reason in ("answered", "max_calls", "length"):
         assert f"train/stop_{reason}_frac" in history
     ends = sum(history[f"train/stop_{r}_frac"][-1].value for r in ("answered", "max_calls", "length"))

@@ -95,7 +95,7 @@ def test_episodes_on_a_real_engine_keep_the_sampled_ids_and_insert_the_outputs_i
     assert {e.stop for e in episodes} <= {"answered", "max_calls", "length"} and all(len(e.calls) <= 2 for e in episodes)
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     for e in episodes:
-        c = e.completion(settings)
+        c = e.completion(tool.excluded(e))
         assert len(c.token_ids) <= budget and len(c.token_ids) == len(c.logprobs)
         spans = inserted_spans(c.sampled) if c.sampled else []
         outputs = [tok(call.appended, add_special_tokens=False).input_ids for call in e.calls]
@@ -111,13 +111,13 @@ def test_episodes_on_a_real_engine_keep_the_sampled_ids_and_insert_the_outputs_i
 def test_what_a_run_with_the_tool_cannot_do_yet_is_refused_in_one_line():
     from rlvr_lightning.errors import ConfigError
     from rlvr_lightning.rollout.settings import RolloutSettings
-    from rlvr_lightning.training.checks import check_tool
+    from rlvr_lightning.training.checks import check_environment
 
-    check_tool(RolloutSettings(), ())
+    check_environment("data.tool", RolloutSettings(), ())
     with pytest.raises(ConfigError, match=r"^data.tool with rollout.max_staleness=1: .*set rollout.max_staleness 0\)$"):
-        check_tool(RolloutSettings(engine="vllm-server", max_staleness=1), ())
-    with pytest.raises(ConfigError, match=r"^data.tool with THRAttribution: THR and OAR"):
-        check_tool(RolloutSettings(), ("THRAttribution",))
+        check_environment("data.tool", RolloutSettings(engine="vllm-server", max_staleness=1), ())
+    with pytest.raises(ConfigError, match=r"^data.environment with THRAttribution: THR and OAR"):
+        check_environment("data.environment", RolloutSettings(), ("THRAttribution",))
 
 
 def test_the_reward_reads_the_models_own_words_not_what_the_tool_printed():
@@ -190,14 +190,14 @@ def test_the_stability_guards_leave_their_answers_out_of_the_loss(tiny_policy_di
     from tests.algos.test_base import attach, prepared, sample_rollout
 
     timed_out = ToolCall("while True: pass", Execution("", "", "timeout", None, 1.0), "", False)
-    void = Episode([1], void_turns=1, stop="answered")
+    void = Episode([1], state={"void_turns": 1}, stop="answered")
     capped = Episode([1], stop="max_calls")
     slow = Episode([1], calls=[timed_out], stop="answered")
     fine = Episode([1], stop="answered")
-    off = PythonToolSettings()
-    assert [e.excluded_by(off) for e in (void, capped, slow, fine)] == ["", "", "", ""]
-    on = PythonToolSettings(drop_void_turns=True, drop_max_calls=True, drop_timeouts=True)
-    assert [e.excluded_by(on) for e in (void, capped, slow, fine)] == ["void_turn", "max_calls", "timeout", ""]
+    off = PythonTool()
+    assert [off.excluded(e) for e in (void, capped, slow, fine)] == ["", "", "", ""]
+    on = PythonTool(PythonToolSettings(drop_void_turns=True, drop_max_calls=True, drop_timeouts=True))
+    assert [on.excluded(e) for e in (void, capped, slow, fine)] == ["void_turn", "max_calls", "timeout", ""]
 
     module = attach(GRPO, tiny_policy_dir)
     rollout = sample_rollout(module)

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from rlvr_lightning.sandbox import Sandbox, SandboxSettings
-from rlvr_lightning.sandbox.isolation import check_isolation
+from rlvr_lightning.sandbox.isolation import CODE_UID_BASE, check_isolation
 
 SECRET = "rlvr-secret-7f3a9c"
 TIMEOUT_S = 2.0
@@ -286,8 +286,9 @@ def test_privileges_cannot_be_regained(box):
     """
     result = run(box, code)
     assert "gained" not in result.stdout, result.stdout
-    if os.getuid() == 0:  # as root the code runs as nobody
-        assert "uid 65534 65534" in result.stdout
+    if os.getuid() == 0:  # as root the code runs as a user of its worker's own, which no account has
+        (uid_line,) = [line.split() for line in result.stdout.splitlines() if line.startswith("uid ")]
+        assert uid_line[1] == uid_line[2] and int(uid_line[1]) >= CODE_UID_BASE, uid_line
     for line in result.stdout.splitlines():
         if line.split()[0] in ("mount", "su", "chown"):
             assert line.split()[1] != "0", line  # none succeeded
@@ -328,6 +329,41 @@ def test_many_threads_and_processes_spinning_end_at_the_time_limit(box):
     start = time.monotonic()
     result = run(box, code, timeout_s=1.0)
     assert result.status == "timeout" and time.monotonic() - start < 5
+    still_serving(box)
+
+
+def test_one_calls_processes_leave_another_calls_process_limit_alone(box):
+    """A call that holds every process it may have (the limit counts a user's processes) must not make a
+    neighbour's forks fail: each worker's calls run as a user of their own."""
+    hog = """
+    import os, time
+    for _ in range(100):
+        try:
+            if os.fork() == 0:
+                time.sleep(4)
+                os._exit(0)
+        except OSError:
+            break
+    print('holding')
+    time.sleep(4)
+    """
+    neighbour = """
+    import os, time
+    time.sleep(1.0)  # the hog holds its processes by now
+    children = []
+    for _ in range(8):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(0.05)
+            os._exit(0)
+        children.append(pid)
+    for pid in children:
+        os.waitpid(pid, 0)
+    print('fine')
+    """
+    results = box.run_many([textwrap.dedent(hog), textwrap.dedent(neighbour)], timeout_s=5.0)
+    assert "holding" in results[0].stdout, results[0]
+    assert results[1].status == "ok" and results[1].stdout == "fine\n", results[1]
     still_serving(box)
 
 

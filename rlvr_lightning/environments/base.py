@@ -1,0 +1,71 @@
+"""What an environment is: the part that answers the model between the segments of one answer.
+
+An answer is sampled in segments. A segment ends where the model ends its answer (EOS, a stop string of the
+sampling settings), where it writes one of the environment's `stop` strings (a tool call's closing marker), or
+at the response budget. After each, the environment sees the episodes (`environments.episodes.Episode`: the
+problem, the latest segment's text, the turns so far, a dict of its own notes) and replies to each: with text
+to append, whose tokens are context only (no loss, no KL, no entropy; they count against the budget), after
+which the model goes on; or with the end of the episode, why it ended and, if it gives one, the episode's
+reward (logged as `train/reward_environment_mean`, added to the verifier's correctness as a reward term).
+
+A user's environment is a subclass in the user's own module, chosen by dotted path:
+
+    --data.environment my_envs.SecondChance --data.environment.init_args.attempts 2
+
+The Python tool (`python_tool.PythonTool`, set with `--data.tool.*`) is the built-in one; without either,
+an answer is one segment scored by the verifier alone, as it always was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlvr_lightning.environments.episodes import Episode
+
+
+class EnvironmentFailed(RuntimeError):
+    """An environment's `reply` raised or answered wrongly: one line naming it (the run resumes from its last
+    checkpoint once the environment is mended)."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The environment's answer to an episode's latest segment: `text` to append and sample on from (""
+    samples on with nothing appended), or `text=None`: the episode ends, for `stop` (logged as
+    `train/stop_<stop>_frac`), with `reward` when the environment gives one."""
+
+    text: str | None = None
+    stop: str = "answered"
+    reward: float | None = None
+
+
+class Environment:
+    """Override `reply`; `stop`, `max_turns`, `stop_reasons`, `metrics`, `excluded` and `close` as needed.
+
+    stop: strings that end a segment for a reply (an engine that samples past one is cut where it completes).
+    max_turns: segments per answer; an episode still going after that many ends (`stop: max_turns`).
+    stop_reasons: the `Reply.stop` values it may give besides "answered", logged every batch (as 0 when unseen).
+    """
+
+    stop: tuple[str, ...] = ()
+    max_turns: int = 8
+    stop_reasons: tuple[str, ...] = ()
+
+    def reply(self, episodes: Sequence[Episode]) -> list[Reply]:
+        """One reply per episode, in order. An episode whose budget is spent already has `stop` set: it is
+        shown so that the environment sees every segment, and what is replied to it is not appended."""
+        raise NotImplementedError(f"{type(self).__name__}.reply")
+
+    def metrics(self, episodes: Sequence[Episode]) -> dict[str, float]:
+        """The environment's own metrics of a rollout batch's finished episodes (logged under `train/`)."""
+        return {}
+
+    def excluded(self, episode: Episode) -> str:
+        """Why a finished episode stays out of the loss (a stability guard), or ""."""
+        return ""
+
+    def close(self) -> None:
+        """Release what it holds (workers, processes)."""

@@ -1,0 +1,165 @@
+"""Multi-turn generation with an environment on the real HF engine: replies inserted token-in/token-out with no
+loss, turn limits, the environment's rewards as a reward term, its stop reasons and metrics, a broken one as
+one line, and the documented example (docs/examples/my_environment.py)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from rlvr_lightning.environments.base import Environment, EnvironmentFailed, Reply
+from rlvr_lightning.environments.episodes import episode_metrics, generate_episodes
+from tests.support.cli import REPO
+
+NOTE = "\nnote\n"
+
+
+class Nudge(Environment):
+    """Replies NOTE after each segment; ends on the third with reward = the episode's sampled token count."""
+
+    max_turns = 5
+    stop_reasons = ("done",)
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, str]] = []
+
+    def reply(self, episodes):
+        self.seen += [(e.turns, e.segment) for e in episodes]
+        return [Reply(stop="done", reward=float(len(e.own_ids))) if e.turns == 3 else Reply(NOTE) for e in episodes]
+
+    def metrics(self, episodes):
+        return {"nudge_episodes": float(len(episodes))}
+
+
+@pytest.fixture(scope="module")
+def generation(quick_warm_start):
+    """The warm start's data module and HF engine (it ends its answers: an untrained policy seldom samples EOS),
+    and a function sampling a batch of 2 prompts × 2 in `env`."""
+    from rlvr_lightning.data.datamodule import RolloutDataModule
+    from rlvr_lightning.evaluate import model_engine
+    from rlvr_lightning.rollout.settings import RolloutSettings
+
+    dm = RolloutDataModule(model_name_or_path=str(quick_warm_start[1]), batch_size=2, val_data=None,
+                           rollout=RolloutSettings(engine="hf", max_response_length=40))  # fmt: skip
+    dm.setup("fit")
+    engine = model_engine(dm)
+    batch = dm.collate(dm.train_records[:2])
+    prompts = [dm.tokenizer(p, add_special_tokens=False).input_ids for p in batch.prompts]
+
+    def run(env, max_tokens=40):
+        sampling = dm.rollout.sampling(group_size=2, seed=0, max_tokens=max_tokens)
+        return generate_episodes(engine, dm.tokenizer, prompts, sampling, env, batch)
+
+    yield dm, engine, batch, run
+    engine.close()
+
+
+def test_replies_are_inserted_between_the_sampled_segments_with_no_loss(generation):
+    dm, _, batch, run = generation
+    env = Nudge()
+    episodes = [e for group in run(env, max_tokens=200) for e in group]
+    note = dm.tokenizer(NOTE, add_special_tokens=False).input_ids
+    assert all(e.question == batch.prompts[i // 2] and e.answer == batch.answers[i // 2] for i, e in enumerate(episodes))
+    for e in episodes:
+        assert e.stop in ("done", "length")
+        if e.stop == "done":  # three segments with the note's ids between them, its tokens marked inserted
+            assert e.turns == 3 and e.reward == len(e.own_ids)
+            inserted = [i for i, s in enumerate(e.sampled) if s == 0]
+            assert len(inserted) == 2 * len(note)
+            assert [e.ids[i] for i in inserted] == note + note
+            assert all(e.logprobs[i] == 0.0 for i in inserted)
+            c = e.completion()
+            assert c.token_ids == e.ids and c.sampled == e.sampled and c.num_sampled == len(e.own_ids)
+    assert any(e.stop == "done" for e in episodes), [e.stop for e in episodes]
+    # the environment read the model's own segment text each turn
+    assert {t for t, _ in env.seen} <= {1, 2, 3} and all(NOTE not in text for _, text in env.seen)
+    metrics = episode_metrics(episodes, env)
+    assert metrics["stop_done_frac"] + metrics["stop_length_frac"] == 1.0 and metrics["stop_answered_frac"] == 0.0
+    assert metrics["nudge_episodes"] == 4.0 and 0 < metrics["inserted_token_frac"] < 1
+    assert metrics["reward_environment_mean"] == pytest.approx(sum(e.reward or 0.0 for e in episodes) / 4)
+
+
+def test_max_turns_and_the_budget_end_an_episode_the_environment_would_continue(generation):
+    _, _, _, run = generation
+
+    class Forever(Environment):
+        max_turns = 2
+
+        def reply(self, episodes):
+            return [Reply(NOTE) for _ in episodes]
+
+    episodes = [e for group in run(Forever(), max_tokens=200) for e in group]
+    assert all(e.turns <= 2 and e.stop in ("max_turns", "length") for e in episodes)
+    assert all(e.reward is None for e in episodes)
+    short = [e for group in run(Forever(), max_tokens=12) for e in group]
+    assert all(len(e.ids) <= 12 for e in short)
+
+
+def test_the_environments_rewards_are_a_reward_term_of_the_rollout(generation):
+    from rlvr_lightning.training.generation import sample
+
+    dm, engine, batch, _ = generation
+    rollout = sample(engine, dm.tokenizer, batch, dm.rollout.sampling(group_size=2, seed=0, max_tokens=200), 0, Nudge())
+    rewards = rollout.reward_terms["environment"]
+    assert rewards.shape == (4,) and rollout.own_texts and rollout.metrics["nudge_episodes"] == 4.0
+    ended = torch.tensor([c.finish_reason != "length" for c in rollout.completions])
+    assert torch.all(rewards[~ended] == 0) and torch.all(rewards[ended] > 0)
+    assert torch.equal(rollout.reward_with_terms(torch.zeros(4)), rewards)
+
+
+@pytest.mark.parametrize(
+    "reply, message",
+    [
+        (lambda episodes: 1 / 0, "data.environment: Broken.reply raised ZeroDivisionError: division by zero"),
+        (lambda episodes: [Reply()], "data.environment: Broken.reply must return one Reply per episode (4)"),
+        (lambda episodes: ["text"] * len(episodes), "data.environment: Broken.reply must return one Reply per episode"),
+    ],
+)
+def test_a_broken_environment_is_one_line(generation, reply, message):
+    _, _, _, run = generation
+
+    class Broken(Environment):
+        def reply(self, episodes):
+            return reply(episodes)
+
+    with pytest.raises(EnvironmentFailed) as info:
+        run(Broken())
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_the_documented_environment_gives_a_second_try_and_its_reward(generation, monkeypatch):
+    """docs/examples/my_environment.py: an episode that ends in time either answered right at once (reward 1)
+    or had the hint after its first answer and a second try (reward 0.5 if right, else 0)."""
+    monkeypatch.syspath_prepend(str(REPO / "docs" / "examples"))
+    monkeypatch.delitem(sys.modules, "my_environment", raising=False)
+    from my_environment import SecondChance
+
+    dm, _, _, run = generation
+    env = SecondChance()
+    episodes = [e for group in run(env, max_tokens=200) for e in group]
+    hint = dm.tokenizer(env.hint, add_special_tokens=False).input_ids
+    for e in episodes:
+        if e.stop == "length":
+            continue
+        assert e.stop == "answered"
+        if e.turns == 1:
+            assert e.reward == 1.0 and 0 not in e.sampled
+        else:
+            assert e.turns == 2 and e.reward in (0.0, 0.5)
+            assert [t for t, s in zip(e.ids, e.sampled) if s == 0] == hint
+    assert any(e.turns == 2 and e.stop == "answered" for e in episodes), [(e.turns, e.stop) for e in episodes]
+
+
+def test_make_list_shows_the_built_in_environment_and_a_users(monkeypatch, capsys):
+    from rlvr_lightning.catalogue import main
+
+    monkeypatch.syspath_prepend(str(REPO / "docs" / "examples"))
+    monkeypatch.delitem(sys.modules, "my_environment", raising=False)
+    main(["--imports", "my_environment"])
+    out = capsys.readouterr().out
+    assert "  (none)           one segment per answer" in out
+    assert "  PythonTool       The Python tool of tool-integrated reasoning: " in out and "(--data.tool.*)" in out
+    assert "  SecondChance     A wrong first answer is told so " in out
+    assert "(--data.environment my_environment.SecondChance)" in out
