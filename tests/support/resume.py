@@ -60,6 +60,19 @@ def histories(run_dir: Path, keys: tuple[str, ...] = COMPARED):
     return run, out
 
 
+def ready_to_kill(run_dir: Path, min_step: int) -> bool:
+    """A checkpoint after ≥ min_step rollout batches exists, and the MLflow run holds metrics of the batch after it."""
+    import mlflow
+
+    infos = list(run_dir.glob("checkpoints/*/last.json"))
+    step = json.loads(infos[0].read_text())["rollout_batches"] if infos else -1
+    if step < min_step:
+        return False
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{run_dir}/mlflow.db")
+    logged = client.get_metric_history(infos[0].parent.name, "train/reward_mean")
+    return max((m.step for m in logged), default=-1) >= step
+
+
 def kill_after_checkpoint(run_dir: Path, args: list[str], min_step: int) -> int:
     """Start the CLI, SIGKILL it once a checkpoint at step ≥ min_step exists and the MLflow run already
     holds metrics of a step after it (the resumed run trains that step again); the checkpoint's step."""
@@ -73,15 +86,14 @@ def kill_after_checkpoint(run_dir: Path, args: list[str], min_step: int) -> int:
     try:
         while time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.1)
-            infos = list(run_dir.glob("checkpoints/*/last.json"))
-            step = json.loads(infos[0].read_text())["rollout_batches"] if infos else -1
-            if step < min_step:
+            if not ready_to_kill(run_dir, min_step):
                 continue
-            client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{run_dir}/mlflow.db")
-            logged = client.get_metric_history(infos[0].parent.name, "train/reward_mean")
-            if max(m.step for m in logged) >= step:
+            # Stopped, the run cannot write a newer checkpoint between the check and the kill: check again.
+            proc.send_signal(signal.SIGSTOP)
+            if ready_to_kill(run_dir, min_step):
                 proc.send_signal(signal.SIGKILL)
                 break
+            proc.send_signal(signal.SIGCONT)
     finally:
         proc.kill()
         proc.wait()
