@@ -1,11 +1,16 @@
-"""Sandboxed executions per second: pre-warmed workers against a fresh interpreter per call.
+"""Sandboxed executions per second: pre-warmed workers against a fresh interpreter per call; and the tool's
+share of a training step.
 
 Both sides run the same calls under the same bubblewrap isolation and the same parallelism (`--workers`
 at once): the warm side through `Sandbox` (a fork of a worker that imported numpy and sympy once), the
 fresh side as one `bwrap … python -c CODE` process per call, which is what running each call in a new
 sandboxed interpreter costs. Rounds alternate between the two sides, so the machine's load falls on both.
 
-    .venv/bin/python bench/sandbox.py [--calls 64] [--rounds 3] [--workers 2]
+The share: a GRPO run on the embedded default (`--step-batches` rollout batches) whose warm start's boxed
+answers are run as tool calls (the tool's markers set to `\boxed{` and `}`), each batch's wall time in the tool
+(`train/environment_seconds`) over its whole step (`time/step`).
+
+    .venv/bin/python bench/sandbox.py [--calls 64] [--rounds 3] [--workers 2] [--step-batches 4]
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,17 +44,44 @@ def fresh_call(command: list[str], code: str) -> float:
     return time.perf_counter() - t0
 
 
+def tool_share_of_step(batches: int, workers: int) -> dict:
+    """The tool's wall time over the step's, per rollout batch, in a GRPO run whose boxed answers are calls."""
+    from mlflow.tracking import MlflowClient
+
+    repo = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        uri = f"sqlite:///{tmp}/mlflow.db"
+        cmd = [sys.executable, "-m", "rlvr_lightning", "fit", "--config", str(repo / "configs/base.yaml"),
+               "--config", str(repo / "configs/algo/grpo.yaml"), "--rollout_batches", str(batches),
+               "--trainer.logger.init_args.tracking_uri", uri, "--trainer.logger.init_args.artifact_location", tmp,
+               "--plan.check=false", "--data.val_data", "null", "--data.tool.max_calls", "2",
+               "--data.tool.code_start", "\\boxed{", "--data.tool.code_end", "}",
+               "--data.tool.sandbox.workers", str(workers)]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(repo)}
+        proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=1800)
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr[-2000:])
+        client = MlflowClient(tracking_uri=uri)
+        (run,) = client.search_runs([client.get_experiment_by_name("rlvr_lightning").experiment_id])
+        history = lambda key: [m.value for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]  # noqa: E731
+        tool, step, calls = history("train/environment_seconds"), history("time/step"), history("train/tool_calls_per_answer")
+    shares = [t / s for t, s in zip(tool, step)]
+    return {"rollout_batches": batches, "tool_share_of_step_median": median(shares), "tool_share_of_step": shares,
+            "tool_seconds": tool, "step_seconds": step, "tool_calls_per_answer": calls}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--step-batches", type=int, default=4)
     args = parser.parse_args()
     from rlvr_lightning.sandbox import Sandbox, SandboxSettings
-    from rlvr_lightning.sandbox.isolation import bwrap_command
+    from rlvr_lightning.sandbox.isolation import bwrap_command, code_uid
 
     settings = SandboxSettings(workers=args.workers, timeout_s=60.0)
-    command = bwrap_command(settings.preload, settings.tmp_mb)
+    command = bwrap_command(settings.preload, settings.tmp_mb, code_uid())
     fresh = command[: command.index(sys.executable)] + [sys.executable, "-I", "-c"]  # same isolation, no worker
     t0 = time.perf_counter()
     box = Sandbox(settings)
@@ -76,8 +110,9 @@ def main() -> None:
             }
     finally:
         box.close()
+    step = tool_share_of_step(args.step_batches, args.workers)
     write("sandbox", {"workers": args.workers, "calls": args.calls, "rounds": args.rounds, "pool_startup_s": startup,
-                      "preload": list(settings.preload), "workloads": results})  # fmt: skip
+                      "preload": list(settings.preload), "workloads": results, "training_step": step})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -120,7 +120,7 @@ def environment_lines() -> list[str]:
         todo += cls.__subclasses__()
     for cls in found:
         flag = "--data.tool.*" if cls is PythonTool else f"--data.environment {cls.__module__}.{cls.__qualname__}"
-        lines.append(f"  {cls.__name__:<16} {first_sentence(inspect.getdoc(cls) or '')}  ({flag})")
+        lines += wrapped(f"  {cls.__name__:<16} ", f"{first_sentence(inspect.getdoc(cls) or '')} ({flag})", 19)
     return lines
 
 

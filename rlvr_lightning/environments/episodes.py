@@ -11,6 +11,7 @@ prefix, and the rest is sampled again after the reply, as the model would see it
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -38,6 +39,7 @@ class Episode:
     stop: str | None = None  # why it ended (`Reply.stop`, or the loop's "length" / "max_turns")
     reward: float | None = None  # the environment's reward, when it gave one
     calls: list[Any] = field(default_factory=list)  # what the environment ran for it (the Python tool's calls)
+    reply_seconds: float = 0.0  # its share of the wall time its environment took to reply (a batch's, split evenly)
     state: dict[str, Any] = field(default_factory=dict)  # the environment's own notes on it
 
     def add(self, ids: list[int], logprobs: list[float], sampled: int) -> None:
@@ -142,6 +144,7 @@ def generate_episodes(
 def environment_replies(environment: Environment, episodes: list[Episode]) -> list[Reply]:
     """`environment.reply(episodes)`, checked: one `Reply` per episode, and whatever it raises as one line."""
     name = type(environment).__name__
+    start = time.perf_counter()
     try:
         replies = list(environment.reply(episodes))
     except Exception as err:
@@ -150,18 +153,23 @@ def environment_replies(environment: Environment, episodes: list[Episode]) -> li
     if len(replies) != len(episodes) or not all(isinstance(r, Reply) for r in replies):
         raise EnvironmentFailed(f"data.environment: {name}.reply must return one Reply per episode "
                                 f"({len(episodes)}), got {replies[:3]!r}{'…' if len(replies) > 3 else ''}")  # fmt: skip
+    share = (time.perf_counter() - start) / max(1, len(episodes))
+    for episode in episodes:
+        episode.reply_seconds += share
     return replies
 
 
 def episode_metrics(episodes: list[Episode], environment: Environment) -> dict[str, float]:
     """A rollout batch's episode metrics (logged under `train/`): why answers stopped (`stop_<reason>_frac`),
-    turns per answer, the share of response tokens the environment inserted, its mean reward where it gives
-    one, and the environment's own metrics."""
+    turns per answer, the share of response tokens the environment inserted, the wall time it took to reply
+    (`environment_seconds`: beside `time/step`, its share of the step), its mean reward where it gives one,
+    and the environment's own metrics."""
     n = max(1, len(episodes))
     tokens = sum(len(e.ids) for e in episodes)
     out = {
         "turns_mean": sum(e.turns for e in episodes) / n,
         "inserted_token_frac": sum(e.sampled.count(0) for e in episodes) / max(1, tokens),
+        "environment_seconds": sum(e.reply_seconds for e in episodes),
     }
     for reason in (*STOP_REASONS, *environment.stop_reasons):
         out[f"stop_{reason}_frac"] = sum(e.stop == reason for e in episodes) / n

@@ -5,6 +5,7 @@ one line, and the documented example (docs/examples/my_environment.py)."""
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
 import torch
@@ -24,8 +25,11 @@ class Nudge(Environment):
 
     def __init__(self) -> None:
         self.seen: list[tuple[int, str]] = []
+        self.replies = 0
 
     def reply(self, episodes):
+        time.sleep(0.02)  # a reply takes time: the batch's environment_seconds counts it once per reply
+        self.replies += 1
         self.seen += [(e.turns, e.segment) for e in episodes]
         return [Reply(stop="done", reward=float(len(e.own_ids))) if e.turns == 3 else Reply(NOTE) for e in episodes]
 
@@ -78,6 +82,7 @@ def test_replies_are_inserted_between_the_sampled_segments_with_no_loss(generati
     metrics = episode_metrics(episodes, env)
     assert metrics["stop_done_frac"] + metrics["stop_length_frac"] == 1.0 and metrics["stop_answered_frac"] == 0.0
     assert metrics["nudge_episodes"] == 4.0 and 0 < metrics["inserted_token_frac"] < 1
+    assert 0.02 * env.replies <= metrics["environment_seconds"] < 0.02 * env.replies + 1.0
     assert metrics["reward_environment_mean"] == pytest.approx(sum(e.reward or 0.0 for e in episodes) / 4)
 
 
@@ -159,7 +164,8 @@ def test_make_list_shows_the_built_in_environment_and_a_users(monkeypatch, capsy
     monkeypatch.delitem(sys.modules, "my_environment", raising=False)
     main(["--imports", "my_environment"])
     out = capsys.readouterr().out
-    assert "  (none)           one segment per answer" in out
-    assert "  PythonTool       The Python tool of tool-integrated reasoning: " in out and "(--data.tool.*)" in out
-    assert "  SecondChance     A wrong first answer is told so " in out
-    assert "(--data.environment my_environment.SecondChance)" in out
+    text = " ".join(out.split())  # wrapped lines joined
+    assert "(none) one segment per answer" in text
+    assert "PythonTool The Python tool of tool-integrated reasoning: " in text and "answer. (--data.tool.*)" in text
+    assert "SecondChance A wrong first answer is told so and may try once more; a right first answer earns the most. " \
+           "(--data.environment my_environment.SecondChance)" in text
