@@ -54,6 +54,9 @@ ENVIRONMENT = {
     "OPENBLAS_NUM_THREADS": "1",  # one core per call: calls run side by side
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
+    # glibc gives each new thread an arena of 64 MiB of address space, which the call's memory limit (RLIMIT_AS)
+    # counts: with 8 arenas a call under a 256 MiB limit could not start 8 threads. Two arenas serve any call.
+    "MALLOC_ARENA_MAX": "2",
 }
 UNISOLATED_HINT = (
     "install bubblewrap (`apt-get install bubblewrap`; `make setup` does where it can), or set the sandbox's "

@@ -386,3 +386,23 @@ def test_threads_calling_at_once_each_get_their_own_answer(box):
     for t in threads:
         t.join()
     assert answers == {i: str(i * i) for i in range(12)}
+
+
+def test_threads_start_under_a_tight_memory_limit(box):
+    """The memory limit counts address space: threads must not spend it on malloc arenas (MALLOC_ARENA_MAX)."""
+    code = """
+    import threading
+    go, results = threading.Event(), []
+    def work():
+        go.wait()  # every thread alive at once
+        results.append(sum(range(10_000)))
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    go.set()
+    for t in threads:
+        t.join()
+    print(len(results))
+    """
+    result = run(box, code)
+    assert result.status == "ok" and result.stdout == "8\n", result
