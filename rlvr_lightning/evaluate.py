@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -31,7 +32,6 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
     from rlvr_lightning.callbacks.evaluation import Benchmark, EvalTarget, Evaluation
     from rlvr_lightning.callbacks.reward import RewardVerifier
     from rlvr_lightning.data.datamodule import RolloutDataModule
-    from rlvr_lightning.environments.python_tool import PythonTool, PythonToolSettings
     from rlvr_lightning.errors import ConfigError
     from rlvr_lightning.models.checkpoint import is_lightning_checkpoint, policy_from_checkpoint
     from rlvr_lightning.models.lora import is_adapter_dir, read_adapter
@@ -107,21 +107,41 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
         tags={"kind": "evaluation", "model": args.model},
     )
     verifier = RewardVerifier(num_workers=args.verifier_workers)
-    tool = None if args.tool_max_calls == 0 else PythonTool(PythonToolSettings(max_calls=args.tool_max_calls))
+    environment = eval_environment(args)
     engine = model_engine(dm, adapter)
     try:
-        generate = partial(sample, engine, dm.tokenizer, policy_version=0, environment=tool)
+        generate = partial(sample, engine, dm.tokenizer, policy_version=0, environment=environment)
         results = evaluation.run(EvalTarget(generate, dm, verifier, logger), step=0)
     finally:
         engine.close()
         verifier.close()
-        if tool is not None:
-            tool.close()
+        if environment is not None:
+            environment.close()
     logger.finalize("success")
     for key, value in sorted(results.items()):
         print(f"{key:45s} {value:.4f}")
     print(f"MLflow run {logger.run_id} in {args.tracking_uri}")
     return results
+
+
+def eval_environment(args: argparse.Namespace):
+    """The environment the answers are sampled in: the Python tool (`--tool-max-calls`), one's own
+    (`--environment my_module.Class`, built with its defaults), or None."""
+    from rlvr_lightning.callbacks.reward_functions import load_function
+    from rlvr_lightning.environments.base import Environment
+    from rlvr_lightning.environments.python_tool import PythonTool, PythonToolSettings
+    from rlvr_lightning.errors import ConfigError
+
+    if args.tool_max_calls and args.environment:
+        raise ConfigError("--tool-max-calls and --environment: give one (the Python tool is an environment)")
+    if args.tool_max_calls:
+        return PythonTool(PythonToolSettings(max_calls=args.tool_max_calls))
+    if not args.environment:
+        return None
+    cls = load_function(args.environment, who="--environment")
+    if not (isinstance(cls, type) and issubclass(cls, Environment)):
+        raise ConfigError(f"--environment: {args.environment!r} is not a subclass of rlvr_lightning.environments.base.Environment")
+    return cls()
 
 
 def model_engine(dm, adapter=None):
@@ -177,6 +197,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--tool-max-calls", type=int, default=0, help="answers may call the Python tool this often (0: no tool; docs/tools.md)"
     )
+    p.add_argument(
+        "--environment", help="answers in an environment of one's own: module.Class, built with its defaults (docs/environments.md)"
+    )
     p.add_argument("--engine", default="vllm", choices=["vllm", "hf"])
     p.add_argument("--dtype", default="float32")
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
@@ -185,7 +208,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tracking-uri", default="sqlite:///mlruns/mlflow.db")
     p.add_argument("--experiment", default="rlvr_lightning")
     p.add_argument("--run-name", default="eval")
-    evaluate(p.parse_args(argv))
+    from rlvr_lightning.errors import ConfigError
+
+    try:
+        evaluate(p.parse_args(argv))
+    except ConfigError as err:  # a bad option: one line, as the training CLI's
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

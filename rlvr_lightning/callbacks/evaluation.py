@@ -293,6 +293,7 @@ class Evaluation(Callback):
         target: EvalTarget, batches, sampling, pass_k: list[int], maj_k: list[int], sharded: bool = False
     ) -> tuple[dict[str, float], dict[str, list]]:
         correct, lengths, no_answer, n_problems = [], [], 0.0, 0
+        episode_sums: dict[str, float] = {}  # an environment's episode metrics, weighted by completions
         # Under several ranks each scores its share (`rank_batches`): the torchmetrics states below
         # synchronise in compute(), the plain sums through the strategy.
         pass_metrics = {k: PassAtK(k) for k in pass_k}
@@ -319,12 +320,16 @@ class Evaluation(Callback):
             lengths.extend(rollout.response_lengths.tolist())
             no_answer += m["no_answer_frac"] * len(c)
             n_problems += len(batch)
+            for key in (k for k in rollout.metrics if k.startswith(EPISODE_METRICS)):
+                episode_sums[key] = episode_sums.get(key, 0.0) + rollout.metrics[key] * len(c)
         c = torch.cat(correct)
-        sums = torch.tensor([c.sum().item(), len(c), sum(lengths), no_answer, n_problems], dtype=torch.float64)
+        keys = sorted(episode_sums)  # every rank runs the same environment over as many batches: the same keys
+        sums = torch.tensor([c.sum().item(), len(c), sum(lengths), no_answer, n_problems, *(episode_sums[k] for k in keys)],
+                            dtype=torch.float64)  # fmt: skip
         if sharded:
             sums = target.sum_over_ranks(sums)
-        correct_sum, count, length_sum, no_answer, n_problems = sums.tolist()
-        out = {}
+        correct_sum, count, length_sum, no_answer, n_problems, *episode_totals = sums.tolist()
+        out = {k: total / count for k, total in zip(keys, episode_totals)}
         for k, metric in pass_metrics.items():
             out[f"pass_at_{k}"] = metric.compute().item()
             out[f"pass_at_{k}_se"] = metric.standard_error().item()
@@ -337,6 +342,10 @@ class Evaluation(Callback):
             "no_answer_frac": no_answer / count,
             "num_problems": n_problems,
         }, samples
+
+
+# Generation's metrics of answers in an environment (`environments.episodes.episode_metrics`), logged per set.
+EPISODE_METRICS = ("stop_", "turns_mean", "inserted_token_frac", "tool_", "reward_environment_mean")
 
 
 def rank_batches(records: list, rank: int, world: int, batch_size: int) -> tuple[list[list], bool]:

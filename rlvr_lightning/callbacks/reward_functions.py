@@ -40,17 +40,18 @@ class RewardFunction:
     name: str | None = None
 
 
-def load_function(path: str) -> Callable:
+def load_function(path: str, who: str = "RewardFunctions") -> Callable:
+    """The function (or class) a user names by dotted path; `who` names the option in a one-line error."""
     module_name, _, attr = path.rpartition(".")
     if not module_name:
-        raise ConfigError(f"RewardFunctions: {path!r} is not a dotted path (module.function)")
+        raise ConfigError(f"{who}: {path!r} is not a dotted path (module.name)")
     try:
         fn = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as err:
         hint = "; put its directory on PYTHONPATH" if isinstance(err, ModuleNotFoundError) else ""
-        raise ConfigError(f"RewardFunctions: cannot import {path!r} ({type(err).__name__}: {err}){hint}") from None
+        raise ConfigError(f"{who}: cannot import {path!r} ({type(err).__name__}: {err}){hint}") from None
     if not callable(fn):
-        raise ConfigError(f"RewardFunctions: {path!r} is not a function")
+        raise ConfigError(f"{who}: {path!r} is not a function")
     return fn
 
 

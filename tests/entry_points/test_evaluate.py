@@ -84,3 +84,43 @@ def test_lightning_checkpoint_becomes_an_hf_directory_with_its_weights(tmp_path,
     torch.save({"state_dict": {}}, tmp_path / "other.ckpt")
     with pytest.raises(ConfigError, match="not an rlvr_lightning checkpoint"):
         policy_from_checkpoint(tmp_path / "other.ckpt")
+
+
+@pytest.mark.e2e
+def test_eval_in_a_users_environment_logs_its_episode_metrics(tmp_path, quick_warm_start, monkeypatch):
+    """`make eval ARGS="--environment my_environment.SecondChance"` (docs/examples): the answers get their second
+    try, and the set's metrics hold the episodes' (turns, inserted tokens, why they stopped)."""
+    import sys
+
+    import mlflow
+
+    from tests.support.cli import REPO
+
+    monkeypatch.syspath_prepend(str(REPO / "docs" / "examples"))
+    monkeypatch.delitem(sys.modules, "my_environment", raising=False)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    main(["--model", str(quick_warm_start[1]), "--bench", "embedded", "--limit", "8", "--n", "2", "--k", "1",
+          "--max-tokens", "96", "--engine", "hf", "--no-greedy", "--environment", "my_environment.SecondChance",
+          "--tracking-uri", uri, "--run-name", "second-chance"])  # fmt: skip
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("rlvr_lightning").experiment_id])
+    m = run.data.metrics
+    assert 1 < m["eval/embedded/turns_mean"] <= 2 and 0 < m["eval/embedded/inserted_token_frac"] < 1
+    ends = sum(m[f"eval/embedded/stop_{r}_frac"] for r in ("answered", "length", "max_turns"))
+    assert ends == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--environment", "my_missing_envs.Countdown"], "error: --environment: cannot import 'my_missing_envs.Countdown'"),
+        (["--environment", "json.dumps"], "error: --environment: 'json.dumps' is not a subclass of"),
+        (["--environment", "json.dumps", "--tool-max-calls", "2"], "error: --tool-max-calls and --environment: give one"),
+    ],
+)
+def test_a_bad_eval_environment_is_one_line(tmp_path, tiny_policy_dir, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", str(tiny_policy_dir), "--bench", "embedded", "--limit", "2", "--engine", "hf",
+              "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", *args])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and err[-1].startswith(message), err[-3:]
