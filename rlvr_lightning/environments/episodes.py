@@ -98,8 +98,7 @@ def generate_episodes(
         turn += 1
         for n, segment in zip(active, segments):
             episode = episodes[n]
-            keep, text, hit = cut_at_stop(tokenizer, segment.token_ids, stops) if stops else (
-                len(segment.token_ids), tokenizer.decode(segment.token_ids), None)  # fmt: skip
+            keep, text, hit = cut_at_stop(tokenizer, segment.token_ids, stops)  # no stops: the whole segment
             episode.add(segment.token_ids[:keep], segment.logprobs[:keep], 1)
             episode.turns += 1
             # the kept tokens end on the stop string; the last one may carry a few characters more
