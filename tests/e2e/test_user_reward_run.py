@@ -18,8 +18,10 @@ ENVIRONMENT = ["--data.environment", "my_environment.SecondChance"]
 @pytest.mark.e2e
 def test_the_documented_reward_functions_and_environment_train_and_log_each_term(tmp_path, quick_warm_start):
     _, model_dir = quick_warm_start
+    # Room for a first answer, the hint (29 characters: tokens here) and a second. The HF engine: an environment on
+    # vLLM is tests/e2e/test_tool_run.py's, and the HF engine starts in a fraction of vLLM's time.
     args = [*preset_args(tmp_path, "grpo", model_dir, max_response_length=96), "--rollout_batches", "2",
-            "--data.val_data", "null"]  # room for a first answer, the hint (29 characters: tokens here) and a second  # fmt: skip
+            "--data.val_data", "null", "--rollout.engine", "hf"]  # fmt: skip
     proc = run_cli([*args, *EXAMPLE, *ENVIRONMENT], tmp_path, pythonpath=(REPO / "docs" / "examples",))
     assert proc.returncode == 0, proc.stderr[-4000:]
     run, history = finished_run(tmp_path, "grpo")
