@@ -129,19 +129,16 @@ def eval_environment(args: argparse.Namespace):
     (`--environment my_module.Class`, built with its defaults), or None."""
     from rlvr_lightning.callbacks.reward_functions import load_function
     from rlvr_lightning.environments.base import Environment
-    from rlvr_lightning.environments.python_tool import PythonTool, PythonToolSettings
+    from rlvr_lightning.environments.python_tool import PythonToolSettings, environment_of
     from rlvr_lightning.errors import ConfigError
 
-    if args.tool_max_calls and args.environment:
-        raise ConfigError("--tool-max-calls and --environment: give one (the Python tool is an environment)")
-    if args.tool_max_calls:
-        return PythonTool(PythonToolSettings(max_calls=args.tool_max_calls))
+    tool = PythonToolSettings(max_calls=args.tool_max_calls) if args.tool_max_calls else None
     if not args.environment:
-        return None
+        return environment_of(tool, None, ("--tool-max-calls", "--environment"))
     cls = load_function(args.environment, who="--environment")
     if not (isinstance(cls, type) and issubclass(cls, Environment)):
         raise ConfigError(f"--environment: {args.environment!r} is not a subclass of rlvr_lightning.environments.base.Environment")
-    return cls()
+    return environment_of(tool, cls(), ("--tool-max-calls", "--environment"))
 
 
 def model_engine(dm, adapter=None):

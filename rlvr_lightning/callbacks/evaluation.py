@@ -320,8 +320,8 @@ class Evaluation(Callback):
             lengths.extend(rollout.response_lengths.tolist())
             no_answer += m["no_answer_frac"] * len(c)
             n_problems += len(batch)
-            for key in (k for k in rollout.metrics if k.startswith(EPISODE_METRICS)):
-                episode_sums[key] = episode_sums.get(key, 0.0) + rollout.metrics[key] * len(c)
+            for key, value in rollout.metrics.items():  # generation's: an environment's episode metrics, if any
+                episode_sums[key] = episode_sums.get(key, 0.0) + value * len(c)
         c = torch.cat(correct)
         keys = sorted(episode_sums)  # every rank runs the same environment over as many batches: the same keys
         sums = torch.tensor([c.sum().item(), len(c), sum(lengths), no_answer, n_problems, *(episode_sums[k] for k in keys)],
@@ -343,9 +343,6 @@ class Evaluation(Callback):
             "num_problems": n_problems,
         }, samples
 
-
-# Generation's metrics of answers in an environment (`environments.episodes.episode_metrics`), logged per set.
-EPISODE_METRICS = ("stop_", "turns_mean", "inserted_token_frac", "tool_", "reward_environment_mean")
 
 
 def rank_batches(records: list, rank: int, world: int, batch_size: int) -> tuple[list[list], bool]:

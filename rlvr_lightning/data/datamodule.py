@@ -18,15 +18,18 @@ from torch.utils.data import DataLoader
 from rlvr_lightning.data.batches import ResumableBatches
 from rlvr_lightning.data.sources import ProblemRecord, embedded_records, load_problems
 from rlvr_lightning.environments.base import Environment
-from rlvr_lightning.environments.python_tool import PythonTool, PythonToolSettings
+from rlvr_lightning.environments.python_tool import PythonToolSettings, environment_of
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.models.policy import load_tokenizer
+from rlvr_lightning.models.tasks import EMBEDDED_TASKS
 from rlvr_lightning.models.warm_start import EMBEDDED, resolve_policy_path
 from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.rollout.types import PromptBatch
 
 log = logging.getLogger(__name__)
 
+
+ENVIRONMENT_OPTIONS = ("data.tool", "data.environment")
 
 def context_length_problem(config, max_prompt_length: int, max_response_length: int, model: str) -> str | None:
     """Why prompt + response do not fit the model's positions (None when they do)."""
@@ -63,10 +66,11 @@ class RolloutDataModule(L.LightningDataModule):
         """
         Args:
             model_name_or_path: `embedded` (the built-in tiny model, warm-started on first use;
-                `embedded-balanced`: its warm start with about half the samples correct), an
-                HF model id, or a local HF model directory. The trainer and the engine both load it.
-            train_data: `embedded` (the built-in arithmetic task), a .jsonl/.json/.parquet file, or
-                an HF dataset name.
+                `embedded-balanced`: its warm start with about half the samples correct; `embedded-tir`: warm-started
+                on `embedded-multiply`, calling the Python tool some of the time), an HF model id, or a local HF
+                model directory. The trainer and the engine both load it.
+            train_data: `embedded` (the built-in arithmetic task), `embedded-multiply` (three-digit products: the
+                Python tool's task), a .jsonl/.json/.parquet file, or an HF dataset name.
             val_data: held-out problems for `val/accuracy` (same forms), or null for none.
             problem_field / answer_field / id_field: column names; auto-detected when null.
             prompt_template: Python format string applied to each problem (`{problem}`).
@@ -85,10 +89,7 @@ class RolloutDataModule(L.LightningDataModule):
         # plain values: a checkpoint loads weights-only
         self.hparams["tool"] = None if tool is None else asdict(tool)
         self.hparams["environment"] = None if environment is None else f"{type(environment).__module__}.{type(environment).__qualname__}"
-        if tool is not None:
-            tool.check()
-            if environment is not None:
-                raise ConfigError("data.tool and data.environment: set one (the Python tool is an environment)")
+        environment_of(tool, environment, ENVIRONMENT_OPTIONS)  # a bad tool setting or both: one line, here
         self.tool = tool
         self.environment = environment
         self.rollout = rollout if rollout is not None else RolloutSettings()
@@ -104,7 +105,7 @@ class RolloutDataModule(L.LightningDataModule):
     def make_environment(self) -> Environment | None:
         """The environment the answers are generated in: the Python tool (`tool`), one's own, or None (one
         segment per answer)."""
-        return PythonTool(self.tool) if self.tool is not None else self.environment
+        return environment_of(self.tool, self.environment, ENVIRONMENT_OPTIONS)
 
     # ---- setup -------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -162,8 +163,8 @@ class RolloutDataModule(L.LightningDataModule):
         """Problems from `embedded` (its train or test part: `embedded_part`, else `split`), a file or an
         HF dataset (`fields`: `problem_field`, `answer_field`, `id_field` of `load_problems`), without
         those whose templated prompt is longer than `max_prompt_tokens` (counted)."""
-        if source == EMBEDDED:
-            records = embedded_records(embedded_part or split)[:limit]
+        if source in EMBEDDED_TASKS:
+            records = embedded_records(embedded_part or split, task=source)[:limit]
         else:
             records = load_problems(source, split=split, limit=limit, **fields)
         if max_prompt_tokens is None:

@@ -20,7 +20,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from rlvr_lightning.models.embedded_task import train_test_split
+from rlvr_lightning.models.tasks import EMBEDDED_TASKS
 from rlvr_lightning.rewards.extraction import normalize_gold
 
 SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".parquet")
@@ -42,9 +42,9 @@ class ProblemRecord:
     answer: str  # gold final answer, normalised by `gold_from_field`
 
 
-def embedded_records(part: str) -> list[ProblemRecord]:
-    """The embedded arithmetic task's `train` or `test` problems (any other part: test)."""
-    train, test = train_test_split(seed=0)
+def embedded_records(part: str, task: str = "embedded") -> list[ProblemRecord]:
+    """An embedded task's `train` or `test` problems (any other part: test); `task`: a name in `EMBEDDED_TASKS`."""
+    train, test = EMBEDDED_TASKS[task](seed=0)
     return [ProblemRecord(p.id, p.prompt(), str(p.value)) for p in (train if part == "train" else test)]
 
 

@@ -174,5 +174,15 @@ class PythonTool(Environment):
             self._sandbox = None
 
 
+def environment_of(
+    tool: PythonToolSettings | None, environment: Environment | None, options: tuple[str, str]
+) -> Environment | None:
+    """The environment answers are generated in: the Python tool (`tool`), one's own, or None (one segment per
+    answer). Both is a one-line error naming the two `options` that set them."""
+    if tool is not None and environment is not None:
+        raise ConfigError(f"{options[0]} and {options[1]}: set one (the Python tool is an environment)")
+    return PythonTool(tool) if tool is not None else environment
+
+
 def timed_out(episode: Episode) -> bool:
     return any(c.execution.status == "timeout" for c in episode.calls)

@@ -22,8 +22,10 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
+from rlvr_lightning.models import multiplication_task
 from rlvr_lightning.models.embedded import TinyQwen2Spec, build_char_tokenizer, build_tiny_qwen2, save_policy
-from rlvr_lightning.models.embedded_task import ArithmeticProblem, flawed_demonstration, train_test_split
+from rlvr_lightning.models.embedded_task import ArithmeticProblem, flawed_demonstration
+from rlvr_lightning.models.tasks import EMBEDDED_TASKS
 
 log = logging.getLogger(__name__)
 EMBEDDED = "embedded"
@@ -41,10 +43,19 @@ class WarmStartConfig:
     task_seed: int = 0
     seed: int = 0
     spec: TinyQwen2Spec = field(default_factory=TinyQwen2Spec)
+    task: str = "embedded"  # a name in `EMBEDDED_TASKS`
+    tool_prob: float = 0.0  # embedded-multiply: the share of demonstrations that call the Python tool
 
     def key(self) -> str:
-        blob = json.dumps({"v": _FORMAT_VERSION, **asdict(self)}, sort_keys=True)
+        fields = asdict(self)
+        for name in _LATER_FIELDS:  # in the key only when set: the caches built before they existed stay valid
+            if fields[name] == WarmStartConfig.__dataclass_fields__[name].default:
+                del fields[name]
+        blob = json.dumps({"v": _FORMAT_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+_LATER_FIELDS = ("task", "tool_prob")
 
 
 def cache_root() -> Path:
@@ -84,25 +95,28 @@ def _build(cfg: WarmStartConfig, out: Path) -> None:
     tmp.rename(out)  # atomic: a half-written cache entry is never picked up
 
 
+def demonstration(problem, rng: random.Random, cfg: WarmStartConfig) -> list[tuple[str, bool]]:
+    """A flawed demonstration of `problem` as (text, trained) pieces (a tool's output is not trained on)."""
+    if isinstance(problem, multiplication_task.MultiplicationProblem):
+        return multiplication_task.flawed_demonstration(problem, rng, cfg.tool_prob, cfg.slip_prob)
+    return [(flawed_demonstration(problem, rng, cfg.wrong_format_prob, cfg.slip_prob), True)]
+
+
 def warm_start(
     model: torch.nn.Module, tokenizer, cfg: WarmStartConfig, problems: Sequence[ArithmeticProblem] | None = None
 ) -> float:
-    """Train `model` in place on flawed demonstrations of the embedded task's training problems, or of
+    """Train `model` in place on flawed demonstrations of `cfg.task`'s training problems, or of
     `problems` (each batch samples them without replacement: at least `cfg.batch_size`, repeat a short
     list); every field of `cfg` is used but `spec`, which only sizes the embedded model. Returns the
     last step's loss. Any HF causal LM with the embedded tokenizer works (`models.families`)."""
-    train = list(problems) if problems is not None else train_test_split(seed=cfg.task_seed)[0]
+    train = list(problems) if problems is not None else EMBEDDED_TASKS[cfg.task](seed=cfg.task_seed)[0]
     rng = random.Random(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     model.train()
     for step in range(cfg.steps):
         batch = rng.sample(train, cfg.batch_size)
         prompts = [tokenizer(p.prompt()).input_ids for p in batch]
-        targets = [
-            tokenizer(flawed_demonstration(p, rng, cfg.wrong_format_prob, cfg.slip_prob)).input_ids
-            + [tokenizer.eos_token_id]
-            for p in batch
-        ]
+        targets = [_target(tokenizer, demonstration(p, rng, cfg)) for p in batch]
         input_ids, labels, attn = _pack_right_padded(prompts, targets, tokenizer.pad_token_id)
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, cfg)
@@ -116,16 +130,28 @@ def warm_start(
     return loss.item()
 
 
-def _pack_right_padded(prompts: list[list[int]], targets: list[list[int]], pad_id: int):
-    """Concatenate prompt+target, right-pad, and mask the prompt out of the labels (−100)."""
-    width = max(len(p) + len(t) for p, t in zip(prompts, targets))
+def _target(tokenizer, pieces: list[tuple[str, bool]]) -> tuple[list[int], list[bool]]:
+    """The demonstration's ids then EOS, and whether each is trained on; pieces are tokenized one by one, as the
+    rollout appends a tool's output."""
+    ids, trained = [], []
+    for text, train in pieces:
+        piece = tokenizer(text).input_ids
+        ids += piece
+        trained += [train] * len(piece)
+    return ids + [tokenizer.eos_token_id], trained + [True]
+
+
+def _pack_right_padded(prompts: list[list[int]], targets: list[tuple[list[int], list[bool]]], pad_id: int):
+    """Concatenate prompt+target, right-pad, and mask the prompt and the target ids not trained on out of the
+    labels (−100)."""
+    width = max(len(p) + len(t) for p, (t, _) in zip(prompts, targets))
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     labels = torch.full_like(ids, -100)
     attn = torch.zeros_like(ids)
-    for i, (p, t) in enumerate(zip(prompts, targets)):
+    for i, (p, (t, trained)) in enumerate(zip(prompts, targets)):
         n = len(p) + len(t)
         ids[i, :n] = torch.tensor(p + t)
-        labels[i, len(p) : n] = torch.tensor(t)
+        labels[i, len(p) : n] = torch.where(torch.tensor(trained), torch.tensor(t), -100)
         attn[i, :n] = 1
     return ids, labels, attn
 
@@ -135,6 +161,8 @@ EMBEDDED_WARM_STARTS = {  # a name usable as data.model_name_or_path → the war
     # Clean demonstrations: 43% of the samples at T = 1 are correct (greedy 76%) where the default's
     # are 15%, so the rewards are close to class-balanced, the regime the REAL paper's models start in.
     "embedded-balanced": WarmStartConfig(wrong_format_prob=0.0, slip_prob=0.0),
+    # The Python tool's task (`grpo-tir`): a fifth of the demonstrations call the tool, a fifth of those mistype.
+    "embedded-tir": WarmStartConfig(task="embedded-multiply", tool_prob=0.2, slip_prob=0.2, steps=1000),
 }
 
 

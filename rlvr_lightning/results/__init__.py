@@ -26,7 +26,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rlvr_lightning.results.grid import open_comparison_run, run_name, steps_per_rollout_batch, train
+from rlvr_lightning.results.grid import open_comparison_run, preset_model, run_name, steps_per_rollout_batch, train
 from rlvr_lightning.results.page import write_page
 from rlvr_lightning.results.records import finished_runs, record_finished_runs
 
@@ -38,7 +38,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, default=3, help="seeds 0 … N−1 per preset")
     p.add_argument("--rollout-batches", type=int, default=60)
     p.add_argument("--val-size", type=int, default=200)
-    p.add_argument("--model", default="embedded", help="data.model_name_or_path of every run (e.g. embedded-balanced)")
+    p.add_argument(
+        "--model",
+        help="data.model_name_or_path of every run (e.g. embedded-balanced; default: each preset's own, `embedded` "
+        "unless it names another)",
+    )
     p.add_argument("--experiment", default="results")
     p.add_argument("--tracking-uri", default="sqlite:///mlruns/mlflow.db")
     p.add_argument("--out", type=Path, default=Path("docs/RESULTS.md"))
@@ -74,7 +78,8 @@ def main(argv: list[str] | None = None) -> None:
         for seed in args.seed_list:  # seed by seed: an interrupted run still has every preset at the first seeds
             for preset in presets:
                 name = run_name(preset.stem, seed)
-                if (name, str(args.rollout_batches * steps_per_rollout_batch(preset))) in done:
+                budget = str(args.rollout_batches * steps_per_rollout_batch(preset))
+                if (name, budget, preset_model(preset, args)) in done:
                     print(f"[results] {name}: finished before, with this budget and model (--resume)", flush=True)
                     continue
                 print(f"[results] training {name} …", flush=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from rlvr_lightning.results.stats import BASELINES, METRICS, PresetRuns, fmt, paired_difference, unpaired_seeds
+from rlvr_lightning.results.stats import METRICS, PresetRuns, baseline_of, fmt, paired_difference, unpaired_seeds
 
 EQUAL_MARGIN = 0.02  # a claim of equality holds when the paired difference's interval lies within ±this
 # (paper claim, preset, metric column, +1: the preset should be higher than its baseline, 0: equal to it
@@ -35,6 +35,8 @@ CLAIMS = [
     ("MaxRL raises pass@8 above GRPO", "maxrl", "pass@8", +1),
     # Asynchronous RL's premise: training two versions off policy (with partial rollouts) learns as synchronous does.
     ("GRPO two versions ahead with partial rollouts learns as synchronous GRPO", "grpo-async", "val/accuracy", 0),
+    # ToRL's and SimpleTIR's premise, on a task the model cannot do in its head: RL teaches it to call the tool.
+    ("The Python tool raises accuracy above GRPO without it", "grpo-tir", "val/accuracy", +1),
 ]
 
 
@@ -65,7 +67,7 @@ def claims_table(results: dict[str, PresetRuns]) -> list[str]:
     by_column = {col: (key, how) for col, key, how in METRICS}
     for claim, preset, column, direction, *baseline in CLAIMS:
         pr = results.get(preset)
-        base = baseline[0] if baseline else BASELINES.get(pr.steps_per_batch) if pr else None
+        base = baseline[0] if baseline else baseline_of(preset, pr.steps_per_batch) if pr else None
         if pr is None or base not in results:
             lines.append(f"| {claim} | {preset} − {base or 'its baseline'} | {column} | – | 0 | not run |")
             continue

@@ -26,6 +26,18 @@ def steps_per_rollout_batch(preset: Path) -> int:
     return StepSettings.of_config(model).optimizer_steps_per_rollout_batch
 
 
+def preset_model(preset: Path, args: argparse.Namespace) -> str:
+    """The warm start a preset's runs begin from: `--model` when given, else the preset's own
+    `data.model_name_or_path` (`grpo-tir`'s `embedded-tir`), else `configs/base.yaml`'s."""
+    if args.model:
+        return args.model
+    for config in (preset, args.configs / "base.yaml"):
+        data = (yaml.safe_load(config.read_text()) or {}).get("data") or {}
+        if data.get("model_name_or_path"):
+            return str(data["model_name_or_path"])
+    return "embedded"
+
+
 def run_name(preset: str, seed: int) -> str:
     return f"{preset}-seed{seed}"
 
@@ -36,7 +48,7 @@ def train(preset: Path, seed: int, args: argparse.Namespace) -> tuple[int, float
         sys.executable, "-m", "rlvr_lightning", "fit", "--config", str(args.configs / "base.yaml"), "--config", str(preset),
         f"--rollout_batches={args.rollout_batches}",
         f"--seed_everything={seed}", f"--data.seed={seed}", f"--data.val_size={args.val_size}",
-        f"--data.model_name_or_path={args.model}",
+        f"--data.model_name_or_path={preset_model(preset, args)}",
         f"--trainer.logger.init_args.experiment_name={args.experiment}",
         f"--trainer.logger.init_args.tracking_uri={args.tracking_uri}", f"--trainer.logger.init_args.run_name={name}",
         "--trainer.enable_progress_bar=false",
@@ -59,6 +71,8 @@ def open_comparison_run(args: argparse.Namespace):
     client = mlflow.tracking.MlflowClient(tracking_uri=args.tracking_uri)
     experiment_id = ensure_experiment(client, args.experiment)
     run = client.create_run(
-        experiment_id, run_name="results", tags={"model": args.model, "command": " ".join(args.argv)}
+        experiment_id,
+        run_name="results",
+        tags={"model": args.model or "each preset's own", "command": " ".join(args.argv)},
     )
     return client, run.info.run_id

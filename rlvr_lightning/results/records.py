@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rlvr_lightning.results.grid import run_name, steps_per_rollout_batch
+from rlvr_lightning.results.grid import preset_model, run_name, steps_per_rollout_batch
 from rlvr_lightning.results.stats import METRICS, PresetRuns
 from rlvr_lightning.run_records import RunRecord, read_records, record_from_mlflow, write_record
 
@@ -35,21 +35,20 @@ def record_finished_runs(args: argparse.Namespace, names: set[str]) -> None:
             write_record(record_from_mlflow(client, run, METRICS), records_dir(args))
 
 
-def finished_runs(args: argparse.Namespace) -> set[tuple[str, str]]:
-    """(run name, trainer.max_steps) of the runs on `args.model` that the records or the experiment hold."""
+def finished_runs(args: argparse.Namespace) -> set[tuple[str, str, str]]:
+    """(run name, trainer.max_steps, data.model_name_or_path) of the finished runs the records or the experiment
+    hold."""
     import mlflow
 
     client = mlflow.tracking.MlflowClient(tracking_uri=args.tracking_uri)
     exp = client.get_experiment_by_name(args.experiment)
     runs = client.search_runs([exp.experiment_id], max_results=5000) if exp else []
     done = {
-        (r.info.run_name, r.data.params.get("trainer.max_steps"))
+        (r.info.run_name, r.data.params.get("trainer.max_steps"), r.data.params.get("data.model_name_or_path"))
         for r in runs
-        if r.info.status == "FINISHED" and r.data.params.get("data.model_name_or_path") == args.model
+        if r.info.status == "FINISHED"
     }
-    return done | {
-        (name, rec.max_steps) for name, rec in read_records(records_dir(args)).items() if rec.model == args.model
-    }
+    return done | {(name, rec.max_steps, rec.model) for name, rec in read_records(records_dir(args)).items()}
 
 
 def load_presets(records: dict[str, RunRecord], presets: list[Path], args: argparse.Namespace) -> dict[str, PresetRuns]:
@@ -60,7 +59,7 @@ def load_presets(records: dict[str, RunRecord], presets: list[Path], args: argpa
         runs = {
             s: rec.run
             for s in args.seed_list
-            if (rec := records.get(run_name(preset.stem, s))) and rec.matches(budget, args.model)
+            if (rec := records.get(run_name(preset.stem, s))) and rec.matches(budget, preset_model(preset, args))
         }
         if runs:
             out[preset.stem] = PresetRuns(preset.stem, steps_per_rollout_batch(preset), runs)

@@ -22,8 +22,17 @@ METRICS = [  # (column, metric key, summary of one run's history: the final valu
     ("train accuracy (last 10)", "train/accuracy", "tail_mean"),
     ("entropy (last 10)", "train/entropy", "tail_mean"),
     ("s / rollout batch", "time/step", "mean"),
+    ("answers calling the tool", "val/tool_answers_with_call", "last"),  # a column only where a preset has a tool
 ]
 BASELINES = {1: "grpo", 4: "grpo-real-baseline"}  # the GRPO run with the same optimizer steps per rollout batch
+# Presets on another task than the default's: the GRPO run on the same task and warm start.
+TASK_BASELINES = {"grpo-tir": "grpo-tir-baseline"}
+
+
+def baseline_of(preset: str, steps_per_batch: int) -> str | None:
+    """The preset a preset's paired differences are taken against (None: itself, or none)."""
+    base = TASK_BASELINES.get(preset) or BASELINES.get(steps_per_batch)
+    return None if base == preset or preset in TASK_BASELINES.values() else base
 
 
 def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:

@@ -270,11 +270,14 @@ def test_a_config_error_is_one_line(args, expected, capsys, tmp_path, monkeypatc
          "error: piece_args.sapo_tau_poz is read by none of the selected pieces"),
         (["--model.init_args.policy_loss", "sapo", "--model.init_args.piece_args", "{sapo_tau_pos: -1.0}"],
          "error: model.policy_loss=sapo: the gate's temperatures must be > 0"),
+        (["--data.tool.max_calls", "2", "--data.environment", "rlvr_lightning.environments.python_tool.PythonTool"],
+         "error: data.tool and data.environment: set one"),
     ],
-    ids=["misspelt-piece-args-key", "failing-knob-check"],
+    ids=["misspelt-piece-args-key", "failing-knob-check", "tool-and-environment"],
 )  # fmt: skip
 def test_a_knob_the_module_refuses_is_one_line(args, expected, capsys, tmp_path, monkeypatch):
-    """Refused while the module is built, before any weights: a misspelt `piece_args` key, a piece's own check."""
+    """Refused while the module is built, before any weights: a misspelt `piece_args` key, a piece's own check, the
+    Python tool and an environment of one's own both set."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["rlvr_lightning"])
     monkeypatch.setattr(logging.root, "handlers", [])  # main's logging.basicConfig binds this test's stderr, not an earlier one's
@@ -349,7 +352,8 @@ def test_a_researchers_own_loss_and_estimator_train_and_name_the_run(tmp_path, t
     """The acceptance run: a loss and an estimator written outside the package, loaded with `--imports`,
     selected by their registered names; the run's name, tags, params and summary say which pieces ran."""
     args = [*small_run_args(tmp_path, tiny_policy_dir), "--rollout_batches", "1", "--imports", "my_rl_pieces",
-            *OWN_ARGS, "--model.init_args.piece_args", "{centred_scale: 0.5}"]  # fmt: skip
+            *OWN_ARGS, "--model.init_args.piece_args", "{centred_scale: 0.5}",
+            "--rollout.engine", "hf"]  # the pieces are the engine's concern in no way; HF starts faster  # fmt: skip
     proc = run_cli(args, tmp_path, pythonpath=(own_pieces,))
     assert proc.returncode == 0, proc.stderr[-4000:]
     name = "grpo+advantage_estimator=centred+policy_loss=plain-ratio"

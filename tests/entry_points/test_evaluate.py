@@ -88,9 +88,11 @@ def test_lightning_checkpoint_becomes_an_hf_directory_with_its_weights(tmp_path,
 
 @pytest.mark.e2e
 def test_eval_in_a_users_environment_logs_its_episode_metrics(tmp_path, quick_warm_start, monkeypatch):
-    """`make eval ARGS="--environment my_environment.SecondChance"` (docs/examples): the answers get their second
-    try, and the set's metrics hold the episodes' (turns, inserted tokens, why they stopped)."""
+    """`make eval ARGS="--environment my_environment.SecondChance"` (docs/examples), with a metric of the user's own:
+    the answers get their second try, and the set's metrics hold the episodes' (turns, inserted tokens, why they
+    stopped) and the environment's own."""
     import sys
+    import types
 
     import mlflow
 
@@ -98,14 +100,22 @@ def test_eval_in_a_users_environment_logs_its_episode_metrics(tmp_path, quick_wa
 
     monkeypatch.syspath_prepend(str(REPO / "docs" / "examples"))
     monkeypatch.delitem(sys.modules, "my_environment", raising=False)
+    from my_environment import SecondChance
+
+    class Counted(SecondChance):
+        def metrics(self, episodes):
+            return {"second_tries": sum(e.turns > 1 for e in episodes) / len(episodes)}
+
+    monkeypatch.setitem(sys.modules, "my_counted_environment", types.SimpleNamespace(Counted=Counted))
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     main(["--model", str(quick_warm_start[1]), "--bench", "embedded", "--limit", "8", "--n", "2", "--k", "1",
-          "--max-tokens", "96", "--engine", "hf", "--no-greedy", "--environment", "my_environment.SecondChance",
+          "--max-tokens", "96", "--engine", "hf", "--no-greedy", "--environment", "my_counted_environment.Counted",
           "--tracking-uri", uri, "--run-name", "second-chance"])  # fmt: skip
     client = mlflow.tracking.MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([client.get_experiment_by_name("rlvr_lightning").experiment_id])
     m = run.data.metrics
     assert 1 < m["eval/embedded/turns_mean"] <= 2 and 0 < m["eval/embedded/inserted_token_frac"] < 1
+    assert m["eval/embedded/second_tries"] == pytest.approx(m["eval/embedded/turns_mean"] - 1)
     ends = sum(m[f"eval/embedded/stop_{r}_frac"] for r in ("answered", "length", "max_turns"))
     assert ends == pytest.approx(1.0)
 
@@ -115,7 +125,8 @@ def test_eval_in_a_users_environment_logs_its_episode_metrics(tmp_path, quick_wa
     [
         (["--environment", "my_missing_envs.Countdown"], "error: --environment: cannot import 'my_missing_envs.Countdown'"),
         (["--environment", "json.dumps"], "error: --environment: 'json.dumps' is not a subclass of"),
-        (["--environment", "json.dumps", "--tool-max-calls", "2"], "error: --tool-max-calls and --environment: give one"),
+        (["--environment", "rlvr_lightning.environments.python_tool.PythonTool", "--tool-max-calls", "2"],
+         "error: --tool-max-calls and --environment: set one"),
     ],
 )
 def test_a_bad_eval_environment_is_one_line(tmp_path, tiny_policy_dir, capsys, args, message):

@@ -96,7 +96,10 @@ def import_class(class_path: str) -> type:
 
 def same(actual, expected) -> bool:
     """Equality across YAML's spellings: PyYAML reads `1e-3` (no dot) as a string, jsonargparse as a float;
-    paths come back as `Path`, lists may come back as tuples; a bool is never equal to a number."""
+    paths come back as `Path`, lists may come back as tuples; a bool is never equal to a number; a section
+    (`data.tool`) holds what the preset sets, and the defaults of what it leaves out."""
+    if isinstance(expected, dict):
+        return isinstance(actual, dict) and all(k in actual and same(actual[k], v) for k, v in expected.items())
     if isinstance(actual, Path):
         actual = str(actual)
     if isinstance(actual, tuple):

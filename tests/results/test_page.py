@@ -51,3 +51,42 @@ def test_page_from_a_real_mlflow_store(tmp_path):
     assert "| oar-g − grpo | val/accuracy | -0.050 ± 0.000 | 3 | contradicted |" in row  # −0.05 at every seed
     assert "| grpo | GRPO | 1 | 3 | 0.150 → 0.223 ± 0.063 |" in page  # sd 0.0252 × t(0.975, 2) 4.303 / √3
     assert "| OAR-P above GRPO | oar-p − its baseline | val/accuracy | – | 0 | not run |" in page
+
+
+def test_a_preset_on_its_own_task_keeps_its_warm_start_and_pairs_with_its_baseline(tmp_path, monkeypatch):
+    """`grpo-tir` names its warm start (`embedded-tir`): `make results` trains it from there, not from base.yaml's,
+    counts its finished runs on that model, and takes its paired differences against `grpo-tir-baseline`."""
+    import mlflow
+
+    import rlvr_lightning.results as results  # main looks `train` up there: the one to replace
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("results", artifact_location=str(tmp_path / "artifacts"))
+    finals = {"grpo-tir": [0.60, 0.70], "grpo-tir-baseline": [0.02, 0.03], "grpo": [0.3, 0.3]}
+    for preset, values in finals.items():
+        model = "embedded" if preset == "grpo" else "embedded-tir"
+        for seed, final in enumerate(values):
+            run = client.create_run(exp, run_name=f"{preset}-seed{seed}", tags={"algorithm": "GRPO"})
+            log_budget(client, run, "60", model)
+            for key in ("val/accuracy", "val/accuracy_greedy"):
+                client.log_metric(run.info.run_id, key, 0.05, step=0)
+                client.log_metric(run.info.run_id, key, final, step=60)
+            client.set_terminated(run.info.run_id)
+    trained = []
+    monkeypatch.setattr(results, "train", lambda preset, seed, args: (trained.append((preset.stem, seed)), (0, 1.0))[1])
+    out = tmp_path / "R.md"
+    main(["--resume", "--algos", "grpo", "grpo-tir", "grpo-tir-baseline", "--seeds", "3", "--tracking-uri", uri,
+          "--out", str(out), "--log-dir", str(tmp_path / "logs")])  # fmt: skip
+    assert trained == [("grpo", 2), ("grpo-tir", 2), ("grpo-tir-baseline", 2)]  # seeds 0 and 1 counted as done
+    page = out.read_text()
+    assert page.startswith("# Results: grpo, grpo-tir, grpo-tir-baseline on `embedded`, `embedded-tir`, over seeds")
+    assert "warm-started as `embedded` on the embedded arithmetic task (`grpo-tir, grpo-tir-baseline` as `embedded-tir`, on the task their preset names)" in page
+    assert "| grpo-tir | grpo-tir-baseline | 0.625 ± " in page  # +0.58, +0.67
+    assert not any(line.startswith("| grpo-tir-baseline | grpo |") for line in page.splitlines())
+    row = next(line for line in page.splitlines() if line.startswith("| The Python tool raises accuracy"))
+    assert "| grpo-tir − grpo-tir-baseline | val/accuracy | 0.625 ± " in row and row.endswith("| 2 | reproduced |")
+    trained.clear()  # --model still sets every run's warm start: then the runs on embedded-tir do not count
+    main(["--resume", "--model", "embedded-balanced", "--algos", "grpo-tir", "--seeds", "1", "--tracking-uri", uri,
+          "--out", str(out), "--log-dir", str(tmp_path / "logs")])  # fmt: skip
+    assert trained == [("grpo-tir", 0)]
