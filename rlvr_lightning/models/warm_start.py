@@ -161,8 +161,10 @@ EMBEDDED_WARM_STARTS = {  # a name usable as data.model_name_or_path → the war
     # Clean demonstrations: 43% of the samples at T = 1 are correct (greedy 76%) where the default's
     # are 15%, so the rewards are close to class-balanced, the regime the REAL paper's models start in.
     "embedded-balanced": WarmStartConfig(wrong_format_prob=0.0, slip_prob=0.0),
-    # The Python tool's task (`grpo-tir`): a fifth of the demonstrations call the tool, a fifth of those mistype.
-    "embedded-tir": WarmStartConfig(task="embedded-multiply", tool_prob=0.2, slip_prob=0.2, steps=1000),
+    # The Python tool's task (`grpo-tir`): half the demonstrations call the tool, a fifth of those mistyping a factor.
+    # 2000 steps: copying the factors into the call is learned by 1000; copying the output into the answer, which
+    # the answers in the head compete with, reaches about a quarter of the calls by 2000 (docs/tools.md).
+    "embedded-tir": WarmStartConfig(task="embedded-multiply", tool_prob=0.5, slip_prob=0.2, steps=2000),
 }
 
 

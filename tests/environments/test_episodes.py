@@ -169,3 +169,73 @@ def test_make_list_shows_the_built_in_environment_and_a_users(monkeypatch, capsy
     assert "PythonTool The Python tool of tool-integrated reasoning: " in text and "answer. (--data.tool.*)" in text
     assert "SecondChance A wrong first answer is told so and may try once more; a right first answer earns the most. " \
            "(--data.environment my_environment.SecondChance)" in text
+
+
+class Digits(Environment):
+    """Ends a segment at any digit and replies with another, twice: where a BPE tokenizer merges digits, the reply's
+    text joins the model's last token into strings a fresh encoding splits otherwise."""
+
+    max_turns = 3
+    stop = tuple("0123456789")
+
+    def reply(self, episodes):
+        return [Reply("5") if e.turns < self.max_turns else Reply(stop="answered") for e in episodes]
+
+
+@pytest.fixture(scope="module")
+def bpe_policy_dir(tmp_path_factory):
+    """A random tiny Qwen2 with a byte-level BPE tokenizer that has merges (digit pairs among them), unlike the
+    embedded tokenizer's one token per byte, for which decoding and encoding again gives back the same ids."""
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from rlvr_lightning.models.embedded import EOS, PAD, UNK, TinyQwen2Spec, build_tiny_qwen2, save_policy
+
+    rng = random.Random(0)
+    corpus = [f"What is {rng.randint(0, 999)}*{rng.randint(0, 999)}? {rng.randint(0, 10**6)}" for _ in range(4000)]
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=[PAD, EOS, UNK],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    core.train_from_iterator(corpus, trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token=UNK, padding_side="left")
+    assert len(tok("12345").input_ids) < 5  # it merges
+    return save_policy(build_tiny_qwen2(tok, TinyQwen2Spec(num_hidden_layers=2), seed=0), tok, tmp_path_factory.mktemp("bpe"))
+
+
+def test_a_bpe_tokenizers_episodes_keep_the_engines_ids_where_encoding_the_text_again_would_not(bpe_policy_dir):
+    """Token-in/token-out where it matters: with merges, the text of sampled ids and a reply encodes to other ids,
+    yet every episode's ids are its sampled segments with the reply's own encoding between them, and the trainer's
+    log-probs of those ids equal the engine's on every sampled token (the HF engine)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlvr_lightning.data.datamodule import RolloutDataModule
+    from rlvr_lightning.evaluate import model_engine
+    from rlvr_lightning.models.forward import sequence_logprobs
+    from rlvr_lightning.rollout.settings import RolloutSettings
+
+    dm = RolloutDataModule(model_name_or_path=str(bpe_policy_dir), batch_size=2, val_data=None,
+                           rollout=RolloutSettings(engine="hf", max_response_length=32))  # fmt: skip
+    dm.setup("fit")
+    tok, engine = dm.tokenizer, model_engine(dm)
+    batch = dm.collate(dm.train_records[:2])
+    prompts = [tok(p, add_special_tokens=False).input_ids for p in batch.prompts]
+    try:
+        groups = generate_episodes(engine, tok, prompts, dm.rollout.sampling(group_size=4, seed=0), Digits(), batch)
+    finally:
+        engine.close()
+    episodes = [e for group in groups for e in group]
+    five = tok("5", add_special_tokens=False).input_ids
+    replied = [e for e in episodes if 0 in e.sampled]
+    assert len(replied) >= 4, [e.stop for e in episodes]
+    policy = AutoModelForCausalLM.from_pretrained(bpe_policy_dir, dtype=torch.float32)
+    for e in replied:
+        inserted = [i for i, s in enumerate(e.sampled) if s == 0]
+        assert [e.ids[i] for i in inserted] == five * (len(inserted) // len(five)) and inserted
+        trainer = sequence_logprobs(policy, e.prompt, e.ids)
+        assert max(abs(trainer[i] - e.logprobs[i]) for i, s in enumerate(e.sampled) if s) < 1e-4
+    # what keeping the ids prevents: the same text, encoded again, is other ids
+    assert any(tok(tok.decode(e.ids), add_special_tokens=False).input_ids != e.ids for e in replied)
