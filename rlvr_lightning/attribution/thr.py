@@ -117,18 +117,40 @@ def thr_token_weights(
 
 @dataclass
 class GroupScores:
-    """THR of one mixed group, its tokens concatenated rollout after rollout."""
+    """THR of one mixed group, over the tokens its policy sampled (an environment's inserted tokens have no loss,
+    so no THR: they are context only), concatenated rollout after rollout."""
 
     group: int
-    lengths: list[int]  # response length of each of the G rollouts
+    lengths: list[int]  # sampled tokens of each of the G rollouts
     seq: torch.Tensor  # [n] rollout index within the group
     correct: torch.Tensor  # [G] bool
     scores: torch.Tensor  # [n] s
     thr: torch.Tensor  # [n] Â·s
     entropy: torch.Tensor  # [n] entropy of π_old
+    positions: list[torch.Tensor] | None = None  # each rollout's sampled positions in its response; None: all
 
     def per_rollout(self, values: torch.Tensor) -> list[torch.Tensor]:
+        """`values` [n] split by rollout: its sampled tokens' values."""
         return list(values.split(self.lengths))
+
+    def per_response(self, values: torch.Tensor, response_lengths: list[int], fill: float) -> list[torch.Tensor]:
+        """`values` [n] as each rollout's whole response [L_j], `fill` at the positions an environment inserted."""
+        parts = self.per_rollout(values)
+        if self.positions is None:
+            return parts
+        out = []
+        for part, where, length in zip(parts, self.positions, response_lengths):
+            full = torch.full((length,), fill, dtype=part.dtype, device=part.device)
+            full[where.to(part.device)] = part
+            out.append(full)
+        return out
+
+
+def sampled_positions(token_ids: list[int], sampled: list[int]) -> torch.Tensor:
+    """The positions of a response's tokens that its policy sampled (all when nothing was inserted)."""
+    if not sampled:
+        return torch.arange(len(token_ids))
+    return torch.tensor([i for i, s in enumerate(sampled) if s], dtype=torch.long)
 
 
 def rollout_thr(
@@ -145,16 +167,19 @@ def rollout_thr(
         seqs = range(group * G, (group + 1) * G)
         if group * G not in hidden_states:
             continue
-        hidden = torch.cat([hidden_states[n] for n in seqs])
+        completions = [rollout.completions[n] for n in seqs]
+        inserted = any(0 in c.sampled for c in completions)
+        where = [sampled_positions(c.token_ids, c.sampled) for c in completions]
+        hidden = torch.cat([hidden_states[n][w.to(hidden_states[n].device)] for n, w in zip(seqs, where)])
         if isinstance(lm_head, torch.nn.Module):  # captured hidden states wait in host memory
             hidden = hidden.to(next(lm_head.parameters()).device)
         device = hidden.device
-        tokens = torch.cat([torch.tensor(rollout.completions[n].token_ids, dtype=torch.long) for n in seqs])
-        lengths = [len(rollout.completions[n].token_ids) for n in seqs]
+        tokens = torch.cat([torch.tensor(c.token_ids, dtype=torch.long)[w] for c, w in zip(completions, where)])
+        lengths = [len(w) for w in where]
         seq = torch.repeat_interleave(torch.arange(G), torch.tensor(lengths)).to(device)
         correct = rollout.correct[group * G : (group + 1) * G].bool().to(device)
         scores, entropy = group_thr_scores(
             hidden, tokens.to(device), seq, correct, lm_head, rollout.sampling.temperature, chunk_size
         )
         thr = advantages[group * G : (group + 1) * G].to(device)[seq] * scores
-        yield GroupScores(group, lengths, seq, correct, scores, thr, entropy)
+        yield GroupScores(group, lengths, seq, correct, scores, thr, entropy, where if inserted else None)

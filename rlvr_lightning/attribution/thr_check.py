@@ -42,8 +42,9 @@ def thr_sign_check(
     thr_tok = torch.zeros_like(t.response_mask)
     G = rollout.group_size
     for gs in rollout_thr(rollout, advantages, hidden, PolicyHead(policy)):
-        for j, thr_j in enumerate(gs.per_rollout(gs.thr)):
-            thr_tok[gs.group * G + j, : gs.lengths[j]] = thr_j
+        group_lengths = lengths[gs.group * G : (gs.group + 1) * G]
+        for j, thr_j in enumerate(gs.per_response(gs.thr, group_lengths, fill=0.0)):  # inserted tokens: no THR
+            thr_tok[gs.group * G + j, : len(thr_j)] = thr_j
     correct_tok = rollout.correct.float()[:, None] * t.response_mask
     adv_tok = advantages.float()[:, None] * t.response_mask
     j0 = (logp0 * correct_tok).sum()

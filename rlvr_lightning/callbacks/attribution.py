@@ -38,6 +38,8 @@ from rlvr_lightning.seeding import OAR_NOISE_STREAM, derived_seed
 
 
 class THRAttribution(AdvantageShaper):
+    weighs_sampled_tokens_only = True  # `attribution.thr.rollout_thr` scores the sampled tokens; inserted ones weigh 1
+
     def __init__(
         self,
         p: float = 0.0,
@@ -115,7 +117,8 @@ class THRAttribution(AdvantageShaper):
                 gs.scores, gs.thr, gs.seq, gs.correct, self.threshold, self.beta_anchor, self.quantile, self.thr_abs
             )
             w = thr_token_weights(gs.thr, dominant, self.p, self.mode).cpu()
-            weights.update({gs.group * G + j: w_j for j, w_j in enumerate(gs.per_rollout(w))})
+            lengths = [len(batch.rollout.completions[gs.group * G + j].token_ids) for j in range(G)]
+            weights.update({gs.group * G + j: w_j for j, w_j in enumerate(gs.per_response(w, lengths, fill=1.0))})
             thr = gs.thr.cpu()
             self._stats.add(dominant=dominant.cpu(), positive=thr > 0, negative=thr < 0, abs=thr.abs())
             self._sample.add(thr.abs(), gs.entropy.float().cpu())  # jointly: the Spearman needs the pairs

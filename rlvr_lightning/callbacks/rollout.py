@@ -35,7 +35,12 @@ class AdvantageShaper(RolloutCallback):
     `weights_from_hidden`, read from a forward that runs anyway (the θ_old pass, or the update's own
     forward when that runs at θ_old), a few whole groups at a time, each group exactly once (so a
     shaper knows its batch is fully scored when it has seen every group it asked for).
+
+    `weighs_sampled_tokens_only`: True for a shaper that leaves an environment's inserted tokens (a tool's output,
+    `Completion.sampled`) out of its weights and their normalisation; a run in an environment refuses the others.
     """
+
+    weighs_sampled_tokens_only: bool = False
 
     def token_weights(self, step: StepContext, batch: ScoredBatch) -> torch.Tensor | None:
         """Weights [N, T'] of the whole rollout batch computed from it and the policy at θ_old (OAR),

@@ -127,6 +127,6 @@ def check_environment(name: str, rollout: Any, shapers: tuple[str, ...]) -> None
         )
     if shapers:
         raise ConfigError(
-            f"{name} with {', '.join(shapers)}: THR and OAR do not yet leave the inserted tokens out of their "
-            "weights' normalisation; train in an environment without them for now"
+            f"{name} with {', '.join(shapers)}: it does not leave the inserted tokens out of its weights' "
+            "normalisation (THRAttribution does; OAR not yet); train in an environment without it for now"
         )

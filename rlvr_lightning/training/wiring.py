@@ -28,7 +28,8 @@ def resolve_step(settings: StepSettings, trainer: Any, device: Any, check: bool 
     shapers = tuple(type(cb).__name__ for cb in advantage_shapers(trainer))
     chosen = [name for name in ("tool", "environment") if getattr(dm, name, None) is not None]
     if check and chosen:
-        check_environment(f"data.{chosen[0]}", dm.rollout, shapers)
+        unaware = tuple(type(cb).__name__ for cb in advantage_shapers(trainer) if not cb.weighs_sampled_tokens_only)
+        check_environment(f"data.{chosen[0]}", dm.rollout, unaware)
     return settings.resolve(dm.rollout, dm.hparams.batch_size, accelerator_of_device(device), shapers, check)
 
 

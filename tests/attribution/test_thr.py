@@ -90,6 +90,38 @@ def test_matches_the_reference_listing_of_the_spec():
     torch.testing.assert_close(dominant_tokens(s, thr, seq, correct, "quantile", quantile=0.8), thr.abs() >= cut)
 
 
+def test_an_environments_inserted_tokens_get_no_thr_and_change_none_of_the_sampled_tokens():
+    """THR reads the tokens the policy sampled: a group whose responses hold inserted tokens (a tool's output) scores
+    its sampled tokens exactly as the same group without them (their θ_old LM-head inputs given), and its weights
+    are 1 at the inserted positions."""
+    from rlvr_lightning.attribution.thr import rollout_thr
+    from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
+
+    head, hidden, tokens, seq = random_group(seed=7, lengths=(5, 6, 4, 5))
+    sampled = [[1, 1, 0, 0, 1], [1, 0, 1, 1, 1, 1], [1, 1, 1, 1], [0, 1, 1, 0, 1]]  # 0: inserted
+
+    def rollout_of(keep_inserted: bool):
+        completions, states = [], {}
+        for j, mask in enumerate(sampled):
+            keep = [i for i, s in enumerate(mask) if s or keep_inserted]
+            rows = (seq == j).nonzero().squeeze(1)[keep]
+            states[j] = hidden[rows]
+            completions.append(Completion(tokens[rows].tolist(), [0.0] * len(keep), "stop",
+                                          sampled=[mask[i] for i in keep] if keep_inserted else []))  # fmt: skip
+        rollout = Rollout(batch=PromptBatch(["p"], ["q"], ["1"]), group_size=4, prompt_ids=[[1]],
+                          completions=completions, sampling=SamplingConfig(group_size=4), policy_version=0,
+                          correct=torch.tensor([1.0, 0.0, 1.0, 0.0]))  # fmt: skip
+        (gs,) = rollout_thr(rollout, torch.tensor([1.0, -1.0, 1.0, -1.0]), states, head)
+        return rollout, gs
+
+    with_tool, gs = rollout_of(True)
+    _, plain = rollout_of(False)
+    torch.testing.assert_close(gs.thr, plain.thr)
+    assert gs.lengths == plain.lengths == [sum(m) for m in sampled]
+    weights = gs.per_response(torch.full_like(gs.thr, 2.0), [len(c.token_ids) for c in with_tool.completions], fill=1.0)
+    assert [w.tolist() for w in weights] == [[2.0 if s else 1.0 for s in m] for m in sampled]
+
+
 def test_dominance_on_hand_values():
     s = torch.tensor([3.0, 1.0, -0.5, 2.0, -4.0, 0.1])
     seq = torch.tensor([0, 0, 1, 1, 2, 2])
@@ -235,6 +267,27 @@ def test_callback_reweights_mixed_groups_only(tiny_policy_dir, p, micro_batch_si
     assert (near[0] | near[1] | near[2]).all() and (near[0] | near[1]).any()
     assert metrics["thr/dominant_frac"] == 1.0
     assert metrics["thr/positive_frac"] + metrics["thr/negative_frac"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("micro_batch_size", [4, 3])
+def test_in_an_environment_thr_weighs_the_sampled_tokens_and_leaves_the_inserted_ones_at_one(tiny_policy_dir, micro_batch_size):
+    """Through the module's preparation and update (THR read in the update's forward, or in the θ_old pass): the
+    tokens a tool inserted weigh exactly 1 and are not counted in THR's metrics; every sampled token of a mixed
+    group is reweighted (threshold `all`)."""
+    from tests.training.test_inserted_tokens import SAMPLED, with_inserted_tokens
+
+    thr = THRAttribution(p=0.3, threshold="all")
+    module = with_thr(GRPO, tiny_policy_dir, thr, compute=ComputeSettings(micro_batch_size=micro_batch_size))
+    rollout = with_inserted_tokens(sample_rollout(module))
+    scored, inputs, _ = module.rlvr_step.prepare(module.step_context(), rollout)
+    gradient(module, inputs, micro_batch_size)
+    w, sampled = inputs.token_weights(), inputs.tensors.loss_mask.bool()
+    inserted = inputs.tensors.response_mask.bool() & ~sampled
+    assert inserted.sum() == sum(m.count(0) for m in SAMPLED.values()) and (w[inserted] == 1.0).all()
+    c = rollout.correct.view(-1, 4)
+    mixed = ((c.sum(1) > 0) & (c.sum(1) < 4)).repeat_interleave(4)[:, None] & sampled
+    assert mixed.any() and torch.isclose(w[mixed], torch.tensor(1.3)).logical_or(torch.isclose(w[mixed], torch.tensor(0.7))).all()
+    assert thr.batch_metrics()["thr/tokens"] == mixed.sum().item()
 
 
 def test_thr_read_in_the_update_equals_a_separate_theta_old_pass(tiny_policy_dir):
