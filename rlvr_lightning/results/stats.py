@@ -81,13 +81,16 @@ class PresetRuns:
 START_KEY = next(key for column, key, _ in METRICS if column == "greedy")
 
 
-def same_start(a: RunHistory, b: RunHistory) -> bool:
+def same_start(a: RunHistory, b: RunHistory, same_evaluation: bool = True) -> bool:
     """Whether two runs began from the same weights and held-out evaluation: the same warm-start digest where
     both runs tagged one, and equal step-0 greedy accuracies. That accuracy depends on no seed, so it differs
     only where the weights, the verifier or the evaluation did (runs on another build of the warm start, say);
-    such runs are not paired. Runs without either cannot tell."""
+    such runs are not paired. Runs without either cannot tell. `same_evaluation` False: the weights only (a
+    preset and its task baseline evaluate differently by design: with the tool and without)."""
     if a.warm_start and b.warm_start and a.warm_start != b.warm_start:
         return False
+    if not same_evaluation:
+        return True
     first_a, first_b = a.history.get(START_KEY, [])[:1], b.history.get(START_KEY, [])[:1]
     return not first_a or not first_b or list(first_a[0]) == list(first_b[0])
 
@@ -95,7 +98,8 @@ def same_start(a: RunHistory, b: RunHistory) -> bool:
 def unpaired_seeds(preset: PresetRuns, baseline: PresetRuns) -> list[int]:
     """The seeds both finished whose runs began from different evaluations (`same_start`)."""
     both = sorted(preset.runs.keys() & baseline.runs.keys())
-    return [s for s in both if not same_start(preset.runs[s], baseline.runs[s])]
+    evaluation = TASK_BASELINES.get(preset.name) != baseline.name
+    return [s for s in both if not same_start(preset.runs[s], baseline.runs[s], evaluation)]
 
 
 def paired_difference(preset: PresetRuns, baseline: PresetRuns, key: str, how: str) -> tuple[float, float, int]:
