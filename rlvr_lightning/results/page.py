@@ -131,6 +131,8 @@ def warm_starts(args: argparse.Namespace, presets: list[Path]) -> tuple[str, str
     others = [f"`{', '.join(names)}` as `{model}`" for model, names in by_model.items() if model != default]
     if not others:
         return title, f"warm-started as `{default}`, on the embedded arithmetic task"
+    if default not in by_model:  # every preset names its own
+        return title, f"warm-started as each preset names ({'; '.join(others)}), on the task it names"
     return title, (
         f"warm-started as `{default}` on the embedded arithmetic task ({'; '.join(others)}, on the task their preset "
         "names)"
