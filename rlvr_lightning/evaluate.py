@@ -133,12 +133,13 @@ def eval_environment(args: argparse.Namespace):
     from rlvr_lightning.errors import ConfigError
 
     tool = PythonToolSettings(max_calls=args.tool_max_calls) if args.tool_max_calls else None
-    if not args.environment:
-        return environment_of(tool, None, ("--tool-max-calls", "--environment"))
-    cls = load_function(args.environment, who="--environment")
-    if not (isinstance(cls, type) and issubclass(cls, Environment)):
-        raise ConfigError(f"--environment: {args.environment!r} is not a subclass of rlvr_lightning.environments.base.Environment")
-    return environment_of(tool, cls(), ("--tool-max-calls", "--environment"))
+    own = None
+    if args.environment:
+        cls = load_function(args.environment, who="--environment")
+        if not (isinstance(cls, type) and issubclass(cls, Environment)):
+            raise ConfigError(f"--environment: {args.environment!r} is not a subclass of rlvr_lightning.environments.base.Environment")
+        own = cls()
+    return environment_of(tool, own, ("--tool-max-calls", "--environment"))
 
 
 def model_engine(dm, adapter=None):

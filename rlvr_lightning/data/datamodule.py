@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 ENVIRONMENT_OPTIONS = ("data.tool", "data.environment")
 
+
 def context_length_problem(config, max_prompt_length: int, max_response_length: int, model: str) -> str | None:
     """Why prompt + response do not fit the model's positions (None when they do)."""
     limit = getattr(config, "max_position_embeddings", None)
@@ -160,9 +161,9 @@ class RolloutDataModule(L.LightningDataModule):
         limit: int | None = None,
         **fields: str | None,
     ) -> list[ProblemRecord]:
-        """Problems from `embedded` (its train or test part: `embedded_part`, else `split`), a file or an
-        HF dataset (`fields`: `problem_field`, `answer_field`, `id_field` of `load_problems`), without
-        those whose templated prompt is longer than `max_prompt_tokens` (counted)."""
+        """Problems from an embedded task (`EMBEDDED_TASKS`; its train or test part: `embedded_part`, else
+        `split`), a file or an HF dataset (`fields`: `problem_field`, `answer_field`, `id_field` of
+        `load_problems`), without those whose templated prompt is longer than `max_prompt_tokens` (counted)."""
         if source in EMBEDDED_TASKS:
             records = embedded_records(embedded_part or split, task=source)[:limit]
         else:

@@ -4,8 +4,8 @@ The embedded model (1.1M parameters, no scratchpad) cannot multiply three-digit 
 copy: the factors into a Python block, and the tool's output into its answer. So the task measures whether RL
 teaches a model to call the tool (docs/tools.md, `grpo-tir`).
 
-The warm start (`embedded-tir`) learns from flawed demonstrations: most answer in the head (the right product,
-which a model this size cannot learn to compute, so its own head answers are mostly wrong); the rest call the tool
+The warm start (`embedded-tir`) learns from flawed demonstrations: some answer in the head (the right product,
+which a model this size cannot learn to compute, so its own head answers are mostly wrong); the others call the tool
 
     ```python
     print(347*862)
