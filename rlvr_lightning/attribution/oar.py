@@ -42,21 +42,32 @@ class ScoringInput:
 
 
 def segment_boxed(
-    prompt_ids: list[int], response_ids: list[int], tokenizer, conclude_template: str = DEFAULT_CONCLUDE
+    prompt_ids: list[int],
+    response_ids: list[int],
+    tokenizer,
+    conclude_template: str = DEFAULT_CONCLUDE,
+    sampled: list[int] | None = None,
 ) -> ScoringInput | None:
     """The scoring input of one rollout (docs/algorithms.md#oar-scoring-input-and-read-outs), or None when it has no parsable `\\boxed{}` answer
-    (none, unbalanced or empty; `\\fbox{}` counts too, as for the verifier)."""
+    (none, unbalanced or empty; `\\fbox{}` counts too, as for the verifier). `sampled` (`Completion.sampled`): in an
+    environment, the box is the last one the model wrote itself, as the verifier reads its own words; the reasoning
+    before it keeps the inserted tokens (they are context), which `OARAttribution` leaves unweighted."""
+
+    def own_text(k: int) -> str:  # the model's own words in the first k response tokens
+        ids = response_ids[:k] if not sampled else [t for t, s in zip(response_ids[:k], sampled[:k]) if s]
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
     # The box the verifier scores (same extraction), so OAR reshapes the reasoning behind that answer.
-    found = find_last_boxed(tokenizer.decode(response_ids, skip_special_tokens=True))
+    found = find_last_boxed(own_text(len(response_ids)))
     if found is None:
         return None
     offset, content = found
-    # R = the longest token prefix whose text ends at or before `\boxed{` (a straddling token is not
+    # R = the longest token prefix whose own text ends at or before `\boxed{` (a straddling token is not
     # reasoning). Decoded length grows with the prefix, so binary search.
     lo, hi = 0, len(response_ids)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if len(tokenizer.decode(response_ids[:mid], skip_special_tokens=True)) <= offset:
+        if len(own_text(mid)) <= offset:
             lo = mid
         else:
             hi = mid - 1

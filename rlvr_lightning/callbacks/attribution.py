@@ -156,6 +156,8 @@ class OARAttribution(AdvantageShaper):
     each token moves the model's own final-answer distribution; OAR-P perturbs tokens one at a time,
     OAR-G uses an input-gradient proxy. Scored once per rollout batch under θ_old."""
 
+    weighs_sampled_tokens_only = True  # an environment's inserted tokens are context to score with, and weigh 1
+
     def __init__(
         self,
         method: Literal["perturbation", "gradient"] = "gradient",
@@ -210,16 +212,22 @@ class OARAttribution(AdvantageShaper):
         weights = torch.ones(N, T)
         candidates = [n for n in range(N) if batch.advantages[n] != 0]  # Â = 0: reshaping changes nothing
         inputs, rows = [], []
+        owns = []  # per scored rollout, the reasoning positions the policy sampled (in an environment, not all)
         for n in candidates:
-            seg = segment_boxed(rollout.prompt_ids[n // G], rollout.completions[n].token_ids, tok, self.conclude_template)
-            if seg is not None and seg.r1 > seg.r0:
+            c = rollout.completions[n]
+            seg = segment_boxed(rollout.prompt_ids[n // G], c.token_ids, tok, self.conclude_template, c.sampled)
+            own = [i for i in range(seg.r1 - seg.r0) if not c.sampled or c.sampled[i]] if seg is not None else []
+            if own:
                 inputs.append(seg)
                 rows.append(n)
+                owns.append(own)
         scores = self._scores(step, inputs, rows, pad_id) if inputs else []
         stats, sample = RunningStats(), StreamSample(seed=step.rollout_batch)  # sample: the weights
-        for n, seg, a in zip(rows, inputs, scores):
-            w, level = bilevel_weights(a, self.q, self.beta, self.floor, self.sum_to_len)
-            weights[n, : seg.r1 - seg.r0] = w
+        for n, own, a in zip(rows, owns, scores):
+            # Reshaped over the sampled tokens alone (an inserted token is scored as context, weighs 1, and is out
+            # of the mean-1 normalisation and the metrics).
+            w, level = bilevel_weights(a[own], self.q, self.beta, self.floor, self.sum_to_len)
+            weights[n, own] = w
             stats.add(weight=w, suppressed=level < 0, boosted=level > 0)
             sample.add(w)
         self._metrics = oar_metrics(stats, sample, scored=len(rows), candidates=len(candidates))

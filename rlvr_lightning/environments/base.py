@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rlvr_lightning.environments.episodes import Episode
@@ -48,11 +48,14 @@ class Environment:
     stop: strings that end a segment for a reply (an engine that samples past one is cut where it completes).
     max_turns: segments per answer; an episode still going after that many ends (`stop: max_turns`).
     stop_reasons: the `Reply.stop` values it may give besides "answered", logged every batch (as 0 when unseen).
+    concurrent_replies: `reply` may run in several threads at once (batches generated side by side: replicas,
+        the rollout stream); False: the loop calls it for one batch at a time.
     """
 
     stop: tuple[str, ...] = ()
     max_turns: int = 8
     stop_reasons: tuple[str, ...] = ()
+    concurrent_replies: bool = False
 
     def reply(self, episodes: Sequence[Episode]) -> list[Reply]:
         """One reply per episode, in order. An episode whose budget is spent already has `stop` set: it is
@@ -66,6 +69,11 @@ class Environment:
     def excluded(self, episode: Episode) -> str:
         """Why a finished episode stays out of the loss (a stability guard), or ""."""
         return ""
+
+    def load_call(self, saved: dict) -> Any:
+        """One of `Episode.calls` as a checkpoint saved it (a batch generated ahead of the trainer: a dataclass
+        is saved as a dict of its fields), rebuilt; by default as saved."""
+        return saved
 
     def close(self) -> None:
         """Release what it holds (workers, processes)."""

@@ -16,6 +16,7 @@ The block's markers are settings: a model trained with other tags (`<code>`/`</c
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -75,11 +76,13 @@ class PythonTool(Environment):
     output is the reply; one that ends otherwise is the answer. A batch's calls run side by side."""
 
     stop_reasons = ("max_calls",)
+    concurrent_replies = True  # the sandbox is thread-safe; its workers are shared by the batches calling
 
     def __init__(self, settings: PythonToolSettings = PythonToolSettings()) -> None:
         settings.check()
         self.settings = settings
         self._sandbox: Sandbox | None = None
+        self._starting = threading.Lock()  # one sandbox, however many batches call first at once
 
     @property
     def stop(self) -> tuple[str, ...]:
@@ -159,14 +162,18 @@ class PythonTool(Environment):
 
     def run(self, codes: list[str]) -> list[ToolCall]:
         """Run each code in the sandbox (as many at once as it has workers), with the text each appends."""
-        if self._sandbox is None:
-            self._sandbox = Sandbox(self.settings.sandbox)
+        with self._starting:
+            if self._sandbox is None:
+                self._sandbox = Sandbox(self.settings.sandbox)
         s = self.settings
         calls = []
         for code, execution in zip(codes, self._sandbox.run_many(codes, s.timeout_s)):
             text, truncated = observation(execution, s.timeout_s, s.observation_chars)
             calls.append(ToolCall(code, execution, f"{s.output_start}{text}{s.output_end}", truncated))
         return calls
+
+    def load_call(self, saved: dict) -> ToolCall:
+        return ToolCall(**{**saved, "execution": Execution(**saved["execution"])})
 
     def close(self) -> None:
         if self._sandbox is not None:

@@ -120,13 +120,13 @@ def check_behaviour_logprobs(
 def check_environment(name: str, rollout: Any, shapers: tuple[str, ...]) -> None:
     """What a run in an environment (`name`: data.tool, data.environment) cannot do yet, refused before it
     starts."""
-    if rollout.max_staleness > 0:
+    if rollout.max_staleness > 0 and rollout.stream_mode == "throughput":
         raise ConfigError(
-            f"{name} with rollout.max_staleness={rollout.max_staleness}: answers in an environment are generated "
-            "synchronously for now (set rollout.max_staleness 0)"
+            f"{name} with rollout.stream_mode=throughput: answers in an environment are generated ahead of the "
+            "trainer by the reproducible stream only for now (set rollout.stream_mode reproducible)"
         )
     if shapers:
         raise ConfigError(
             f"{name} with {', '.join(shapers)}: it does not leave the inserted tokens out of its weights' "
-            "normalisation (THRAttribution does; OAR not yet); train in an environment without it for now"
+            "normalisation (THRAttribution and OARAttribution do: see AdvantageShaper.weighs_sampled_tokens_only)"
         )

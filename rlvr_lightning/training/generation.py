@@ -9,7 +9,7 @@ import torch
 
 from rlvr_lightning.context import StepContext
 from rlvr_lightning.environments.base import Environment
-from rlvr_lightning.environments.episodes import episode_metrics, generate_episodes
+from rlvr_lightning.environments.episodes import Episode, episode_metrics, generate_episodes
 from rlvr_lightning.rollout.engine import RolloutEngine
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.seeding import derived_seed
@@ -32,12 +32,26 @@ def sample(
 ) -> Rollout:
     """`engine`'s completions for a prompt batch as a Rollout of policy version `policy_version`, answered in
     turns with `environment` when given (`environments.episodes`): the training step's generation, and
-    `make eval`'s, which has no training step. The environment's rewards, where it gives them, are the reward
-    term `environment` (0 for an answer it gave none)."""
+    `make eval`'s, which has no training step."""
     prompt_ids = encode_prompts(tokenizer, batch)
     if environment is None:
         return to_rollout(tokenizer, batch, prompt_ids, sampling, engine.generate(prompt_ids, sampling), policy_version)
     groups = generate_episodes(engine, tokenizer, prompt_ids, sampling, environment, batch)
+    return episodes_rollout(tokenizer, batch, prompt_ids, sampling, groups, policy_version, environment)
+
+
+def episodes_rollout(
+    tokenizer,
+    batch: PromptBatch,
+    prompt_ids: list[list[int]],
+    sampling: SamplingConfig,
+    groups: list[list[Episode]],
+    policy_version: int,
+    environment: Environment,
+) -> Rollout:
+    """Finished episodes as a Rollout: their completions (what a stability guard leaves out marked), the model's
+    own words for the reward, the environment's rewards as the reward term `environment` (0 for an answer it
+    gave none, where it gives any), and the episode metrics."""
     completions = [[e.completion(environment.excluded(e)) for e in group] for group in groups]
     rollout = to_rollout(tokenizer, batch, prompt_ids, sampling, completions, policy_version)
     episodes = [e for group in groups for e in group]

@@ -19,7 +19,12 @@ Every token keeps the version that sampled it and that version's log-prob (`Comp
 Before the weight sync the trainer waits for the background work (`wait`): the servers change weights only
 between segments. So between steps nothing runs, and the batches in flight are data (tokens, log-probs,
 versions): they go into the checkpoint (`state_dict`) and a resumed run continues them as the uninterrupted
-run would. `max_staleness: 0` never builds a stream (the step generates its batch itself); `1` is one batch
+run would.
+
+In an environment (answers in turns, `environments.episodes`) a batch's sequences are episodes: a segment takes
+each unfinished one on, turn after turn with the environment's replies between, to the segment's cap; a turn cut
+at the cap goes on in the next segment (`advance_episodes`). Replies run inside a segment, so never during a
+weight sync, and the episodes in flight (their calls and notes too) are data like the rest. `max_staleness: 0` never builds a stream (the step generates its batch itself); `1` is one batch
 generated ahead by the previous version, whole.
 
 Seeds: a batch's first segment samples with its rollout batch's seed, as the synchronous step would
@@ -36,9 +41,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
 from rlvr_lightning.context import StepContext
+from rlvr_lightning.environments.episodes import Episode, advance_episodes, start_episodes
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.seeding import derived_seed
-from rlvr_lightning.training.generation import encode_prompts, sampling_seed, score_rollout, to_rollout
+from rlvr_lightning.training.generation import (
+    encode_prompts,
+    episodes_rollout,
+    sampling_seed,
+    score_rollout,
+    to_rollout,
+)
 from rlvr_lightning.training.step_metrics import StageTimer
 
 SEGMENT_STREAM = 1000  # derived_seed streams of continuation segments (DAPO's rounds use the small ones)
@@ -56,6 +68,7 @@ class InFlightBatch:
     segments: int  # versions it is generated under (1 without partial rollouts)
     done: int = 0  # segments generated
     sequences: list[Completion] = field(default_factory=list)  # B·G, group-contiguous, after the first segment
+    episodes: list[Episode] = field(default_factory=list)  # the same in an environment (answers in turns)
     seconds: float = 0.0  # its segments' generation time (each beside the update and other batches' segments)
 
     @property
@@ -92,12 +105,14 @@ class RolloutStream:
         self.pool = ThreadPoolExecutor(max_workers=max_staleness, thread_name_prefix="rollout-ahead")
         self.in_flight: dict[int, InFlightBatch] = {}
         self.work: list[Future] = []
+        self._saved_episodes = False  # the batches in flight hold a checkpoint's episodes, as saved
 
     # ---- the step's view -------------------------------------------------------------------------------
     def collect(self, step: StepContext, batch: PromptBatch, timer: StageTimer) -> Rollout:
         """Rollout batch `step.rollout_batch`, scored; starts the background work of this step's version."""
         k = step.rollout_batch
         self.wait(timer)  # normally done already: the last sync waited for it
+        self._restore_episodes(step)
         timer.times.setdefault("rollout_wait", 0.0)  # every step of a stream logs it, the last one too
         current = self.in_flight.pop(k, None)
         if current is None:  # the first step (or a checkpoint without a stream): generated now, whole
@@ -111,17 +126,14 @@ class RolloutStream:
         if not current.complete:
             raise RuntimeError(f"rollout batch {k} is needed but {current.segments - current.done} segments are left")
         self._start_background(step)
-        rollout = to_rollout(
-            step.tokenizer,
-            current.batch,
-            current.prompt_ids,
-            current.sampling,
-            [
-                current.sequences[g * current.sampling.group_size : (g + 1) * current.sampling.group_size]
-                for g in range(len(current.batch))
-            ],
-            current.start_version,
-        )
+        G = current.sampling.group_size
+        made = (current.batch, current.prompt_ids, current.sampling)
+        if current.episodes:
+            groups = [current.episodes[g * G : (g + 1) * G] for g in range(len(current.batch))]
+            rollout = episodes_rollout(step.tokenizer, *made, groups, current.start_version, step.environment)
+        else:
+            groups = [current.sequences[g * G : (g + 1) * G] for g in range(len(current.batch))]
+            rollout = to_rollout(step.tokenizer, *made, groups, current.start_version)
         return score_rollout(step, rollout, timer)
 
     def wait(self, timer: StageTimer) -> None:
@@ -164,7 +176,15 @@ class RolloutStream:
             b["batch"] = PromptBatch(**b["batch"])
             b["sampling"] = SamplingConfig(**b["sampling"])
             b["sequences"] = [Completion(**c) for c in b["sequences"]]
-            self.in_flight[b["index"]] = InFlightBatch(**b)
+            self.in_flight[b["index"]] = InFlightBatch(**b)  # its episodes stay dicts until `_restore_episodes`
+        self._saved_episodes = any(b.episodes for b in self.in_flight.values())
+
+    def _restore_episodes(self, step: StepContext) -> None:
+        """A checkpoint's episodes, rebuilt by the step's environment (which rebuilds its calls)."""
+        if self._saved_episodes:
+            for b in self.in_flight.values():
+                b.episodes = [Episode.from_state(e, step.environment) for e in b.episodes]
+            self._saved_episodes = False
 
     # ---- the schedule ---------------------------------------------------------------------------------
     def _new(self, step: StepContext, batch: PromptBatch, index: int, segments: int) -> InFlightBatch:
@@ -190,7 +210,9 @@ class RolloutStream:
         """Generate segment `b.done` of batch `b` under the version the engine holds now."""
         started = time.perf_counter()
         version, cap = step.policy_version, b.cap(b.done)
-        if b.done == 0:
+        if step.environment is not None:
+            self._episodes_segment(step, b, version, cap)
+        elif b.done == 0:
             groups = step.engine.generate(b.prompt_ids, replace(b.sampling, max_tokens=cap))
             b.sequences = [with_version(c, version) for group in groups for c in group]
         else:
@@ -204,6 +226,17 @@ class RolloutStream:
                     b.sequences[n] = extended(b.sequences[n], more, version)
         b.done += 1
         b.seconds += time.perf_counter() - started
+
+    def _episodes_segment(self, step: StepContext, b: InFlightBatch, version: int, cap: int) -> None:
+        """In an environment: every unfinished episode goes on, turn after turn, to `cap` response tokens (a turn
+        cut there, or a reply that reaches it, goes on in the next segment, under the next version)."""
+        sampling = b.sampling
+        if b.done == 0:
+            b.episodes = start_episodes(b.prompt_ids, sampling.group_size, b.batch)
+        else:
+            seed = derived_seed(step.seed, b.index, SEGMENT_STREAM + b.done, step.collectives.rank)
+            sampling = replace(sampling, seed=seed)
+        advance_episodes(step.engine, step.tokenizer, b.episodes, sampling, step.environment, cap, version)
 
 
 def with_version(c: Completion, version: int) -> Completion:

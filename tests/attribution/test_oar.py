@@ -379,3 +379,37 @@ def test_oar_g_noise_belongs_to_the_rollout_and_the_rank():
     assert torch.equal(first_draw([1, 2, 5]), alone)  # two more rollouts scored before it
     assert not torch.equal(first_draw([5], rank=1), alone)
     assert not torch.equal(first_draw([1, 5], row=1), alone)  # different rollouts, different noise
+
+
+@pytest.mark.parametrize("method", ["gradient", "perturbation"])
+def test_in_an_environment_oar_weighs_the_models_own_reasoning_and_reads_its_own_box(tiny_policy_dir, method):
+    """Tokens an environment inserted into the reasoning are context: they weigh exactly 1, and the sampled reasoning
+    tokens alone are reshaped to mean 1. A box only a tool printed is not the model's answer: nothing is reshaped.
+    Other rollouts' weights are those of the batch without inserted tokens."""
+    from dataclasses import replace
+
+    from rlvr_lightning.algos import GRPO
+    from rlvr_lightning.callbacks.attribution import OARAttribution
+    from tests.algos.test_base import attach
+
+    def weights(rollout):
+        module = attach(GRPO, tiny_policy_dir)
+        module.trainer.callbacks.append(OARAttribution(method=method))
+        return module.rlvr_step.prepare(module.step_context(), rollout)[1].token_weights()
+
+    module = attach(GRPO, tiny_policy_dir)
+    plain = boxed_rollout(module)
+    completions = list(plain.completions)
+    first, second = completions[0], completions[1]  # "3+4=7,7-2=5.\boxed{5}", "3+4=7,7-2=6.\boxed{6}"
+    first_sampled = [0 if 4 <= i < 7 else 1 for i in range(len(first.token_ids))]  # "7,7" inserted
+    box = len(plain.texts[1].split("\\boxed{")[0])
+    second_sampled = [1 if i < box else 0 for i in range(len(second.token_ids))]  # its box printed by a tool
+    completions[0] = replace(first, sampled=first_sampled)
+    completions[1] = replace(second, sampled=second_sampled)
+    w, w_plain = weights(replace(plain, completions=completions)), weights(plain)
+    reasoning = 12  # "3+4=7,7-2=5."
+    own = [i for i in range(reasoning) if first_sampled[i]]
+    assert (w[0, 4:7] == 1).all() and w[0, own].mean().item() == pytest.approx(1.0, abs=1e-5)
+    assert (w[0, own] != 1).any() and (w[0, reasoning:] == 1).all()
+    assert (w[1] == 1).all()
+    assert torch.equal(w[2:], w_plain[2:])

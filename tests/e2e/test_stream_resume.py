@@ -1,5 +1,6 @@
-"""Kill-and-resume in one process: GRPO with a LoRA adapter, two versions ahead with partial rollouts on two
-real `vllm serve` replicas, killed (SIGKILL) after a checkpoint and resumed, logs exactly, bit for bit, the
+"""Kill-and-resume in one process: GRPO with a LoRA adapter whose answers call the Python tool, two versions ahead
+with partial rollouts on two real `vllm serve` replicas, killed (SIGKILL) after a checkpoint and resumed, logs
+exactly, bit for bit, the
 metrics of an uninterrupted run into the same MLflow run, one point per step: the steps before the kill come
 from one process, those after from another, so this is also two separate runs agreeing. The batches in flight
 at the checkpoint are continued, not regenerated; the checkpoint holds the adapter and its AdamW state, and the
@@ -23,18 +24,25 @@ STREAM = ["--rollout.engine", "vllm-server", "--rollout.server_replicas", "2", "
           "--rollout.partial_rollouts", "true"]  # fmt: skip
 LORA = ["--model.init_args.lora.rank", "8", "--model.init_args.lora.sync", "adapter", "--model.init_args.optim.lr", "1e-2"]
 STALENESS = ("train/staleness_mean", "train/staleness_max")
+# The warm start writes "a+b=c,c-d=e.\boxed{e}": with "=" and "," as the tool's markers its first result is a call
+# within the first 8 tokens (the first segment's cap), whose output ("c" and a newline) the answer continues after.
+CALLS = ["--data.tool.max_calls", "2", "--data.tool.code_start", "=", "--data.tool.code_end", ",",
+         "--data.tool.output_start", "", "--data.tool.output_end", "\n", "--data.tool.sandbox.workers", "2",
+         "--data.tool.timeout_s", "2"]  # fmt: skip
+TOOL = ("train/tool_calls_per_answer", "train/inserted_token_frac", "train/turns_mean", "train/stop_length_frac")
 
 
 @pytest.mark.e2e
-def test_two_versions_ahead_with_partial_rollouts_resumes_bit_for_bit(tmp_path, quick_warm_start):
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+def test_two_versions_ahead_with_partial_rollouts_and_the_tool_resumes_bit_for_bit(tmp_path, quick_warm_start):
     _, warm = quick_warm_start
     model_dir = shutil.copytree(warm, tmp_path / "policy")  # its own path: its servers are told apart
     reference_dir, resumed_dir = tmp_path / "reference", tmp_path / "resumed"
     reference_dir.mkdir(), resumed_dir.mkdir()
-    proc = run_cli([*args_for(reference_dir, model_dir), *STREAM, *LORA], reference_dir, timeout=900)
+    proc = run_cli([*args_for(reference_dir, model_dir), *STREAM, *LORA, *CALLS], reference_dir, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
-    args = [*args_for(resumed_dir, model_dir), *STREAM, *LORA]
+    args = [*args_for(resumed_dir, model_dir), *STREAM, *LORA, *CALLS]
     try:
         k = kill_after_checkpoint(resumed_dir, args, min_step=2)
     finally:
@@ -46,11 +54,12 @@ def test_two_versions_ahead_with_partial_rollouts_resumes_bit_for_bit(tmp_path, 
     proc = run_cli([*args, "--ckpt_path", str(ckpt)], resumed_dir, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
-    keys = (*COMPARED, *STALENESS)
+    keys = (*COMPARED, *STALENESS, *TOOL)
     run, resumed = histories(resumed_dir, keys)
     _, reference = histories(reference_dir, keys)
     assert reference["train/staleness_max"] == {0: 0.0, 1: 1.0, **{s: 2.0 for s in range(2, STEPS)}}
     assert 1.0 < reference["train/staleness_mean"][STEPS - 1] < 2.0  # partial: tokens of both versions
+    assert min(reference["train/tool_calls_per_answer"].values()) > 0  # every batch's answers called the tool
     for key in keys:
         assert resumed[key] == reference[key], (key, k)  # exactly, every step, before and after the kill
     assert sorted(resumed["val/accuracy"]) == [0, 2, 4, STEPS]  # no extra evaluation on resume

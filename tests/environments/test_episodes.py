@@ -239,3 +239,66 @@ def test_a_bpe_tokenizers_episodes_keep_the_engines_ids_where_encoding_the_text_
         assert max(abs(trainer[i] - e.logprobs[i]) for i, s in enumerate(e.sampled) if s) < 1e-4
     # what keeping the ids prevents: the same text, encoded again, is other ids
     assert any(tok(tok.decode(e.ids), add_special_tokens=False).input_ids != e.ids for e in replied)
+
+
+class Pieces(Environment):
+    """Ends a segment at a boxed answer's opening and replies NOTE; records the turns it saw, and whether a stop string's characters
+    were sampled in two pieces (two versions)."""
+
+    stop = ("\\boxed{",)
+    max_turns = 6
+
+    def __init__(self) -> None:
+        self.seen: dict[int, list[str]] = {}
+        self.split_stops = 0
+
+    def reply(self, episodes):
+        for e in episodes:
+            self.seen.setdefault(id(e), []).append(e.segment)
+            if e.stopped_at is not None and len(set(e.versions[-len(e.stopped_at) :])) > 1:
+                self.split_stops += 1
+        return [Reply(NOTE) for _ in episodes]
+
+
+def test_episodes_advanced_in_pieces_take_whole_turns_across_the_caps(generation):
+    """The rollout stream's partial rollouts in an environment: advanced to a cap every 3 tokens, under a new
+    version each time, every episode stops at each cap and goes on from there; the environment sees each turn once
+    and whole, its stop string found even where two pieces sampled its characters, and each token keeps the version
+    that sampled it."""
+    from rlvr_lightning.environments.episodes import advance_episodes, start_episodes
+
+    dm, engine, batch, _ = generation
+    tok = dm.tokenizer
+    prompts = [tok(p, add_special_tokens=False).input_ids for p in batch.prompts]
+    sampling = dm.rollout.sampling(group_size=2, seed=0, max_tokens=60)
+    env = Pieces()
+    episodes = start_episodes(prompts, 2, batch)
+    for version, cap in enumerate(range(3, 61, 3)):
+        advance_episodes(engine, tok, episodes, sampling, env, cap, version)
+        assert all(len(e.ids) >= cap for e in episodes if e.stop is None)
+        assert all(len(e.versions) == len(e.ids) and e.versions == sorted(e.versions) for e in episodes)
+    assert all(e.stop is not None for e in episodes)
+    note = tok(NOTE, add_special_tokens=False).input_ids
+    for e in episodes:
+        segments = env.seen[id(e)]
+        assert len(segments) == e.turns and "".join(segments) == tok.decode(e.own_ids)
+        for text in segments:  # cut at its stop string, across pieces too
+            assert text.count("\\boxed{") == text.endswith("\\boxed{"), text
+        inserted = [t for t, s in zip(e.ids, e.sampled) if not s]
+        assert inserted == (note * e.turns)[: len(inserted)] and len(inserted) >= len(note) * (e.turns - 1)
+    assert env.split_stops > 0 and sum(len(s) for s in env.seen.values()) > len(episodes)  # the paths ran
+
+
+def test_an_episode_in_flight_survives_a_checkpoint_loaded_weights_only(tmp_path):
+    """A batch generated ahead goes into the checkpoint with its episodes as plain values, loadable the way
+    LightningCLI loads one, and the Python tool rebuilds its calls."""
+    from rlvr_lightning.environments.episodes import Episode
+    from rlvr_lightning.environments.python_tool import PythonTool, ToolCall
+    from rlvr_lightning.sandbox import Execution
+
+    call = ToolCall("print(6*7)", Execution("42\n", "", "ok", 0, 0.01), "```output\n42\n```\n", False)
+    e = Episode([1, 2], "q", "42", [5, 6, 7], [-0.5, 0.0, -0.1], [1, 0, 1], [0, 0, 1], turns=1, turn_start=2,
+                segment="x", calls=[call], state={"void_turns": 1})  # fmt: skip
+    torch.save({"episodes": [e.to_state()]}, tmp_path / "ckpt")
+    (saved,) = torch.load(tmp_path / "ckpt", weights_only=True)["episodes"]
+    assert Episode.from_state(saved, PythonTool()) == e

@@ -114,10 +114,12 @@ def test_what_a_run_with_the_tool_cannot_do_yet_is_refused_in_one_line():
     from rlvr_lightning.training.checks import check_environment
 
     check_environment("data.tool", RolloutSettings(), ())
-    with pytest.raises(ConfigError, match=r"^data.tool with rollout.max_staleness=1: .*set rollout.max_staleness 0\)$"):
-        check_environment("data.tool", RolloutSettings(engine="vllm-server", max_staleness=1), ())
-    with pytest.raises(ConfigError, match=r"^data.environment with OARAttribution: it does not leave the inserted"):
-        check_environment("data.environment", RolloutSettings(), ("OARAttribution",))
+    check_environment("data.tool", RolloutSettings(engine="vllm-server", max_staleness=2, partial_rollouts=True), ())
+    throughput = RolloutSettings(engine="vllm-server", max_staleness=1, stream_mode="throughput")
+    with pytest.raises(ConfigError, match=r"^data.tool with rollout.stream_mode=throughput: .*stream_mode reproducible\)$"):
+        check_environment("data.tool", throughput, ())
+    with pytest.raises(ConfigError, match=r"^data.environment with MyShaper: it does not leave the inserted"):
+        check_environment("data.environment", RolloutSettings(), ("MyShaper",))
 
 
 def test_the_reward_reads_the_models_own_words_not_what_the_tool_printed():
