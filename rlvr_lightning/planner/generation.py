@@ -82,10 +82,11 @@ class Generation:
     tail_steps: int
     model: str  # which scheduler was simulated, in words
     tail_rule: str = f"steps at under {TAIL_SHARE:.0%} of the batch an average token sees"
+    tool_s: float = 0.0  # the Python tool's calls, while the engine waits for them (`planner.tool_time`)
 
     @property
     def seconds(self) -> float:
-        return self.prefill_s + self.decode_s + self.overhead_s
+        return self.prefill_s + self.decode_s + self.overhead_s + self.tool_s
 
     def as_dict(self) -> dict:
         return {
@@ -93,6 +94,7 @@ class Generation:
             "prefill_s": round(self.prefill_s, 3),
             "decode_s": round(self.decode_s, 3),
             "overhead_s": round(self.overhead_s, 3),
+            "tool_s": round(self.tool_s, 3),
             "decode_steps": self.decode_steps,
             "mean_in_flight": round(self.mean_in_flight, 1),
             "peak_in_flight": self.peak_in_flight,

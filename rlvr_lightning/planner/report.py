@@ -103,7 +103,7 @@ def step_block(plan: Plan) -> list[str]:
         if g is not None:
             lines.append(
                 f"    generation, {label}: prefill {g.prefill_s:.1f} s + decode {g.decode_s:.1f} s + per-step overhead "
-                f"{g.overhead_s:.1f} s; {g.decode_steps:,} decode steps, {g.mean_in_flight:.0f} sequences in flight "
+                f"{g.overhead_s:.1f} s{f' + tool calls {g.tool_s:.1f} s' if g.tool_s else ''}; {g.decode_steps:,} decode steps, {g.mean_in_flight:.0f} sequences in flight "
                 f"(peak {g.peak_in_flight}), {g.preemptions} preemptions, tail {g.tail_s:.1f} s ({g.tail_steps:,} "
                 f"{g.tail_rule})"
             )

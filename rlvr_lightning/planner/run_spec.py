@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from rlvr_lightning.device_defaults import Accelerator, apply_to_config, config_device_defaults
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.planner.hardware import Hardware
+from rlvr_lightning.planner.tool_time import ToolPlan, tool_plan
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class RunSpec:
     # limits. Memory is planned at the limits whatever these are.
     mean_prompt_length: float | None = None
     mean_response_length: float | None = None
+    tool: ToolPlan | None = None  # data.tool: its calls' time and its outputs' tokens
+    environment: str = ""  # data.environment's class path, if one of the user's (its replies' time is not planned)
 
     @property
     def world_size(self) -> int:
@@ -166,4 +169,6 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
         enforce_eager=bool(rollout.enforce_eager),
         mean_prompt_length=means["prompt"],
         mean_response_length=means["response"],
+        tool=tool_plan(data.get("tool"), plan),
+        environment=getattr(data.get("environment"), "class_path", "") or "",
     )

@@ -78,7 +78,7 @@ def estimate_step(spec: RunSpec, trainer: TrainerMemory, engine: EngineShare, en
     worst = response_lengths(T, T, N)
     segments = spec.max_staleness if spec.partial_rollouts else 1
     expected_gen = segmented_generation(spec, engine_parameters, engine, spec.expected_prompt_length, spread, segments)
-    worst_gen = segmented_generation(spec, engine_parameters, engine, P, worst, segments)
+    worst_gen = segmented_generation(spec, engine_parameters, engine, P, worst, segments, worst=True)
     longest = spread.mean if spec.packing else expected_longest(spread.lengths, spec.rows_per_forward)
     token_share = (spec.expected_prompt_length + longest) / (P + T)
     nbytes = dtype_bytes(spec.engine_dtype, spec.model_config)
@@ -100,6 +100,8 @@ def estimate_step(spec: RunSpec, trainer: TrainerMemory, engine: EngineShare, en
         f"{step_overhead(spec) * 1e3:.0f} ms per decode step ({overhead_source(spec)})",
         sync.describe(),
     ]
+    if spec.tool is not None:
+        assumptions.append(spec.tool.describe(T))
     if spec.engine_elsewhere:
         assumptions.append("vLLM servers: each rank's sequences as on one engine of its own (the KV cache of one server's share)")
     if spec.fsdp and spec.world_size > 1:
@@ -107,6 +109,8 @@ def estimate_step(spec: RunSpec, trainer: TrainerMemory, engine: EngineShare, en
         assumptions.append(f"FSDP collectives over {collective_gb_s(spec):.3g} GB/s per device{between}, overlapped with compute")
     notes = overlap_notes(spec, stages, lambda s: segmented_generation(
         spec, engine_parameters, engine, spec.expected_prompt_length, spread, s).seconds)
+    if spec.environment:
+        notes.append(f"data.environment {spec.environment}: the time its replies take is not in the plan")
     if spec.engine != "hf" and P + T > engine.kv_tokens:
         notes.append(
             f"the KV cache ({engine.kv_tokens:,} tokens) holds less than one sequence at the limits "
@@ -217,13 +221,18 @@ def partial_segments(spread: LengthSpread, segments: int) -> tuple[LengthSpread,
 
 
 def segmented_generation(
-    spec: RunSpec, parameters: int, engine: EngineShare, prompt: float, spread: LengthSpread, segments: int
+    spec: RunSpec, parameters: int, engine: EngineShare, prompt: float, spread: LengthSpread, segments: int, worst: bool = False
 ) -> Generation:
-    """A step's generation: the rank's sequences whole (segments = 1) or as partial rollouts' pieces."""
+    """A step's generation: the rank's sequences whole (segments = 1) or as partial rollouts' pieces, with the
+    Python tool's calls, expected or at the `worst` (a step's calls are one batch's either way: `planner.tool_time`)."""
     if segments <= 1:
-        return generation(spec, parameters, engine, round(prompt), spread)
-    pieces, before = partial_segments(spread, segments)
-    return generation(spec, parameters, engine, round(prompt + before), pieces)
+        decoded = generation(spec, parameters, engine, round(prompt), spread)
+    else:
+        pieces, before = partial_segments(spread, segments)
+        decoded = generation(spec, parameters, engine, round(prompt + before), pieces)
+    if spec.tool is None:
+        return decoded
+    return replace(decoded, tool_s=spec.tool.seconds(spec.sequences_per_rank, worst))
 
 
 def overlap_notes(spec: RunSpec, stages: dict[str, float], generation_at=None) -> list[str]:

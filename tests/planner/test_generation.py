@@ -286,3 +286,47 @@ def test_partial_rollouts_shorten_a_steps_generation_and_the_plan_names_the_stal
     assert any("--rollout.max_staleness 1 would" in n for n in notes), notes
     hidden = [n for n in notes if "partial rollouts at --rollout.max_staleness" in n]
     assert hidden and ("max_staleness 3 " in hidden[0] or "max_staleness 4 " in hidden[0]), notes
+
+
+def test_the_python_tools_calls_are_planned_in_generation(docs_7b):
+    """The docs' 7B run with the tool: N = 1,024 answers a rank, 4 calls at most, 8 sandbox workers. Expected:
+    ⌈N·c / workers⌉ calls' time (c = 4 by default, or as planned); the worst: every answer's 4 calls at the 5 s
+    limit. It adds to generation, expected and worst, and the outputs' share of the budget is said."""
+    from dataclasses import replace
+
+    from rlvr_lightning.planner.step_time import segmented_generation
+    from rlvr_lightning.planner.tool_time import ToolPlan
+
+    spec, parameters, engine = docs_7b
+    N, T = spec.sequences_per_rank, spec.max_response_length
+    assert N == 1024
+    spread = response_lengths(2000, T, N)
+    plain = segmented_generation(spec, parameters, engine, 512, spread, 1)
+    tool = ToolPlan(max_calls=4, calls_per_answer=4, call_s=0.065, timeout_s=5.0, workers=8, output_tokens=532)
+    with_tool = spec.changed(tool=tool)
+    expected = segmented_generation(with_tool, parameters, engine, 512, spread, 1)
+    worst = segmented_generation(with_tool, parameters, engine, 512, spread, 1, worst=True)
+    assert plain.tool_s == 0.0
+    assert expected.tool_s == pytest.approx(512 * 0.065) and worst.tool_s == pytest.approx(4 * 128 * 5.0)
+    assert expected.seconds == pytest.approx(plain.seconds + 512 * 0.065)
+    fewer = segmented_generation(spec.changed(tool=replace(tool, calls_per_answer=0.5)), parameters, engine, 512, spread, 1)
+    assert fewer.tool_s == pytest.approx(64 * 0.065)
+    assert "up to 532 tokens a call: 2,128 of the 8,192-token response budget" in tool.describe(T)
+
+
+def test_make_plan_reads_the_tool_and_the_plans_own_expectations(monkeypatch):
+    from rlvr_lightning.planner.hardware import hardware
+    from rlvr_lightning.planner.run_spec import run_spec
+
+    monkeypatch.setattr(sys, "argv", ["plan"])
+    spec = run_spec(parsed("--data.tool.max_calls", "3", "--data.tool.sandbox.workers", "2"), hardware("cpu"))
+    assert (spec.tool.max_calls, spec.tool.calls_per_answer, spec.tool.workers, spec.tool.call_s) == (3, 3, 2, 0.065)
+    assert spec.tool.output_tokens == 512 + len("```output\n") + len("\n```\n")
+    planned = parsed("--data.tool.max_calls", "3", "--plan.tool_calls_per_answer", "0.5", "--plan.tool_call_ms", "20")
+    spec = run_spec(planned, hardware("cpu"))
+    assert (spec.tool.calls_per_answer, spec.tool.call_s) == (0.5, 0.02)
+    assert run_spec(parsed(), hardware("cpu")).tool is None
+    with pytest.raises(ConfigError, match="plan.tool_calls_per_answer must be ≥ 0"):
+        from rlvr_lightning.planner.settings import PlanSettings
+
+        PlanSettings(tool_calls_per_answer=-1)
