@@ -231,8 +231,8 @@ def environment_replies(environment: Environment, episodes: list[Episode]) -> li
 def episode_metrics(episodes: list[Episode], environment: Environment) -> dict[str, float]:
     """A rollout batch's episode metrics (logged under `train/`): why answers stopped (`stop_<reason>_frac`),
     turns per answer, the share of response tokens the environment inserted, the wall time it took to reply
-    (`environment_seconds`: beside `time/step`, its share of the step), its mean reward where it gives one,
-    and the environment's own metrics."""
+    (`environment_seconds`: beside `time/step`, its share of the step), its mean reward, and the
+    environment's own metrics: the same keys for every batch of one environment."""
     n = max(1, len(episodes))
     tokens = sum(len(e.ids) for e in episodes)
     out = {
@@ -242,6 +242,7 @@ def episode_metrics(episodes: list[Episode], environment: Environment) -> dict[s
     }
     for reason in (*STOP_REASONS, *environment.stop_reasons):
         out[f"stop_{reason}_frac"] = sum(e.stop == reason for e in episodes) / n
-    if any(e.reward is not None for e in episodes):
-        out["reward_environment_mean"] = sum(e.reward or 0.0 for e in episodes) / n
+    # Every batch, rewards given or not (0 for an answer it gave none): ranks reducing these (the held-out
+    # evaluation under FSDP) need the same keys whatever their own episodes did.
+    out["reward_environment_mean"] = sum(e.reward or 0.0 for e in episodes) / n
     return {**out, **environment.metrics(episodes)}

@@ -5,6 +5,7 @@ rank's rollout engine runs them."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.rollout.types import PromptBatch, Rollout
 from rlvr_lightning.standalone import standalone
 from rlvr_lightning.training.step import StepAlgorithm
+from tests.e2e.test_tool_run import BOXED_AS_CALLS
 from tests.support.cli import REPO, run_cli
 
 STEPS, PROMPTS_PER_RANK, G, RESPONSE = 3, 2, 8, 40
@@ -94,10 +96,13 @@ def replay(model_dir: Path, probe: Path, callbacks=(), lora: LoraSettings | None
 @pytest.mark.parametrize("algo", ["thr", "grpo-lora"])
 def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_path, quick_warm_start, algo):
     """`thr`: THR (p = 0.2) scores each rank's groups inside the sharded update's forward, with
-    micro-batches by token budget (whole groups, sorted by length; ranks agree on their count); the
-    update must still equal the single-process replay with THR and row micro-batches of G = 8.
+    micro-batches by token budget (whole groups, sorted by length; ranks agree on their count), and the answers
+    call the Python tool (its outputs inserted, out of the loss); the update must still equal the single-process
+    replay with THR and row micro-batches of G = 8, and the held-out evaluation runs in the tool on both ranks.
     `grpo-lora`: a LoRA policy (adapters sharded with their layers, the KL reference its base) synced to each
     rank's engine as an adapter."""
+    if algo == "thr" and shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed: the tool's sandbox cannot start")
     _, model_dir = quick_warm_start
     lora = LoraSettings(rank=8, sync="adapter") if algo == "grpo-lora" else None
     args = fsdp_args(tmp_path, model_dir, algo.removesuffix("-lora"))
@@ -105,6 +110,7 @@ def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_p
         args += ["--model.init_args.lora.rank=8", "--model.init_args.lora.sync=adapter", "--model.init_args.optim.lr=1e-3"]
     if algo == "thr":  # ~1 or 2 groups of ≤ 8 × 70 tokens per micro-batch, depending on their lengths
         args.append("--model.init_args.compute.max_tokens_per_micro_batch=1000")
+        args += BOXED_AS_CALLS  # each rank's answers call the tool in its own sandbox; THR weighs the sampled tokens
     proc = run_cli(args, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     probe = tmp_path / "probe"
@@ -119,6 +125,8 @@ def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_p
     client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
     assert run.data.metrics["val/num_problems"] == 8  # each rank scored 4 of the 8 held-out problems
+    if algo == "thr":
+        assert run.data.metrics["val/tool_calls_per_answer"] > 0 and run.data.metrics["train/inserted_token_frac"] > 0
 
     for r in (0, 1):  # each rank's engine runs the trained weights
         assert json.loads((probe / f"rank{r}_engine.json").read_text())["max_abs_diff"] < 1e-3

@@ -302,3 +302,15 @@ def test_an_episode_in_flight_survives_a_checkpoint_loaded_weights_only(tmp_path
     torch.save({"episodes": [e.to_state()]}, tmp_path / "ckpt")
     (saved,) = torch.load(tmp_path / "ckpt", weights_only=True)["episodes"]
     assert Episode.from_state(saved, PythonTool()) == e
+
+
+def test_a_batchs_episode_metrics_have_the_same_keys_whatever_its_episodes_did():
+    """Ranks sum the held-out evaluation's episode metrics key by key (FSDP): a rank whose episodes got no reward,
+    stopped for no reason of the environment's or took no turn must still give every key."""
+    from rlvr_lightning.environments.episodes import Episode
+
+    env = Nudge()
+    rewarded = [Episode([1], ids=[2, 3], sampled=[1, 0], turns=3, stop="done", reward=2.0)]
+    plain = [Episode([1], ids=[2], sampled=[1], turns=1, stop="length")]
+    assert episode_metrics(rewarded, env).keys() == episode_metrics(plain, env).keys()
+    assert episode_metrics(plain, env)["reward_environment_mean"] == 0.0
