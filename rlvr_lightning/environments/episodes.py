@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -46,7 +47,7 @@ class Episode:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     sampled: list[int] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)  # the policy version of each token, where pieces set one
+    versions: list[int] = field(default_factory=list)  # the policy version of each token, where known (async)
     turns: int = 0
     turn_start: int = 0  # where the current turn's tokens begin in `ids` (after the last reply)
     segment: str = ""  # the latest segment's text, ending on the stop string where it hit one
@@ -57,12 +58,12 @@ class Episode:
     reply_seconds: float = 0.0  # its share of the wall time its environment took to reply (a batch's, split evenly)
     state: dict[str, Any] = field(default_factory=dict)  # the environment's own notes on it
 
-    def add(self, ids: list[int], logprobs: list[float], sampled: int, version: int | None = None) -> None:
+    def add(self, ids: list[int], logprobs: list[float], sampled: int, versions: list[int] | None = None) -> None:
         self.ids += ids
         self.logprobs += logprobs
         self.sampled += [sampled] * len(ids)
-        if version is not None:
-            self.versions += [version] * len(ids)
+        if versions is not None:
+            self.versions += versions
 
     @property
     def own_ids(self) -> list[int]:
@@ -107,6 +108,9 @@ def start_episodes(prompt_ids: list[list[int]], group_size: int, batch: PromptBa
     return [Episode(list(prompt_ids[i]), *problems[i]) for i in range(len(prompt_ids)) for _ in range(group_size)]
 
 
+Generate = Callable[[list[list[int]], SamplingConfig], list[list[Completion]]]  # `RolloutEngine.generate`
+
+
 def generate_episodes(
     engine: RolloutEngine,
     tokenizer,
@@ -119,12 +123,12 @@ def generate_episodes(
     response tokens, replies included; grouped per prompt like `RolloutEngine.generate`."""
     G = sampling.group_size
     episodes = start_episodes(prompt_ids, G, batch)
-    advance_episodes(engine, tokenizer, episodes, sampling, environment)
+    advance_episodes(engine.generate, tokenizer, episodes, sampling, environment)
     return [episodes[i * G : (i + 1) * G] for i in range(len(prompt_ids))]
 
 
 def advance_episodes(
-    engine: RolloutEngine,
+    generate: Generate,
     tokenizer,
     episodes: list[Episode],
     sampling: SamplingConfig,
@@ -132,8 +136,10 @@ def advance_episodes(
     cap: int | None = None,
     version: int | None = None,
 ) -> None:
-    """Generate `episodes` on (group-contiguous, `sampling.group_size` per prompt) until each has ended or holds
-    `cap` response tokens (default: the budget, `sampling.max_tokens`); `version` marks the tokens added.
+    """Generate `episodes` on with `generate` (an engine's) (group-contiguous, `sampling.group_size` per prompt)
+    until each has ended or holds `cap` response tokens (default: the budget, `sampling.max_tokens`). Each token
+    added keeps its policy version: the engine's where it reports them per token (servers across weight syncs),
+    else `version` (None: not recorded); a reply's tokens take the version of the token before them.
     Episodes with nothing generated start with one request per prompt (`sampling`'s seed and group size); those
     stopped at an earlier cap continue with one request each, seeded from `sampling.seed`."""
     budget = sampling.max_tokens
@@ -143,11 +149,11 @@ def advance_episodes(
     if all(not e.ids and not e.turns for e in episodes):  # a fresh batch: its groups, as one request per prompt
         G = sampling.group_size
         prompts = [e.prompt for e in episodes[::G]]
-        groups = engine.generate(prompts, replace(segment_sampling, max_tokens=cap))
+        groups = generate(prompts, replace(segment_sampling, max_tokens=cap))
         active, segments = list(range(len(episodes))), [c for group in groups for c in group]
     else:
         active = [n for n, e in enumerate(episodes) if e.stop is None and len(e.ids) < cap]
-        segments = continuations(engine, episodes, active, segment_sampling, cap, turn=0)
+        segments = continuations(generate, episodes, active, segment_sampling, cap, turn=0)
     turn = 0
     while active:
         turn += 1
@@ -157,7 +163,8 @@ def advance_episodes(
             before = len(episode.ids) - episode.turn_start  # the turn's tokens from earlier pieces
             keep, text, hit = cut_at_stop(tokenizer, episode.ids[episode.turn_start :] + segment.token_ids, stops)
             keep = max(0, keep - before)  # no stops: the whole segment
-            episode.add(segment.token_ids[:keep], segment.logprobs[:keep], 1, version)
+            versions = segment.versions[:keep] if segment.versions else None if version is None else [version] * keep
+            episode.add(segment.token_ids[:keep], segment.logprobs[:keep], 1, versions)
             at_cap = segment.finish_reason == "length" and hit is None
             if at_cap and cap <= len(episode.ids) < budget:
                 continue  # stopped at the cap mid-turn: the turn goes on in a later piece
@@ -177,7 +184,10 @@ def advance_episodes(
                 continue
             output = tokenizer(reply.text, add_special_tokens=False).input_ids if reply.text else []
             room = budget - len(episode.ids)
-            episode.add(output[:room], [0.0] * min(room, len(output)), 0, version)
+            inserted = output[:room]
+            last = episode.versions[-1] if episode.versions else version
+            versions = None if last is None else [last] * len(inserted)
+            episode.add(inserted, [0.0] * len(inserted), 0, versions)
             episode.turn_start = len(episode.ids)
             if output and len(output) >= room:
                 episode.stop = "length"
@@ -186,11 +196,11 @@ def advance_episodes(
         active = [n for n, e in enumerate(episodes) if e.stop is None and len(e.ids) < cap]
         if not active:
             break
-        segments = continuations(engine, episodes, active, segment_sampling, cap, turn)
+        segments = continuations(generate, episodes, active, segment_sampling, cap, turn)
 
 
 def continuations(
-    engine: RolloutEngine, episodes: list[Episode], active: list[int], sampling: SamplingConfig, cap: int, turn: int
+    generate: Generate, episodes: list[Episode], active: list[int], sampling: SamplingConfig, cap: int, turn: int
 ) -> list[Completion]:
     """One continuation per active episode, each up to `cap` response tokens, seeded from `sampling.seed`, the
     turn and what it may add (an engine that takes no per-request seed, vLLM on CPU, follows its own seed: the
@@ -202,7 +212,7 @@ def continuations(
         which = [k for k, x in enumerate(lefts) if x == left]
         seed = None if sampling.seed is None else derived_seed(sampling.seed, turn, left)
         params = replace(sampling, group_size=1, max_tokens=left, seed=seed)
-        for k, group in zip(which, engine.generate([prompts[k] for k in which], params)):
+        for k, group in zip(which, generate([prompts[k] for k in which], params)):
             out.append((k, group[0]))
     return [c for _, c in sorted(out, key=lambda x: x[0])]
 

@@ -117,14 +117,9 @@ def check_behaviour_logprobs(
         )
 
 
-def check_environment(name: str, rollout: Any, shapers: tuple[str, ...]) -> None:
-    """What a run in an environment (`name`: data.tool, data.environment) cannot do yet, refused before it
-    starts."""
-    if rollout.max_staleness > 0 and rollout.stream_mode == "throughput":
-        raise ConfigError(
-            f"{name} with rollout.stream_mode=throughput: answers in an environment are generated ahead of the "
-            "trainer by the reproducible stream only for now (set rollout.stream_mode reproducible)"
-        )
+def check_environment(name: str, shapers: tuple[str, ...]) -> None:
+    """A run in an environment (`name`: data.tool, data.environment) with advantage shapers that would weigh the
+    inserted tokens, refused before it starts."""
     if shapers:
         raise ConfigError(
             f"{name} with {', '.join(shapers)}: it does not leave the inserted tokens out of its weights' "

@@ -236,7 +236,7 @@ class RolloutStream:
         else:
             seed = derived_seed(step.seed, b.index, SEGMENT_STREAM + b.done, step.collectives.rank)
             sampling = replace(sampling, seed=seed)
-        advance_episodes(step.engine, step.tokenizer, b.episodes, sampling, step.environment, cap, version)
+        advance_episodes(step.engine.generate, step.tokenizer, b.episodes, sampling, step.environment, cap, version)
 
 
 def with_version(c: Completion, version: int) -> Completion:

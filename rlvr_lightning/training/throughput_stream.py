@@ -21,8 +21,12 @@ is `rollout.stale_groups`:
     short answers: `train/groups_dropped` and `train/dropped_response_length_mean` (beside
     `train/response_length_mean`) show how much.
 
-Checkpoints keep the finished groups and the prompts not yet trained; groups still being generated are
-issued again on resume.
+In an environment a group's answers go turn by turn (`environments.episodes`), each turn a request of its own: a
+sync may fall between two turns (while the tool runs; the episode goes on under the new weights) or freeze one;
+every token keeps the version the servers report for it, and an inserted reply that of the token before it.
+
+Checkpoints keep the finished groups (with their episodes) and the prompts not yet trained; groups still being
+generated are issued again on resume.
 """
 
 from __future__ import annotations
@@ -32,12 +36,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from functools import partial
 
 from rlvr_lightning.context import StepContext
+from rlvr_lightning.environments.episodes import Episode, advance_episodes, start_episodes
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout
 from rlvr_lightning.seeding import derived_seed
-from rlvr_lightning.training.generation import encode_prompts, score_rollout, to_rollout
+from rlvr_lightning.training.generation import encode_prompts, episodes_rollout, score_rollout, to_rollout
 from rlvr_lightning.training.step_metrics import StageTimer
 
 GROUP_STREAM = 3000  # derived_seed streams of the throughput mode's requests (attempt a of a prompt: + a)
@@ -54,6 +60,7 @@ class Group:
     issued: int  # the servers' version when it was issued
     attempt: int = 0  # times it was issued before (dropped)
     completions: list[Completion] | None = None  # None while it is generated
+    episodes: list[Episode] = field(default_factory=list)  # in an environment: its answers in turns, once generated
     finished: int = -1  # the order it finished in
     seconds: float = 0.0  # its request's time
     dropped: bool = False  # past its deadline (`drop`): trained never, its prompt issued again
@@ -120,11 +127,13 @@ class ThroughputStream:
         self.pool: ThreadPoolExecutor | None = None
         self.producer: threading.Thread | None = None
         self.step: StepContext | None = None
+        self._saved_episodes = False  # the finished groups hold a checkpoint's episodes, as saved
 
     # ---- the step's view -------------------------------------------------------------------------------
     def collect(self, step: StepContext, batch: PromptBatch, timer: StageTimer) -> Rollout:
         """This step's groups, scored (the dataloader's `batch` only counts the step)."""
         with self.lock:
+            self._restore_episodes(step)
             self.version, self.next_take, self.step = step.policy_version, step.policy_version, step
             first = self.producer is None
             if first and not self.groups and not self.queue:  # a fresh stream begins at this step's batch
@@ -138,14 +147,11 @@ class ThroughputStream:
         timer.times["rollout"] = max(g.seconds for g in taken)  # the groups ran side by side
         groups = [g.completions for g in taken]
         oldest = min(v for group in groups for c in group for v in c.versions or [self.version])
-        rollout = to_rollout(
-            step.tokenizer,
-            PromptBatch.concat([g.prompt for g in taken]),
-            [g.prompt_ids for g in taken],
-            step.sampling(),
-            groups,
-            oldest,
-        )
+        made = (PromptBatch.concat([g.prompt for g in taken]), [g.prompt_ids for g in taken], step.sampling())
+        if step.environment is not None:
+            rollout = episodes_rollout(step.tokenizer, *made, [g.episodes for g in taken], oldest, step.environment)
+        else:
+            rollout = to_rollout(step.tokenizer, *made, groups, oldest)
         dropped_metrics = {"groups_dropped": float(dropped)}
         if lengths:
             dropped_metrics["dropped_response_length_mean"] = sum(lengths) / len(lengths)
@@ -221,10 +227,18 @@ class ThroughputStream:
                 d["completions"] = [Completion(**c) for c in d["completions"]]
             return Group(**d)
 
-        self.groups = [group(d) for d in state["finished"]]
+        self.groups = [group(d) for d in state["finished"]]  # their episodes stay dicts until `_restore_episodes`
         self.queue = deque(group(d) for d in state["queue"])
         self.next_batch, self.per_step = state["next_batch"], state["per_step"]
         self.finished = max((g.finished for g in self.groups), default=-1) + 1
+        self._saved_episodes = any(g.episodes for g in self.groups)
+
+    def _restore_episodes(self, step: StepContext) -> None:
+        """A checkpoint's episodes, rebuilt by the step's environment (which rebuilds its calls)."""
+        if self._saved_episodes:
+            for g in self.groups:
+                g.episodes = [Episode.from_state(e, step.environment) for e in g.episodes]
+            self._saved_episodes = False
 
     # ---- the producer ---------------------------------------------------------------------------------
     def _start(self, step: StepContext) -> None:
@@ -269,15 +283,24 @@ class ThroughputStream:
         started = time.perf_counter()
         index, position = g.source
         seed = derived_seed(step.seed, index, GROUP_STREAM + g.attempt, step.collectives.rank) * 1009 + position
+        episodes: list[Episode] = []
         try:
-            (completions,) = step.engine.generate([g.prompt_ids], step.sampling(seed=seed), first_replica=position)
+            generate = partial(step.engine.generate, first_replica=position)
+            if step.environment is None:
+                (completions,) = generate([g.prompt_ids], step.sampling(seed=seed))
+            else:  # its turns: each request carries the weights' versions, a sync may fall between two of them
+                env = step.environment
+                episodes = start_episodes([g.prompt_ids], step.sampling().group_size, g.prompt)
+                advance_episodes(generate, step.tokenizer, episodes, step.sampling(seed=seed), env)
+                completions = [e.completion(env.excluded(e)) for e in episodes]
         except BaseException as e:  # the step that waits for groups raises it
             with self.lock:
                 self.error = e
                 self.lock.notify_all()
             return
         with self.lock:
-            g.completions, g.finished, g.seconds = completions, self.finished, time.perf_counter() - started
+            g.completions, g.episodes = completions, episodes
+            g.finished, g.seconds = self.finished, time.perf_counter() - started
             self.finished += 1
             if g.dropped:  # dropped while it was generated: only its lengths count
                 self.dropped_lengths += [len(c.token_ids) for c in completions]

@@ -29,7 +29,7 @@ def resolve_step(settings: StepSettings, trainer: Any, device: Any, check: bool 
     chosen = [name for name in ("tool", "environment") if getattr(dm, name, None) is not None]
     if check and chosen:
         unaware = tuple(type(cb).__name__ for cb in advantage_shapers(trainer) if not cb.weighs_sampled_tokens_only)
-        check_environment(f"data.{chosen[0]}", dm.rollout, unaware)
+        check_environment(f"data.{chosen[0]}", unaware)
     return settings.resolve(dm.rollout, dm.hparams.batch_size, accelerator_of_device(device), shapers, check)
 
 

@@ -20,8 +20,8 @@ from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.rollout.types import PromptBatch, Rollout
 from rlvr_lightning.standalone import standalone
 from rlvr_lightning.training.step import StepAlgorithm
-from tests.e2e.test_tool_run import BOXED_AS_CALLS
 from tests.support.cli import REPO, run_cli
+from tests.support.tool_args import BOXED_AS_CALLS
 
 STEPS, PROMPTS_PER_RANK, G, RESPONSE = 3, 2, 8, 40
 # The module's options by their CLI names (a group's as `group.option`); micro-batches: accumulation is exercised too.

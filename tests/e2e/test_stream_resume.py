@@ -19,16 +19,12 @@ import pytest
 from tests.rollout.test_vllm_server import serve_processes
 from tests.support.cli import run_cli
 from tests.support.resume import COMPARED, STEPS, args_for, histories, kill_after_checkpoint
+from tests.support.tool_args import FIRST_RESULT_AS_CALL
 
 STREAM = ["--rollout.engine", "vllm-server", "--rollout.server_replicas", "2", "--rollout.max_staleness", "2",
           "--rollout.partial_rollouts", "true"]  # fmt: skip
 LORA = ["--model.init_args.lora.rank", "8", "--model.init_args.lora.sync", "adapter", "--model.init_args.optim.lr", "1e-2"]
 STALENESS = ("train/staleness_mean", "train/staleness_max")
-# The warm start writes "a+b=c,c-d=e.\boxed{e}": with "=" and "," as the tool's markers its first result is a call
-# within the first 8 tokens (the first segment's cap), whose output ("c" and a newline) the answer continues after.
-CALLS = ["--data.tool.max_calls", "2", "--data.tool.code_start", "=", "--data.tool.code_end", ",",
-         "--data.tool.output_start", "", "--data.tool.output_end", "\n", "--data.tool.sandbox.workers", "2",
-         "--data.tool.timeout_s", "2"]  # fmt: skip
 TOOL = ("train/tool_calls_per_answer", "train/inserted_token_frac", "train/turns_mean", "train/stop_length_frac")
 
 
@@ -39,10 +35,10 @@ def test_two_versions_ahead_with_partial_rollouts_and_the_tool_resumes_bit_for_b
     model_dir = shutil.copytree(warm, tmp_path / "policy")  # its own path: its servers are told apart
     reference_dir, resumed_dir = tmp_path / "reference", tmp_path / "resumed"
     reference_dir.mkdir(), resumed_dir.mkdir()
-    proc = run_cli([*args_for(reference_dir, model_dir), *STREAM, *LORA, *CALLS], reference_dir, timeout=900)
+    proc = run_cli([*args_for(reference_dir, model_dir), *STREAM, *LORA, *FIRST_RESULT_AS_CALL], reference_dir, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
-    args = [*args_for(resumed_dir, model_dir), *STREAM, *LORA, *CALLS]
+    args = [*args_for(resumed_dir, model_dir), *STREAM, *LORA, *FIRST_RESULT_AS_CALL]
     try:
         k = kill_after_checkpoint(resumed_dir, args, min_step=2)
     finally:

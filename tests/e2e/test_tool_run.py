@@ -9,12 +9,7 @@ import pytest
 
 from tests.e2e.test_presets import finished_run, preset_args
 from tests.support.cli import run_cli
-
-# The tests' warm start boxes an answer in most completions: with `\boxed{` … `}` as the tool's markers each
-# boxed answer is a call, so the run exercises calls, outputs and continuations without a model trained to write
-# python blocks (the default markers).
-BOXED_AS_CALLS = ["--data.tool.max_calls", "2", "--data.tool.code_start", "\\boxed{", "--data.tool.code_end", "}",
-                  "--data.tool.sandbox.workers", "2", "--data.tool.timeout_s", "2"]  # fmt: skip
+from tests.support.tool_args import BOXED_AS_CALLS
 
 
 @pytest.mark.e2e

@@ -274,7 +274,7 @@ def test_episodes_advanced_in_pieces_take_whole_turns_across_the_caps(generation
     env = Pieces()
     episodes = start_episodes(prompts, 2, batch)
     for version, cap in enumerate(range(3, 61, 3)):
-        advance_episodes(engine, tok, episodes, sampling, env, cap, version)
+        advance_episodes(engine.generate, tok, episodes, sampling, env, cap, version)
         assert all(len(e.ids) >= cap for e in episodes if e.stop is None)
         assert all(len(e.versions) == len(e.ids) and e.versions == sorted(e.versions) for e in episodes)
     assert all(e.stop is not None for e in episodes)

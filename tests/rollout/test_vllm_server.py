@@ -5,6 +5,7 @@ does not come up, and no process left behind."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 
@@ -20,6 +21,7 @@ from rlvr_lightning.rollout.settings import EngineSite, RolloutSettings
 from rlvr_lightning.rollout.sync import FP32_SYNC_TOL, WeightSyncProbe
 from rlvr_lightning.rollout.types import SamplingConfig
 from rlvr_lightning.rollout.vllm_server import VLLMServerEngine
+from tests.support.tool_args import FIRST_RESULT_AS_CALL
 
 pytestmark = pytest.mark.e2e
 
@@ -288,16 +290,20 @@ def test_requests_frozen_across_a_sync_continue_under_the_new_weights_with_each_
         servers.load_weights(full_weights(model), version=8)
 
 
-def test_cli_run_in_throughput_mode_trains_groups_as_they_finish_within_the_staleness(tmp_path, tiny_policy_dir):
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+def test_cli_run_in_throughput_mode_trains_groups_as_they_finish_within_the_staleness(tmp_path, quick_warm_start):
     """GRPO in the throughput mode (k = 2, partial rollouts, late groups dropped) on a `vllm serve` replica the
-    trainer launches, probed after every sync. (Two launched replicas streaming ahead through the CLI are
-    tests/e2e/test_stream_resume.py's run; one version ahead, tests/training/test_rollout_stream.py's.)"""
-    model_dir, run, history = server_cli_run(tmp_path, tiny_policy_dir, 5, "--rollout.max_staleness", "2",
+    trainer launches, probed after every sync, with answers that call the Python tool: a group's turns are
+    requests of their own, and a sync may fall between two (or freeze one); each token keeps its version. (Two
+    launched replicas streaming ahead through the CLI are tests/e2e/test_stream_resume.py's run; one version
+    ahead, tests/training/test_rollout_stream.py's.)"""
+    model_dir, run, history = server_cli_run(tmp_path, quick_warm_start[1], 5, "--rollout.max_staleness", "2",
                                            "--rollout.partial_rollouts", "true", "--rollout.stream_mode", "throughput",
-                                           "--rollout.stale_groups", "drop")  # fmt: skip
+                                           "--rollout.stale_groups", "drop", *FIRST_RESULT_AS_CALL)  # fmt: skip
     assert [s for s, _ in history("train/groups_dropped")] == [0, 1, 2, 3, 4]
     assert all(0 <= v <= 2 for _, v in history("train/staleness_max"))
     assert max(v for _, v in history("train/sync_probe_max_abs_diff")) < 1e-3  # probed after every sync
+    assert min(v for _, v in history("train/tool_calls_per_answer")) > 0
     assert run.data.tags["engine"] == "vllm-server"
     assert serve_processes(model_dir) == []  # the trainer took its servers down with it
 

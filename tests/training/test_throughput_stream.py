@@ -6,10 +6,13 @@ real run on a `vllm serve` replica."""
 from __future__ import annotations
 
 import random
+import string
 import threading
+from types import SimpleNamespace
 
 import pytest
 
+from rlvr_lightning.environments.base import Environment, Reply
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.rollout.types import Completion, PromptBatch
@@ -230,7 +233,6 @@ def test_dapo_takes_its_first_round_from_the_throughput_stream(lagged_module):
 def test_a_weight_sync_lets_the_producer_issue_at_once():
     """After a step takes its groups the stream holds s·B until the sync; the sync itself must wake the
     producer to issue the next B (not the next group to finish, when none is generating)."""
-    from types import SimpleNamespace
 
     from rlvr_lightning.rollout.types import SamplingConfig
     from rlvr_lightning.training.throughput_stream import ThroughputStream
@@ -239,7 +241,7 @@ def test_a_weight_sync_lets_the_producer_issue_at_once():
         return [[Completion([1], [0.0], "stop", [0]) for _ in range(sampling.group_size)]]
 
     engine = SimpleNamespace(stream_across_syncs=lambda keep_partial: None, generate=generate)
-    step = SimpleNamespace(engine=engine, total_rollout_batches=100, rollout_batch=0, seed=0, policy_version=0,
+    step = SimpleNamespace(engine=engine, environment=None, total_rollout_batches=100, rollout_batch=0, seed=0, policy_version=0,
                            collectives=SimpleNamespace(rank=0), sampling=lambda **kw: SamplingConfig(group_size=2, **kw),
                            tokenizer=lambda text, add_special_tokens=False: SimpleNamespace(input_ids=[1]))  # fmt: skip
     batch = lambda step, i: PromptBatch([f"{i}.{j}" for j in range(2)], ["p", "p"], ["1", "1"])  # noqa: E731
@@ -261,3 +263,54 @@ def test_a_weight_sync_lets_the_producer_issue_at_once():
             assert stream.lock.wait_for(lambda: len(stream.groups) == 4, 5)
     finally:
         stream.close()
+
+
+class Interject(Environment):
+    """Ends a segment at any printable character the tiny policy samples and replies "!", up to three turns."""
+
+    stop = tuple(string.printable)
+    max_turns = 3
+
+    def reply(self, episodes):
+        return [Reply("!") for _ in episodes]
+
+
+def test_in_an_environment_the_throughput_stream_trains_episodes_with_each_tokens_version(lagged_module):
+    """A group's turns are requests of their own, so a sync may fall between two: every token keeps the version
+    its request ran under, an inserted reply that of the token before it; the finished groups' episodes go into
+    the checkpoint as plain values and come back whole."""
+    import io
+
+    import torch
+
+    from rlvr_lightning.training.throughput_stream import ThroughputStream
+
+    module = lagged_module(max_staleness=1, stream_mode="throughput")
+    server = module.session.engine = GatedServer(module.policy, module.trainer.datamodule.tokenizer)
+    module.session._environment = env = Interject()
+    server.gate.set()
+    results = run_steps(module, 3)
+    inserted = 0
+    assert any(r.rollout.metrics["turns_mean"] > 1 for r in results)
+    for r in results:
+        assert r.metrics["staleness_max"] <= 1
+        for c in r.rollout.completions:
+            assert len(c.versions) == len(c.token_ids) == len(c.logprobs) and c.versions == sorted(c.versions)
+            for i, s in enumerate(c.sampled):
+                if s == 0:
+                    inserted += 1
+                    assert i > 0 and c.versions[i] == c.versions[i - 1] and c.logprobs[i] == 0.0
+    assert inserted > 0
+    stream = module.session.stream
+    with stream.lock:  # the groups of the next step, generated ahead
+        assert stream.lock.wait_for(lambda: stream.groups and all(g.ready for g in stream.groups), 60)
+        finished = list(stream.groups)
+        buffer = io.BytesIO()
+        torch.save(stream.state_dict(), buffer)
+    assert finished and all(g.episodes for g in finished)
+    buffer.seek(0)
+    resumed = ThroughputStream(1, False, hold=True, prompts=None)
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))  # as LightningCLI loads a checkpoint
+    resumed._restore_episodes(SimpleNamespace(environment=env))
+    saved = {g.source: g.episodes for g in finished}
+    assert {g.source: g.episodes for g in resumed.groups} == saved
