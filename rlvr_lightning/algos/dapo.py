@@ -81,6 +81,11 @@ class DAPO(GRPO):
             raise ConfigError(f"model.gen_batch_size={h.gen_batch_size} must be ≥ data.batch_size={dm.hparams.batch_size}")
         if buffer > L_max:
             raise ConfigError(f"model.overlong_buffer_len={h.overlong_buffer_len} exceeds rollout.max_response_length={L_max}")
+        if h.advantage_estimator == "maxrl" and (h.signed_reward or buffer > 0):
+            raise ConfigError(
+                "model.advantage_estimator=maxrl takes rewards in [0, 1] ((r − r̄)/r̄: on DAPO's ±1 a group at most half "
+                "right has no signal); set model.signed_reward=false and model.overlong_buffer_len=0 to use it in DAPO"
+            )
         return DAPOStep(self.dynamic_sampler if h.dynamic_sampling else None, h.signed_reward, buffer, h.overlong_penalty_factor, L_max)
 
 

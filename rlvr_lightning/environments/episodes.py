@@ -136,8 +136,8 @@ def advance_episodes(
     cap: int | None = None,
     version: int | None = None,
 ) -> None:
-    """Generate `episodes` on with `generate` (an engine's) (group-contiguous, `sampling.group_size` per prompt)
-    until each has ended or holds `cap` response tokens (default: the budget, `sampling.max_tokens`). Each token
+    """Take `episodes` (group-contiguous, `sampling.group_size` per prompt) on with `generate` (an engine's) until
+    each has ended or holds `cap` response tokens (default: the budget, `sampling.max_tokens`). Each token
     added keeps its policy version: the engine's where it reports them per token (servers across weight syncs),
     else `version` (None: not recorded); a reply's tokens take the version of the token before them.
     Episodes with nothing generated start with one request per prompt (`sampling`'s seed and group size); those

@@ -168,7 +168,10 @@ def check_kpop_threshold(*, kpop_threshold: float) -> None:
 @torch.no_grad()
 def kpop(x: CorrectionInputs, *, kpop_threshold: float = 2.0) -> Weights:
     """KPop (AReaL): a token is kept, with weight π_old/π_rollout, when the binary KL between the two policies'
-    probabilities of it, taken both ways, stays ≤ φ; else it is left out (weight 0)."""
+    probabilities of it, taken both ways, stays ≤ φ; else it is left out (weight 0). A token either side gave
+    probability 0 is left out too: the binary KL clamps both probabilities away from 0, so it would read ~0 there,
+    and the ratio is ±inf (kept, it would weigh e^20)."""
     p, q = x.old_logp.exp(), x.rollout_logp.exp()
-    kept = torch.maximum(binary_kl(p, q), binary_kl(q, p)) <= kpop_threshold  # False for NaN
-    return _kept_only(_token_log_ratio(x), kept, x.mask)
+    log_w = _token_log_ratio(x)
+    kept = (torch.maximum(binary_kl(p, q), binary_kl(q, p)) <= kpop_threshold) & log_w.isfinite()  # False for NaN
+    return _kept_only(log_w, kept, x.mask)

@@ -1,6 +1,9 @@
 """The pieces an algorithm's hyper-parameters select, every knob they run with, and the check of
 `piece_args` against them: a key no selected piece reads is a misspelling or a leftover, and a key that
-is an argument of the algorithm would lose to it (pieces read the algorithm's arguments first)."""
+is an argument of the algorithm would lose to it (pieces read the algorithm's arguments first). An argument of
+the algorithm that switches a piece's feature on (a knob whose default is None: `dual_clip_c`) while none of the
+selected pieces reads it would change nothing: it is refused the same way. (An argument with a value of its own,
+a clip range or τ, serves whichever selected piece reads it; presets set them for several losses.)"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from typing import Any
 
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces.kinds import KINDS
-from rlvr_lightning.pieces.registry import Piece
+from rlvr_lightning.pieces.registry import Piece, sets
 
 
 def selected_pieces(values: Mapping[str, Any]) -> dict[str, Piece]:
@@ -25,6 +28,18 @@ def check_piece_args(values: Mapping[str, Any]) -> None:
         raise ConfigError(f"model.piece_args takes a mapping of knob names to values, got {piece_args!r}")
     pieces = selected_pieces(values)
     read = {knob: piece for piece in pieces.values() for knob in piece.knobs}
+    knob_of: dict[str, Piece] = {}  # a piece that reads each knob: the first registered
+    for piece in (piece for registry in KINDS for piece in registry.pieces()):
+        for knob in piece.knobs:
+            knob_of.setdefault(knob, piece)
+    for name in values:
+        off_by_default = name in getattr(values, "defaults", {}) and values.defaults[name] is None
+        if name in knob_of and name not in read and off_by_default and sets(values, name):
+            pieces_named = ", ".join(f"{k}={p.name}" for k, p in pieces.items())
+            raise ConfigError(
+                f"--model.init_args.{name}={values[name]!r} is read by none of the selected pieces ({pieces_named}): "
+                f"it changes nothing here ({knob_of[name].what} reads it, for one); drop it or select such a piece"
+            )
     for key, value in piece_args.items():
         if key in values:
             raise ConfigError(

@@ -206,3 +206,17 @@ def test_dynamic_sampling_takes_groups_in_generation_order():
     rollout, stats = dynamic_sample(draw, target_groups=3, max_rounds=0)
     assert rollout.batch.ids == ["r0p0", "r0p2", "r1p0"]
     assert stats.rounds == 2 and stats.groups_generated == 6 and stats.groups_kept == 4
+
+
+def test_dapo_refuses_maxrl_on_its_signed_or_penalised_rewards(tiny_policy_dir):
+    """MaxRL's (r − r̄)/r̄ takes rewards in [0, 1]: on DAPO's ±1 a group at most half right has r̄ ≤ 0 and no
+    signal at all, and the overlong penalty goes below 0. With 0/1 rewards and no penalty it is MaxRL's own."""
+    from rlvr_lightning.algos import DAPO
+    from rlvr_lightning.errors import ConfigError
+    from tests.algos.test_base import attach
+
+    for kwargs in ({}, {"signed_reward": False}, {"overlong_buffer_len": 0}):
+        module = attach(DAPO, tiny_policy_dir, advantage_estimator="maxrl", **kwargs)
+        with pytest.raises(ConfigError, match=r"^model.advantage_estimator=maxrl takes rewards in \[0, 1\]"):
+            module.step_algorithm()
+    attach(DAPO, tiny_policy_dir, advantage_estimator="maxrl", signed_reward=False, overlong_buffer_len=0).step_algorithm()

@@ -80,6 +80,15 @@ def test_a_misspelt_knob_is_matched_to_the_one_it_resembles():
         GRPO(policy_loss="sapo", piece_args={"sapo_tau_ne": 1.1})
 
 
+@pytest.mark.parametrize("loss", ["cispo", "dppo-tv", "dppo-kl", "sapo", "gmpo", "clip-cov"])
+def test_an_algorithm_argument_no_selected_piece_reads_is_refused(loss):
+    """dual_clip_c (dual-clip PPO's c) with a loss that has no dual clip would change nothing."""
+    GRPO(policy_loss=loss)
+    with pytest.raises(ConfigError, match=rf"^--model.init_args.dual_clip_c=3.0 is read by none of the selected pieces \(.*policy_loss={loss}, .*ppo-clip reads it"):
+        GRPO(policy_loss=loss, dual_clip_c=3.0)
+    GRPO(policy_loss="ppo-clip", dual_clip_c=3.0)
+
+
 def test_an_algorithm_argument_in_piece_args_is_refused_saying_which_value_the_pieces_read():
     with pytest.raises(ConfigError, match=r"piece_args.clip_eps_high: .* \(now 0.2\); set --model.init_args.clip_eps_high 0.28"):
         GRPO(piece_args={"clip_eps_high": 0.28})

@@ -175,6 +175,15 @@ def test_kpop_keeps_a_token_while_the_binary_kl_both_ways_stays_under_the_thresh
     torch.testing.assert_close(loose, torch.tensor([[2.0, 1.0]]))  # kept: weighted by π_old/π_rollout
 
 
+@pytest.mark.parametrize("name", ["kpop", "icepop", "mis-token"])
+def test_a_token_the_engine_gave_probability_zero_is_dropped(name):
+    """Probability 0 under the engine (log-prob −inf) is no sample of it: the token is dropped (weight 0), not kept
+    at the clamped ratio e^20, although the trainer's probability is as tiny (their binary KL is then ~0)."""
+    weights, stats = correction(name, [[math.log(1e-9), math.log(0.5)]], [[-math.inf, math.log(0.5)]])
+    torch.testing.assert_close(weights, torch.tensor([[0.0, 1.0]]))
+    assert stats["is_masked_frac"] == 0.5
+
+
 # ---- Kimi-style regulariser ------------------------------------------------------------------------------
 def test_kimi_is_the_squared_log_ratio_to_the_behaviour_policy_and_loads_no_reference():
     from types import SimpleNamespace

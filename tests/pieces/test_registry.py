@@ -128,6 +128,17 @@ def test_every_builtin_piece_names_a_docs_section_that_exists():
                 assert piece.anchor in anchors, (registry.kind, piece.name, piece.anchor)
 
 
+def test_the_algorithms_pages_table_of_shared_pieces_lists_every_registry_and_piece():
+    """Written by hand, it once listed five registries and none of a year's new pieces."""
+    doc = (REPO / "docs/algorithms.md").read_text()
+    assert f"one of {('one', 'two', 'three', 'four', 'five', 'six', 'seven', 'eight')[len(KINDS) - 1]} registries" in doc
+    rows = {line.split("|")[2].strip().split()[0].strip("`"): line for line in doc.splitlines()
+            if line.startswith("| ") and "`" in line.split("|")[2]}  # fmt: skip
+    for registry in KINDS:
+        listed = re.findall(r"`([^`]+)`", rows[registry.key].split("|")[3])
+        assert listed == [p.name for p in registry.pieces() if p.fn.__module__.startswith("rlvr_lightning.")], registry.key
+
+
 def test_the_readme_and_the_configuration_page_name_every_preset_and_builtin_piece():
     """Their tables of presets and pieces are written by hand: they must not drift from the code."""
     readme, config = (REPO / "README.md").read_text(), (REPO / "docs/configuration.md").read_text()
