@@ -9,6 +9,7 @@ it, the planner's and the doctor's derivations build their own engines from the 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -56,6 +57,7 @@ class EngineSession:
         self._stream_state: dict | None = None  # a checkpoint's batches in flight, until the stream is built
         self._engine: RolloutEngine | None = None
         self._environment: Environment | None = None
+        self._making_environment = threading.Lock()
 
     def attach(self, spec: EngineSpec) -> None:
         """What the engine is built from and synced with (the policy exists from here on); the sync probe's
@@ -84,8 +86,9 @@ class EngineSession:
     def environment(self) -> Environment | None:
         """The environment the answers are generated in (`data.tool`, `data.environment`), made on first use
         (the tool's sandbox starts then); None: one segment per answer."""
-        if self._environment is None and self.spec is not None and hasattr(self.spec.datamodule, "make_environment"):
-            self._environment = self.spec.datamodule.make_environment()
+        with self._making_environment:  # the throughput stream's request threads may ask first, at once
+            if self._environment is None and self.spec is not None and hasattr(self.spec.datamodule, "make_environment"):
+                self._environment = self.spec.datamodule.make_environment()
         return self._environment
 
     @property
