@@ -39,6 +39,7 @@ from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, Rollo
 from rlvr_lightning.training import wiring
 from rlvr_lightning.training.engine_setup import engine_compute_dtype
 from rlvr_lightning.training.settings import StepSettings
+from rlvr_lightning.training.step_metrics import mismatch_metrics
 
 PASS, FAIL, SKIP = "pass", "FAIL", "skipped"
 PROMPTS = ["What is 1+2-3?\n", "What is 17+20+9?\n", "Hi\n"]  # different lengths: left padding is exercised
@@ -364,7 +365,12 @@ def engine_logprobs(s: Setup) -> Row:
         logp = policy_forward(s.trainer_policy, t, sampling.temperature).logp
     diff = masked_max(logp - t.rollout_logp, t.response_mask)
     tol = max(FP32_ROLLOUT_TOL, default_sync_tol(s.engine_dtype, s.trainer_dtype))
-    figure = f"{what}: max |Δ log-prob| {diff:.1e} (tol {tol:g}) over {int(t.response_mask.sum())} tokens; built in {built:.0f} s"
+    m = mismatch_metrics(logp.float().cpu(), t.rollout_logp.float().cpu(), t.response_mask.float().cpu())
+    figure = (
+        f"{what}: max |Δ log-prob| {diff:.1e} (tol {tol:g}) over {int(t.response_mask.sum())} tokens, mismatch KL "
+        f"{m['train/mismatch_kl']:.1e}, a masked correction would drop {m['train/mismatch_drop_token_frac']:.1%} of "
+        f"tokens (icepop) and {m['train/mismatch_drop_seq_frac']:.1%} of sequences (mis-sequence); built in {built:.0f} s"
+    )
     if diff > tol:
         return Row(
             name,

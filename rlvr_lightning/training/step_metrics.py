@@ -12,8 +12,9 @@ import torch
 
 from rlvr_lightning.context import ScoredBatch
 from rlvr_lightning.pieces.advantages import group_reward_stats
+from rlvr_lightning.pieces.kinds import CorrectionInputs, rollout_corrections
 from rlvr_lightning.rollout.types import Rollout, RolloutTensors
-from rlvr_lightning.tensor_math import masked_mean
+from rlvr_lightning.tensor_math import LOG_RATIO_CLAMP, masked_mean
 from rlvr_lightning.training.batch import UpdateInputs
 
 
@@ -107,6 +108,24 @@ class MetricAccumulator:
         return {**out, **self.extremes}
 
 
+def mismatch_metrics(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """How far the engine that sampled is from the trainer's θ_old, logged whether or not a correction is on: a
+    k3 estimate of KL(π_rollout ‖ π_old) per token (r − 1 − log r, r = π_old/π_rollout, from the engine's own
+    samples; ≥ 0), and the shares a masked correction would drop at its default band: tokens (`icepop`, [0.5, 5])
+    and sequences (`mis-sequence`, [0.5, 2] on the sequence's ratio)."""
+    x = CorrectionInputs(old_logp, rollout_logp, mask)
+    log_r = torch.where(mask.bool(), old_logp - rollout_logp, 0.0).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    _, tokens = rollout_corrections.get("icepop").fn(x)
+    sequence_weights, _ = rollout_corrections.get("mis-sequence").fn(x)
+    has_tokens = mask.sum(1) > 0
+    dropped = has_tokens & (sequence_weights.sum(1) == 0)
+    return {
+        "train/mismatch_kl": masked_mean(log_r.exp() - 1 - log_r, mask).item(),
+        "train/mismatch_drop_token_frac": tokens["is_masked_frac"],
+        "train/mismatch_drop_seq_frac": (dropped.sum() / has_tokens.sum().clamp(min=1)).item(),
+    }
+
+
 def step_metrics(
     batch: ScoredBatch,
     t: RolloutTensors,
@@ -139,6 +158,7 @@ def step_metrics(
             "train/rollout_is_ratio_max": log_ratio[valid].max().exp().item() if valid.any() else 1.0,
             "train/rollout_is_seq_ratio_min": seq_log_ratio.min().clamp(-20, 20).exp().item(),
             "train/rollout_is_seq_ratio_max": seq_log_ratio.max().clamp(-20, 20).exp().item(),
+            **mismatch_metrics(old_logp, t.rollout_logp, mask),
             "train/policy_version": float(policy_version),
             "train/sync_probe_max_abs_diff": sync_probe_diff,
             "throughput/rollout_tokens_per_s": lengths.sum().item() / max(times["rollout"], 1e-9),
