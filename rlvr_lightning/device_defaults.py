@@ -17,7 +17,12 @@ with, so CPU runs stay bit-identical. On CUDA they are the fast ones:
   parameters fp32 for the same reason. A card without bf16 trains in fp32 (fp16 training needs a loss
   scaler, which the update does not run);
 - `rollout.gpu_memory_utilization`: see `gpu_memory_share`;
-- `model.compute.packing` (padding-free micro-batches) on.
+- `model.compute.packing` (padding-free micro-batches) on;
+- `model.rollout_correction` `icepop`: a bf16 engine beside an fp32-master trainer samples from a measurably
+  different distribution, and the update would train on it uncorrected; IcePop's two-sided token band masks the
+  tokens the two disagree on most (TRL and prime-rl mask by default too). Not where it cannot apply: a group-level
+  loss (REAL's), or truncated sampling (top-p/top-k), whose engine log-probs are not the policy's
+  (`correction_fits`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ KEYS = (
     "trainer.precision",
     "model.compute.fsdp_param_dtype",
     "model.compute.packing",
+    "model.rollout_correction",
     "rollout.dtype",
     "rollout.enforce_eager",
     "rollout.gpu_memory_utilization",
@@ -40,6 +46,7 @@ CPU_DEFAULTS: dict[str, Any] = {
     "trainer.precision": "32-true",
     "model.compute.fsdp_param_dtype": "float32",
     "model.compute.packing": False,
+    "model.rollout_correction": "none",
     "rollout.dtype": "float32",
     "rollout.enforce_eager": True,
     "rollout.gpu_memory_utilization": 0.3,  # unused off a GPU; kept as it was
@@ -100,7 +107,9 @@ def gpu_memory_share(sleep_level: int, engine_elsewhere: bool) -> float:
     return SHARE_ASLEEP if sleep_level > 0 else SHARE_AWAKE
 
 
-def cuda_defaults(bf16: bool, given: Mapping[str, Any], fsdp: bool, sleep_level: int, engine_elsewhere: bool) -> dict[str, Any]:
+def cuda_defaults(
+    bf16: bool, given: Mapping[str, Any], fsdp: bool, sleep_level: int, engine_elsewhere: bool, correction_fits: bool = True
+) -> dict[str, Any]:
     half = "bfloat16" if bf16 else "float16"
     precision = given.get("trainer.precision")
     user_half_precision = precision is not None and str(precision).startswith(("bf16", "16"))
@@ -114,6 +123,7 @@ def cuda_defaults(bf16: bool, given: Mapping[str, Any], fsdp: bool, sleep_level:
         "trainer.precision": trainer_precision,
         "model.compute.fsdp_param_dtype": fsdp_param_dtype,
         "model.compute.packing": True,
+        "model.rollout_correction": "icepop" if correction_fits else "none",
         "rollout.dtype": half,
         "rollout.enforce_eager": False,
         "rollout.gpu_memory_utilization": gpu_memory_share(sleep_level, engine_elsewhere),
@@ -159,16 +169,18 @@ def resolve_device_defaults(
     fsdp: bool = False,
     sleep_level: int = 0,
     engine_elsewhere: bool = False,
+    correction_fits: bool = True,
 ) -> DeviceDefaults:
     """Every value of `KEYS`: the one in `given` where it is not None (the user's), else the device's default.
 
     `fsdp` (the FSDP2 strategy), `sleep_level` and `engine_elsewhere` (rollout servers on GPUs the trainer does
-    not use) are what else the user set that a CUDA default depends on."""
+    not use) are what else the user set that a CUDA default depends on; `correction_fits`: a token-level rollout
+    correction applies to the run (its loss is token-level and it samples the untruncated distribution)."""
     unknown = set(given) - set(KEYS)
     if unknown:
         raise ValueError(f"resolve_device_defaults: not a device-defaulted setting: {', '.join(sorted(unknown))}")
     if accelerator.is_cuda:
-        device = cuda_defaults(accelerator.bf16, given, fsdp, sleep_level, engine_elsewhere)
+        device = cuda_defaults(accelerator.bf16, given, fsdp, sleep_level, engine_elsewhere, correction_fits)
     else:
         device = dict(CPU_DEFAULTS)
     chosen = {key: device[key] if given.get(key) is None else given[key] for key in KEYS}
@@ -203,8 +215,9 @@ def uses_fsdp2(cfg) -> bool:
     return str(strategy if isinstance(strategy, str) else getattr(strategy, "class_path", "")).endswith("FSDP2Strategy")
 
 
-def config_device_defaults(cfg, accelerator: Accelerator) -> DeviceDefaults:
-    """The resolution of a parsed configuration: what it sets wins, the rest follows `accelerator`."""
+def config_device_defaults(cfg, accelerator: Accelerator, correction_fits: bool = True) -> DeviceDefaults:
+    """The resolution of a parsed configuration: what it sets wins, the rest follows `accelerator`
+    (`correction_fits`: see `resolve_device_defaults`; the caller reads it off the configuration's pieces)."""
     given = {}
     for key in config_keys(cfg):
         node, name = _section(cfg, key)
@@ -216,6 +229,7 @@ def config_device_defaults(cfg, accelerator: Accelerator) -> DeviceDefaults:
         fsdp=uses_fsdp2(cfg),
         sleep_level=int(rollout.sleep_level or 0),
         engine_elsewhere=bool(rollout.server_urls or rollout.server_cuda_devices),
+        correction_fits=correction_fits,
     )
     return replace(defaults, keys=tuple(given))
 

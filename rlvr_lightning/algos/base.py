@@ -30,7 +30,7 @@ class RLVRModule(L.LightningModule):
         policy_loss: kinds.PolicyLossName = "ppo-clip",
         loss_agg: kinds.LossAggName = "seq-mean-token-mean",
         kl_estimator: kinds.KLEstimatorName = "k3",
-        rollout_correction: kinds.RolloutCorrectionName = "none",
+        rollout_correction: kinds.RolloutCorrectionName | None = None,
         proximal_policy: kinds.ProximalPolicyName = "recompute",
         clip_eps_low: float = 0.2,
         clip_eps_high: float = 0.2,
@@ -53,7 +53,9 @@ class RLVRModule(L.LightningModule):
             policy_loss: a registered policy loss (token level, reduced by `loss_agg`; or group level, REAL's).
             loss_agg: a registered loss aggregator: how per-token losses are reduced.
             kl_estimator: a registered KL estimator for the penalty to the frozen initial policy (when kl_coef > 0).
-            rollout_correction: a registered correction of the engine ≠ trainer mismatch (`tis-token`, …).
+            rollout_correction: a registered correction of the engine ≠ trainer mismatch (`tis-token`, …); None
+                (default): the device's, `none` on the CPU and `icepop` on CUDA where a token-level correction
+                applies (`rlvr_lightning.device_defaults`).
             proximal_policy: with a rollout correction, the clip's anchor: `recompute` (θ_old) or `loglinear` (A-3PO).
             clip_eps_low: ε_low of the clip range [1−ε_low, 1+ε_high] of clipped losses.
             clip_eps_high: ε_high (ε_high > ε_low is DAPO's clip-higher).

@@ -6,11 +6,13 @@ from __future__ import annotations
 from jsonargparse import Namespace
 
 from rlvr_lightning.device_defaults import DeviceDefaults, apply_to_config, config_device_defaults, detect_accelerator
+from rlvr_lightning.training.settings import config_correction_fits
 
 
 def apply_device_defaults(cfg: Namespace) -> DeviceDefaults:
     """The device-defaulted settings resolved and written into `cfg`; printed by the first rank only."""
-    device_defaults = config_device_defaults(cfg, detect_accelerator(cfg.trainer.accelerator))
+    accelerator = detect_accelerator(cfg.trainer.accelerator)
+    device_defaults = config_device_defaults(cfg, accelerator, config_correction_fits(cfg))
     apply_to_config(cfg, device_defaults)
     if not spawned_rank():
         print(device_defaults.block(), flush=True)

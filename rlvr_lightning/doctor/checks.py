@@ -38,7 +38,7 @@ from rlvr_lightning.rollout.sync import EngineSync, default_sync_tol
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, RolloutTensors, SamplingConfig
 from rlvr_lightning.training import wiring
 from rlvr_lightning.training.engine_setup import engine_compute_dtype
-from rlvr_lightning.training.settings import StepSettings
+from rlvr_lightning.training.settings import StepSettings, config_correction_fits
 from rlvr_lightning.training.step_metrics import mismatch_metrics
 
 PASS, FAIL, SKIP = "pass", "FAIL", "skipped"
@@ -67,7 +67,7 @@ class Setup:
     def __post_init__(self) -> None:
         # The settings the configuration leaves to the device resolve as `make train` resolves them, on the
         # device the doctor runs on.
-        self.device_defaults = config_device_defaults(self.cfg, accelerator_of_device(self.device))
+        self.device_defaults = config_device_defaults(self.cfg, accelerator_of_device(self.device), config_correction_fits(self.cfg))
         apply_to_config(self.cfg, self.device_defaults)
         self.rollout = RolloutSettings(**vars(self.cfg.rollout))
         self._engine_error: Exception | None = None

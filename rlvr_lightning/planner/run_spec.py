@@ -104,10 +104,10 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
     settings it leaves to the device resolve for `hardware`, as `make train` resolves them on that device."""
     from rlvr_lightning.planner.models import model_config
     from rlvr_lightning.rollout.settings import RolloutSettings
-    from rlvr_lightning.training.settings import StepSettings
+    from rlvr_lightning.training.settings import StepSettings, config_correction_fits
 
     accelerator = Accelerator("cuda", bf16=True) if hardware.gpu else Accelerator("cpu")  # every listed GPU has bf16
-    defaults = config_device_defaults(cfg, accelerator)
+    defaults = config_device_defaults(cfg, accelerator, config_correction_fits(cfg))
     cfg = copy.deepcopy(cfg)  # the caller's configuration stays as it was
     apply_to_config(cfg, defaults)
     settings = StepSettings.of_config(cfg.model)  # light: no module, no weights

@@ -19,6 +19,7 @@ from typing import Any, Literal, TypeVar
 from rlvr_lightning.device_defaults import Accelerator, default_for
 from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.models.lora import LoraSettings, as_settings
+from rlvr_lightning.pieces.kinds import policy_losses
 from rlvr_lightning.pieces.registry import AlgorithmArgs
 from rlvr_lightning.pieces.selection import piece_args_run_with
 from rlvr_lightning.training.algorithm import BoundPieces, algorithm_args, class_defaults
@@ -107,6 +108,26 @@ class BehaviourSettings:
         check_choice("model.behaviour.logprobs", self.logprobs, ("trainer", "rollout"))
 
 
+def correction_fits(values: Mapping[str, Any], rollout: Any = None) -> bool:
+    """Whether the device's default rollout correction (a token-level mask, on CUDA) applies to a run with these
+    algorithm arguments, as `check_pieces` and `check_behaviour_logprobs` would have it: a policy loss that weighs
+    each token (not a group-level one, nor one term per sequence), θ_old from the trainer (not the engine's own
+    log-probs), and sampling from the untruncated distribution (where `rollout`, its `rollout:` section, is known)."""
+    loss = policy_losses.selected(values)
+    behaviour = values.get("behaviour") or {}
+    logprobs = behaviour.get("logprobs") if isinstance(behaviour, Mapping) else getattr(behaviour, "logprobs", None)
+    truncated = rollout is not None and (rollout.top_p < 1 or rollout.top_k > 0)
+    return loss["level"] == "token" and bool(loss["token_weights"]) and logprobs != "rollout" and not truncated
+
+
+def config_correction_fits(cfg: Any) -> bool:
+    """`correction_fits` of a parsed `make train` configuration (its `model:` section with the class's defaults)."""
+    model = cfg.model.as_dict() if hasattr(cfg.model, "as_dict") else dict(cfg.model)
+    module_path, _, name = model["class_path"].rpartition(".")
+    algorithm = getattr(importlib.import_module(module_path), name)
+    return correction_fits(class_defaults(algorithm) | dict(model.get("init_args") or {}), cfg.rollout)
+
+
 def optimizer_steps_per_rollout_batch(args: Any) -> int:
     """K, from an algorithm's arguments (a mapping or a parsed namespace): the mini-batches of one pass, times
     the passes."""
@@ -154,6 +175,9 @@ class StepSettings:
         # Piece names as plain strings: the CLI parses them into checked `str` subtypes, which a checkpoint's
         # hyper-parameters would then pickle by class (and `torch.load(weights_only=True)` refuses).
         flat = {k: str(v) if isinstance(v, str) else v for k, v in values.items() if k not in (*groups, "lora")}
+        if flat.get("rollout_correction") is None:  # the device's (a module built in Python; the CLI resolved it)
+            fits = correction_fits(flat)
+            flat["rollout_correction"] = default_for("model.rollout_correction", correction_fits=fits)
         args = algorithm_args(flat, algorithm)
         pieces = BoundPieces.of(args)  # each piece checks its knobs; the combination is checked
         check_behaviour(groups["behaviour"].logprobs, pieces.corrects_rollouts, pieces.proximal)

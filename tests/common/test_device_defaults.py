@@ -24,12 +24,12 @@ CPU, CUDA = Accelerator("cpu"), Accelerator("cuda", bf16=True)
 CONFIG = ["--config", str(REPO / "configs/base.yaml"), "--config", str(REPO / "configs/algo/grpo.yaml")]
 # What every run was given before the defaults followed the device (written out: a changed CPU value must fail).
 TODAYS = {"trainer.precision": "32-true", "model.compute.fsdp_param_dtype": "float32", "model.compute.packing": False,
-          "rollout.dtype": "float32", "rollout.enforce_eager": True, "rollout.gpu_memory_utilization": 0.3}  # fmt: skip
+          "model.rollout_correction": "none", "rollout.dtype": "float32", "rollout.enforce_eager": True, "rollout.gpu_memory_utilization": 0.3}  # fmt: skip
 FAST = {"trainer.precision": "bf16-mixed", "model.compute.fsdp_param_dtype": "bfloat16", "model.compute.packing": True,
-        "rollout.dtype": "bfloat16", "rollout.enforce_eager": False, "rollout.gpu_memory_utilization": 0.3}  # fmt: skip
+        "model.rollout_correction": "icepop", "rollout.dtype": "bfloat16", "rollout.enforce_eager": False, "rollout.gpu_memory_utilization": 0.3}  # fmt: skip
 # A value for every setting that is neither device's default: the user's, which must win on both.
 USERS = {"trainer.precision": "16-mixed", "model.compute.fsdp_param_dtype": "float32", "model.compute.packing": False,
-         "rollout.dtype": "float16", "rollout.enforce_eager": True, "rollout.gpu_memory_utilization": 0.7}  # fmt: skip
+         "model.rollout_correction": "tis-token", "rollout.dtype": "float16", "rollout.enforce_eager": True, "rollout.gpu_memory_utilization": 0.7}  # fmt: skip
 
 
 @pytest.fixture
@@ -257,3 +257,33 @@ def test_the_doctor_reads_the_defaults_and_the_engine_dtype_as_the_run_does(cli_
     assert auto.trainer_dtype == "float32" and auto.engine_dtype == run == "bfloat16"
     cpu = Setup(parse([*CONFIG, "--trainer.accelerator", "cpu", "--rollout.dtype", "auto"])[0], tmp_path)
     assert (cpu.device.type, cpu.trainer_dtype, cpu.engine_dtype) == ("cpu", "float32", "float32")
+
+
+# ---- the rollout correction on CUDA ---------------------------------------------------------------------------
+def test_on_cuda_a_masked_correction_is_on_where_it_applies(cli_argv, cuda_machine, capsys):
+    """A bf16 engine beside the trainer drifts: IcePop's token mask is on by default, printed and recorded; not for
+    a group-level loss (REAL), a loss with one term per sequence (GSPO), truncated sampling, or the engine's own
+    log-probs as θ_old (each of which refuses a token correction); what the user sets wins."""
+    cli = resolved_cli()
+    assert cli.config.model.init_args.rollout_correction == "icepop"
+    assert "model.rollout_correction         icepop      from: device default (cuda)" in capsys.readouterr().out
+    assert recorded_params(cli)["model.init_args.rollout_correction"] == "icepop"
+    for flags in (["--config", str(REPO / "configs/algo/real.yaml")], ["--model.init_args.policy_loss", "gspo"],
+                  ["--rollout.top_p", "0.9"], ["--model.init_args.behaviour.logprobs", "rollout"]):  # fmt: skip
+        assert resolved_cli(*flags).config.model.init_args.rollout_correction == "none", flags
+    assert resolved_cli("--model.init_args.rollout_correction", "tis-token").config.model.init_args.rollout_correction == "tis-token"
+
+
+def test_a_module_built_in_python_resolves_the_correction_on_this_machines_device(cuda_machine):
+    from rlvr_lightning.algos import GRPO, REAL
+
+    assert GRPO().hparams.rollout_correction == "icepop" and REAL().hparams.rollout_correction == "none"
+    assert GRPO(rollout_correction="none").hparams.rollout_correction == "none"
+
+
+def test_on_cpu_no_correction_is_chosen_for_anyone():
+    from rlvr_lightning.algos import GRPO
+
+    assert GRPO().hparams.rollout_correction == "none"
+    assert resolve_device_defaults(CPU, {}, correction_fits=True).values["model.rollout_correction"] == "none"
+    assert resolve_device_defaults(CUDA, {}, correction_fits=False).values["model.rollout_correction"] == "none"
