@@ -19,13 +19,13 @@ Every token keeps the version that sampled it and that version's log-prob (`Comp
 Before the weight sync the trainer waits for the background work (`wait`): the servers change weights only
 between segments. So between steps nothing runs, and the batches in flight are data (tokens, log-probs,
 versions): they go into the checkpoint (`state_dict`) and a resumed run continues them as the uninterrupted
-run would.
+run would. `max_staleness: 0` never builds a stream (the step generates its batch itself); `1` is one batch
+generated ahead by the previous version, whole.
 
 In an environment (answers in turns, `environments.episodes`) a batch's sequences are episodes: a segment takes
 each unfinished one on, turn after turn with the environment's replies between, to the segment's cap; a turn cut
 at the cap goes on in the next segment (`advance_episodes`). Replies run inside a segment, so never during a
-weight sync, and the episodes in flight (their calls and notes too) are data like the rest. `max_staleness: 0` never builds a stream (the step generates its batch itself); `1` is one batch
-generated ahead by the previous version, whole.
+weight sync, and the episodes in flight (their calls and notes too) are data like the rest.
 
 Seeds: a batch's first segment samples with its rollout batch's seed, as the synchronous step would
 (`sampling_seed`); segment i > 0 with stream SEGMENT_STREAM + i of that batch (`derived_seed`), one request
