@@ -263,12 +263,14 @@ def test_the_doctor_reads_the_defaults_and_the_engine_dtype_as_the_run_does(cli_
 def test_on_cuda_a_masked_correction_is_on_where_it_applies(cli_argv, cuda_machine, capsys):
     """A bf16 engine beside the trainer drifts: IcePop's token mask is on by default, printed and recorded; not for
     a group-level loss (REAL), a loss with one term per sequence (GSPO), truncated sampling, or the engine's own
-    log-probs as θ_old (each of which refuses a token correction); what the user sets wins."""
+    log-probs as θ_old (each of which refuses a token correction), nor for the REAL paper's baselines, whose preset
+    keeps the paper's objective; what the user sets wins."""
     cli = resolved_cli()
     assert cli.config.model.init_args.rollout_correction == "icepop"
     assert "model.rollout_correction         icepop      from: device default (cuda)" in capsys.readouterr().out
     assert recorded_params(cli)["model.init_args.rollout_correction"] == "icepop"
     for flags in (["--config", str(REPO / "configs/algo/real.yaml")], ["--model.init_args.policy_loss", "gspo"],
+                  ["--config", str(REPO / "configs/algo/grpo-real-baseline.yaml")],  # the paper's objective, as REAL's
                   ["--rollout.top_p", "0.9"], ["--model.init_args.behaviour.logprobs", "rollout"]):  # fmt: skip
         assert resolved_cli(*flags).config.model.init_args.rollout_correction == "none", flags
     assert resolved_cli("--model.init_args.rollout_correction", "tis-token").config.model.init_args.rollout_correction == "tis-token"
