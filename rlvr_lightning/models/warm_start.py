@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -30,6 +31,7 @@ from rlvr_lightning.models.tasks import EMBEDDED_TASKS
 log = logging.getLogger(__name__)
 EMBEDDED = "embedded"
 _FORMAT_VERSION = 2  # bump when the builder or task changes in a way the key cannot see
+SHIPPED = Path(__file__).parent / "shipped"  # warm-start weights the package ships, by their key
 
 
 @dataclass(frozen=True)
@@ -82,15 +84,28 @@ def _lr_at(step: int, cfg: WarmStartConfig) -> float:
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def shipped_weights(cfg: WarmStartConfig) -> Path:
+    """Where the package ships a warm start's weights (the default one's): built here they would follow this
+    CPU's kernels (its vector width, its matmul library's code path) and differ from machine to machine, so
+    every machine starts from these instead, the weights the results pages were made from."""
+    return SHIPPED / f"embedded-{cfg.key()}.safetensors"
+
+
 def _build(cfg: WarmStartConfig, out: Path) -> None:
     t0 = time.time()
-    log.info("Building the embedded warm-start policy (%d steps) in %s", cfg.steps, out)
     tokenizer = build_char_tokenizer()
     model = build_tiny_qwen2(tokenizer, cfg.spec, seed=cfg.seed)
-    loss = warm_start(model, tokenizer, cfg)
     tmp = out.with_name(out.name + ".tmp")
-    save_policy(model, tokenizer, tmp)
-    meta = {"config": asdict(cfg), "final_loss": loss, "seconds": round(time.time() - t0, 1)}
+    shipped = shipped_weights(cfg)
+    if shipped.is_file():
+        save_policy(model, tokenizer, tmp)  # its configuration and tokenizer; the weights are the shipped ones
+        shutil.copyfile(shipped, tmp / "model.safetensors")
+        meta = {"config": asdict(cfg), "shipped": shipped.name}
+    else:
+        log.info("Building the embedded warm-start policy (%d steps) in %s", cfg.steps, out)
+        loss = warm_start(model, tokenizer, cfg)
+        save_policy(model, tokenizer, tmp)
+        meta = {"config": asdict(cfg), "final_loss": loss, "seconds": round(time.time() - t0, 1)}
     (tmp / "warm_start.json").write_text(json.dumps(meta, indent=2))
     tmp.rename(out)  # atomic: a half-written cache entry is never picked up
 

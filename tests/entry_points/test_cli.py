@@ -165,6 +165,30 @@ def test_a_run_names_the_warm_start_it_began_from(quick_warm_start, monkeypatch,
     assert warm_start.warm_start_digest(str(tiny_policy_dir)) is None  # a model's own path names it
 
 
+def test_the_default_warm_start_is_the_shipped_one_on_every_machine(tmp_path, monkeypatch):
+    """Built here it would follow this CPU's kernels; every machine starts from the weights the package ships (the
+    results pages' `66d538c8f3b0`), with no training, and transformers loads them."""
+    import hashlib
+
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from rlvr_lightning.models import warm_start
+
+    monkeypatch.setenv("RLVR_CACHE_DIR", str(tmp_path))
+    cfg = warm_start.WarmStartConfig()
+    shipped = warm_start.shipped_weights(cfg)
+    assert shipped.is_file(), "the default warm start's key no longer names the shipped weights"
+    monkeypatch.setattr(warm_start, "warm_start", lambda *a, **k: pytest.fail("the shipped warm start was trained"))
+    path = warm_start.embedded_policy_path(cfg)
+    assert hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()[:12] == "66d538c8f3b0"
+    assert json.loads((path / "warm_start.json").read_text())["shipped"] == shipped.name
+    model = AutoModelForCausalLM.from_pretrained(path)
+    for name, tensor in load_file(shipped).items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+
+
 # ---- a researcher's own pieces, from a directory outside the package --------------------------------------
 
 # An advantage estimator and a policy loss as a researcher writes them, in their own module.
