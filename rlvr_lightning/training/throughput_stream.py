@@ -285,13 +285,13 @@ class ThroughputStream:
         seed = derived_seed(step.seed, index, GROUP_STREAM + g.attempt, step.collectives.rank) * 1009 + position
         episodes: list[Episode] = []
         try:
-            generate = partial(step.engine.generate, first_replica=position)
+            generate, sampling = partial(step.engine.generate, first_replica=position), step.sampling(seed=seed)
             if step.environment is None:
-                (completions,) = generate([g.prompt_ids], step.sampling(seed=seed))
+                (completions,) = generate([g.prompt_ids], sampling)
             else:  # its turns: each request carries the weights' versions, a sync may fall between two of them
                 env = step.environment
-                episodes = start_episodes([g.prompt_ids], step.sampling().group_size, g.prompt)
-                advance_episodes(generate, step.tokenizer, episodes, step.sampling(seed=seed), env)
+                episodes = start_episodes([g.prompt_ids], sampling.group_size, g.prompt)
+                advance_episodes(generate, step.tokenizer, episodes, sampling, env)
                 completions = [e.completion(env.excluded(e)) for e in episodes]
         except BaseException as e:  # the step that waits for groups raises it
             with self.lock:
