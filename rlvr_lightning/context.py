@@ -71,6 +71,7 @@ class StepContext:
     total_rollout_batches: float  # the run's length in rollout batches (math.inf when unbounded)
     seed: int  # the data seed every sampling and noise seed derives from
     scorers: tuple = ()  # rollout callbacks that score a generated rollout (the reward verifier)
+    teacher: Any = None  # on-policy distillation's teacher (`training.teacher`), None without one
 
     @property
     def engine(self) -> RolloutEngine:
@@ -87,7 +88,8 @@ class ScoredBatch:
 
     rollout: Rollout
     rewards: torch.Tensor  # [N] r fed to the advantage estimator (shaped by the algorithm, e.g. DAPO)
-    advantages: torch.Tensor  # [N] sequence advantages Â_n
+    advantages: torch.Tensor  # [N] sequence advantages Â_n (of token advantages: their mean over sampled tokens)
+    token_advantages: torch.Tensor | None = None  # [N, T] an estimator's own per-token advantages (distillation's)
 
     @property
     def group_size(self) -> int:

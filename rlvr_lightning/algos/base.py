@@ -18,6 +18,7 @@ from rlvr_lightning.training.engine_session import EngineSession
 from rlvr_lightning.training.generation import generate
 from rlvr_lightning.training.settings import BehaviourSettings, ComputeSettings, OptimSettings, StepSettings
 from rlvr_lightning.training.step import Optimization, Skipped, StepAlgorithm, StepResult, TrainingStep
+from rlvr_lightning.training.teacher import TeacherSettings
 from rlvr_lightning.training.update import NonFiniteGuard
 
 
@@ -45,6 +46,7 @@ class RLVRModule(L.LightningModule):
         compute: ComputeSettings = ComputeSettings(),
         behaviour: BehaviourSettings = BehaviourSettings(),
         lora: LoraSettings | None = None,
+        teacher: TeacherSettings | None = None,
     ) -> None:
         """Every argument is a CLI flag, `--model.init_args.<name>` (a group's: `--model.init_args.optim.lr`).
 
@@ -70,6 +72,7 @@ class RLVRModule(L.LightningModule):
             compute: how the update is computed: micro-batches, chunks, packing, memory (`ComputeSettings`).
             behaviour: where θ_old's log-probs come from (`BehaviourSettings`).
             lora: train a LoRA adapter (PEFT) instead of every weight (`models.lora.LoraSettings`).
+            teacher: on-policy distillation's teacher, for `advantage_estimator: opd` (`training.teacher.TeacherSettings`).
         """
         super().__init__()
         self.save_hyperparameters()
@@ -78,7 +81,7 @@ class RLVRModule(L.LightningModule):
         self.settings = StepSettings.of(self.hparams, type(self))  # groups checked, pieces bound, combination checked
         self.hparams.update(self.settings.hparams())  # every knob the pieces run with; the groups as plain dicts
         self.automatic_optimization = False
-        self.policy, self.ref_policy = None, None  # built in configure_model
+        self.policy, self.ref_policy, self.teacher = None, None, None  # built in configure_model
         self.rollout_batches = 0  # completed rollout batches: the x-axis of every metric
         self.latest_val: dict[str, float] = {}
         self.session = EngineSession()  # the engine, weight sync, stream; attached at fit start
@@ -87,6 +90,7 @@ class RLVRModule(L.LightningModule):
     def configure_model(self) -> None:
         if self.policy is None:  # built here, where FSDP shards them
             self.policy, self.ref_policy = wiring.policies(self.settings, self.trainer.datamodule, self.device_mesh)
+            self.teacher = wiring.teacher(self.settings, self.trainer, self.device_mesh)
 
     def configure_callbacks(self) -> list:
         # The reward is part of the algorithm: add the default verifier unless the user configured one.
@@ -97,6 +101,8 @@ class RLVRModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self.session.attach(wiring.engine_spec(self))  # the policy is on its device from here on
+        if self.teacher is not None:
+            self.teacher.start()  # a served teacher's replicas
         # The checks that need the run, before anything expensive starts; then the engine, so that its start-up
         # is not charged to the first step.
         _ = wiring.training_step(self, self.step_algorithm(), check=True).session.engine
@@ -106,6 +112,8 @@ class RLVRModule(L.LightningModule):
 
     def teardown(self, stage: str) -> None:
         self.session.close()
+        if self.teacher is not None:
+            self.teacher.close()
 
     def step_algorithm(self) -> StepAlgorithm:
         """What this algorithm changes in the step's structure: nothing (DAPO returns its own)."""

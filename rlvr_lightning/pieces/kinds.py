@@ -19,6 +19,15 @@ def _no_reduction(x: Tensor) -> Tensor:
 
 
 @dataclass(frozen=True)
+class DistillationInputs:
+    """A teacher's view of the student's sampled tokens (on-policy distillation), on this rank."""
+
+    student_logp: Tensor  # [N, T] log π_S of each sampled token: the engine's, the policy version that sampled it
+    teacher_logp: Tensor  # [N, T] log π_T of the same token ids in the same context (the teacher at temperature 1)
+    mask: Tensor  # [N, T] 1 on the tokens the student sampled (not padding, not what an environment inserted)
+
+
+@dataclass(frozen=True)
 class AdvantageInputs:
     """An advantage estimator's inputs: the rollout batch's rewards, on this rank."""
 
@@ -27,6 +36,7 @@ class AdvantageInputs:
     group_size: int  # G
     reduce_sum: Callable[[Tensor], Tensor] = _no_reduction  # sum across ranks (a collective: every rank calls it)
     lengths: Tensor | None = None  # [N] response tokens of each sequence (for token-weighted statistics)
+    distillation: DistillationInputs | None = None  # the teacher's log-probs, for an estimator with the trait `teacher`
 
 
 @dataclass(frozen=True)
@@ -104,7 +114,10 @@ class ProximalInputs:
 advantage_estimators = Registry(
     "advantage estimator",
     "model.advantage_estimator",
-    "fn(AdvantageInputs, *, knobs) → sequence advantages [N], or (advantages [N], statistics {name: float})",
+    "fn(AdvantageInputs, *, knobs) → sequence advantages [N] or token advantages [N, T], or (advantages, "
+    "statistics {name: float})",
+    # teacher: reads `AdvantageInputs.distillation` (the run needs `model.teacher`) and returns token advantages.
+    traits={"teacher": False},
 )
 policy_losses = Registry(
     "policy loss",

@@ -82,9 +82,17 @@ class BoundPieces:
         """θ_old (the proximal policy) from the update's own forward, not from the trainer's pass before it."""
         return not self.proximal["forward"]
 
-    def advantages(self, inputs: AdvantageInputs) -> tuple[torch.Tensor, dict[str, float]]:
-        """Sequence advantages [N] and their statistics (`adv_*`), with the estimator's own, if it returns any."""
+    def advantages(self, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+        """Sequence advantages [N], the estimator's token advantages [N, T] if it gives each token its own (a
+        teacher's estimator; the sequence's are then their mean over its sampled tokens), and their statistics
+        (`adv_*`, over sequences), with the estimator's own, if it returns any."""
         out = self.estimator(inputs)
         advantages, own = out if isinstance(out, tuple) else (out, {})
-        return advantages, {**advantage_stats(advantages), **{k: float(v) for k, v in own.items()}}
+        tokens = None
+        if advantages.dim() == 2:
+            if inputs.distillation is None:
+                raise ValueError("an advantage estimator returns token advantages [N, T] only from a teacher's inputs")
+            tokens, mask = advantages, inputs.distillation.mask.to(advantages)
+            advantages = (tokens * mask).sum(1) / mask.sum(1).clamp(min=1)
+        return advantages, tokens, {**advantage_stats(advantages), **{k: float(v) for k, v in own.items()}}
 

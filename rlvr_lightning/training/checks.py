@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlvr_lightning.errors import ConfigError
-from rlvr_lightning.pieces import rollout_corrections
+from rlvr_lightning.pieces import advantage_estimators, rollout_corrections
 from rlvr_lightning.pieces.registry import Piece
 from rlvr_lightning.pieces.selection import selected_pieces
 from rlvr_lightning.training.layout import UpdateLayout
@@ -90,6 +90,11 @@ def check_run(
             f"model.policy_loss={h['policy_loss']} couples the {G} rollouts of a group, but model.compute.micro_batch_size="
             f"{layout.micro_batch_size} would split groups: use a multiple of rollout.group_size={G}, or model.two_pass=true"
         )
+    if shapers and advantage_estimators.selected(h)["teacher"]:
+        raise ConfigError(
+            f"{', '.join(shapers)} with model.advantage_estimator={h['advantage_estimator']}: the shapers reweigh a "
+            "sequence's advantage over its tokens, and distillation gives each token its own"
+        )
     if shapers and not objective.policy_loss["token_advantages"]:
         raise ConfigError(
             f"{', '.join(shapers)} reshape(s) token advantages, but model.policy_loss={h['policy_loss']} does not "
@@ -100,10 +105,13 @@ def check_run(
 def check_behaviour_logprobs(
     h: Mapping[str, Any], behaviour: Any, rollout: Any, corrects_rollouts: bool, max_staleness: int
 ) -> None:
-    uses_engine = corrects_rollouts or behaviour.logprobs == "rollout" or max_staleness > 0
+    distils = advantage_estimators.selected(h)["teacher"]
+    uses_engine = corrects_rollouts or behaviour.logprobs == "rollout" or max_staleness > 0 or distils
     if rollout.samples_truncated_distribution and uses_engine and not behaviour.allow_filtered_rollout_logprobs:
         what = (
-            f"model.rollout_correction={h['rollout_correction']}"
+            f"model.advantage_estimator={h['advantage_estimator']} (the student's side of its reverse KL)"
+            if distils
+            else f"model.rollout_correction={h['rollout_correction']}"
             if corrects_rollouts
             else "model.behaviour.logprobs=rollout"
             if behaviour.logprobs == "rollout"

@@ -74,7 +74,8 @@ def prepare_update(
         behaviour = FromUpdateForward(t.response_mask.shape, device, weigher if weigh_in_update else None)
     else:
         behaviour = Precomputed(t.rollout_logp if source == "rollout" else old_logp, source)
-    advantages = batch.advantages.to(device)[:, None] * t.loss_mask
+    token_advantages = batch.advantages.to(device)[:, None] if batch.token_advantages is None else batch.token_advantages.to(device)
+    advantages = token_advantages * t.loss_mask
     correct = rollout.correct.to(device, torch.float32)
     inputs = UpdateInputs(
         t, advantages, ref_logp, loss_mask, None, correct, G, temperature, behaviour, shaper_weights, hidden_weights

@@ -19,13 +19,14 @@ from typing import Any, Literal, TypeVar
 from rlvr_lightning.device_defaults import Accelerator, default_for
 from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.models.lora import LoraSettings, as_settings
-from rlvr_lightning.pieces.kinds import policy_losses
+from rlvr_lightning.pieces.kinds import advantage_estimators, policy_losses
 from rlvr_lightning.pieces.registry import AlgorithmArgs
 from rlvr_lightning.pieces.selection import piece_args_run_with
 from rlvr_lightning.training.algorithm import BoundPieces, algorithm_args, class_defaults
 from rlvr_lightning.training.behaviour import BehaviourSource, behaviour_source
 from rlvr_lightning.training.checks import check_behaviour, check_run
 from rlvr_lightning.training.layout import UpdateLayout
+from rlvr_lightning.training.teacher import TeacherSettings
 
 Group = TypeVar("Group")
 
@@ -128,6 +129,27 @@ def config_correction_fits(cfg: Any) -> bool:
     return correction_fits(class_defaults(algorithm) | dict(model.get("init_args") or {}), cfg.rollout)
 
 
+def check_teacher(args: Mapping[str, Any], teacher: TeacherSettings | None) -> None:
+    """A teacher is given exactly when the advantage estimator reads one, and the policy loss then takes the token
+    advantages it returns."""
+    estimator = advantage_estimators.selected(args)
+    if teacher is not None:
+        teacher.check()
+    if estimator["teacher"] and teacher is None:
+        raise ConfigError(
+            f"{estimator.what} distils a teacher: set --model.init_args.teacher.model_name_or_path (a model with the "
+            "student's vocabulary)"
+        )
+    if teacher is not None and not estimator["teacher"]:
+        raise ConfigError(
+            f"model.teacher is set but {estimator.what} does not read a teacher (use model.advantage_estimator=opd, "
+            "or drop model.teacher)"
+        )
+    loss = policy_losses.selected(args)
+    if estimator["teacher"] and not loss["token_advantages"]:
+        raise ConfigError(f"{estimator.what} gives each token its own advantage, which {loss.what} does not read")
+
+
 def optimizer_steps_per_rollout_batch(args: Any) -> int:
     """K, from an algorithm's arguments (a mapping or a parsed namespace): the mini-batches of one pass, times
     the passes."""
@@ -158,6 +180,7 @@ class StepSettings:
     behaviour: BehaviourSettings
     lora: LoraSettings | None
     pieces: BoundPieces
+    teacher: TeacherSettings | None = None  # on-policy distillation's teacher, for an estimator that reads one
 
     @classmethod
     def of(cls, values: Mapping[str, Any], algorithm: type) -> StepSettings:
@@ -174,14 +197,16 @@ class StepSettings:
             raise ConfigError("model.num_mini_batches and model.ppo_epochs must be ≥ 1")
         # Piece names as plain strings: the CLI parses them into checked `str` subtypes, which a checkpoint's
         # hyper-parameters would then pickle by class (and `torch.load(weights_only=True)` refuses).
-        flat = {k: str(v) if isinstance(v, str) else v for k, v in values.items() if k not in (*groups, "lora")}
+        flat = {k: str(v) if isinstance(v, str) else v for k, v in values.items() if k not in (*groups, "lora", "teacher")}
         if flat.get("rollout_correction") is None:  # the device's (a module built in Python; the CLI resolved it)
             fits = correction_fits(flat)
             flat["rollout_correction"] = default_for("model.rollout_correction", correction_fits=fits)
         args = algorithm_args(flat, algorithm)
         pieces = BoundPieces.of(args)  # each piece checks its knobs; the combination is checked
         check_behaviour(groups["behaviour"].logprobs, pieces.corrects_rollouts, pieces.proximal)
-        return cls(args, **groups, lora=as_settings(values.get("lora")), pieces=pieces)
+        teacher = None if values.get("teacher") is None else group_of(TeacherSettings, values.get("teacher"))
+        check_teacher(args, teacher)
+        return cls(args, **groups, lora=as_settings(values.get("lora")), pieces=pieces, teacher=teacher)
 
     @classmethod
     def of_config(cls, model: Any) -> StepSettings:
@@ -202,7 +227,8 @@ class StepSettings:
         plain dicts (flat MLflow params `model.init_args.optim.lr`; plain pickles in checkpoints)."""
         groups = {"optim": asdict(self.optim), "compute": asdict(self.compute), "behaviour": asdict(self.behaviour)}
         lora = None if self.lora is None else asdict(self.lora)
-        return {**self.args, "piece_args": piece_args_run_with(self.args), **groups, "lora": lora}
+        teacher = None if self.teacher is None else asdict(self.teacher)
+        return {**self.args, "piece_args": piece_args_run_with(self.args), **groups, "lora": lora, "teacher": teacher}
 
     def fsdp_param_dtype(self, accelerator: Accelerator | None = None) -> str:
         """The FSDP2 parameter dtype: the user's, else the device's default (a module built in Python; the

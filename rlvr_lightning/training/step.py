@@ -27,6 +27,7 @@ from rlvr_lightning.training.prepare import prepare_update
 from rlvr_lightning.training.settings import ResolvedStep
 from rlvr_lightning.training.shaping import shaper_metrics
 from rlvr_lightning.training.step_metrics import StageTimer, StepResult, step_metrics
+from rlvr_lightning.training.teacher import distillation_inputs
 from rlvr_lightning.training.update import NonFiniteGuard, PolicyUpdate
 
 
@@ -113,10 +114,17 @@ class TrainingStep:
         self, step: StepContext, rollout: Rollout, timer: StageTimer | None = None
     ) -> tuple[ScoredBatch, UpdateInputs, dict[str, float]]:
         """The scored batch, the update's inputs, and the reward's, advantages' and correction's metrics."""
+        timer = timer or StageTimer()
         rewards, reward_metrics = self.algorithm.rewards(rollout)
-        inputs = AdvantageInputs(rewards, rollout.correct, rollout.group_size, step.collectives.sum, rollout.response_lengths)
-        advantages, advantage_metrics = self.pieces.advantages(inputs)
-        scored = ScoredBatch(rollout, rewards, advantages)
+        distillation = None
+        if step.teacher is not None:
+            with timer("teacher"):
+                distillation = distillation_inputs(step.teacher, step, rollout, self.layout)
+        inputs = AdvantageInputs(
+            rewards, rollout.correct, rollout.group_size, step.collectives.sum, rollout.response_lengths, distillation
+        )
+        advantages, token_advantages, advantage_metrics = self.pieces.advantages(inputs)
+        scored = ScoredBatch(rollout, rewards, advantages, token_advantages)
         update_inputs, correction_metrics = prepare_update(
             step,
             scored,

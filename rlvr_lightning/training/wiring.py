@@ -19,6 +19,7 @@ from rlvr_lightning.training.engine_setup import engine_compute_dtype, trainer_c
 from rlvr_lightning.training.optim import adamw_with_schedule
 from rlvr_lightning.training.settings import OptimSettings, ResolvedStep, StepSettings
 from rlvr_lightning.training.step import Skipped, StepAlgorithm, StepResult, TrainingStep, logged_metrics
+from rlvr_lightning.training.teacher import ServerSite, build_teacher
 
 
 def resolve_step(settings: StepSettings, trainer: Any, device: Any, check: bool = False) -> ResolvedStep:
@@ -44,6 +45,16 @@ def policies(settings: StepSettings, datamodule: Any, device_mesh: Any) -> tuple
         settings.lora,
         datamodule.hparams.seed,
     )
+
+
+def teacher(settings: StepSettings, trainer: Any, device_mesh: Any) -> Any:
+    """On-policy distillation's teacher of this rank (`training.teacher`), or None without one."""
+    if settings.teacher is None:
+        return None
+    dm = trainer.datamodule
+    site = ServerSite(dm.max_model_len(), dm.hparams.seed + trainer.global_rank, dm.rollout.kv_cache_gib,
+                      (trainer.local_rank, trainer.num_devices))
+    return build_teacher(settings.teacher, dm.tokenizer, device_mesh, settings.fsdp_param_dtype(), site)
 
 
 def trainer_dtype(settings: StepSettings, trainer: Any, sharded: bool) -> str:
@@ -93,6 +104,7 @@ def step_context(module: Any) -> StepContext:
     return StepContext(
         policy=module.policy,
         ref_policy=module.ref_policy,
+        teacher=module.teacher,
         engines=module.session,
         tokenizer=dm.tokenizer,
         data=dm,

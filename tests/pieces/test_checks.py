@@ -169,7 +169,7 @@ def test_advantage_statistics_and_an_estimators_own_reach_the_steps_metrics():
         module = GRPO(advantage_estimator="test-with-stats")
         rewards = torch.tensor([1.0, 0.0, 0.5, 0.5])
         rollout = SimpleNamespace(correct=rewards > 0.5, group_size=2, response_lengths=torch.ones(4, dtype=torch.long))
-        adv, stats = module.settings.pieces.advantages(AdvantageInputs(rewards, rollout.correct, rollout.group_size, Collectives().sum, rollout.response_lengths))
+        adv, _, stats = module.settings.pieces.advantages(AdvantageInputs(rewards, rollout.correct, rollout.group_size, Collectives().sum, rollout.response_lengths))
         torch.testing.assert_close(adv, torch.tensor([0.5, -0.5, 0.0, 0.0]))
         assert stats == pytest.approx({"adv_mean": 0.0, "adv_std": (1 / 6) ** 0.5, "adv_abs_max": 0.5,
                                        "adv_zero_frac": 0.5, "adv_positive_frac": 0.25})  # fmt: skip

@@ -69,7 +69,7 @@ def test_a_users_piece_by_dotted_path_is_what_the_module_trains_with(my_pieces):
     module = GRPO(advantage_estimator="my_pieces.rank_advantage", piece_args={"rank_scale": 0.5})
     rewards = torch.tensor([1.0, 0, 0, 1, 0.2, 0.2, 0.2, 0.2])
     rollout = SimpleNamespace(correct=rewards > 0.5, group_size=4, response_lengths=torch.ones(8, dtype=torch.long))
-    got, stats = module.settings.pieces.advantages(AdvantageInputs(rewards, rollout.correct, rollout.group_size, Collectives().sum, rollout.response_lengths))
+    got, _, stats = module.settings.pieces.advantages(AdvantageInputs(rewards, rollout.correct, rollout.group_size, Collectives().sum, rollout.response_lengths))
     torch.testing.assert_close(got, 0.5 * torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0, 0, 0, 0]))
     assert stats == pytest.approx({"adv_mean": 0.0, "adv_std": float(got.std()), "adv_abs_max": 1 / 3, "adv_zero_frac": 0.5})
     assert module.hparams.advantage_estimator == "my_pieces.rank_advantage"

@@ -1,0 +1,216 @@
+"""The teacher of on-policy distillation: a model that scores the student's sampled tokens, token id for token id
+(no re-tokenization), in the trainer process or on `vllm serve` replicas of its own. The advantage estimator `opd`
+(`pieces/distillation.py`) turns its log-probs into the learning signal.
+
+In the trainer it is loaded like the frozen reference (fp32, sharded per decoder layer under FSDP2) and scored by the
+same no-grad pass; on a replica, vLLM's prompt log-probs of the sequence give each token's log-prob under the teacher.
+Either way the teacher runs at temperature 1: its distribution as it is, whatever the student sampled at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.models.policy import load_tokenizer
+from rlvr_lightning.models.warm_start import resolve_policy_path
+from rlvr_lightning.pieces.kinds import DistillationInputs
+from rlvr_lightning.rollout.types import Rollout, RolloutTensors
+from rlvr_lightning.training.behaviour import separate_pass
+
+TEACHER_TEMPERATURE = 1.0
+
+
+@dataclass(frozen=True)
+class TeacherSettings:
+    """The teacher of on-policy distillation (`--model.init_args.teacher.<name>`), read by the advantage
+    estimator `opd`.
+
+    Args:
+        model_name_or_path: an HF model directory or id, or a built-in warm start (`embedded-balanced`); its
+            vocabulary must be the student's (the student's token ids are scored as they are).
+        servers: 0 (default): the teacher runs in the trainer process; n > 0: on n `vllm serve` replicas launched
+            for it on this machine.
+        server_urls: attach to running `vllm serve` replicas of the teacher instead (served as `policy`).
+        request_timeout_s: how long one scoring request to a replica may take.
+    """
+
+    model_name_or_path: str
+    servers: int = 0
+    server_urls: list[str] | None = None
+    request_timeout_s: float = 600.0
+
+    def check(self) -> None:
+        if not self.model_name_or_path:
+            raise ConfigError("model.teacher.model_name_or_path is empty: name the teacher's model")
+        if self.servers < 0:
+            raise ConfigError(f"model.teacher.servers must be ≥ 0, got {self.servers}")
+        if self.request_timeout_s <= 0:
+            raise ConfigError(f"model.teacher.request_timeout_s must be > 0, got {self.request_timeout_s}")
+
+    @property
+    def served(self) -> bool:
+        return self.servers > 0 or bool(self.server_urls)
+
+
+def check_same_vocabulary(student_tokenizer: Any, teacher_path: str, teacher_name: str) -> None:
+    """A teacher whose tokenizer maps any token otherwise than the student's, or whose embedding lacks a student
+    token id, is refused in one line: its log-probs of the student's ids would score other text."""
+    from transformers import AutoConfig
+
+    teacher = load_tokenizer(teacher_path).get_vocab()
+    student = student_tokenizer.get_vocab()
+    if teacher != student:
+        differ = len(set(teacher.items()) ^ set(student.items()))
+        raise ConfigError(
+            f"model.teacher.model_name_or_path={teacher_name!r}: its tokenizer is not the student's ({len(teacher)} "
+            f"against {len(student)} tokens, {differ} entries differ); on-policy distillation scores the student's "
+            "token ids as they are, so teacher and student must share one vocabulary"
+        )
+    rows = AutoConfig.from_pretrained(teacher_path).vocab_size
+    if rows < max(student.values()) + 1:
+        raise ConfigError(
+            f"model.teacher.model_name_or_path={teacher_name!r}: its embedding has {rows} rows, fewer than the "
+            f"student's token ids ({max(student.values()) + 1})"
+        )
+
+
+class TrainerTeacher:
+    """The teacher in the trainer process: a frozen HF model, sharded like the policy under FSDP2."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def logprobs(self, rollout: Rollout, t: RolloutTensors, micro_batches: Callable, chunk_tokens: int,
+                 lockstep: bool, packed: bool) -> torch.Tensor:
+        """[N, T] log π_T of each response token of `t` (0 on padding), micro-batch by micro-batch
+        (`micro_batches(rows, whole_groups)`); `lockstep`: every rank runs the same forwards (FSDP)."""
+        logp, _, _ = separate_pass(
+            self.model, None, t, TEACHER_TEMPERATURE, micro_batches, chunk_tokens, with_old=True, lockstep=lockstep,
+            packed=packed,
+        )
+        return logp
+
+
+class ServedTeacher:
+    """The teacher on `vllm serve` replicas: each scoring request sends whole sequences as token ids and reads
+    vLLM's prompt log-probs of them (the log-prob of each given token, however unlikely, at temperature 1)."""
+
+    def __init__(self, replicas: Any, served_name: str) -> None:
+        self.replicas, self.served_name = replicas, served_name
+
+    def start(self) -> None:
+        self.replicas.start()
+
+    def close(self) -> None:
+        self.replicas.stop()
+
+    def logprobs(self, rollout: Rollout, t: RolloutTensors, *_: Any, **__: Any) -> torch.Tensor:
+        """[N, T] log π_T of each response token of the rollout (0 on padding), the sequences split across the
+        replicas."""
+        G = rollout.group_size
+        sequences = [(list(rollout.prompt_ids[n // G]), list(c.token_ids)) for n, c in enumerate(rollout.completions)]
+        shares = [list(range(i, len(sequences), len(self.replicas))) for i in range(len(self.replicas))]
+        out = torch.zeros(t.response_mask.shape)
+        with ThreadPoolExecutor(len(self.replicas)) as pool:
+            scored = pool.map(lambda i: self._score(self.replicas[i].url, [sequences[n] for n in shares[i]]), range(len(shares)))
+            for rows, values in zip(shares, scored):
+                for n, v in zip(rows, values):
+                    out[n, : len(v)] = torch.tensor(v)
+        return out.to(t.response_mask.device)
+
+    def _score(self, url: str, sequences: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        if not sequences:
+            return []
+        answer = self.replicas.client.post(
+            url,
+            "/v1/completions",
+            timeout=None,
+            json={
+                "model": self.served_name,
+                "prompt": [prompt + response for prompt, response in sequences],
+                "max_tokens": 1,
+                "temperature": 0.0,
+                "prompt_logprobs": 0,
+            },
+        )
+        choices = sorted(answer["choices"], key=lambda c: c["index"])
+        return [response_logprobs(c["prompt_logprobs"], p, r) for c, (p, r) in zip(choices, sequences)]
+
+
+def response_logprobs(prompt_logprobs: list[dict | None], prompt: list[int], response: list[int]) -> list[float]:
+    """The log-probs of `response`'s tokens from vLLM's prompt log-probs of prompt + response (one entry per
+    position, {token id: {"logprob": …}}, holding the given token's whatever its rank)."""
+    entries = prompt_logprobs[len(prompt) : len(prompt) + len(response)]
+    if len(entries) != len(response):
+        raise RuntimeError(f"the teacher's server scored {len(entries)} of {len(response)} response tokens")
+    return [float(entry[str(token)]["logprob"]) for entry, token in zip(entries, response)]
+
+
+@dataclass(frozen=True)
+class ServerSite:
+    """Where this rank's teacher replicas run: the longest sequence, the seed, the KV cache, and the rank's slot
+    among the trainer's ranks on this machine (which cores or GPUs its replicas get)."""
+
+    max_model_len: int
+    seed: int
+    kv_cache_gib: float
+    node_slot: tuple[int, int]
+
+
+def build_teacher(settings: TeacherSettings, student_tokenizer: Any, mesh: Any, param_dtype: str, site: ServerSite):
+    """The teacher of `settings`, its vocabulary checked against the student's: in the trainer (loaded now, sharded
+    on `mesh` in `param_dtype`), or on replicas at `site` (started by `start`)."""
+    path = resolve_policy_path(settings.model_name_or_path)
+    check_same_vocabulary(student_tokenizer, path, settings.model_name_or_path)
+    if settings.served:
+        return served_teacher(settings, path, site)
+    from transformers import AutoModelForCausalLM
+
+    from rlvr_lightning.parallel import shard_policy
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model.requires_grad_(False)
+    model.config.use_cache = False
+    if mesh is not None:
+        shard_policy(model, mesh["data_parallel"] if mesh.mesh_dim_names else mesh, param_dtype)
+    return TrainerTeacher(model)
+
+
+def served_teacher(settings: TeacherSettings, path: str, site: ServerSite) -> ServedTeacher:
+    """Replicas of the teacher: launched for this rank (`settings.servers`) or attached (`settings.server_urls`)."""
+    from rlvr_lightning.rollout.server_client import ServerClient
+    from rlvr_lightning.rollout.server_process import SERVED_NAME, ServerSpec
+    from rlvr_lightning.rollout.server_replicas import ReplicaSet
+
+    spec = ServerSpec(path, max_model_len=site.max_model_len + 1, seed=site.seed, kv_cache_gib=site.kv_cache_gib)
+    client = ServerClient(settings.request_timeout_s)
+    replicas = ReplicaSet(client, spec, settings.servers, settings.server_urls, site.node_slot, None)
+    return ServedTeacher(replicas, SERVED_NAME)
+
+
+def distillation_inputs(teacher: Any, step: Any, rollout: Rollout, layout: Any) -> DistillationInputs:
+    """The teacher's and the student's log-probs of the rollout's sampled tokens (`step`: the step's context,
+    `layout`: the update's, whose micro-batches and chunks the teacher's pass in the trainer uses)."""
+    t = rollout.tensors(step.tokenizer.pad_token_id).to(step.device)
+    counts = t.token_counts
+    teacher_logp = teacher.logprobs(
+        rollout,
+        t,
+        lambda rows, whole_groups: layout.micro_batches(rows, counts, step.collectives, 1),
+        layout.logprob_chunk_tokens,
+        step.collectives.world_size > 1,
+        layout.packing,
+    )
+    return DistillationInputs(t.rollout_logp, teacher_logp.to(step.device), t.loss_mask)

@@ -1,0 +1,125 @@
+"""On-policy distillation: the `opd` advantage on hand-checkable tensors, the checks of its configuration, and the
+teacher's log-probs (in the trainer) against a direct forward of the teacher."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from rlvr_lightning.algos.grpo import GRPO
+from rlvr_lightning.context import Collectives
+from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.pieces import advantage_estimators
+from rlvr_lightning.pieces.advantages import group_advantage
+from rlvr_lightning.pieces.kinds import AdvantageInputs, DistillationInputs
+from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
+from rlvr_lightning.training.layout import UpdateLayout
+from rlvr_lightning.training.teacher import TrainerTeacher, check_same_vocabulary, response_logprobs
+
+STUDENT = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -3.0, 0.0]])
+TEACHER = torch.tensor([[-0.5, -3.0, -9.0], [-0.5, -1.0, -7.0]])
+MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])  # the last column is padding
+
+
+def opd(rewards=(1.0, 0.0), teacher=TEACHER, **knobs):
+    r = torch.tensor(rewards)
+    inputs = AdvantageInputs(r, r, 2, distillation=DistillationInputs(STUDENT, teacher, MASK))
+    return advantage_estimators.get("opd").bind(knobs)(inputs)
+
+
+def test_alone_each_sampled_token_gets_the_teacher_minus_student_log_prob():
+    adv, stats = opd()
+    assert adv.tolist() == [[0.5, -1.0, 0.0], [0.0, 2.0, 0.0]]  # log π_T − log π_S; 0 on padding
+    assert stats["opd_reverse_kl"] == pytest.approx((-0.5 + 1.0 + 0.0 - 2.0) / 4)  # mean of log π_S − log π_T
+
+
+def test_clipped_and_weighted_beside_grpos_sequence_advantage():
+    adv, stats = opd(opd_reward="grpo", opd_coef=0.5, opd_clip=0.75)
+    a = 0.5 ** 0.5  # GRPO's advantage of rewards (1, 0): ±(0.5 / std), std = √0.5
+    expected = [[a + 0.5 * 0.5, a - 0.5 * 0.75, 0.0], [-a + 0.0, -a + 0.5 * 0.75, 0.0]]
+    assert torch.allclose(adv, torch.tensor(expected), atol=1e-6), adv
+    assert stats["opd_clip_frac"] == 0.5  # |−1| and |2| exceed 0.75; 0.5 and 0 do not
+
+
+def test_a_teacher_equal_to_the_student_leaves_the_rewards_advantage():
+    adv, _ = opd(rewards=(0.0, 1.0), teacher=STUDENT, opd_reward="grpo")
+    sequence = group_advantage(torch.tensor([0.0, 1.0]), 2)
+    assert torch.equal(adv, sequence[:, None] * MASK)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        ({"advantage_estimator": "opd"}, "distils a teacher: set --model.init_args.teacher.model_name_or_path"),
+        ({"teacher": {"model_name_or_path": "embedded"}}, "does not read a teacher"),
+        ({"advantage_estimator": "opd", "teacher": {"model_name_or_path": "embedded"}, "policy_loss": "real-anchor"},
+         "does not read"),
+        ({"advantage_estimator": "opd", "teacher": {"model_name_or_path": "embedded"},
+          "piece_args": {"opd_reward": "opd"}}, "reads the teacher itself"),
+        ({"advantage_estimator": "opd", "teacher": {"model_name_or_path": "embedded"},
+          "piece_args": {"opd_coef": 0.0}}, "opd_coef must be > 0"),
+        ({"advantage_estimator": "opd", "teacher": {"model_name_or_path": "embedded", "servers": -1}},
+         "teacher.servers must be ≥ 0"),
+    ],
+)  # fmt: skip
+def test_a_teacher_without_its_estimator_or_the_reverse_is_a_one_line_error(args, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        GRPO(**args)
+
+
+def test_the_estimator_with_a_teacher_builds():
+    module = GRPO(advantage_estimator="opd", teacher={"model_name_or_path": "embedded"}, piece_args={"opd_reward": "grpo"})
+    assert module.settings.teacher.model_name_or_path == "embedded"
+    assert module.hparams["teacher"]["servers"] == 0
+
+
+def test_a_teacher_with_another_vocabulary_is_refused_in_one_line(tiny_policy_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_policy_dir, other)
+    spec = json.loads((other / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    a, b = list(vocab)[10:12]
+    vocab[a], vocab[b] = vocab[b], vocab[a]  # two tokens swap ids: the same strings, other ids
+    (other / "tokenizer.json").write_text(json.dumps(spec))
+    student = AutoTokenizer.from_pretrained(tiny_policy_dir)
+    check_same_vocabulary(student, str(tiny_policy_dir), "same")  # the student's own vocabulary passes
+    with pytest.raises(ConfigError, match="its tokenizer is not the student's .* 4 entries differ") as err:
+        check_same_vocabulary(student, str(other), "other")
+    assert "\n" not in str(err.value)
+
+
+def test_the_teachers_log_probs_are_a_direct_forward_of_the_teacher(tiny_policy_dir):
+    """Scored by the trainer's micro-batched, chunked pass over padded sequences, each response token's log-prob
+    equals the teacher's own forward of that one sequence, unpadded, at temperature 1."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy_dir, dtype=torch.float32).eval()
+    prompts = [[5, 6, 7], [8]]
+    responses = [[20, 21, 22, 23], [24], [25, 26, 27, 28, 29, 30], [31, 32]]
+    comps = [Completion(r, [0.0] * len(r), "stop") for r in responses]
+    rollout = Rollout(PromptBatch(["a", "b"], ["", ""], ["", ""]), 2, prompts, comps, SamplingConfig(group_size=2), 0)
+    t = rollout.tensors(0)
+    layout = UpdateLayout(1, 1, 3, None, 2, 1.0, 6.0, False)  # micro-batches of 3 rows, LM-head chunks of 2 tokens
+    counts = t.token_counts
+    got = TrainerTeacher(model).logprobs(
+        rollout, t, lambda rows, whole: layout.micro_batches(rows, counts, Collectives(), 1), 2, False, False
+    )
+    for n, response in enumerate(responses):
+        ids = torch.tensor([prompts[n // 2] + response])
+        with torch.no_grad():
+            logp = model(ids).logits.float().log_softmax(-1)[0, len(prompts[n // 2]) - 1 : -1]
+        direct = logp.gather(-1, torch.tensor(response)[:, None])[:, 0]
+        assert got[n, : len(response)] == pytest.approx(direct.tolist(), abs=1e-5)
+        assert (got[n, len(response) :] == 0).all()
+
+
+def test_a_replicas_prompt_log_probs_give_the_response_tokens():
+    entries = [None, {"6": {"logprob": -0.1}}, {"9": {"logprob": -2.5, "rank": 7}}, {"4": {"logprob": -0.3}}]
+    assert response_logprobs(entries, [5, 6], [9, 4]) == [-2.5, -0.3]
+    with pytest.raises(RuntimeError, match="scored 1 of 2"):
+        response_logprobs(entries[:3], [5, 6], [9, 4])
