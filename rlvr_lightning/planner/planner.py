@@ -10,6 +10,7 @@ from rlvr_lightning.planner.engine_memory import EngineShare, engine_share, roll
 from rlvr_lightning.planner.hardware import GIB
 from rlvr_lightning.planner.run_spec import RunSpec
 from rlvr_lightning.planner.step_time import StepTime, estimate_step
+from rlvr_lightning.planner.teacher_cost import with_teacher_in_trainer
 from rlvr_lightning.planner.trainer_measurement import measure_trainer
 from rlvr_lightning.planner.trainer_memory import TrainerMemory, TrainerSetup
 
@@ -89,6 +90,8 @@ def plan_run(spec: RunSpec, estimate_time: bool = True) -> Plan:
     """The plan of `spec`; without `estimate_time` (a fix being tried) no FLOPs are counted and the step
     time is left empty."""
     trainer = measure_trainer(trainer_setup(spec), with_flops=estimate_time)
+    if spec.teacher is not None and not spec.teacher.served:
+        trainer = with_teacher_in_trainer(trainer, trainer_setup(spec), spec.teacher, estimate_time)
     held = engine_parameters(spec, trainer)
     engine = engine_share(spec, held)
     runtime = GPU_RUNTIME_GIB if spec.hardware.gpu else process_libraries_gib(spec)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from rlvr_lightning.device_defaults import Accelerator, apply_to_config, config_device_defaults
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.planner.hardware import Hardware
+from rlvr_lightning.planner.teacher_cost import TeacherPlan, teacher_plan
 from rlvr_lightning.planner.tool_time import ToolPlan, tool_plan
 
 
@@ -59,6 +60,7 @@ class RunSpec:
     mean_response_length: float | None = None
     tool: ToolPlan | None = None  # data.tool: its calls' time and its outputs' tokens
     environment: str = ""  # data.environment's class path, if one of the user's (its replies' time is not planned)
+    teacher: TeacherPlan | None = None  # model.teacher: on-policy distillation's teacher
 
     @property
     def world_size(self) -> int:
@@ -171,4 +173,5 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
         mean_response_length=means["response"],
         tool=tool_plan(data.get("tool"), plan),
         environment=getattr(data.get("environment"), "class_path", "") or "",
+        teacher=teacher_plan(getattr(cfg.model.init_args, "teacher", None)),
     )

@@ -24,6 +24,8 @@ from rlvr_lightning.planner.engine_memory import EngineShare, dtype_bytes, vllm_
 from rlvr_lightning.planner.generation import DecodeCosts, Generation, continuous_batching, padded_batch
 from rlvr_lightning.planner.lengths import LengthSpread, expected_longest, response_lengths, submission_order
 from rlvr_lightning.planner.run_spec import RunSpec
+from rlvr_lightning.planner.teacher_cost import STAGE as TEACHER_STAGE
+from rlvr_lightning.planner.teacher_cost import parameter_count, served_teacher_seconds
 from rlvr_lightning.planner.trainer_memory import TrainerMemory
 from rlvr_lightning.planner.weight_sync import WeightSync, weight_sync
 
@@ -102,6 +104,8 @@ def estimate_step(spec: RunSpec, trainer: TrainerMemory, engine: EngineShare, en
     ]
     if spec.tool is not None:
         assumptions.append(spec.tool.describe(T))
+    if spec.teacher is not None:
+        assumptions.append(teacher_cost(spec, trainer, stages, worst_stages))
     if spec.engine_elsewhere:
         assumptions.append("vLLM servers: each rank's sequences as on one engine of its own (the KV cache of one server's share)")
     if spec.fsdp and spec.world_size > 1:
@@ -119,6 +123,25 @@ def estimate_step(spec: RunSpec, trainer: TrainerMemory, engine: EngineShare, en
     return StepTime(stages, assumptions, worst_stages, expected_gen, worst_gen, sync, spec.max_staleness > 0, notes)
 
 
+def teacher_cost(spec: RunSpec, trainer: TrainerMemory, stages: dict[str, float], worst_stages: dict[str, float]) -> str:
+    """The teacher's line of the assumptions; a served teacher's prefill added to `stages` (the expected lengths) and
+    `worst_stages` (the limits)."""
+    teacher = spec.teacher
+    if not teacher.served:
+        return (f"teacher {teacher.name} ({trainer.teacher_parameters / 1e9:.3g}B parameters) in the trainer: its fp32 "
+                f"weights held through the step{' (its shard)' if spec.fsdp else ''} and a no-grad forward, measured "
+                "as the policy's")  # fmt: skip
+    parameters = parameter_count(teacher.config)
+    flop_s = spec.hardware.tflops * 1e12 * PREFILL_EFFICIENCY
+    N = spec.sequences_per_rank
+    expected = N * (spec.expected_prompt_length + spec.expected_response_length)
+    stages["teacher (vllm serve)"] = served_teacher_seconds(teacher, parameters, expected, flop_s)
+    worst_stages["teacher (vllm serve)"] = served_teacher_seconds(teacher, parameters, N * (spec.max_prompt_length + spec.max_response_length), flop_s)
+    where = "attached replicas" if teacher.attached else f"{teacher.replicas} vllm serve replica(s) per rank"
+    return (f"teacher {teacher.name} ({parameters / 1e9:.3g}B parameters) on {where}: a prefill of every sequence at "
+            f"{PREFILL_EFFICIENCY:.0%} of peak, its weights and KV cache on the replicas' devices, not in this plan")  # fmt: skip
+
+
 def trainer_stages(spec: RunSpec, trainer: TrainerMemory, token_share: float) -> dict[str, float]:
     """Seconds per trainer stage: its counted FLOPs × `token_share` (the expected tokens' share of the limits'),
     or its micro-batches' FSDP collectives where they take longer (each micro-batch gathers the weights anew)."""
@@ -127,7 +150,7 @@ def trainer_stages(spec: RunSpec, trainer: TrainerMemory, token_share: float) ->
     at_limits = expected_micro_batches(spec, 1.0)
     micro_batches = expected_micro_batches(spec, token_share)
     W = spec.world_size if spec.fsdp else 1
-    gathered = trainer.parameters * (2 if spec.fsdp_param_dtype == "bfloat16" else 4) * (W - 1) / W if spec.fsdp else 0
+    per_parameter = (2 if spec.fsdp_param_dtype == "bfloat16" else 4) * (W - 1) / W if spec.fsdp else 0
     link = collective_gb_s(spec) * 1e9
     stages: dict[str, float] = {}
     for s in trainer.stages:
@@ -137,6 +160,7 @@ def trainer_stages(spec: RunSpec, trainer: TrainerMemory, token_share: float) ->
             stages[s.stage] = spec.num_mini_batches * spec.ppo_epochs * shard * 28 / (hw.memory_tb_s * 1e12 * DECODE_EFFICIENCY)
             continue
         passes = spec.ppo_epochs if s.stage.startswith("update") else 1
+        gathered = per_parameter * (trainer.teacher_parameters if s.stage == TEACHER_STAGE else trainer.parameters)
         comm = gathered * (3 if s.stage.startswith("update") else 1) / link  # forward + backward gathers, reduce-scatter
         compute = at_limits * s.flops * token_share / flop_s  # the pass's FLOPs at the expected tokens
         name = "update forward + backward" if s.stage.startswith("update") else s.stage

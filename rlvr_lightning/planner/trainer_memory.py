@@ -42,6 +42,7 @@ class TrainerMemory:
     stages: list[StagePeak]
     parameters: int  # the policy's parameter count
     trained: int = 0  # of which a LoRA policy's adapter (0: every parameter trains)
+    teacher_parameters: int = 0  # on-policy distillation's teacher in the trainer (`planner.teacher_cost`)
 
     @property
     def peak(self) -> StagePeak:

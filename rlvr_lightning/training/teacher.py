@@ -160,13 +160,15 @@ def response_logprobs(prompt_logprobs: list[dict | None], prompt: list[int], res
 
 @dataclass(frozen=True)
 class ServerSite:
-    """Where this rank's teacher replicas run: the longest sequence, the seed, the KV cache, and the rank's slot
-    among the trainer's ranks on this machine (which cores or GPUs its replicas get)."""
+    """How this rank's teacher replicas run: the longest sequence, the seed, the KV cache, the dtype (the rollout
+    engine's: `rollout.dtype`), and the rank's slot among the trainer's ranks on this machine (which cores or GPUs
+    its replicas get)."""
 
     max_model_len: int
     seed: int
     kv_cache_gib: float
     node_slot: tuple[int, int]
+    dtype: str = "auto"
 
 
 def build_teacher(settings: TeacherSettings, student_tokenizer: Any, mesh: Any, param_dtype: str, site: ServerSite):
@@ -194,7 +196,7 @@ def served_teacher(settings: TeacherSettings, path: str, site: ServerSite) -> Se
     from rlvr_lightning.rollout.server_process import SERVED_NAME, ServerSpec
     from rlvr_lightning.rollout.server_replicas import ReplicaSet
 
-    spec = ServerSpec(path, max_model_len=site.max_model_len + 1, seed=site.seed, kv_cache_gib=site.kv_cache_gib)
+    spec = ServerSpec(path, site.max_model_len + 1, site.dtype, site.seed, site.kv_cache_gib)
     client = ServerClient(settings.request_timeout_s)
     replicas = ReplicaSet(client, spec, settings.servers, settings.server_urls, site.node_slot, None)
     return ServedTeacher(replicas, SERVED_NAME)

@@ -52,8 +52,9 @@ def teacher(settings: StepSettings, trainer: Any, device_mesh: Any) -> Any:
     if settings.teacher is None:
         return None
     dm = trainer.datamodule
-    site = ServerSite(dm.max_model_len(), dm.hparams.seed + trainer.global_rank, dm.rollout.kv_cache_gib,
-                      (trainer.local_rank, trainer.num_devices))
+    rollout = dm.rollout
+    site = ServerSite(dm.max_model_len(), dm.hparams.seed + trainer.global_rank, rollout.kv_cache_gib,
+                      (trainer.local_rank, trainer.num_devices), rollout.dtype)
     return build_teacher(settings.teacher, dm.tokenizer, device_mesh, settings.fsdp_param_dtype(), site)
 
 

@@ -64,11 +64,14 @@ class Recorded(StepAlgorithm):
         return self.rollout
 
 
-def replay(model_dir: Path, probe: Path, callbacks=(), lora: LoraSettings | None = None, hparams: dict = HPARAMS) -> dict[str, torch.Tensor]:
+def replay(
+    model_dir: Path, probe: Path, callbacks=(), lora: LoraSettings | None = None, hparams: dict = HPARAMS, **algorithm
+) -> dict[str, torch.Tensor]:
     """The same steps in one process: both ranks' rollouts of a step form one rollout batch (a LoRA policy
-    from the run's initial adapter); the final weights as the engine gets them (a LoRA policy's merged)."""
+    from the run's initial adapter); the final weights as the engine gets them (a LoRA policy's merged).
+    `algorithm`: more of the module's arguments (a teacher)."""
     dm = RolloutDataModule(model_name_or_path=str(model_dir), batch_size=2 * PROMPTS_PER_RANK, val_data=None, rollout=RolloutSettings(group_size=G, max_response_length=RESPONSE, engine="hf"))  # fmt: skip
-    module = standalone(GRPO(**module_args(hparams), lora=lora), dm, callbacks=callbacks)
+    module = standalone(GRPO(**module_args(hparams), lora=lora, **algorithm), dm, callbacks=callbacks)
     if lora is not None:
         load_adapter_weights(module.policy, torch.load(probe / "initial_adapter.pt", weights_only=True))
     try:
@@ -93,21 +96,25 @@ def replay(model_dir: Path, probe: Path, callbacks=(), lora: LoraSettings | None
 # Two step structures: full weights with token-budget micro-batches and THR, and a LoRA adapter with row
 # micro-batches. Plain GRPO on full weights is the first without THR (its own fit was dropped: THR's p = 0
 # equals its base, and that row and token-budget micro-batches give one update is algos/test_base.py's).
-@pytest.mark.parametrize("algo", ["thr", "grpo-lora"])
-def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_path, quick_warm_start, algo):
+@pytest.mark.parametrize("algo", ["thr", "grpo-opd-lora"])
+def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_path, quick_warm_start, tiny_policy_dir, algo):
     """`thr`: THR (p = 0.2) scores each rank's groups inside the sharded update's forward, with
     micro-batches by token budget (whole groups, sorted by length; ranks agree on their count), and the answers
     call the Python tool (its outputs inserted, out of the loss); the update must still equal the single-process
     replay with THR and row micro-batches of G = 8, and the held-out evaluation runs in the tool on both ranks.
-    `grpo-lora`: a LoRA policy (adapters sharded with their layers, the KL reference its base) synced to each
-    rank's engine as an adapter."""
+    `grpo-opd-lora`: a LoRA policy (adapters sharded with their layers, the KL reference its base) synced to each
+    rank's engine as an adapter, distilling an untrained teacher sharded in the trainer (GRPO's advantage plus the
+    teacher's per-token term): the replay's teacher is whole."""
     if algo == "thr" and shutil.which("bwrap") is None:
         pytest.skip("bubblewrap (bwrap) is not installed: the tool's sandbox cannot start")
     _, model_dir = quick_warm_start
-    lora = LoraSettings(rank=8, sync="adapter") if algo == "grpo-lora" else None
+    lora = LoraSettings(rank=8, sync="adapter") if algo == "grpo-opd-lora" else None
+    teacher = {"model_name_or_path": str(tiny_policy_dir)} if algo == "grpo-opd-lora" else None
     args = fsdp_args(tmp_path, model_dir, algo.removesuffix("-lora"))
     if lora is not None:  # LoRA's usual larger steps, so the adapter moves measurably in 3 steps
         args += ["--model.init_args.lora.rank=8", "--model.init_args.lora.sync=adapter", "--model.init_args.optim.lr=1e-3"]
+    if teacher is not None:
+        args.append(f"--model.init_args.teacher.model_name_or_path={tiny_policy_dir}")
     if algo == "thr":  # ~1 or 2 groups of ≤ 8 × 70 tokens per micro-batch, depending on their lengths
         args.append("--model.init_args.compute.max_tokens_per_micro_batch=1000")
         args += BOXED_AS_CALLS  # each rank's answers call the tool in its own sandbox; THR weighs the sampled tokens
@@ -119,6 +126,7 @@ def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_p
     assert all(s["sharded"] and s["world"] == 2 for s in shards)
     assert sum(s["local"] for s in shards) == shards[0]["total"]
     assert all(0.4 < s["local"] / s["total"] < 0.6 for s in shards), shards  # each rank holds about half
+    assert all(s.get("teacher_sharded", teacher is None) for s in shards), shards
 
     import mlflow
 
@@ -136,7 +144,8 @@ def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_p
         RolloutDataModule(model_name_or_path=str(model_dir), val_data=None, rollout=RolloutSettings(engine="hf")),
     )
     hparams = {**HPARAMS, "optim.lr": 1e-3} if lora is not None else HPARAMS
-    reference = replay(model_dir, probe, [THRAttribution(p=0.2)] if algo == "thr" else [], lora, hparams)
+    distils = {} if teacher is None else {"advantage_estimator": "opd", "teacher": teacher, "piece_args": {"opd_reward": "grpo"}}
+    reference = replay(model_dir, probe, [THRAttribution(p=0.2)] if algo == "thr" else [], lora, hparams, **distils)
     moved = max((reference[k] - p).abs().max().item() for k, p in initial.policy.state_dict().items())
     assert moved > 1e-5  # the steps changed the weights, so equality below means something
     for name, tensor in reference.items():

@@ -209,3 +209,37 @@ def test_planning_leaves_the_callers_model_config_as_it_was():
         padded = policy_forward(model, batch, 1.0).logp
         packed = policy_forward(model, batch, 1.0, packed=True).logp
     torch.testing.assert_close(packed, padded)
+
+
+def test_a_teacher_in_the_trainer_holds_its_weights_through_the_step_and_adds_its_forward(monkeypatch):
+    """Distilling a Qwen3-0.6B teacher into the embedded student: every stage of the student's step holds the
+    teacher's fp32 weights besides, the teacher's forward is a stage of its own at least as large as the student's
+    no-grad one, and served on a replica it costs the trainer's ranks nothing and takes time of its own."""
+    from rlvr_lightning.planner.hardware import hardware
+    from rlvr_lightning.planner.planner import plan_run
+    from rlvr_lightning.planner.run_spec import run_spec
+    from rlvr_lightning.planner.teacher_cost import STAGE, parameter_count
+
+    monkeypatch.setattr(sys, "argv", ["plan"])
+    opd = [*BASE[:2], "--config", "configs/algo/grpo-opd.yaml", "--model.init_args.behaviour.logprobs", "trainer",
+           "--model.init_args.num_mini_batches", "2"]  # fmt: skip
+    from rlvr_lightning.plan import parse
+
+    def plan(*flags):
+        return plan_run(run_spec(parse([*opd, *flags])[0], hardware("cpu")))
+
+    alone = plan_run(run_spec(parse([*opd[:2], "--config", "configs/algo/grpo.yaml", *opd[4:]])[0], hardware("cpu")))
+    taught = plan("--model.init_args.teacher.model_name_or_path", "Qwen/Qwen3-0.6B")
+    weights = 4 * parameter_count(model_config("Qwen/Qwen3-0.6B"))
+    assert weights > 2e9  # 0.6B parameters in fp32, the student's 1.1M beside them
+    before = {s.stage: s.peak_bytes for s in alone.trainer.stages}
+    after = {s.stage: s for s in taught.trainer.stages}
+    assert list(after) == [STAGE, *before]
+    for stage, peak in before.items():
+        assert after[stage].peak_bytes == peak + weights, stage
+    old = next(s for s in alone.trainer.stages if s.stage.startswith("θ_old"))
+    assert after[STAGE].peak_bytes - weights > old.peak_bytes - old.breakdown["parameters"] - old.breakdown.get("optimizer_state", 0)
+    assert taught.step.stages[STAGE] > alone.step.stages[old.stage] > 0  # 0.6B parameters' FLOPs against 1.1M
+    served = plan("--model.init_args.teacher.model_name_or_path", "Qwen/Qwen3-0.6B", "--model.init_args.teacher.servers", "2")
+    assert [s.peak_bytes for s in served.trainer.stages] == list(before.values())
+    assert served.step.stages["teacher (vllm serve)"] > 0

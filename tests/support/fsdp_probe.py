@@ -28,6 +28,8 @@ class ShardProbe(RolloutCallback):
         local = sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in params)
         info = {"local": local, "total": sum(p.numel() for p in params), "world": trainer.world_size,
                 "sharded": all(isinstance(p, DTensor) for p in params)}  # fmt: skip
+        if pl_module.teacher is not None:  # on-policy distillation's teacher in the trainer
+            info["teacher_sharded"] = all(isinstance(p, DTensor) for p in pl_module.teacher.model.parameters())
         (self.out / f"rank{trainer.global_rank}_shard.json").write_text(json.dumps(info))
         if pl_module.settings.lora is not None:  # the adapter's random start, for the one-process replay
             adapter = dict(adapter_weights(pl_module.policy))  # collective: every rank gathers
