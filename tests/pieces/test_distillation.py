@@ -123,3 +123,51 @@ def test_a_replicas_prompt_log_probs_give_the_response_tokens():
     assert response_logprobs(entries, [5, 6], [9, 4]) == [-2.5, -0.3]
     with pytest.raises(RuntimeError, match="scored 1 of 2"):
         response_logprobs(entries[:3], [5, 6], [9, 4])
+
+
+def test_the_update_trains_on_each_tokens_own_advantage(tiny_policy_dir):
+    """Through the step: the teacher (an untrained model) scores a recorded rollout in the trainer (the engine's
+    log-probs given by hand),
+    and the update's advantages are, token by token, GRPO's sequence advantage plus the teacher's log-prob minus
+    the engine's, on the sampled tokens only (an inserted token gets 0); the logged reverse KL is their mean."""
+    from rlvr_lightning.data.datamodule import RolloutDataModule
+    from rlvr_lightning.rollout.settings import RolloutSettings
+    from rlvr_lightning.standalone import standalone
+
+    dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=2, val_data=None,
+                           rollout=RolloutSettings(group_size=2, max_response_length=8, engine="hf"))  # fmt: skip
+    module = standalone(
+        GRPO(advantage_estimator="opd", teacher={"model_name_or_path": str(tiny_policy_dir)}, piece_args={"opd_reward": "grpo"}), dm
+    )
+    try:
+        prompts = [[5, 6, 7], [8, 9]]
+        comps = [
+            Completion([20, 21, 22], [-1.0, -2.0, -0.5], "stop"),
+            Completion([23, 24], [-0.25, -3.0], "stop", sampled=[1, 0]),  # its second token inserted by a tool
+            Completion([25], [-1.5], "stop"),
+            Completion([26, 27, 28, 29], [-0.1, -0.2, -0.3, -0.4], "length"),
+        ]
+        rollout = Rollout(PromptBatch(["a", "b"], ["", ""], ["", ""]), 2, prompts, comps, SamplingConfig(group_size=2), 0,
+                          correct=torch.tensor([1.0, 0.0, 0.0, 0.0]))  # fmt: skip
+        step = module.step_context()
+        scored, inputs, metrics = module.rlvr_step.prepare(step, rollout)
+        from transformers import AutoModelForCausalLM
+
+        teacher = AutoModelForCausalLM.from_pretrained(tiny_policy_dir, dtype=torch.float32).eval()
+        sequence = group_advantage(torch.tensor([1.0, 0.0, 0.0, 0.0]), 2)
+        gaps = []
+        for n, comp in enumerate(comps):
+            prompt = prompts[n // 2]
+            with torch.no_grad():
+                logp = teacher(torch.tensor([prompt + comp.token_ids])).logits.log_softmax(-1)[0, len(prompt) - 1 : -1]
+            t_logp = logp.gather(-1, torch.tensor(comp.token_ids)[:, None])[:, 0]
+            for k, token_logp in enumerate(t_logp.tolist()):
+                sampled = not comp.sampled or comp.sampled[k]
+                expected = sequence[n].item() + token_logp - comp.logprobs[k] if sampled else 0.0
+                assert inputs.advantages[n, k].item() == pytest.approx(expected, abs=1e-5), (n, k)
+                if sampled:
+                    gaps.append(comp.logprobs[k] - token_logp)
+        assert metrics["opd_reverse_kl"] == pytest.approx(sum(gaps) / len(gaps), abs=1e-5)
+        assert scored.token_advantages is not None
+    finally:
+        module.teardown("fit")
