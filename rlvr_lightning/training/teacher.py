@@ -38,12 +38,15 @@ class TeacherSettings:
             for it on this machine.
         server_urls: attach to running `vllm serve` replicas of the teacher instead (served as `policy`).
         request_timeout_s: how long one scoring request to a replica may take.
+        sequences_per_request: sequences in one scoring request (its answer holds a log-prob entry per token: at 8k
+            tokens a sequence, 32 of them are ~16 MB of JSON); each replica has two requests in flight.
     """
 
     model_name_or_path: str
     servers: int = 0
     server_urls: list[str] | None = None
     request_timeout_s: float = 600.0
+    sequences_per_request: int = 32
 
     def check(self) -> None:
         if not self.model_name_or_path:
@@ -52,6 +55,8 @@ class TeacherSettings:
             raise ConfigError(f"model.teacher.servers must be ≥ 0, got {self.servers}")
         if self.request_timeout_s <= 0:
             raise ConfigError(f"model.teacher.request_timeout_s must be > 0, got {self.request_timeout_s}")
+        if self.sequences_per_request < 1:
+            raise ConfigError(f"model.teacher.sequences_per_request must be ≥ 1, got {self.sequences_per_request}")
 
     @property
     def served(self) -> bool:
@@ -107,8 +112,8 @@ class ServedTeacher:
     """The teacher on `vllm serve` replicas: each scoring request sends whole sequences as token ids and reads
     vLLM's prompt log-probs of them (the log-prob of each given token, however unlikely, at temperature 1)."""
 
-    def __init__(self, replicas: Any, served_name: str) -> None:
-        self.replicas, self.served_name = replicas, served_name
+    def __init__(self, replicas: Any, served_name: str, sequences_per_request: int = 32) -> None:
+        self.replicas, self.served_name, self.per_request = replicas, served_name, sequences_per_request
 
     def start(self) -> None:
         self.replicas.start()
@@ -117,15 +122,16 @@ class ServedTeacher:
         self.replicas.stop()
 
     def logprobs(self, rollout: Rollout, t: RolloutTensors, *_: Any, **__: Any) -> torch.Tensor:
-        """[N, T] log π_T of each response token of the rollout (0 on padding), the sequences split across the
-        replicas."""
+        """[N, T] log π_T of each response token of the rollout (0 on padding): requests of `sequences_per_request`
+        sequences, dealt to the replicas in turn, two in flight per replica."""
         G = rollout.group_size
         sequences = [(list(rollout.prompt_ids[n // G]), list(c.token_ids)) for n, c in enumerate(rollout.completions)]
-        shares = [list(range(i, len(sequences), len(self.replicas))) for i in range(len(self.replicas))]
+        requests = [list(range(i, min(i + self.per_request, len(sequences)))) for i in range(0, len(sequences), self.per_request)]
+        urls = [self.replicas[k % len(self.replicas)].url for k in range(len(requests))]
         out = torch.zeros(t.response_mask.shape)
-        with ThreadPoolExecutor(len(self.replicas)) as pool:
-            scored = pool.map(lambda i: self._score(self.replicas[i].url, [sequences[n] for n in shares[i]]), range(len(shares)))
-            for rows, values in zip(shares, scored):
+        with ThreadPoolExecutor(2 * len(self.replicas)) as pool:
+            scored = pool.map(lambda k: self._score(urls[k], [sequences[n] for n in requests[k]]), range(len(requests)))
+            for rows, values in zip(requests, scored):
                 for n, v in zip(rows, values):
                     out[n, : len(v)] = torch.tensor(v)
         return out.to(t.response_mask.device)
@@ -199,7 +205,7 @@ def served_teacher(settings: TeacherSettings, path: str, site: ServerSite) -> Se
     spec = ServerSpec(path, site.max_model_len + 1, site.dtype, site.seed, site.kv_cache_gib)
     client = ServerClient(settings.request_timeout_s)
     replicas = ReplicaSet(client, spec, settings.servers, settings.server_urls, site.node_slot, None)
-    return ServedTeacher(replicas, SERVED_NAME)
+    return ServedTeacher(replicas, SERVED_NAME, settings.sequences_per_request)
 
 
 def distillation_inputs(teacher: Any, step: Any, rollout: Rollout, layout: Any) -> DistillationInputs:

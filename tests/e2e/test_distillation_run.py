@@ -25,7 +25,8 @@ def test_a_served_teachers_log_probs_are_a_direct_forward_of_the_teacher(tiny_po
     responses = [[20, 21, 22, 23], [24], [25, 26, 27, 28, 29, 30], [31, 32]]
     comps = [Completion(r, [0.0] * len(r), "stop") for r in responses]
     rollout = Rollout(PromptBatch(["a", "b"], ["", ""], ["", ""]), 2, prompts, comps, SamplingConfig(group_size=2), 0)
-    teacher = served_teacher(TeacherSettings(str(tiny_policy_dir), servers=2), str(tiny_policy_dir), ServerSite(64, 0, 1.0, (0, 1), "float32"))
+    settings = TeacherSettings(str(tiny_policy_dir), servers=2, sequences_per_request=1)  # 4 requests over 2 replicas
+    teacher = served_teacher(settings, str(tiny_policy_dir), ServerSite(64, 0, 1.0, (0, 1), "float32"))
     teacher.start()
     try:
         got = teacher.logprobs(rollout, rollout.tensors(0))
