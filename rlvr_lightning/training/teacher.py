@@ -24,6 +24,11 @@ from rlvr_lightning.rollout.types import Rollout, RolloutTensors
 from rlvr_lightning.training.behaviour import separate_pass
 
 TEACHER_TEMPERATURE = 1.0
+# A replica prefills a scored sequence in chunks of this many tokens: vLLM computes prompt log-probs from the logits
+# of a whole prefill step, [tokens, vocabulary] in fp32 (an 8k-token sequence at a 151,936-token vocabulary would be
+# 5 GB whole; 1.2 GB at 2048). The rollout servers prefill whole (a seeded sampler cannot be split on the CPU); a
+# teacher samples nothing.
+TEACHER_PREFILL_TOKENS = 2048
 
 
 @dataclass(frozen=True)
@@ -202,7 +207,9 @@ def served_teacher(settings: TeacherSettings, path: str, site: ServerSite) -> Se
     from rlvr_lightning.rollout.server_process import SERVED_NAME, ServerSpec
     from rlvr_lightning.rollout.server_replicas import ReplicaSet
 
-    spec = ServerSpec(path, site.max_model_len + 1, site.dtype, site.seed, site.kv_cache_gib)
+    chunked = ["--enable-chunked-prefill", "--max-num-batched-tokens", str(TEACHER_PREFILL_TOKENS)]  # over the spec's
+    spec = ServerSpec(path, site.max_model_len + 1, site.dtype, site.seed, site.kv_cache_gib,
+                      max_num_seqs=min(256, TEACHER_PREFILL_TOKENS), extra_args=chunked)
     client = ServerClient(settings.request_timeout_s)
     replicas = ReplicaSet(client, spec, settings.servers, settings.server_urls, site.node_slot, None)
     return ServedTeacher(replicas, SERVED_NAME, settings.sequences_per_request)

@@ -15,10 +15,13 @@ from tests.support.cli import run_cli
 pytestmark = pytest.mark.e2e
 
 
-def test_a_served_teachers_log_probs_are_a_direct_forward_of_the_teacher(tiny_policy_dir):
+def test_a_served_teachers_log_probs_are_a_direct_forward_of_the_teacher(tiny_policy_dir, monkeypatch):
     """Prompt and response sent as token ids: vLLM's prompt log-probs of the response tokens equal the teacher's
-    own forward of the sequence (fp32 on both sides), however unlikely the token (random weights: none is likely)."""
+    own forward of the sequence (fp32 on both sides), however unlikely the token (random weights: none is likely),
+    with the longer sequences prefilled in chunks of 4 tokens."""
     from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr("rlvr_lightning.training.teacher.TEACHER_PREFILL_TOKENS", 4)
 
     model = AutoModelForCausalLM.from_pretrained(tiny_policy_dir, dtype=torch.float32).eval()
     prompts = [[5, 6, 7], [8, 9]]
