@@ -37,6 +37,10 @@ CLAIMS = [
     ("GRPO two versions ahead with partial rollouts learns as synchronous GRPO", "grpo-async", "val/accuracy", 0),
     # ToRL's and SimpleTIR's premise, on a task the model cannot do in its head: RL teaches it to call the tool.
     ("The Python tool raises accuracy above GRPO without it", "grpo-tir", "val/accuracy", +1),
+    # On-policy distillation's premise: a stronger teacher's per-token signal teaches the student faster than the
+    # reward alone, on its own and beside it.
+    ("On-policy distillation from a stronger teacher above GRPO", "opd", "val/accuracy", +1),
+    ("GRPO with a teacher's per-token signal above GRPO alone", "grpo-opd", "val/accuracy", +1),
 ]
 
 
