@@ -16,8 +16,12 @@ others). GPU kernels are untouched.
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
+import sys
+
+log = logging.getLogger(__name__)
 
 PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 SWITCH = "RLVR_CPU_KERNELS"
@@ -40,4 +44,13 @@ def pin_cpu_kernels() -> dict[str, str]:
     if not has_avx2():
         return {}
     os.environ.update(PINNED)
+    if "torch" in sys.modules:  # imported first: ATen may have chosen its kernels already
+        import torch
+
+        if torch.backends.cpu.get_cpu_capability() != "AVX2":
+            log.warning(
+                "this process computed with PyTorch before importing rlvr_lightning, so its CPU kernels stay the "
+                "processor's own (%s) and its numbers may differ from another machine's; import rlvr_lightning first",
+                torch.backends.cpu.get_cpu_capability(),
+            )
     return dict(PINNED)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import rlvr_lightning  # noqa: F401  (first: it pins the CPU kernels before any test computes)
 from tests.support.cli import REPO
 
 # vLLM on CPU: in-process engine and a small KV cache (it reserves ~16 GiB by default).

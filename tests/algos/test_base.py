@@ -124,9 +124,12 @@ def test_gradient_accumulation_does_not_change_the_update(tiny_policy_dir, prese
     old_logp = trainer_old_logp(module, inputs)
     inputs = with_old_logp(inputs, old_logp + 0.01 * seeded_noise(old_logp) * inputs.tensors.response_mask)
     loss_whole, g_whole = gradient(module, inputs, 8)
+    # The loss sums terms of the size of the advantages (MaxRL's reach G/K − 1) that largely cancel: fp32 rounding of
+    # the sum is relative to the terms, not to the loss, so the absolute tolerance scales with the largest advantage.
+    scale = max(1.0, inputs.advantages.abs().max().item())
     for size in (3, 1):
         loss_split, g_split = gradient(module, inputs, size)
-        assert loss_split.item() == pytest.approx(loss_whole.item(), rel=1e-5, abs=1e-7)
+        assert loss_split.item() == pytest.approx(loss_whole.item(), rel=1e-5, abs=1e-7 * scale)
         torch.testing.assert_close(g_split, g_whole, rtol=1e-4, atol=1e-6)
     assert g_whole.abs().sum() > 0
 
