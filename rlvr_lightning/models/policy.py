@@ -39,16 +39,29 @@ def load_policies(
         apply_lora(policy, lora, seed)
         reference = BaseModelView(policy) if with_reference else None
     elif with_reference:
-        reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        reference.requires_grad_(False)
+        reference = load_frozen(path, mesh, param_dtype)
     if mesh is not None:
-        dp_mesh = mesh["data_parallel"] if mesh.mesh_dim_names else mesh
-        shard_policy(policy, dp_mesh, param_dtype, activation_checkpointing)
-        if isinstance(reference, torch.nn.Module):
-            shard_policy(reference, dp_mesh, param_dtype)
+        shard_policy(policy, data_parallel(mesh), param_dtype, activation_checkpointing)
     elif activation_checkpointing:
         checkpoint_layers(policy)
     return policy, reference
+
+
+def data_parallel(mesh):
+    """The strategy's device mesh's data-parallel dimension (the mesh itself when its dimensions have no names)."""
+    return mesh["data_parallel"] if mesh.mesh_dim_names else mesh
+
+
+def load_frozen(path: str, mesh=None, param_dtype: str = "float32") -> torch.nn.Module:
+    """A model that only scores (the KL reference, a distillation teacher): fp32, eval mode, no gradients, and
+    under FSDP2 (`mesh`) sharded per decoder layer like the policy."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model.requires_grad_(False)
+    if mesh is not None:
+        shard_policy(model, data_parallel(mesh), param_dtype)
+    return model
 
 
 def load_tokenizer(path: str):

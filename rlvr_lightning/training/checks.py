@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlvr_lightning.errors import ConfigError
-from rlvr_lightning.pieces import advantage_estimators, rollout_corrections
+from rlvr_lightning.pieces import advantage_estimators, policy_losses, rollout_corrections
 from rlvr_lightning.pieces.registry import Piece
 from rlvr_lightning.pieces.selection import selected_pieces
 from rlvr_lightning.training.layout import UpdateLayout
@@ -60,6 +60,27 @@ def check_behaviour(logprobs: str, corrects_rollouts: bool, proximal: Piece) -> 
             "model.rollout_correction corrects θ_old (trainer) against the rollout engine; with "
             "model.behaviour.logprobs=rollout both are the engine's and every weight is 1. Use one or the other."
         )
+
+
+def check_teacher(args: Mapping[str, Any], teacher: Any) -> None:
+    """A teacher (`training.teacher.TeacherSettings`, or None) is given exactly when the advantage estimator reads
+    one, and the policy loss then takes the token advantages it returns."""
+    estimator = advantage_estimators.selected(args)
+    if teacher is not None:
+        teacher.check()
+    if estimator["teacher"] and teacher is None:
+        raise ConfigError(
+            f"{estimator.what} distils a teacher: set --model.init_args.teacher.model_name_or_path (a model with the "
+            "student's vocabulary)"
+        )
+    if teacher is not None and not estimator["teacher"]:
+        raise ConfigError(
+            f"model.teacher is set but {estimator.what} does not read a teacher (use model.advantage_estimator=opd, "
+            "or drop model.teacher)"
+        )
+    loss = policy_losses.selected(args)
+    if estimator["teacher"] and not loss["token_advantages"]:
+        raise ConfigError(f"{estimator.what} gives each token its own advantage, which {loss.what} does not read")
 
 
 def check_run(

@@ -12,6 +12,7 @@ import torch
 from rlvr_lightning.callbacks.rollout import AdvantageShaper
 from rlvr_lightning.context import ScoredBatch, StepContext
 from rlvr_lightning.pieces.kinds import CorrectionInputs
+from rlvr_lightning.rollout.types import RolloutTensors
 from rlvr_lightning.training.batch import UpdateInputs
 from rlvr_lightning.training.behaviour import (
     ApproximateProximal,
@@ -28,6 +29,7 @@ from rlvr_lightning.training.step_metrics import StageTimer
 def prepare_update(
     step: StepContext,
     batch: ScoredBatch,
+    t: RolloutTensors,
     layout: UpdateLayout,
     source: BehaviourSource,
     correction: Callable,
@@ -37,10 +39,10 @@ def prepare_update(
     approximate_proximal: Callable | None = None,
 ) -> tuple[UpdateInputs, dict[str, float]]:
     """The batch ready for the update, its advantages reshaped by the shapers' token weights known before it
-    (`UpdateInputs.token_weights`), and the rollout correction's statistics."""
+    (`UpdateInputs.token_weights`), and the rollout correction's statistics. `t`: the rollout's tensors on the step's
+    device."""
     rollout, device = batch.rollout, step.device
     timer = timer or StageTimer()
-    t = rollout.tensors(step.tokenizer.pad_token_id).to(device)
     G, temperature = rollout.group_size, rollout.sampling.temperature
     with timer("attribution"):
         shaper_weights = rollout_token_weights(step, batch, shapers)

@@ -19,12 +19,12 @@ from typing import Any, Literal, TypeVar
 from rlvr_lightning.device_defaults import Accelerator, default_for
 from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.models.lora import LoraSettings, as_settings
-from rlvr_lightning.pieces.kinds import advantage_estimators, policy_losses
+from rlvr_lightning.pieces.kinds import policy_losses
 from rlvr_lightning.pieces.registry import AlgorithmArgs
 from rlvr_lightning.pieces.selection import piece_args_run_with
 from rlvr_lightning.training.algorithm import BoundPieces, algorithm_args, class_defaults
 from rlvr_lightning.training.behaviour import BehaviourSource, behaviour_source
-from rlvr_lightning.training.checks import check_behaviour, check_run
+from rlvr_lightning.training.checks import check_behaviour, check_run, check_teacher
 from rlvr_lightning.training.layout import UpdateLayout
 from rlvr_lightning.training.teacher import TeacherSettings
 
@@ -127,27 +127,6 @@ def config_correction_fits(cfg: Any) -> bool:
     module_path, _, name = model["class_path"].rpartition(".")
     algorithm = getattr(importlib.import_module(module_path), name)
     return correction_fits(class_defaults(algorithm) | dict(model.get("init_args") or {}), cfg.rollout)
-
-
-def check_teacher(args: Mapping[str, Any], teacher: TeacherSettings | None) -> None:
-    """A teacher is given exactly when the advantage estimator reads one, and the policy loss then takes the token
-    advantages it returns."""
-    estimator = advantage_estimators.selected(args)
-    if teacher is not None:
-        teacher.check()
-    if estimator["teacher"] and teacher is None:
-        raise ConfigError(
-            f"{estimator.what} distils a teacher: set --model.init_args.teacher.model_name_or_path (a model with the "
-            "student's vocabulary)"
-        )
-    if teacher is not None and not estimator["teacher"]:
-        raise ConfigError(
-            f"model.teacher is set but {estimator.what} does not read a teacher (use model.advantage_estimator=opd, "
-            "or drop model.teacher)"
-        )
-    loss = policy_losses.selected(args)
-    if estimator["teacher"] and not loss["token_advantages"]:
-        raise ConfigError(f"{estimator.what} gives each token its own advantage, which {loss.what} does not read")
 
 
 def optimizer_steps_per_rollout_batch(args: Any) -> int:

@@ -116,10 +116,11 @@ class TrainingStep:
         """The scored batch, the update's inputs, and the reward's, advantages' and correction's metrics."""
         timer = timer or StageTimer()
         rewards, reward_metrics = self.algorithm.rewards(rollout)
+        tensors = rollout.tensors(step.tokenizer.pad_token_id).to(step.device)  # laid out once, for the teacher too
         distillation = None
         if step.teacher is not None:
             with timer("teacher"):
-                distillation = distillation_inputs(step.teacher, step, rollout, self.layout)
+                distillation = distillation_inputs(step.teacher, step, rollout, tensors, self.layout)
         inputs = AdvantageInputs(
             rewards, rollout.correct, rollout.group_size, step.collectives.sum, rollout.response_lengths, distillation
         )
@@ -128,6 +129,7 @@ class TrainingStep:
         update_inputs, correction_metrics = prepare_update(
             step,
             scored,
+            tensors,
             self.layout,
             self.resolved.behaviour,
             self.pieces.correct,

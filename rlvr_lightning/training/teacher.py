@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from rlvr_lightning.errors import ConfigError
-from rlvr_lightning.models.policy import load_tokenizer
+from rlvr_lightning.models.policy import load_frozen, load_tokenizer
 from rlvr_lightning.models.warm_start import resolve_policy_path
 from rlvr_lightning.pieces.kinds import DistillationInputs
 from rlvr_lightning.rollout.types import Rollout, RolloutTensors
@@ -189,16 +189,7 @@ def build_teacher(settings: TeacherSettings, student_tokenizer: Any, mesh: Any, 
     check_same_vocabulary(student_tokenizer, path, settings.model_name_or_path)
     if settings.served:
         return served_teacher(settings, path, site)
-    from transformers import AutoModelForCausalLM
-
-    from rlvr_lightning.parallel import shard_policy
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    model.requires_grad_(False)
-    model.config.use_cache = False
-    if mesh is not None:
-        shard_policy(model, mesh["data_parallel"] if mesh.mesh_dim_names else mesh, param_dtype)
-    return TrainerTeacher(model)
+    return TrainerTeacher(load_frozen(path, mesh, param_dtype))
 
 
 def served_teacher(settings: TeacherSettings, path: str, site: ServerSite) -> ServedTeacher:
@@ -215,10 +206,10 @@ def served_teacher(settings: TeacherSettings, path: str, site: ServerSite) -> Se
     return ServedTeacher(replicas, SERVED_NAME, settings.sequences_per_request)
 
 
-def distillation_inputs(teacher: Any, step: Any, rollout: Rollout, layout: Any) -> DistillationInputs:
-    """The teacher's and the student's log-probs of the rollout's sampled tokens (`step`: the step's context,
-    `layout`: the update's, whose micro-batches and chunks the teacher's pass in the trainer uses)."""
-    t = rollout.tensors(step.tokenizer.pad_token_id).to(step.device)
+def distillation_inputs(teacher: Any, step: Any, rollout: Rollout, t: RolloutTensors, layout: Any) -> DistillationInputs:
+    """The teacher's and the student's log-probs of the rollout's sampled tokens (`t`: its tensors on the step's
+    device; `step`: the step's context, `layout`: the update's, whose micro-batches and chunks the teacher's pass in
+    the trainer uses)."""
     counts = t.token_counts
     teacher_logp = teacher.logprobs(
         rollout,
