@@ -67,7 +67,8 @@ class RolloutSettings:
         server_cuda_devices: list[str] | None = None,
         server_start_timeout_s: float = 600.0,
         server_args: list[str] | None = None,
-        server_request_timeout_s: float = 3600.0,
+        server_request_timeout_s: float | None = None,
+        server_unresponsive_s: float = 60.0,
         weight_transfer: Literal["auto", "snapshot", "nccl"] = "auto",
         weight_transfer_host: str | None = None,
         weight_transfer_timeout_s: float = 120.0,
@@ -109,7 +110,11 @@ class RolloutSettings:
             server_start_timeout_s: how long a launched server may take to become healthy.
             server_args: extra `vllm serve` flags for every launched replica.
             server_request_timeout_s: how long one request to a server may take (a prompt's generation, a
-                weight load or update); past it, the error names the server and the request.
+                weight load or update); past it, the error names the server and the request. Default: a
+                generation 600 s plus 0.5 s per token asked for, any other request 600 s.
+            server_unresponsive_s: a replica that answers no health check for this long is taken for frozen: a
+                launched one is killed and restarted from the current weights, an attached one dropped, and
+                their requests sent again (with their seeds); the run stops when no replica remains.
             weight_transfer: `snapshot` (safetensors in shared memory, loaded with vLLM's `reload_weights`;
                 servers on this machine), `nccl` (vLLM's NCCL weight transfer; GPU, not run by this
                 project yet) or `auto` (nccl on CUDA, else snapshot).
@@ -182,9 +187,10 @@ class RolloutSettings:
             raise ConfigError(f"rollout.max_response_length must be ≥ 1, got {max_response_length}")
         for name, seconds in (
             ("server_request_timeout_s", server_request_timeout_s),
+            ("server_unresponsive_s", server_unresponsive_s),
             ("weight_transfer_timeout_s", weight_transfer_timeout_s),
         ):
-            if seconds <= 0:
+            if seconds is not None and seconds <= 0:
                 raise ConfigError(f"rollout.{name} must be > 0 seconds, got {seconds}")
         if temperature <= 0:
             raise ConfigError(f"rollout.temperature must be > 0 for RL sampling, got {temperature}")
@@ -200,7 +206,7 @@ class RolloutSettings:
         self.max_staleness, self.partial_rollouts = max_staleness, partial_rollouts
         self.stream_mode, self.stale_groups = stream_mode, stale_groups
         self.server_request_timeout_s, self.weight_transfer_host = server_request_timeout_s, weight_transfer_host
-        self.weight_transfer_timeout_s = weight_transfer_timeout_s
+        self.weight_transfer_timeout_s, self.server_unresponsive_s = weight_transfer_timeout_s, server_unresponsive_s
         self.sync_check_tol, self.sync_check_every = sync_check_tol, sync_check_every
 
     def __repr__(self) -> str:
@@ -282,6 +288,7 @@ class RolloutSettings:
             sync_role=role,
             node_slot=(site.local_rank, site.ranks_per_node),
             request_timeout_s=self.server_request_timeout_s,
+            unresponsive_s=self.server_unresponsive_s,
             transfer_host=self.weight_transfer_host,
             transfer_timeout_s=self.weight_transfer_timeout_s,
         )

@@ -33,8 +33,8 @@ class SnapshotTransport:
 
     def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], replicas) -> None:
         path = self.write(named_tensors, self.engine.version)
-        for r in replicas:
-            self.load(r, path)
+        for r in replicas:  # a replica that dies meanwhile is restarted (from `current`) and loads `path` again
+            self.load(r, path, recover=True)
         if self.current is not None and self.current != path:
             shutil.rmtree(self.current, ignore_errors=True)
         self.current = path  # kept: a restarted replica loads it
@@ -67,14 +67,17 @@ class SnapshotTransport:
         partial.rename(final)
         return final
 
-    def load(self, replica, path: Path) -> None:
+    def load(self, replica, path: Path, recover: bool = False) -> None:
         client = self.engine.client
         body = {
             "method": "reload_weights",
             "kwargs": {"weights_path": str(path), "is_checkpoint_format": True},
-            "timeout": client.request_timeout_s,
+            "timeout": client.route_timeout_s,
         }
-        client.post(replica.url, "/collective_rpc", json=body)
+        if recover:
+            self.engine.replicas.request(replica, "/collective_rpc", json=body)
+        else:  # restoring a restarted replica: a failure is an error
+            client.post(replica.url, "/collective_rpc", json=body)
 
     def restore(self, replica) -> None:
         """A restarted replica starts from the base checkpoint: give it the current weights and version."""

@@ -11,9 +11,10 @@ other nodes) and talks to them over vLLM's HTTP API:
 
 Why not the in-process `LLM`: rollouts can run on their own devices or nodes and overlap with the
 update (`rollout.max_staleness`). The replicas (`server_replicas.py`: launched by `server_process.py`, or
-attached) are reached through one HTTP client (`server_client.py`); launched ones are stopped on close and at
-interpreter exit; a replica found dead during a rollout is restarted from the current weights and its
-prompts retried once.
+attached) are reached through one HTTP client (`server_client.py`, every request bounded in time); launched
+ones are stopped on close and at interpreter exit. A replica that dies or freezes mid-rollout is restarted
+from the current weights (launched) or dropped (attached), and its requests are sent again with their seeds
+(`train/replica_restarts`, `train/requests_reissued`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 from rlvr_lightning.rollout.adapters import AdapterStore, adapter_name, check_adapter_dtype
 from rlvr_lightning.rollout.engine import WeightSyncError, wire_dtype
 from rlvr_lightning.rollout.server_client import ServerClient
-from rlvr_lightning.rollout.server_process import RolloutServerError, RolloutServerLost, ServerSpec
+from rlvr_lightning.rollout.server_process import RolloutServerLost, ServerSpec
 from rlvr_lightning.rollout.server_replicas import Replica, ReplicaSet
 from rlvr_lightning.rollout.types import Completion, SamplingConfig
 
@@ -60,7 +61,8 @@ class VLLMServerEngine:
         urls: list[str] | None = None,
         transport: str = "auto",
         cuda_devices: list[str] | None = None,
-        request_timeout_s: float = 3600.0,
+        request_timeout_s: float | None = None,
+        unresponsive_s: float | None = 60.0,
         sync_role: str = "only",
         node_slot: tuple[int, int] = (0, 1),
         transfer_host: str | None = None,
@@ -72,9 +74,10 @@ class VLLMServerEngine:
         launched on this machine, rank after rank (see `placement`). `sync_role` (several trainer ranks sharing
         attached servers): `leader` writes the weights, `follower` only takes part in gathering them,
         `only` is a single trainer. `request_timeout_s`: how long any one request to a server may take
-        (`rollout.server_request_timeout_s`). `transfer_host`, `transfer_timeout_s`: the NCCL transport's
-        address of this trainer and bound on its rendezvous (`rollout.weight_transfer_host`,
-        `rollout.weight_transfer_timeout_s`)."""
+        (`rollout.server_request_timeout_s`; None: `server_client`'s bounds). `unresponsive_s`: how long a replica
+        may leave its health checks unanswered before it is taken for frozen (`rollout.server_unresponsive_s`).
+        `transfer_host`, `transfer_timeout_s`: the NCCL transport's address of this trainer and bound on its
+        rendezvous (`rollout.weight_transfer_host`, `rollout.weight_transfer_timeout_s`)."""
         from rlvr_lightning.rollout.weight_transfer import make_transport, server_args
 
         spec = replace(spec, extra_args=[*spec.extra_args, *server_args(transport)])  # the caller's stays as given
@@ -86,7 +89,8 @@ class VLLMServerEngine:
         self.version = 0
         # A sync drains the requests in flight (`wait`) unless a throughput stream lets them run across it.
         self.across_syncs, self.pause_mode = False, "wait"
-        self.replicas = ReplicaSet(self.client, spec, replicas, urls, node_slot, cuda_devices)
+        self.replicas = ReplicaSet(self.client, spec, replicas, urls, node_slot, cuda_devices, unresponsive_s)
+        self.replicas.restore = self._restore
         atexit.register(self.close)
         try:
             self.replicas.start()
@@ -135,25 +139,16 @@ class VLLMServerEngine:
             if sampling.seed is not None:  # one stream per prompt (vLLM gives the n children seed + j)
                 params["seed"] = (sampling.seed * 1_000_003 + i * sampling.group_size) % (2**31)
             body = {"token_ids": list(prompt_ids[i]), "sampling_params": params, **self._adapter_field()}
-            return self._generate_one((first_replica + i) % len(self.replicas), body)
+            live = self.replicas.live()  # every replica, unless an attached one was dropped
+            return self._generate_one(live[(first_replica + i) % len(live)], body, sampling.max_tokens)
 
         if len(prompt_ids) == 1:  # a throughput stream's group: its threads are the concurrency
             return [request(0)]
         return list(self.pool.map(request, range(len(prompt_ids))))
 
-    def _generate_one(self, replica: int, body: dict) -> list[Completion]:
-        restarts = self.replicas[replica].restarts
-        try:
-            out = self.client.post(self.replicas[replica].url, "/inference/v1/generate", json=body)
-        except (OSError, RolloutServerError) as first_error:
-            self.replicas.recover(replica, restarts, first_error, self._restore)
-            try:
-                out = self.client.post(self.replicas[replica].url, "/inference/v1/generate", json=body)
-            except RolloutServerError as e:
-                raise RolloutServerLost(
-                    f"rollout server {self.replicas[replica].url} failed twice ({e}); check that server (its log, "
-                    "or the URLs in rollout.server_urls)"
-                ) from e
+    def _generate_one(self, replica: int, body: dict, max_tokens: int) -> list[Completion]:
+        timeout = self.client.generation_timeout_s(max_tokens)
+        out, replica = self.replicas.request(replica, "/inference/v1/generate", timeout, json=body)
         completions = []
         for choice in out["choices"]:
             spans = choice.get("weight_versions") or []
@@ -208,6 +203,7 @@ class VLLMServerEngine:
         replica keeps its own error, with its resume hint). Once transferred, each replica in turn gets
         `before_stamp`, the new version (`/update_weight_version`) and an empty prefix cache; every replica
         resumes (`/resume`) however the sync ends."""
+        self.replicas.revive()  # a replica that died or froze since the last request
         previous, self.version = self.version, self._next_version(version)
         self.replicas.post_each("/pause", params={"mode": self.pause_mode})
         try:
@@ -223,8 +219,8 @@ class VLLMServerEngine:
             for r in self.replicas:
                 if before_stamp is not None:
                     before_stamp(r)
-                self.client.post(r.url, "/update_weight_version", json={"new_version": str(self.version)})
-                self.client.post(r.url, "/reset_prefix_cache")  # cached KV blocks came from the old weights
+                self.replicas.request(r, "/update_weight_version", json={"new_version": str(self.version)})
+                self.replicas.request(r, "/reset_prefix_cache")  # cached KV blocks came from the old weights
         finally:
             self.replicas.post_each("/resume")
 
@@ -287,6 +283,13 @@ class VLLMServerEngine:
         """Several trainer ranks use these servers; rank 0 alone writes their weights."""
         return self.sync_role != "only"
 
+    def fault_counts(self) -> dict[str, float]:
+        """Replicas restarted and requests sent again so far in the run (`train/` metrics of every step)."""
+        return {
+            "replica_restarts": float(self.replicas.restarts_total),
+            "requests_reissued": float(self.replicas.reissued_total),
+        }
+
     def release_memory(self) -> None:
         """Nothing to release: the servers hold their own memory, on their own devices."""
 
@@ -304,12 +307,13 @@ class VLLMServerEngine:
             per_pos = self.client.post(r.url, "/inference/v1/generate", json=body)["prompt_logprobs"][len(prompt_ids) :]
             return [pos[str(tok)]["logprob"] for pos, tok in zip(per_pos, completion_ids)]
 
-        scores = list(self.pool.map(on, self.replicas))
-        for r, other in zip(self.replicas[1:], scores[1:]):
+        replicas = list(self.replicas)
+        scores = list(self.pool.map(on, replicas))
+        for r, other in zip(replicas[1:], scores[1:]):
             diff = max((abs(a - b) for a, b in zip(scores[0], other)), default=0.0)
             if diff > agreement_tol:
                 raise WeightSyncError(
-                    f"replica {r.url} disagrees with {self.replicas[0].url} by {diff:.2e} "
+                    f"replica {r.url} disagrees with {replicas[0].url} by {diff:.2e} "
                     f"(> {agreement_tol:.0e}) on the sync probe: they do not hold the same weights"
                 )
         return scores[0]

@@ -107,6 +107,7 @@ class TrainingStep:
             **behaviour_metrics,
             **shaper_metrics(self.shapers),
             **rollout.staleness(step.policy_version),
+            **getattr(step.engine, "fault_counts", dict)(),  # servers: replicas restarted, requests sent again
         }
         return StepResult(scored, inputs, inputs.token_weights(), metrics, timer.finish())
 

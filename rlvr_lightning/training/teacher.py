@@ -132,22 +132,23 @@ class ServedTeacher:
         G = rollout.group_size
         sequences = [(list(rollout.prompt_ids[n // G]), list(c.token_ids)) for n, c in enumerate(rollout.completions)]
         requests = [list(range(i, min(i + self.per_request, len(sequences)))) for i in range(0, len(sequences), self.per_request)]
-        urls = [self.replicas[k % len(self.replicas)].url for k in range(len(requests))]
+        live = self.replicas.live()
         out = torch.zeros(t.response_mask.shape)
-        with ThreadPoolExecutor(2 * len(self.replicas)) as pool:
-            scored = pool.map(lambda k: self._score(urls[k], [sequences[n] for n in requests[k]]), range(len(requests)))
+        with ThreadPoolExecutor(2 * len(live)) as pool:
+            scored = pool.map(lambda k: self._score(live[k % len(live)], [sequences[n] for n in requests[k]]), range(len(requests)))
             for rows, values in zip(requests, scored):
                 for n, v in zip(rows, values):
                     out[n, : len(v)] = torch.tensor(v)
         return out.to(t.response_mask.device)
 
-    def _score(self, url: str, sequences: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+    def _score(self, replica: int, sequences: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        """One scoring request; a replica that dies or freezes is restarted (the teacher's weights never change,
+        so there is nothing to restore) or dropped, as the rollout's are."""
         if not sequences:
             return []
-        answer = self.replicas.client.post(
-            url,
+        answer, _ = self.replicas.request(
+            replica,
             "/v1/completions",
-            timeout=None,
             json={
                 "model": self.served_name,
                 "prompt": [prompt + response for prompt, response in sequences],
@@ -201,8 +202,9 @@ def served_teacher(settings: TeacherSettings, path: str, site: ServerSite) -> Se
     chunked = ["--enable-chunked-prefill", "--max-num-batched-tokens", str(TEACHER_PREFILL_TOKENS)]  # over the spec's
     spec = ServerSpec(path, site.max_model_len + 1, site.dtype, site.seed, site.kv_cache_gib,
                       max_num_seqs=min(256, TEACHER_PREFILL_TOKENS), extra_args=chunked)
-    client = ServerClient(settings.request_timeout_s)
-    replicas = ReplicaSet(client, spec, settings.servers, settings.server_urls, site.node_slot, None)
+    client = ServerClient(settings.request_timeout_s, "model.teacher.request_timeout_s")
+    # Frozen after a minute without a health check answered, as the rollout's replicas by default.
+    replicas = ReplicaSet(client, spec, settings.servers, settings.server_urls, site.node_slot, None, unresponsive_s=60.0)
     return ServedTeacher(replicas, SERVED_NAME, settings.sequences_per_request)
 
 

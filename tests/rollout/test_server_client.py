@@ -14,6 +14,6 @@ def test_a_request_not_answered_in_time_names_the_server_and_the_route(slow_serv
     session = requests.Session()
     with pytest.raises(RolloutServerError, match=rf"rollout server {slow_server}: /update_weights got no answer "
                        r"within 0.5 s \(rollout.server_request_timeout_s\)"):  # fmt: skip
-        post(session, slow_server, "/update_weights", 0.5, json={})
+        post(session, slow_server, "/update_weights", 0.5, "rollout.server_request_timeout_s", json={})
     with pytest.raises(RolloutServerError, match=rf"rollout server {slow_server}: /fail answered 500: boom"):
-        post(session, slow_server, "/fail", 5.0)
+        post(session, slow_server, "/fail", 5.0, "rollout.server_request_timeout_s")

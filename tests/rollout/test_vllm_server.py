@@ -45,7 +45,7 @@ def group_members(pgid: int) -> list[int]:
 @pytest.fixture(scope="module")
 def servers(tiny_policy_dir):
     spec = ServerSpec(str(tiny_policy_dir), max_model_len=128, dtype="float32")
-    engine = VLLMServerEngine(spec, replicas=2)
+    engine = VLLMServerEngine(spec, replicas=2, unresponsive_s=6.0)
     groups = [r.process.proc.pid for r in engine.replicas]
     yield engine
     engine.close()
@@ -118,13 +118,46 @@ def test_a_killed_replica_is_restarted_with_the_current_weights(servers, policy)
     expected = sequence_logprobs(model, prompt, completion)
     victim = servers.replicas[1].process
     old_group = victim.proc.pid
+    before = servers.fault_counts()
+    sampling = SamplingConfig(group_size=2, max_tokens=8, seed=5)
+    unharmed = servers.generate([tok(p).input_ids for p in PROMPTS], sampling)
     os.killpg(old_group, signal.SIGKILL)
     victim.proc.wait()
-    groups = servers.generate([tok(p).input_ids for p in PROMPTS], SamplingConfig(group_size=2, max_tokens=8))
-    assert [len(g) for g in groups] == [2, 2, 2]  # prompt 1 went to the dead replica: restarted and retried
+    groups = servers.generate([tok(p).input_ids for p in PROMPTS], sampling)
+    # Prompt 1 went to the dead replica: restarted, sent again with its seed, it sampled what it would have.
+    assert [[c.token_ids for c in g] for g in groups] == [[c.token_ids for c in g] for g in unharmed]
     assert victim.alive() and victim.proc.pid != old_group
+    after = servers.fault_counts()
+    assert after["replica_restarts"] == before["replica_restarts"] + 1
+    assert after["requests_reissued"] >= before["requests_reissued"] + 1
     assert servers.replicas.weight_versions() == ["4", "4"]
     assert max(abs(a - b) for a, b in zip(servers.logprobs(prompt, completion), expected)) < 1e-3
+
+
+def test_a_frozen_replica_is_found_by_its_health_checks_restarted_and_its_requests_sent_again(servers, policy):
+    """SIGSTOP freezes the whole server (API server, engine core, worker): it answers neither the request nor
+    `/health`. The fixture's replicas count as frozen after 6 s without a health check answered."""
+    tok, _ = policy
+    victim = servers.replicas[1].process
+    frozen_group = victim.proc.pid
+    before = servers.fault_counts()
+    sampling = SamplingConfig(group_size=2, max_tokens=8, seed=9)
+    unharmed = servers.generate([tok(p).input_ids for p in PROMPTS], sampling)
+    os.killpg(frozen_group, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        groups = servers.generate([tok(p).input_ids for p in PROMPTS], sampling)
+        waited = time.monotonic() - start
+    finally:
+        try:  # whatever of the frozen group is left (the restart killed it)
+            os.killpg(frozen_group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert [[c.token_ids for c in g] for g in groups] == [[c.token_ids for c in g] for g in unharmed]
+    assert victim.alive() and victim.proc.pid != frozen_group
+    assert servers.fault_counts()["replica_restarts"] == before["replica_restarts"] + 1
+    assert servers.replicas.weight_versions() == ["4", "4"]
+    assert waited < 120, waited  # 6 s to notice, then a restart; not the request's own bound (over 600 s)
 
 
 def test_a_replica_holding_other_weights_fails_the_probe(servers, policy):
@@ -316,7 +349,7 @@ def test_an_attached_server_that_dies_stops_the_run_with_how_to_resume(servers, 
         victim = servers.replicas[0].process
         os.killpg(victim.proc.pid, signal.SIGKILL)
         victim.proc.wait()
-        with pytest.raises(RolloutServerLost, match=r"failed twice .*rollout.server_urls"):
+        with pytest.raises(RolloutServerLost, match=rf"no rollout server remains: {attached.replicas[0].url} stopped answering.*rollout.server_urls"):
             attached.generate([tok(PROMPTS[0]).input_ids], SamplingConfig(group_size=2, max_tokens=4))
     finally:
         attached.close()

@@ -1,0 +1,116 @@
+"""Fault injection into real runs: a callback that marks each finished training step in a directory, and
+the processes of a run's launched `vllm serve` replicas (found under the trainer in /proc), to kill or freeze.
+
+The injector signals only the process groups of the replicas it found under the run it started, never every
+process, and a frozen group is thawed (SIGCONT) and killed by `cleanup`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Callback
+
+SERVER_ENTRY = "vllm.entrypoints.launchers.api_server.entry"
+
+
+class StepMarker(Callback):
+    """Writes `<out>/step-<n>` when training step n (1-based) has finished."""
+
+    def __init__(self, out: str) -> None:
+        self.out = Path(out)
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_rank == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / f"step-{trainer.global_step}").touch()
+
+
+def marker_config(path: Path, out: Path) -> Path:
+    """A config file adding `StepMarker(out)` to the trainer's callbacks."""
+    path.write_text(
+        f"trainer:\n  callbacks+:\n    - class_path: tests.support.faults.StepMarker\n      init_args: {{out: {out}}}\n"
+    )
+    return path
+
+
+def wait_for_step(out: Path, step: int, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not (out / f"step-{step}").exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before step {step}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no step {step} within {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return kids
+
+
+def descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        for child in _children(todo.pop()):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def replica_groups(trainer_pid: int) -> list[int]:
+    """The process groups of the `vllm serve` replicas the trainer launched (each leads its own group)."""
+    return sorted({os.getpgid(p) for p in descendants(trainer_pid) if SERVER_ENTRY in cmdline(p) and _alive(p)})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+class ReplicaFaults:
+    """Signals to the replicas of one run; `cleanup` thaws and kills whatever of theirs is left."""
+
+    def __init__(self, trainer_pid: int) -> None:
+        self.trainer_pid = trainer_pid
+        self.touched: set[int] = set()
+
+    def groups(self) -> list[int]:
+        return replica_groups(self.trainer_pid)
+
+    def kill(self, index: int = 0) -> int:
+        group = self.groups()[index]
+        os.killpg(group, signal.SIGKILL)
+        return group
+
+    def freeze(self, index: int = 0) -> int:
+        group = self.groups()[index]
+        self.touched.add(group)
+        os.killpg(group, signal.SIGSTOP)
+        return group
+
+    def cleanup(self) -> None:
+        for group in self.touched:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.killpg(group, sig)
+                except ProcessLookupError:
+                    pass
