@@ -18,7 +18,7 @@ CKPT ?= embedded
 BENCH ?= embedded
 UI_PORT ?= 5000
 MLRUNS ?= mlruns
-.PHONY: help setup preset train plan doctor list test lint ui compare eval results bench clean-cache scale-model gpu-check
+.PHONY: help setup preset train plan doctor list test faults lint ui compare eval results bench clean-cache scale-model gpu-check
 
 help:
 	@echo "make setup                 create $(VENV) and install everything (CPU or GPU stack, auto-detected)"
@@ -29,6 +29,7 @@ help:
 	@echo "make doctor [ALGO=grpo] [ARGS='--config configs/strategy/fsdp.yaml']   check this machine's GPU/CPU path for the run (docs/doctor.md)"
 	@echo "make list [ARGS='--imports my_pieces']   every preset, algorithm class and registered piece (advantage estimators, losses, …)"
 	@echo "make test [TEST_WORKERS=2] [ARGS='tests/models/test_lora.py -k merged']   the test suite, in TEST_WORKERS processes (0: this one)"
+	@echo "make faults                       whole runs with a fault injected (replicas, ranks, watchdog, storage): docs/reliability.md"
 	@echo "make lint                  ruff and the import-layer contract (pyproject.toml)"
 	@echo "make ui [UI_PORT=5000] [MLRUNS=mlruns]   open the MLflow UI on a store (default ./mlruns)"
 	@echo "make eval [CKPT=exports/<run>/final] [BENCH='embedded path/to/bench.jsonl'] [ARGS='--n 16']   offline evaluation"
@@ -68,7 +69,12 @@ list: setup
 # a process, so its module fixtures (an engine, say) are built once.
 TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 -m "not faults" $(ARGS)
+
+# Whole runs with a fault injected into their real processes (replicas and ranks killed or frozen, a frozen
+# generation under the watchdog, a full disk): docs/reliability.md's table. One at a time: they time detections.
+faults: setup
+	$(PY) -m pytest -q -m faults --durations=0 tests/faults $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check rlvr_lightning tests bench

@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
@@ -114,3 +116,53 @@ class ReplicaFaults:
                     os.killpg(group, sig)
                 except ProcessLookupError:
                     pass
+
+
+@dataclass
+class FaultedRun:
+    """A CLI run with faults injected after given steps: its exit code, its output, and for each fault the
+    seconds from the fault to the next finished step (None: none finished)."""
+
+    returncode: int
+    output: str
+    recovery_s: list[float | None] = field(default_factory=list)
+
+
+def run_with_faults(
+    args: list[str], run_dir: Path, faults: list[tuple[int, str]], timeout: float = 900
+) -> FaultedRun:
+    """Start the CLI in `run_dir` with a `StepMarker`; after step s of each (s, action), do `action` (`kill` or
+    `freeze`) to its first replica; wait for the run to end. Whatever of the replicas was frozen is killed."""
+    from tests.support.cli import REPO
+
+    marks = run_dir / "steps"
+    args = [*args, "--config", str(marker_config(run_dir / "marker.yaml", marks))]
+    args = [str(REPO / a) if a.startswith("configs/") else a for a in args]
+    if not any(a.startswith("--plan.") for a in args):
+        args.append("--plan.check=false")
+    env = {**os.environ, "RLVR_CACHE_DIR": str(run_dir / "cache"), "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+    env.pop("VLLM_LOGGING_LEVEL", None)
+    log_path = run_dir / "run.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "rlvr_lightning", *args], cwd=run_dir, env=env, stdout=log,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+    injector, recovery = ReplicaFaults(proc.pid), []
+    try:
+        deadline = time.monotonic() + timeout
+        for step, action in faults:
+            wait_for_step(marks, step, proc, deadline - time.monotonic())
+            getattr(injector, action)(0)
+            struck = time.monotonic()
+            try:
+                wait_for_step(marks, step + 1, proc, deadline - time.monotonic())
+                recovery.append(time.monotonic() - struck)
+            except AssertionError:
+                recovery.append(None)
+                break
+        returncode = proc.wait(timeout=max(deadline - time.monotonic(), 1))
+    finally:
+        injector.cleanup()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return FaultedRun(returncode, log_path.read_text(errors="replace"), recovery)
