@@ -14,3 +14,8 @@ def check_choice(flag: str, value, choices) -> None:
     valid = get_args(choices) or tuple(choices)
     if value not in valid:
         raise ConfigError(f"{flag}={value!r}; valid: {', '.join(map(str, valid))}")
+
+
+class RunStalled(RuntimeError):
+    """No training step finished within the watchdog's bound: the message says how long, and where the stacks
+    and the state of the rollout were written."""

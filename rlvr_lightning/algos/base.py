@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import lightning as L
 
+from rlvr_lightning.callbacks.closing import CloseOnError
 from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.models.lora import LoraSettings
 from rlvr_lightning.pieces import kinds
@@ -94,7 +95,8 @@ class RLVRModule(L.LightningModule):
 
     def configure_callbacks(self) -> list:
         # The reward is part of the algorithm: add the default verifier unless the user configured one.
-        return [] if any(isinstance(c, RewardVerifier) for c in self.trainer.callbacks) else [RewardVerifier()]
+        verifier = [] if any(isinstance(c, RewardVerifier) for c in self.trainer.callbacks) else [RewardVerifier()]
+        return [*verifier, CloseOnError()]
 
     def configure_optimizers(self):
         return wiring.optimizer(self.settings.optim, self.policy, self.trainer.max_steps)

@@ -102,6 +102,11 @@ class RewardVerifier(RolloutCallback):
             )
         return [r for r, good in zip(records, ok) if good]
 
+    def describe(self) -> str:
+        """The verifier's pool and its timeouts so far, for the watchdog's report."""
+        pool = self.verifier.describe() if self.verifier is not None else "math-verify pool not started"
+        return f"{pool}; {self.total_timeouts} answers timed out so far"
+
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.close()
 

@@ -9,7 +9,7 @@ from argparse import ArgumentError
 
 from rlvr_lightning.data.sources import DataSourceError
 from rlvr_lightning.environments.base import EnvironmentFailed
-from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.errors import ConfigError, RunStalled
 from rlvr_lightning.rewards.pool import VerifierUnavailable
 from rlvr_lightning.rollout.server_process import RolloutServerError
 from rlvr_lightning.training.dynamic_sampling import DynamicSamplingExhausted
@@ -55,10 +55,10 @@ def error_chain(err: BaseException):
 
 
 def user_error_behind(err: BaseException) -> BaseException | None:
-    """The ConfigError, DataSourceError, RolloutServerError, DynamicSamplingExhausted, VerifierUnavailable or
-    EnvironmentFailed that caused `err`, if any:
+    """The ConfigError, DataSourceError, RolloutServerError, DynamicSamplingExhausted, VerifierUnavailable,
+    EnvironmentFailed or RunStalled that caused `err`, if any:
     jsonargparse re-raises a class's constructor error as its own ValueError while instantiating the
     config. (A run that stops on exhausted dynamic sampling resumes from its last checkpoint.)"""
     user_errors = (ConfigError, DataSourceError, RolloutServerError, DynamicSamplingExhausted, VerifierUnavailable,
-                   EnvironmentFailed)  # fmt: skip
+                   EnvironmentFailed, RunStalled)  # fmt: skip
     return next((e for e in error_chain(err) if isinstance(e, user_errors)), None)

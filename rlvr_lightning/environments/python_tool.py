@@ -175,6 +175,10 @@ class PythonTool(Environment):
     def load_call(self, saved: dict) -> ToolCall:
         return ToolCall(**{**saved, "execution": Execution(**saved["execution"])})
 
+    def describe(self) -> str:
+        """The sandbox's workers, for the watchdog's report."""
+        return self._sandbox.describe() if self._sandbox is not None else "sandbox not started"
+
     def close(self) -> None:
         if self._sandbox is not None:
             self._sandbox.close()

@@ -149,6 +149,12 @@ class MathVerifier:
             pool.stop()
             pool.join()
 
+    def describe(self) -> str:
+        """The worker pool's state, for the watchdog's report."""
+        pool = self._pool
+        state = "not started" if pool is None else ("running" if pool.active else "stopped")
+        return f"math-verify pool {state}, {self.num_workers} workers, {self.timeout_s:g} s per answer"
+
     def close(self) -> None:
         with self._lock:
             self._stop_pool()

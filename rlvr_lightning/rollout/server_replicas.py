@@ -15,8 +15,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,10 +69,10 @@ class ReplicaSet:
         self.restarts_total = 0  # replicas restarted, over the run
         self.reissued_total = 0  # requests sent again after a failure, over the run
         self.watch = ReplicaWatch(self, client.session, unresponsive_s) if unresponsive_s else None
+        self.closed = False
         # Gives a restarted replica the current weights and version; the engine sets its own (a teacher's replicas
         # never change weights).
         self.restore: RESTORE = lambda _replica: None
-        self._waiters = ThreadPoolExecutor(max_workers=256, thread_name_prefix="vllm-request")
         self.replicas: list[Replica] = []
         if urls:
             self.replicas = [Replica(u.rstrip("/")) for u in urls]
@@ -136,6 +134,8 @@ class ReplicaSet:
             restarts_seen = r.restarts
             try:
                 return self._post_watched(r, route, timeout, **kwargs), index
+            except RolloutServerLost:
+                raise
             except RolloutServerError as err:
                 if sent_again == MAX_REISSUES:
                     raise RolloutServerLost(
@@ -147,28 +147,41 @@ class ReplicaSet:
         raise AssertionError("unreachable")
 
     def _post_watched(self, r: Replica, route: str, timeout: float | None, **kwargs) -> dict:
-        """The POST, given up when the replica's health checks find it frozen or it is restarted meanwhile."""
+        """The POST, given up when the replica's health checks find it frozen, it is restarted meanwhile, or the
+        engine closes. It runs on a daemon thread: one left waiting on a frozen server's socket (until the
+        request's bound) never holds up the interpreter's exit, as a pool's worker would."""
         if r.failed.is_set():
             raise RolloutServerError(f"rollout server {r.url} is not answering its health checks")
-        restarts_seen = r.restarts
-        future = self._waiters.submit(self.client.post, r.url, route, timeout, **kwargs)
-        while True:
+        restarts_seen, outcome, done = r.restarts, {}, threading.Event()
+
+        def call() -> None:
             try:
-                return future.result(timeout=0.5)
-            except FutureTimeout:
-                if r.failed.is_set() or r.restarts != restarts_seen:
-                    # The thread still waits on the frozen server's socket until the request's bound; its
-                    # answer, if any, is dropped.
-                    raise RolloutServerError(
-                        f"rollout server {r.url}: {route} abandoned, the server stopped answering its health "
-                        "checks (rollout.server_unresponsive_s)"
-                    ) from None
+                outcome["answer"] = self.client.post(r.url, route, timeout, **kwargs)
+            except BaseException as err:  # handed to the waiting thread
+                outcome["error"] = err
+            finally:
+                done.set()
+
+        threading.Thread(target=call, name="vllm-request", daemon=True).start()
+        while not done.wait(0.5):
+            if self.closed:
+                raise RolloutServerLost(f"rollout server {r.url}: {route} abandoned, the engine is closing")
+            if r.failed.is_set() or r.restarts != restarts_seen:
+                raise RolloutServerError(
+                    f"rollout server {r.url}: {route} abandoned, the server stopped answering its health checks "
+                    "(rollout.server_unresponsive_s)"
+                )
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["answer"]
 
     def recover(self, index: int, restarts_seen: int, error: Exception) -> int:
         """After a failed request to replica `index`: the replica to send it to again. Requests in flight on a
         replica fail together; the first to get here restarts it, the others find it restarted."""
         r = self.replicas[index]
         with self._restart_lock:
+            if self.closed:  # the run is ending: nothing to recover for
+                raise RolloutServerLost(f"rollout server {r.url}: the engine closed while a request failed ({error})")
             if r.restarts != restarts_seen:
                 return index  # another request restarted it meanwhile
             if not r.dropped and not r.failed.is_set() and self._answers(r):
@@ -249,10 +262,10 @@ class ReplicaSet:
         return [session.get(f"{r.url}/weight_info", timeout=30).json()["weight_version"] for r in self.replicas]
 
     def stop(self) -> None:
-        """Stop the replicas this engine launched; attached ones keep running."""
+        """Stop the replicas this engine launched; attached ones keep running. Requests still waiting give up."""
+        self.closed = True
         if self.watch is not None:
             self.watch.stop()
-        self._waiters.shutdown(wait=False, cancel_futures=True)
         for r in self.replicas:
             if r.process is not None:
                 r.process.stop()

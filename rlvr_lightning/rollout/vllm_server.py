@@ -283,6 +283,15 @@ class VLLMServerEngine:
         """Several trainer ranks use these servers; rank 0 alone writes their weights."""
         return self.sync_role != "only"
 
+    def describe(self) -> str:
+        """Each replica's state, for the watchdog's report."""
+        return "vllm-server, version {}: {}".format(self.version, "; ".join(
+            f"{r.url or '(starting)'} {'attached' if r.process is None else ('alive' if r.process.alive() else 'dead')}"
+            f"{', dropped' if r.dropped else ''}{', frozen' if r.failed.is_set() else ''}"
+            f"{', restarting' if r.restarting else ''}, {r.restarts} restarts"
+            for r in self.replicas.replicas
+        ))  # fmt: skip
+
     def fault_counts(self) -> dict[str, float]:
         """Replicas restarted and requests sent again so far in the run (`train/` metrics of every step)."""
         return {

@@ -179,6 +179,13 @@ class Sandbox:
         with ThreadPoolExecutor(min(len(codes), self.settings.workers)) as pool:
             return list(pool.map(lambda code: self.run(code, timeout_s), codes))
 
+    def describe(self) -> str:
+        """Its workers, busy and idle, for the watchdog's report."""
+        with self._lock:
+            total = len(self._all)
+        idle = self._idle.qsize()
+        return f"sandbox: {total} workers, {total - idle} running a call, {self.settings.timeout_s:g} s per call"
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

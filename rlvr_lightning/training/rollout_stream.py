@@ -147,6 +147,12 @@ class RolloutStream:
     def synced(self, version: int) -> None:
         """The servers hold `version` now (each segment reads the step's version itself)."""
 
+    def describe(self) -> str:
+        """The batches in flight and their segments done, for the watchdog's report."""
+        batches = ", ".join(f"batch {k}: {b.done}/{b.segments} segments" for k, b in sorted(self.in_flight.items()))
+        running = sum(not f.done() for f in self.work)
+        return f"reproducible, {self.max_staleness} ahead; in flight: {batches or 'none'}; {running} segment(s) generating"
+
     def close(self) -> None:
         for f in self.work:
             f.cancel()

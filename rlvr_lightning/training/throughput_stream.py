@@ -193,6 +193,13 @@ class ThroughputStream:
             self.version = version
             self.lock.notify_all()
 
+    def describe(self) -> str:
+        """The queue and the finished groups, for the watchdog's report."""
+        return (
+            f"throughput, {self.max_staleness} ahead, servers at version {self.version}: {len(self.queue)} groups "
+            f"queued, {len(self.groups)} finished, next step takes version {self.next_take}, closed={self.closed}"
+        )
+
     def close(self) -> None:
         with self.lock:
             self.closed = True

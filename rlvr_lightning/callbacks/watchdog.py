@@ -1,0 +1,189 @@
+"""The run's watchdog: no run sits idle unseen.
+
+If no training step finishes within its bound, the watchdog writes every thread's stack and the state of the
+rollout (the engine's replicas, the stream generating ahead, the verifier's and the sandbox's pools: whatever
+has a `describe()`) to the log and to the MLflow run (`watchdog/stall.txt`), then stops the run with an error
+saying so. The bound (`--watchdog.*`; printed when training starts): the first step may take `first_step_s`
+(engines start, kernels compile); each later one `stall_s` if set, else ten times the longest step so far, at
+least `MIN_STALL_S`. Bounding each wait where it happens names the wait (a replica, a request, a rank); the
+watchdog is the last line, for a wait nothing else bounds.
+
+Stopping: the watchdog's thread signals the main thread (SIGUSR1), whose handler raises `RunStalled` there: a
+wait in Python (a lock, a socket, a sleep) is interrupted by it and the run unwinds as from any error, closing
+its engines and pools. A wait inside native code may not return; if the run has not ended `EXIT_GRACE_S` later,
+the process exits (its launched servers follow it: they get SIGTERM when their parent dies).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+import lightning as L
+
+from rlvr_lightning.errors import RunStalled
+
+log = logging.getLogger(__name__)
+
+MIN_STALL_S = 600.0
+EXIT_GRACE_S = 60.0
+STALL_EXIT_CODE = 3
+
+
+def thread_stacks() -> str:
+    """Every thread's stack, named."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        parts.append(f"--- thread {names.get(ident, '?')} ({ident}) ---\n{''.join(traceback.format_stack(frame))}")
+    return "\n".join(parts)
+
+
+def rollout_state(trainer: L.Trainer, module) -> str:
+    """What the run's pieces say about themselves (`describe()`): the engine, the stream, each callback."""
+    parts = []
+    session = getattr(module, "session", None)
+    if session is not None:
+        parts.append(f"policy version: {session.policy_version}")
+        engine, environment = getattr(session, "_engine", None), getattr(session, "_environment", None)
+        for name, obj in (("engine", engine), ("rollout stream", session.stream), ("environment", environment)):
+            if obj is not None:
+                describe = getattr(obj, "describe", None)
+                parts.append(f"{name}: {describe() if describe else type(obj).__name__}")
+    for cb in trainer.callbacks:
+        describe = getattr(cb, "describe", None)
+        if describe is not None:
+            parts.append(f"{type(cb).__name__}: {describe()}")
+    return "\n".join(parts) or "(nothing to describe)"
+
+
+class Watchdog(L.Callback):
+    def __init__(self, enabled: bool = True, stall_s: float | None = None, first_step_s: float = 1800.0) -> None:
+        """Every argument is a CLI flag, `--watchdog.<name>`.
+
+        Args:
+            enabled: watch the run (false: a stalled run waits as long as its waits' own bounds).
+            stall_s: how long a training step may take before the run is taken for stalled (None: ten times the
+                longest step so far, at least 600 s).
+            first_step_s: the same for the first step of the run (or of a resumed run), which starts the engines.
+        """
+        for name, value in (("stall_s", stall_s), ("first_step_s", first_step_s)):
+            if value is not None and value <= 0:
+                from rlvr_lightning.errors import ConfigError
+
+                raise ConfigError(f"watchdog.{name} must be > 0 seconds, got {value}")
+        self.enabled, self.stall_s, self.first_step_s = enabled, stall_s, first_step_s
+        self.longest_step_s = 0.0
+        self.steps_seen = 0
+        self._last = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._previous_handler = None
+        self._stalled: str | None = None
+
+    # ---- the bound --------------------------------------------------------------------------------
+    def bound_s(self) -> float:
+        if self.steps_seen == 0:
+            return self.first_step_s
+        if self.stall_s is not None:
+            return self.stall_s
+        return max(MIN_STALL_S, 10 * self.longest_step_s)
+
+    def describe_bound(self) -> str:
+        later = f"{self.stall_s:g} s" if self.stall_s is not None else f"10× the longest step, at least {MIN_STALL_S:g} s"
+        return f"watchdog: the first step may take {self.first_step_s:g} s, each later one {later}"
+
+    # ---- Lightning hooks ---------------------------------------------------------------------------
+    def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
+        if not self.enabled:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("the watchdog needs the main thread; it is off for this run")
+            return
+        self._previous_handler = signal.signal(signal.SIGUSR1, self._raise_stalled)
+        if trainer.is_global_zero:
+            print(self.describe_bound(), file=sys.stderr)
+        self._last = time.monotonic()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._watch, args=(trainer, pl_module), name="watchdog", daemon=True)
+        self._thread.start()
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        now = time.monotonic()
+        self.longest_step_s = max(self.longest_step_s, now - self._last)
+        self.steps_seen += 1
+        self._last = now
+
+    def on_train_end(self, trainer: L.Trainer, pl_module) -> None:
+        self._disarm()
+
+    def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
+        self._disarm()
+
+    def teardown(self, trainer: L.Trainer, pl_module, stage: str) -> None:
+        self._disarm()
+
+    def _disarm(self) -> None:
+        self._stop.set()
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGUSR1, self._previous_handler)
+            self._previous_handler = None
+
+    # ---- the watch ---------------------------------------------------------------------------------
+    def _raise_stalled(self, signum, frame) -> None:
+        raise RunStalled(self._stalled or "the run stalled")
+
+    def _watch(self, trainer: L.Trainer, module) -> None:
+        while not self._stop.wait(1.0):
+            waited, bound = time.monotonic() - self._last, self.bound_s()
+            if waited > bound:
+                self._report(trainer, module, waited, bound)
+                return
+
+    def _report(self, trainer: L.Trainer, module, waited: float, bound: float) -> None:
+        step = trainer.global_step
+        first = self.steps_seen == 0
+        setting = "watchdog.first_step_s" if first else "watchdog.stall_s"
+        headline = (
+            f"no training step finished for {waited:.0f} s (bound {bound:g} s, {setting}) after optimizer step {step} "
+            f"on rank {trainer.global_rank}"
+        )
+        try:
+            state = rollout_state(trainer, module)
+        except Exception as err:  # a stalled piece may fail to describe itself: the stacks still go out
+            state = f"(could not describe the rollout: {type(err).__name__}: {err})"
+        text = f"{headline}\n\n== rollout ==\n{state}\n\n== threads ==\n{thread_stacks()}"
+        log.error("watchdog: %s", text)
+        where = self._to_mlflow(trainer, text)
+        self._stalled = f"{headline}; every thread's stack and the rollout's state are in the log{where}"
+        if self._stop.is_set():
+            return
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+        if not self._stop.wait(EXIT_GRACE_S):
+            print(f"error: {self._stalled}; the run did not stop within {EXIT_GRACE_S:g} s of the watchdog's "
+                  "signal, exiting", file=sys.stderr, flush=True)  # fmt: skip
+            os._exit(STALL_EXIT_CODE)
+
+    def _to_mlflow(self, trainer: L.Trainer, text: str) -> str:
+        """The stall report as an artifact of the run, within a bound (the tracking store may be what hangs)."""
+        logger = trainer.logger
+        run_id = getattr(logger, "run_id", None)
+        if run_id is None or not hasattr(logger, "experiment"):
+            return ""
+        done = threading.Event()
+
+        def write() -> None:
+            try:
+                logger.experiment.log_text(run_id, text, "watchdog/stall.txt")
+                logger.experiment.set_tag(run_id, "stalled", "true")
+                done.set()
+            except Exception as err:
+                log.warning("watchdog: could not write the report to MLflow: %s", err)
+
+        threading.Thread(target=write, name="watchdog-mlflow", daemon=True).start()
+        return " and the MLflow run (watchdog/stall.txt)" if done.wait(30.0) else ""
