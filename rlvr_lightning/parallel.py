@@ -26,7 +26,15 @@ class FSDP2Strategy(ModelParallelStrategy):
     policy that is not written for tensor parallelism cannot use.)
     """
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, collective_timeout_s: float = 600.0, **kwargs) -> None:
+        """`collective_timeout_s`: how long a rank waits in one collective for the others (gloo's own default is
+        30 min) before it fails; a rank killed or frozen is named sooner by the watchdog's heartbeats
+        (`--watchdog.rank_unresponsive_s`)."""
+        from datetime import timedelta
+
+        if collective_timeout_s <= 0:
+            raise ConfigError(f"trainer.strategy.init_args.collective_timeout_s must be > 0, got {collective_timeout_s}")
+        kwargs.setdefault("timeout", timedelta(seconds=collective_timeout_s))
         super().__init__(data_parallel_size="auto", tensor_parallel_size=1, **kwargs)
 
     def setup_environment(self) -> None:

@@ -25,6 +25,18 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 log = logging.getLogger(__name__)
+
+
+class TrackingStoreUnavailable(RuntimeError):
+    """The tracking store refused metric points for longer than its bound: the message names the store."""
+
+
+def _store_errors() -> tuple[type[BaseException], ...]:
+    """What a tracking store that is unavailable raises: MLflow's own error (a locked SQLite file, a server's
+    refusal), or the connection's."""
+    from mlflow.exceptions import MlflowException
+
+    return (MlflowException, OSError)
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # the UI's "Model training" views
 
 
@@ -52,11 +64,24 @@ class MLFlowLogger(LightningMLFlowLogger):
       already has are not logged again;
     - MLflow's system metrics (CPU, memory, disk, network; GPU utilisation and memory where there is
       one) every `system_metrics_interval_s` seconds while the run is open, from rank 0's node, under
-      `system/…` (the run's "System metrics" tab); `system_metrics=False` turns them off.
+      `system/…` (the run's "System metrics" tab); `system_metrics=False` turns them off;
+    - a tracking store that refuses points (a locked SQLite file, a server restarting) does not stop training:
+      the points are kept and sent again, in order, with the next step's, and at the end; one that has refused
+      them for `store_unavailable_s` is an error naming the store (`TrackingStoreUnavailable`).
     """
 
-    def __init__(self, *args, system_metrics: bool = True, system_metrics_interval_s: float = 10.0, **kwargs) -> None:
+    def __init__(
+        self,
+        *args,
+        system_metrics: bool = True,
+        system_metrics_interval_s: float = 10.0,
+        store_unavailable_s: float = 600.0,
+        **kwargs,
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.store_unavailable_s = store_unavailable_s
+        self._pending: list[tuple[dict, int | None]] = []  # points the store refused, oldest first
+        self._refused_since: float | None = None
         self._continues_run = self._run_id is not None
         self._last_logged: dict[str, int] = {}  # metric → its last step already in the run
         self._told_about_skipping = False
@@ -83,6 +108,7 @@ class MLFlowLogger(LightningMLFlowLogger):
 
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
+        self._flush_at_end()
         if self._system_monitor is not None:
             self._system_monitor.finish()  # flushes its last samples while the run is still open
             self._system_monitor = None
@@ -102,7 +128,43 @@ class MLFlowLogger(LightningMLFlowLogger):
                 )
             metrics = fresh
         if metrics:
-            super().log_metrics(metrics, step)
+            self._pending.append((dict(metrics), step))
+        self._send_pending()
+
+    def _send_pending(self) -> None:
+        """Send the points the store has not taken yet, oldest first; stop at the first refusal."""
+        import time
+
+        while self._pending:
+            metrics, step = self._pending[0]
+            try:
+                LightningMLFlowLogger.log_metrics(self, metrics, step)
+            except _store_errors() as err:
+                now = time.monotonic()
+                if self._refused_since is None:
+                    self._refused_since = now
+                first = str(err).splitlines()[0][:300]
+                if now - self._refused_since > self.store_unavailable_s:
+                    raise TrackingStoreUnavailable(
+                        f"the tracking store {self._tracking_uri} has refused metric points for "
+                        f"{now - self._refused_since:.0f} s (trainer.logger.init_args.store_unavailable_s = "
+                        f"{self.store_unavailable_s:g}; last: {first}); {len(self._pending)} steps' points were not "
+                        "logged. The run stops here; `make train RESUME=checkpoints/<run id>/last.ckpt` continues it"
+                    ) from err
+                log.warning("the tracking store refused metric points (%s); %d steps' points kept, sent again with "
+                            "the next step's", first, len(self._pending))  # fmt: skip
+                return
+            self._pending.pop(0)
+            self._refused_since = None
+
+    def _flush_at_end(self) -> None:
+        """The points still refused when the run ends: sent again until the store takes them or its bound."""
+        import time
+
+        while self._pending:
+            self._send_pending()
+            if self._pending:
+                time.sleep(1.0)
 
     def _last_logged_step(self, key: str) -> int:
         if key not in self._last_logged:

@@ -15,12 +15,16 @@ What a resumed run needs and where it comes from:
 - the MLflow run id: stored in the checkpoint; the CLI reopens that run (`cli/mlflow_resume.py`).
 
 `last.ckpt` is replaced atomically (written beside it, then renamed), so a kill during a save leaves
-the previous checkpoint intact. `last.json` beside it says which step it holds.
+the previous checkpoint intact. `last.json` beside it says which step it holds (replaced atomically too).
+A save that cannot be written (a full disk, an unwritable directory) on any rank is dropped on every rank:
+the previous checkpoint stays, a warning says which step it holds, and training goes on
+(`train/checkpoint_failures` counts them).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -32,6 +36,20 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint
 
 from rlvr_lightning.callbacks.periodic import is_due
+
+log = logging.getLogger(__name__)
+
+
+def write_failure(err: BaseException) -> OSError | None:
+    """The file-system error behind a failed write, if that is what it was (PyTorch's distributed checkpoint
+    wraps each rank's in its own exception)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OSError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def rng_state() -> dict:
@@ -67,6 +85,7 @@ class ResumableCheckpoint(Checkpoint):
         """
         self.dirpath, self.every_n_steps, self.save_on_train_end = Path(dirpath), every_n_steps, save_on_train_end
         self._restored_rng: list[dict] | None = None
+        self.failures = 0  # saves that could not be written, this process
 
     def run_dir(self, trainer: L.Trainer) -> Path:
         return self.dirpath / str(getattr(trainer.logger, "run_id", None) or "run")
@@ -79,10 +98,21 @@ class ResumableCheckpoint(Checkpoint):
         if self.save_on_train_end and not trainer.interrupted:
             self.save(trainer, pl_module)
 
-    def save(self, trainer: L.Trainer, pl_module) -> Path:
+    def save(self, trainer: L.Trainer, pl_module) -> Path | None:
+        """The checkpoint written, or None when it could not be (the previous one stays)."""
         out = self.run_dir(trainer)
         last, tmp = out / "last.ckpt", out / "last.ckpt.tmp"
-        trainer.save_checkpoint(tmp)  # every rank takes part (sharded strategies write one file per rank)
+        failure = None
+        try:
+            trainer.save_checkpoint(tmp)  # every rank takes part (sharded strategies write one file per rank)
+        except Exception as err:
+            failure = write_failure(err)
+            if failure is None:
+                raise
+        # Every rank drops the save if any rank could not write its part, so that all go on alike.
+        if trainer.strategy.reduce_boolean_decision(failure is not None, all=False):
+            self._dropped(trainer, out, tmp, failure)
+            return None
         if trainer.is_global_zero:
             if last.is_dir():  # a sharded checkpoint is a directory: it cannot be renamed over
                 old = out / "last.ckpt.old"
@@ -99,9 +129,26 @@ class ResumableCheckpoint(Checkpoint):
                 "mlflow_run_id": getattr(trainer.logger, "run_id", None),
                 "checkpoint": str(last),
             }
-            (out / "last.json").write_text(json.dumps(info, indent=2))
+            (out / "last.json.tmp").write_text(json.dumps(info, indent=2))
+            os.replace(out / "last.json.tmp", out / "last.json")
         trainer.strategy.barrier("checkpoint saved")
         return last
+
+    def _dropped(self, trainer: L.Trainer, out: Path, tmp: Path, failure: OSError | None) -> None:
+        self.failures += 1
+        if trainer.is_global_zero:
+            shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+            try:
+                held = json.loads((out / "last.json").read_text())["rollout_batches"]
+                kept = f"the previous checkpoint {out / 'last.ckpt'} (rollout batch {held}) is intact"
+            except (OSError, ValueError, KeyError):
+                kept = "there is no earlier checkpoint"
+            why = failure if failure is not None else "another rank could not write its part"
+            log.warning("checkpoint at rollout batch %d not written (%s); %s; training goes on",
+                        trainer.lightning_module.rollout_batches, why, kept)  # fmt: skip
+        for logger in trainer.loggers:
+            logger.log_metrics({"train/checkpoint_failures": float(self.failures)}, step=trainer.lightning_module.rollout_batches)
+        trainer.strategy.barrier("checkpoint dropped")
 
     # ---- RNG of every rank, inside the checkpoint ------------------------------------------
     def state_dict(self) -> dict:

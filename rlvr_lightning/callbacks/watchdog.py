@@ -26,6 +26,15 @@ import traceback
 
 import lightning as L
 
+from rlvr_lightning.callbacks.rank_watch import (
+    ENDED_BY_ERROR,
+    ENDED_NORMALLY,
+    heartbeat_interval_s,
+    lost_rank_line,
+    mark_ended,
+    silent_peer,
+    start_sentinel,
+)
 from rlvr_lightning.errors import RunStalled
 
 log = logging.getLogger(__name__)
@@ -63,7 +72,13 @@ def rollout_state(trainer: L.Trainer, module) -> str:
 
 
 class Watchdog(L.Callback):
-    def __init__(self, enabled: bool = True, stall_s: float | None = None, first_step_s: float = 1800.0) -> None:
+    def __init__(
+        self,
+        enabled: bool = True,
+        stall_s: float | None = None,
+        first_step_s: float = 1800.0,
+        rank_unresponsive_s: float = 60.0,
+    ) -> None:
         """Every argument is a CLI flag, `--watchdog.<name>`.
 
         Args:
@@ -71,13 +86,18 @@ class Watchdog(L.Callback):
             stall_s: how long a training step may take before the run is taken for stalled (None: ten times the
                 longest step so far, at least 600 s).
             first_step_s: the same for the first step of the run (or of a resumed run), which starts the engines.
+            rank_unresponsive_s: several ranks: a rank whose heartbeat has not moved for this long is taken for
+                killed or frozen, and the others stop, naming it (each rank's sentinel: `rank_watch.py`).
         """
-        for name, value in (("stall_s", stall_s), ("first_step_s", first_step_s)):
+        for name, value in (("stall_s", stall_s), ("first_step_s", first_step_s),
+                            ("rank_unresponsive_s", rank_unresponsive_s)):  # fmt: skip
             if value is not None and value <= 0:
                 from rlvr_lightning.errors import ConfigError
 
                 raise ConfigError(f"watchdog.{name} must be > 0 seconds, got {value}")
         self.enabled, self.stall_s, self.first_step_s = enabled, stall_s, first_step_s
+        self.rank_unresponsive_s = rank_unresponsive_s
+        self.sentinel = None  # several ranks: this rank's sentinel process
         self.longest_step_s = 0.0
         self.steps_seen = 0
         self._last = 0.0
@@ -112,6 +132,9 @@ class Watchdog(L.Callback):
         self._stop.clear()
         self._thread = threading.Thread(target=self._watch, args=(trainer, pl_module), name="watchdog", daemon=True)
         self._thread.start()
+        if trainer.world_size > 1:
+            self._rank = trainer.global_rank
+            self.sentinel = start_sentinel(trainer.global_rank, trainer.world_size, self.rank_unresponsive_s)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
         now = time.monotonic()
@@ -120,16 +143,30 @@ class Watchdog(L.Callback):
         self._last = now
 
     def on_train_end(self, trainer: L.Trainer, pl_module) -> None:
-        self._disarm()
+        self._disarm(ENDED_NORMALLY)
 
     def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
-        self._disarm()
+        watched = self.sentinel is not None
+        self._disarm(ENDED_BY_ERROR)
+        if watched and isinstance(exception, RuntimeError) and "Connection" in str(exception):
+            # A collective fails at once when a peer's process is gone (gloo: "Connection reset by peer"), with
+            # no word of which rank: the heartbeats say.
+            lost = silent_peer(trainer.global_rank, trainer.world_size, heartbeat_interval_s(self.rank_unresponsive_s))
+            if lost is not None:
+                why = "is gone: a collective lost its connection to it and its heartbeat stopped"
+                print(lost_rank_line(trainer.global_rank, lost, self.rank_unresponsive_s, why), file=sys.stderr,
+                      flush=True)  # fmt: skip
 
     def teardown(self, trainer: L.Trainer, pl_module, stage: str) -> None:
-        self._disarm()
+        self._disarm(ENDED_NORMALLY)
 
-    def _disarm(self) -> None:
+    def _disarm(self, how: int) -> None:
         self._stop.set()
+        if self.sentinel is not None:
+            mark_ended(self._rank, how)  # before the sentinel goes: the others must not take this rank for lost
+            self.sentinel.terminate()
+            self.sentinel.wait()
+            self.sentinel = None
         if self._previous_handler is not None:
             signal.signal(signal.SIGUSR1, self._previous_handler)
             self._previous_handler = None
@@ -142,17 +179,17 @@ class Watchdog(L.Callback):
         while not self._stop.wait(1.0):
             waited, bound = time.monotonic() - self._last, self.bound_s()
             if waited > bound:
-                self._report(trainer, module, waited, bound)
+                setting = "watchdog.first_step_s" if self.steps_seen == 0 else "watchdog.stall_s"
+                headline = (
+                    f"no training step finished for {waited:.0f} s (bound {bound:g} s, {setting}) after optimizer "
+                    f"step {trainer.global_step} on rank {trainer.global_rank}"
+                )
+                self._stop_run(trainer, module, headline, EXIT_GRACE_S)
                 return
 
-    def _report(self, trainer: L.Trainer, module, waited: float, bound: float) -> None:
-        step = trainer.global_step
-        first = self.steps_seen == 0
-        setting = "watchdog.first_step_s" if first else "watchdog.stall_s"
-        headline = (
-            f"no training step finished for {waited:.0f} s (bound {bound:g} s, {setting}) after optimizer step {step} "
-            f"on rank {trainer.global_rank}"
-        )
+    def _stop_run(self, trainer: L.Trainer, module, headline: str, grace_s: float) -> None:
+        """Write the report, raise `RunStalled` in the main thread, and exit if it has not unwound `grace_s` later
+        (rank 0 first kills the ranks it launched, which may be the frozen ones)."""
         try:
             state = rollout_state(trainer, module)
         except Exception as err:  # a stalled piece may fail to describe itself: the stacks still go out
@@ -164,9 +201,10 @@ class Watchdog(L.Callback):
         if self._stop.is_set():
             return
         signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
-        if not self._stop.wait(EXIT_GRACE_S):
-            print(f"error: {self._stalled}; the run did not stop within {EXIT_GRACE_S:g} s of the watchdog's "
-                  "signal, exiting", file=sys.stderr, flush=True)  # fmt: skip
+        if not self._stop.wait(grace_s):
+            print(f"error: {self._stalled}; the run did not stop within {grace_s:g} s of the watchdog's signal, "
+                  "exiting. `make train RESUME=checkpoints/<run id>/last.ckpt` continues it from its last checkpoint",
+                  file=sys.stderr, flush=True)  # fmt: skip
             os._exit(STALL_EXIT_CODE)
 
     def _to_mlflow(self, trainer: L.Trainer, text: str) -> str:

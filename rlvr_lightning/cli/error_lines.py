@@ -12,6 +12,7 @@ from rlvr_lightning.environments.base import EnvironmentFailed
 from rlvr_lightning.errors import ConfigError, RunStalled
 from rlvr_lightning.rewards.pool import VerifierUnavailable
 from rlvr_lightning.rollout.server_process import RolloutServerError
+from rlvr_lightning.tracking import TrackingStoreUnavailable
 from rlvr_lightning.training.dynamic_sampling import DynamicSamplingExhausted
 
 
@@ -56,9 +57,9 @@ def error_chain(err: BaseException):
 
 def user_error_behind(err: BaseException) -> BaseException | None:
     """The ConfigError, DataSourceError, RolloutServerError, DynamicSamplingExhausted, VerifierUnavailable,
-    EnvironmentFailed or RunStalled that caused `err`, if any:
+    EnvironmentFailed, RunStalled or TrackingStoreUnavailable that caused `err`, if any:
     jsonargparse re-raises a class's constructor error as its own ValueError while instantiating the
     config. (A run that stops on exhausted dynamic sampling resumes from its last checkpoint.)"""
     user_errors = (ConfigError, DataSourceError, RolloutServerError, DynamicSamplingExhausted, VerifierUnavailable,
-                   EnvironmentFailed, RunStalled)  # fmt: skip
+                   EnvironmentFailed, RunStalled, TrackingStoreUnavailable)  # fmt: skip
     return next((e for e in error_chain(err) if isinstance(e, user_errors)), None)

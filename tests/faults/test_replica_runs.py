@@ -29,7 +29,7 @@ def uninterrupted(tmp_path_factory, quick_warm_start):
 
 
 def test_a_replica_killed_twice_leaves_the_history_unchanged(tmp_path_factory, quick_warm_start, uninterrupted):
-    run_dir, result = run(tmp_path_factory, quick_warm_start[1], "killed", [(2, "kill"), (4, "kill")])
+    run_dir, result = run(tmp_path_factory, quick_warm_start[1], "killed", [(2, "kill_replica"), (4, "kill_replica")])
     assert result.returncode == 0, result.output[-4000:]
     assert result.output.count("restarting it and sending its requests again") == 2, result.output[-4000:]
     _, faulted = histories(run_dir, (*COMPARED, "train/replica_restarts"))
@@ -41,7 +41,7 @@ def test_a_replica_killed_twice_leaves_the_history_unchanged(tmp_path_factory, q
 
 
 def test_a_frozen_replica_is_restarted_and_the_history_unchanged(tmp_path_factory, quick_warm_start, uninterrupted):
-    run_dir, result = run(tmp_path_factory, quick_warm_start[1], "frozen", [(2, "freeze")],
+    run_dir, result = run(tmp_path_factory, quick_warm_start[1], "frozen", [(2, "freeze_replica")],
                           extra=["--rollout.server_unresponsive_s", "10"])  # fmt: skip
     assert result.returncode == 0, result.output[-4000:]
     assert "has not answered a health check for" in result.output, result.output[-4000:]

@@ -18,7 +18,7 @@ def test_a_frozen_generation_is_stopped_by_the_watchdog_with_the_stacks(tmp_path
     args = [*args_for(tmp_path, quick_warm_start[1]), "--rollout.engine", "vllm-server", "--rollout_batches", "6",
             "--rollout.server_unresponsive_s", "3600", "--watchdog.stall_s", "20"]  # fmt: skip
     start = time.monotonic()
-    result = run_with_faults(args, tmp_path, [(2, "freeze")])
+    result = run_with_faults(args, tmp_path, [(2, "freeze_replica")])
     assert result.returncode == 2, result.output[-4000:]
     assert result.recovery_s == [None]  # no step after the freeze
     assert time.monotonic() - start < 300  # started, stalled 20 s after step 2, stopped: no wait left behind

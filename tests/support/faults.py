@@ -1,8 +1,9 @@
-"""Fault injection into real runs: a callback that marks each finished training step in a directory, and
-the processes of a run's launched `vllm serve` replicas (found under the trainer in /proc), to kill or freeze.
+"""Fault injection into real runs: a callback that marks each finished training step in a directory, and the
+processes of a run (its launched `vllm serve` replicas and its trainer ranks, found under the CLI's process in
+/proc) to kill or freeze.
 
-The injector signals only the process groups of the replicas it found under the run it started, never every
-process, and a frozen group is thawed (SIGCONT) and killed by `cleanup`."""
+The injector signals only processes it found under the run it started, never every process, and whatever it
+froze is thawed (SIGCONT) and killed by `cleanup`."""
 
 from __future__ import annotations
 
@@ -80,6 +81,14 @@ def replica_groups(trainer_pid: int) -> list[int]:
     return sorted({os.getpgid(p) for p in descendants(trainer_pid) if SERVER_ENTRY in cmdline(p) and _alive(p)})
 
 
+def running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -88,32 +97,46 @@ def _alive(pid: int) -> bool:
         return False
 
 
-class ReplicaFaults:
-    """Signals to the replicas of one run; `cleanup` thaws and kills whatever of theirs is left."""
+def rank_processes(trainer_pid: int) -> list[int]:
+    """The trainer's other ranks: the processes Lightning launched under rank 0 running the same CLI."""
+    return [p for p in descendants(trainer_pid) if "-m rlvr_lightning" in cmdline(p) and _alive(p)]
+
+
+class RunFaults:
+    """Signals to the replicas (their process groups) or the ranks of one run; `cleanup` thaws and kills
+    whatever of theirs was frozen."""
 
     def __init__(self, trainer_pid: int) -> None:
         self.trainer_pid = trainer_pid
-        self.touched: set[int] = set()
+        self.frozen_groups: set[int] = set()
+        self.frozen_pids: set[int] = set()
 
-    def groups(self) -> list[int]:
-        return replica_groups(self.trainer_pid)
+    def kill_replica(self) -> None:
+        os.killpg(replica_groups(self.trainer_pid)[0], signal.SIGKILL)
 
-    def kill(self, index: int = 0) -> int:
-        group = self.groups()[index]
-        os.killpg(group, signal.SIGKILL)
-        return group
-
-    def freeze(self, index: int = 0) -> int:
-        group = self.groups()[index]
-        self.touched.add(group)
+    def freeze_replica(self) -> None:
+        group = replica_groups(self.trainer_pid)[0]
+        self.frozen_groups.add(group)
         os.killpg(group, signal.SIGSTOP)
-        return group
+
+    def kill_rank(self) -> None:
+        os.kill(rank_processes(self.trainer_pid)[0], signal.SIGKILL)
+
+    def freeze_rank(self) -> None:
+        pid = rank_processes(self.trainer_pid)[0]
+        self.frozen_pids.add(pid)
+        os.kill(pid, signal.SIGSTOP)
 
     def cleanup(self) -> None:
-        for group in self.touched:
-            for sig in (signal.SIGCONT, signal.SIGKILL):
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            for group in self.frozen_groups:
                 try:
                     os.killpg(group, sig)
+                except ProcessLookupError:
+                    pass
+            for pid in self.frozen_pids:
+                try:
+                    os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
 
@@ -121,18 +144,21 @@ class ReplicaFaults:
 @dataclass
 class FaultedRun:
     """A CLI run with faults injected after given steps: its exit code, its output, and for each fault the
-    seconds from the fault to the next finished step (None: none finished)."""
+    seconds from the fault to the next finished step (None: none finished), and from the last fault to the
+    run's end."""
 
     returncode: int
     output: str
     recovery_s: list[float | None] = field(default_factory=list)
+    ended_s: float = 0.0
+    left_running: list[int] = field(default_factory=list)  # processes it froze still there when the run ended
 
 
 def run_with_faults(
     args: list[str], run_dir: Path, faults: list[tuple[int, str]], timeout: float = 900
 ) -> FaultedRun:
-    """Start the CLI in `run_dir` with a `StepMarker`; after step s of each (s, action), do `action` (`kill` or
-    `freeze`) to its first replica; wait for the run to end. Whatever of the replicas was frozen is killed."""
+    """Start the CLI in `run_dir` with a `StepMarker`; after step s of each (s, action), do `action` (a method of
+    `RunFaults`: `kill_replica`, `freeze_rank`, …); wait for the run to end. Whatever was frozen is killed."""
     from tests.support.cli import REPO
 
     marks = run_dir / "steps"
@@ -146,12 +172,12 @@ def run_with_faults(
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "rlvr_lightning", *args], cwd=run_dir, env=env, stdout=log,
                                 stderr=subprocess.STDOUT)  # fmt: skip
-    injector, recovery = ReplicaFaults(proc.pid), []
+    injector, recovery = RunFaults(proc.pid), []
     try:
         deadline = time.monotonic() + timeout
         for step, action in faults:
             wait_for_step(marks, step, proc, deadline - time.monotonic())
-            getattr(injector, action)(0)
+            getattr(injector, action)()
             struck = time.monotonic()
             try:
                 wait_for_step(marks, step + 1, proc, deadline - time.monotonic())
@@ -160,9 +186,13 @@ def run_with_faults(
                 recovery.append(None)
                 break
         returncode = proc.wait(timeout=max(deadline - time.monotonic(), 1))
+        ended = time.monotonic() - struck if faults else 0.0
+        settle = time.monotonic() + 60  # what the run's sentinels kill as it ends
+        while (left := [p for p in injector.frozen_pids if running(p)]) and time.monotonic() < settle:
+            time.sleep(0.5)
     finally:
         injector.cleanup()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return FaultedRun(returncode, log_path.read_text(errors="replace"), recovery)
+    return FaultedRun(returncode, log_path.read_text(errors="replace"), recovery, ended, left)
