@@ -169,9 +169,13 @@ def callback_mismatches(instances: list, specs: list[dict]) -> list[str]:
             elif not same(getattr(found[0], key), want):
                 out.append(f"{cls.__name__}.{key}: config {want!r}, callback {getattr(found[0], key)!r}")
     from rlvr_lightning.callbacks.progress import RolloutProgressBar  # the CLI adds it (cli/default_progress_bar.py)
+    from rlvr_lightning.callbacks.watchdog import Watchdog  # the CLI adds it, from `--watchdog.*`
 
+    added_by_the_cli = (RolloutProgressBar, Watchdog)
     extra = [type(c).__qualname__ for c in remaining
-             if type(c).__module__.startswith("rlvr_lightning.callbacks") and type(c) is not RolloutProgressBar]  # fmt: skip
+             if type(c).__module__.startswith("rlvr_lightning.callbacks") and type(c) not in added_by_the_cli]  # fmt: skip
+    if sum(type(c) is Watchdog for c in instances) != 1:
+        out.append("the run is not watched by exactly one Watchdog")
     if extra:
         out.append(f"callbacks not in the config: {extra}")
     return out
