@@ -29,11 +29,14 @@ def instantiate(spec: dict, **extra):
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
-def test_every_preset_trains_the_adapter_of_a_lora_policy(preset: Path, tiny_policy_dir):
+def test_every_preset_trains_the_adapter_of_a_lora_policy(preset: Path, tiny_policy_dir, quick_warm_start):
     cfg = yaml.safe_load(preset.read_text())
     init_args = cfg["model"]["init_args"]
     optim = OptimSettings(**{**init_args.get("optim", {}), "lr": 1e-2})
-    module = instantiate(cfg["model"], lora=LoraSettings(rank=4), optim=optim)
+    extra = {}
+    if "teacher" in init_args:  # the session's quick warm start teaches: building the preset's own takes minutes
+        extra["teacher"] = {**init_args["teacher"], "model_name_or_path": str(quick_warm_start[1])}
+    module = instantiate(cfg["model"], lora=LoraSettings(rank=4), optim=optim, **extra)
     callbacks = [instantiate(c) for c in (cfg.get("trainer") or {}).get("callbacks+", [])]
     rollout = RolloutSettings(engine="hf", group_size=8, max_response_length=12)  # G = 8: pass@k takes k = 4
     dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=2, val_data=None, rollout=rollout)
