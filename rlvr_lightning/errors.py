@@ -1,6 +1,10 @@
 """Errors a user can cause. The CLI prints these as one clear message, without a traceback."""
 
 
+# What a user is told when a run stops on a fault: its last checkpoint continues it.
+RESUME_HINT = "The run stops here; `make train RESUME=checkpoints/<run id>/last.ckpt` continues it from its last checkpoint"
+
+
 class ConfigError(ValueError):
     """An invalid configuration value: the message names the option and what would be valid."""
 

@@ -149,7 +149,7 @@ class MLFlowLogger(LightningMLFlowLogger):
                         f"the tracking store {self._tracking_uri} has refused metric points for "
                         f"{now - self._refused_since:.0f} s (trainer.logger.init_args.store_unavailable_s = "
                         f"{self.store_unavailable_s:g}; last: {first}); {len(self._pending)} steps' points were not "
-                        "logged. The run stops here; `make train RESUME=checkpoints/<run id>/last.ckpt` continues it"
+                        "logged"
                     ) from err
                 log.warning("the tracking store refused metric points (%s); %d steps' points kept, sent again with "
                             "the next step's", first, len(self._pending))  # fmt: skip

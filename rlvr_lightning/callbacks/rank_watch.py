@@ -24,8 +24,9 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from rlvr_lightning.errors import RESUME_HINT
+
 KILL_GRACE_S = 5.0
-LOST_EXIT = "The run stops here; `make train RESUME=checkpoints/<run id>/last.ckpt` continues it from its last checkpoint"
 
 
 ENDED_NORMALLY, ENDED_BY_ERROR = 1, 2  # a rank's `ended` counter: its training ended, or stopped on an error
@@ -53,15 +54,21 @@ def mark_ended(rank: int, how: int) -> None:
         pass
 
 
+def store_client(timeout_s: float):
+    """A connection of its own to the run's rendezvous store (MASTER_ADDR:MASTER_PORT), each call bounded by
+    `timeout_s`."""
+    import torch.distributed as dist
+
+    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"])
+    return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
 def silent_peer(rank: int, world_size: int, interval_s: float) -> int | None:
     """The first other rank whose heartbeat does not move over 1.5 of its sentinel's intervals (rank 0 when its
     store does not answer), else None: which rank a collective that just failed lost. Short: Lightning's observer
     of the ranks it launched kills the run within 5 s of a rank's death."""
-    import torch.distributed as dist
-
     try:
-        host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"])
-        store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=5), wait_for_workers=False)
+        store = store_client(5.0)
         peers = [r for r in range(world_size) if r != rank]
         before = {r: store.add(heartbeat_key(r), 0) for r in peers}
         time.sleep(1.5 * interval_s)
@@ -72,7 +79,7 @@ def silent_peer(rank: int, world_size: int, interval_s: float) -> int | None:
 
 
 def lost_rank_line(rank: int, lost: int, unresponsive_s: float, why: str) -> str:
-    return f"error: [rank {rank}] rank {lost} {why} (watchdog.rank_unresponsive_s = {unresponsive_s:g}). {LOST_EXIT}"
+    return f"error: [rank {rank}] rank {lost} {why} (watchdog.rank_unresponsive_s = {unresponsive_s:g}). {RESUME_HINT}"
 
 
 def heartbeat_interval_s(unresponsive_s: float) -> float:
@@ -118,11 +125,7 @@ class Sentinel:
         self.interval_s = heartbeat_interval_s(unresponsive_s)
 
     def run(self) -> None:
-        import torch.distributed as dist
-
-        timeout = timedelta(seconds=max(1.0, self.unresponsive_s / 4))
-        host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"])
-        store = dist.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
+        store = store_client(max(1.0, self.unresponsive_s / 4))
         store.add(heartbeat_key(self.rank), 1)
         print("beating", flush=True)  # the trainer waits for this line (`start_sentinel`)
         sys.stdout.close()
@@ -146,7 +149,8 @@ class Sentinel:
                 if ended.get(0) == ENDED_NORMALLY:
                     return  # rank 0 finished and took its store with it
                 if self.rank != 0 and now - store_ok > self.unresponsive_s:
-                    self.lost(0, now - store_ok, f"its rendezvous store at {host}:{port} did not answer: {err}")
+                    where = f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ['MASTER_PORT']}"
+                    self.lost(0, now - store_ok, f"its rendezvous store at {where} did not answer: {err}")
                     return
                 continue
             if taken_for_lost == self.rank:  # frozen, say: another rank's sentinel stopped the run over it

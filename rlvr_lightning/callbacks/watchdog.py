@@ -35,7 +35,7 @@ from rlvr_lightning.callbacks.rank_watch import (
     silent_peer,
     start_sentinel,
 )
-from rlvr_lightning.errors import RunStalled
+from rlvr_lightning.errors import RESUME_HINT, RunStalled
 
 log = logging.getLogger(__name__)
 
@@ -203,8 +203,7 @@ class Watchdog(L.Callback):
         signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
         if not self._stop.wait(grace_s):
             print(f"error: {self._stalled}; the run did not stop within {grace_s:g} s of the watchdog's signal, "
-                  "exiting. `make train RESUME=checkpoints/<run id>/last.ckpt` continues it from its last checkpoint",
-                  file=sys.stderr, flush=True)  # fmt: skip
+                  f"exiting. {RESUME_HINT}", file=sys.stderr, flush=True)  # fmt: skip
             os._exit(STALL_EXIT_CODE)
 
     def _to_mlflow(self, trainer: L.Trainer, text: str) -> str:

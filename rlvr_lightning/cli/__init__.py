@@ -24,8 +24,9 @@ import sys
 
 from rlvr_lightning.cli.error_lines import user_error_behind
 from rlvr_lightning.cli.rlvr_cli import RLVRCLI
-from rlvr_lightning.errors import RunStalled
+from rlvr_lightning.errors import RESUME_HINT, RunStalled
 from rlvr_lightning.rollout.server_process import RolloutServerLost
+from rlvr_lightning.tracking import TrackingStoreUnavailable
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         if user_error is None:
             raise
         resume = ""
-        if isinstance(user_error, RolloutServerLost | RunStalled):
-            resume = " The run stops here; `make train RESUME=checkpoints/<run id>/last.ckpt` continues it from its last checkpoint"
+        if isinstance(user_error, RolloutServerLost | RunStalled | TrackingStoreUnavailable):
+            resume = f" {RESUME_HINT}"
         print(f"error: {user_error}{resume}", file=sys.stderr)
         sys.exit(2)

@@ -15,6 +15,14 @@ import time
 log = logging.getLogger(__name__)
 
 
+def answers_health(session, url: str, timeout_s: float) -> bool:
+    """Whether the server at `url` answers `/health` with 200 within `timeout_s`."""
+    try:
+        return session.get(f"{url}/health", timeout=timeout_s).status_code == 200
+    except OSError:  # requests' connection errors and timeouts are OSErrors
+        return False
+
+
 class ReplicaWatch:
     def __init__(self, replicas, session, unresponsive_s: float) -> None:
         self.replicas, self.session, self.unresponsive_s = replicas, session, unresponsive_s
@@ -35,18 +43,12 @@ class ReplicaWatch:
         if self._thread is not None:
             self._thread.join(timeout=self.check_timeout_s + 1)
 
-    def healthy(self, replica) -> bool:
-        try:
-            return self.session.get(f"{replica.url}/health", timeout=self.check_timeout_s).status_code == 200
-        except OSError:  # requests' connection errors and timeouts are OSErrors
-            return False
-
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             for r in list(self.replicas):
                 if r.restarting or r.dropped or r.failed.is_set():
                     continue
-                if self.healthy(r):
+                if answers_health(self.session, r.url, self.check_timeout_s):
                     r.last_healthy = time.monotonic()
                 elif (silent := time.monotonic() - r.last_healthy) > self.unresponsive_s and not r.restarting:
                     log.warning(

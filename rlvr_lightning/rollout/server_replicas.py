@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlvr_lightning.rollout.adapters import ADAPTER_PREFIX
-from rlvr_lightning.rollout.replica_watch import ReplicaWatch
+from rlvr_lightning.rollout.replica_watch import ReplicaWatch, answers_health
 from rlvr_lightning.rollout.server_client import RolloutServerRefused, ServerClient
 from rlvr_lightning.rollout.server_process import (
     RolloutServerError,
@@ -207,10 +207,7 @@ class ReplicaSet:
         """Alive (a launched one) and answering its health check, within a few seconds."""
         if r.process is not None and not r.process.alive():
             return False
-        try:
-            return self.client.session.get(f"{r.url}/health", timeout=5).status_code == 200
-        except OSError:
-            return False
+        return answers_health(self.client.session, r.url, 5.0)
 
     def _restart(self, index: int, r: Replica, why: Exception | str) -> None:
         """Kill a launched replica (dead or frozen), start it again and `restore` the current weights on it (with
@@ -236,11 +233,9 @@ class ReplicaSet:
         """Before a sync: restart launched replicas found dead or frozen since the last request, drop attached ones
         that stopped answering, so the sync meets only replicas that answer."""
         for i, r in enumerate(self.replicas):
-            if r.dropped or (r.process is None and not r.failed.is_set()):
-                continue
-            if r.process is not None and r.process.alive() and not r.failed.is_set():
-                continue
-            self.recover(i, r.restarts, RolloutServerError(f"rollout server {r.url} found dead before a sync"))
+            dead = r.process is not None and not r.process.alive()
+            if not r.dropped and (dead or r.failed.is_set()):
+                self.recover(i, r.restarts, RolloutServerError(f"rollout server {r.url} found dead before a sync"))
 
     def unload_stale_adapters(self) -> None:
         """Attached servers outlive runs: a killed run (or one resumed at the version the last run reached)

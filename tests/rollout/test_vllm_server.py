@@ -112,6 +112,12 @@ def test_weight_sync_reaches_every_replica(servers, policy):
     servers.load_weights(full_weights(model), version=4)  # back to the base weights for the other tests
 
 
+def seeded_samples(servers, tok, seed: int) -> list[list[list[int]]]:
+    """The token ids of two seeded samples of each of PROMPTS (one prompt per replica, in turn)."""
+    groups = servers.generate([tok(p).input_ids for p in PROMPTS], SamplingConfig(group_size=2, max_tokens=8, seed=seed))
+    return [[c.token_ids for c in g] for g in groups]
+
+
 def test_a_killed_replica_is_restarted_with_the_current_weights(servers, policy):
     tok, model = policy
     prompt, completion = tok("What is 3+4?\n").input_ids, tok("7\n").input_ids
@@ -119,13 +125,11 @@ def test_a_killed_replica_is_restarted_with_the_current_weights(servers, policy)
     victim = servers.replicas[1].process
     old_group = victim.proc.pid
     before = servers.fault_counts()
-    sampling = SamplingConfig(group_size=2, max_tokens=8, seed=5)
-    unharmed = servers.generate([tok(p).input_ids for p in PROMPTS], sampling)
+    unharmed = seeded_samples(servers, tok, seed=5)
     os.killpg(old_group, signal.SIGKILL)
     victim.proc.wait()
-    groups = servers.generate([tok(p).input_ids for p in PROMPTS], sampling)
     # Prompt 1 went to the dead replica: restarted, sent again with its seed, it sampled what it would have.
-    assert [[c.token_ids for c in g] for g in groups] == [[c.token_ids for c in g] for g in unharmed]
+    assert seeded_samples(servers, tok, seed=5) == unharmed
     assert victim.alive() and victim.proc.pid != old_group
     after = servers.fault_counts()
     assert after["replica_restarts"] == before["replica_restarts"] + 1
@@ -141,19 +145,18 @@ def test_a_frozen_replica_is_found_by_its_health_checks_restarted_and_its_reques
     victim = servers.replicas[1].process
     frozen_group = victim.proc.pid
     before = servers.fault_counts()
-    sampling = SamplingConfig(group_size=2, max_tokens=8, seed=9)
-    unharmed = servers.generate([tok(p).input_ids for p in PROMPTS], sampling)
+    unharmed = seeded_samples(servers, tok, seed=9)
     os.killpg(frozen_group, signal.SIGSTOP)
     try:
         start = time.monotonic()
-        groups = servers.generate([tok(p).input_ids for p in PROMPTS], sampling)
+        samples = seeded_samples(servers, tok, seed=9)
         waited = time.monotonic() - start
     finally:
         try:  # whatever of the frozen group is left (the restart killed it)
             os.killpg(frozen_group, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    assert [[c.token_ids for c in g] for g in groups] == [[c.token_ids for c in g] for g in unharmed]
+    assert samples == unharmed
     assert victim.alive() and victim.proc.pid != frozen_group
     assert servers.fault_counts()["replica_restarts"] == before["replica_restarts"] + 1
     assert servers.replicas.weight_versions() == ["4", "4"]
