@@ -7,8 +7,8 @@ The figures (sources and setups in bench/README.md, "The planner against publish
   torchtitan's Llama-3.1-8B FSDP benchmark (H100 96 GB, selective activation checkpointing).
 Planned as the trainer alone (no rollout engine on the GPU, no KL reference): the planner's trainer peak
 (PyTorch's tensors; no CUDA-context allowance, which reserved memory does not count either) is set beside
-the published reserved memory; the step time is the planner's FLOP count of the whole step at its
-trainer efficiency (planner.step_time), and the efficiency that would match the published time.
+the published reserved memory; the step time is the planner's time for the whole step's passes
+(planner.step_time.trainer_pass_seconds: the counted FLOPs at the matmuls' efficiency and the per-layer costs).
 
     .venv/bin/python bench/published_figures.py
 """
@@ -36,7 +36,7 @@ FIGURES = [  # name, model, GPUs, tokens per micro-batch, micro-batches, AC, LM-
 def plan_figure(model: str, gpus: int, tokens: int, micro_batches: int, checkpointing: bool, chunk: int, rows: int = 1):
     from rlvr_lightning.planner.hardware import GIB, hardware
     from rlvr_lightning.planner.models import model_config
-    from rlvr_lightning.planner.step_time import TRAINER_EFFICIENCY
+    from rlvr_lightning.planner.step_time import trainer_pass_seconds
     from rlvr_lightning.planner.trainer_measurement import measure_trainer
     from rlvr_lightning.planner.trainer_memory import TrainerSetup
 
@@ -46,13 +46,13 @@ def plan_figure(model: str, gpus: int, tokens: int, micro_batches: int, checkpoi
     trainer = measure_trainer(setup)
     update = next(s for s in trainer.stages if s.stage.startswith("update"))
     h100 = hardware("h100")
-    seconds = micro_batches * update.flops / (h100.tflops * 1e12 * TRAINER_EFFICIENCY)
+    seconds = trainer_pass_seconds(h100, micro_batches * update.flops, setup.model_config.num_hidden_layers, micro_batches,
+                                   2 if checkpointing else 1)
     return trainer.peak.peak_bytes / GIB, trainer.peak.stage, seconds, trainer.peak.breakdown
 
 
 def main() -> None:
     from rlvr_lightning.planner.hardware import GIB
-    from rlvr_lightning.planner.step_time import TRAINER_EFFICIENCY
 
     rows = {}
     for name, model, gpus, tokens, micro, ac, chunk, gib, seconds in FIGURES:
@@ -63,7 +63,6 @@ def main() -> None:
             "peak_stage": stage, "breakdown_gib": {k: round(v / GIB, 2) for k, v in breakdown.items()},
             "published_step_s": seconds, "planned_step_s": round(planned_s, 2),
             "time_ratio": round(planned_s / seconds, 3) if seconds else None,
-            "efficiency_matching_published": round(TRAINER_EFFICIENCY * planned_s / seconds, 3) if seconds else None,
         }  # fmt: skip
         print(name, rows[name], flush=True)
     write("published_figures", {"figures": rows})

@@ -72,7 +72,7 @@ def device_hardware():
 
 def planned(model_config, shape: UpdateShape) -> dict:
     """The planner's peak (PyTorch's tensors of the trainer) and its step-time estimate of the update."""
-    from rlvr_lightning.planner.step_time import DECODE_EFFICIENCY, TRAINER_EFFICIENCY
+    from rlvr_lightning.planner.step_time import optimizer_seconds, trainer_pass_seconds, trainer_rate
     from rlvr_lightning.planner.trainer_measurement import measure_trainer
 
     trainer = measure_trainer(trainer_setup(model_config, shape))
@@ -84,10 +84,11 @@ def planned(model_config, shape: UpdateShape) -> dict:
     out = {"peak_gib": round(trainer.peak.peak_bytes / GIB, 4), "peak_stage": trainer.peak.stage,
            "update_flops": update_flops, "parameters": trainer.parameters}  # fmt: skip
     if hw is not None:
-        compute = update_flops / (hw.tflops * 1e12 * TRAINER_EFFICIENCY)
-        optimizer = trainer.parameters * 28 / (hw.memory_tb_s * 1e12 * DECODE_EFFICIENCY)  # as planner.step_time
-        out |= {"hardware": hw.name, "step_s": round(compute + optimizer, 4),
-                "assumption": f"{TRAINER_EFFICIENCY:.0%} of {hw.tflops:.4g} TFLOP/s; AdamW at {DECODE_EFFICIENCY:.0%} of {hw.memory_tb_s:.3g} TB/s"}  # fmt: skip
+        forwards = 2 if shape.activation_checkpointing else 1
+        layers = model_config.num_hidden_layers
+        update = trainer_pass_seconds(hw, update_flops, layers, shape.micro_batches, forwards)
+        out |= {"hardware": hw.name, "step_s": round(update + optimizer_seconds(hw, trainer.parameters), 4),
+                "assumption": f"{trainer_rate(hw)}; AdamW at the planner's share of {hw.memory_tb_s:.3g} TB/s"}  # fmt: skip
     return out
 
 
@@ -208,6 +209,6 @@ def compared(model_config, shape: UpdateShape, workdir: Path, steps: int = 2) ->
     out["memory_ratio_planned_to_allocated"] = round(plan["peak_gib"] / real["peak_allocated_gib"], 3)
     if "step_s" in plan:
         out["time_ratio_planned_to_measured"] = round(plan["step_s"] / real["step_s"], 3)
-        # The planner's TRAINER_EFFICIENCY as this device reached it: the counted FLOPs over the measured step.
+        # The share of the dense peak the update reached: the counted FLOPs over the measured step.
         out["trainer_efficiency_measured"] = round(plan["update_flops"] / real["step_s"] / (device_hardware().tflops * 1e12), 4)
     return out

@@ -180,8 +180,8 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
                 if need_w:
                     if dz.dtype == torch.float32 and h_c.dtype == torch.float32:
                         grad_w.addmm_(dz.T, h_c[s:e])
-                    else:
-                        grad_w += (dz.T @ h_c[s:e]).float()
+                    else:  # the bf16 product added in place: no fp32 copy of a [V, d] product beside the accumulator
+                        grad_w.add_(dz.T @ h_c[s:e])
         return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None, None
 
 

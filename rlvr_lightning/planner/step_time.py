@@ -6,7 +6,8 @@ An estimate, not a measurement: the trainer's FLOPs are those PyTorch's `FlopCou
 planner's own run of one micro-batch at the limits (attention, the chunked LM head's recomputation and
 activation checkpointing included), scaled to the expected tokens of a micro-batch (packed: the mean
 lengths; padded: the mean prompt and the expected longest response of its rows), divided by the
-device's dense peak times TRAINER_EFFICIENCY; FSDP's all-gathers and reduce-scatters are bytes over the
+device's dense peak times the matmuls' efficiency, plus on a GPU a cost per decoder layer and micro-batch for each
+forward and backward (`trainer_pass_seconds`: fitted to measured updates by bench/planner_fit.py); FSDP's all-gathers and reduce-scatters are bytes over the
 intra-node link, overlapped with compute (the larger of the two counts). Generation is simulated as the
 engine schedules it (`planner/generation.py`); the weight sync as the engines do it
 (`planner/weight_sync.py`). With `rollout.max_staleness` ≥ 1 generation runs beside the update; with partial
@@ -29,7 +30,16 @@ from rlvr_lightning.planner.teacher_cost import parameter_count, served_teacher_
 from rlvr_lightning.planner.trainer_memory import TrainerMemory
 from rlvr_lightning.planner.weight_sync import WeightSync, weight_sync
 
-TRAINER_EFFICIENCY = 0.4  # share of dense peak FLOP/s a trainer's matmuls sustain (typical FSDP MFU: 0.3–0.5)
+CPU_TRAINER_EFFICIENCY = 0.4  # share of the measured fp32 matmul rate the CPU trainer's FLOPs run at
+# A GPU update: its counted FLOPs at GPU_MATMUL_EFFICIENCY of the dense bf16 peak, plus what does not scale with FLOPs
+# (kernel launches, FSDP2's per-layer hooks, normalisations, activations, the LM head's vocabulary-wide softmax) as a
+# cost per decoder layer and micro-batch: one for each forward (activation checkpointing runs it twice) and one for
+# the backward. Fitted by bench/planner_fit.py to the updates `make gpu-check` measured on an H100 and an H200
+# (Qwen3-0.6B and Qwen2.5-1.5B at 8k and 32k tokens a step; Qwen3-1.7B kept out of the fit to check it): the
+# small models' update runs at 0.08-0.31 of the peak, the overheads being half of it or more.
+GPU_MATMUL_EFFICIENCY = 0.69
+LAYER_FORWARD_S = 3.3e-3
+LAYER_BACKWARD_S = 5.2e-3
 PREFILL_EFFICIENCY = 0.5
 DECODE_EFFICIENCY = 0.7  # share of peak memory bandwidth a decode step sustains
 
@@ -94,7 +104,7 @@ def estimate_step(spec: RunSpec, trainer: TrainerMemory, engine: EngineShare, en
     flop_share = "packed: the mean lengths" if spec.packing else f"padded: the expected longest response of {spec.rows_per_forward} rows"
     assumptions = [
         f"lengths: prompts of {spec.expected_prompt_length:g} tokens; {spread.describe()}",
-        f"trainer at {TRAINER_EFFICIENCY:.0%} of {hw.tflops:.3g} TFLOP/s; FLOPs counted by PyTorch on one micro-batch at the limits × "
+        f"trainer: {trainer_rate(hw)}; FLOPs counted by PyTorch on one micro-batch at the limits × "
         f"{expected_micro_batches(spec, 1.0)} micro-batches, × {token_share:.2f} for the expected tokens ({flop_share}); "
         f"{expected_micro_batches(spec, token_share)} micro-batches per pass expected, each gathering the weights",
         f"generation: {expected_gen.model}; decode at {DECODE_EFFICIENCY:.0%} of {hw.memory_tb_s:.3g} TB/s (the weights "
@@ -143,10 +153,10 @@ def teacher_cost(spec: RunSpec, trainer: TrainerMemory, stages: dict[str, float]
 
 
 def trainer_stages(spec: RunSpec, trainer: TrainerMemory, token_share: float) -> dict[str, float]:
-    """Seconds per trainer stage: its counted FLOPs × `token_share` (the expected tokens' share of the limits'),
-    or its micro-batches' FSDP collectives where they take longer (each micro-batch gathers the weights anew)."""
+    """Seconds per trainer stage: its counted FLOPs × `token_share` (the expected tokens' share of the limits') and
+    its micro-batches' per-layer costs, or its micro-batches' FSDP collectives where they take longer (each
+    micro-batch gathers the weights anew)."""
     hw = spec.hardware
-    flop_s = hw.tflops * 1e12 * TRAINER_EFFICIENCY
     at_limits = expected_micro_batches(spec, 1.0)
     micro_batches = expected_micro_batches(spec, token_share)
     W = spec.world_size if spec.fsdp else 1
@@ -155,17 +165,45 @@ def trainer_stages(spec: RunSpec, trainer: TrainerMemory, token_share: float) ->
     stages: dict[str, float] = {}
     for s in trainer.stages:
         if s.stage == "optimizer step":
-            # AdamW reads and writes the rank's fp32 parameters, gradients and two moments: ~7 × 4 bytes each.
             shard = (trainer.trained or trainer.parameters) / W  # a LoRA policy's optimizer steps its adapter
-            stages[s.stage] = spec.num_mini_batches * spec.ppo_epochs * shard * 28 / (hw.memory_tb_s * 1e12 * DECODE_EFFICIENCY)
+            stages[s.stage] = spec.num_mini_batches * spec.ppo_epochs * optimizer_seconds(hw, shard)
             continue
-        passes = spec.ppo_epochs if s.stage.startswith("update") else 1
-        gathered = per_parameter * (trainer.teacher_parameters if s.stage == TEACHER_STAGE else trainer.parameters)
-        comm = gathered * (3 if s.stage.startswith("update") else 1) / link  # forward + backward gathers, reduce-scatter
-        compute = at_limits * s.flops * token_share / flop_s  # the pass's FLOPs at the expected tokens
-        name = "update forward + backward" if s.stage.startswith("update") else s.stage
+        update = s.stage.startswith("update")
+        passes = spec.ppo_epochs if update else 1
+        teacher = s.stage == TEACHER_STAGE
+        gathered = per_parameter * (trainer.teacher_parameters if teacher else trainer.parameters)
+        comm = gathered * (3 if update else 1) / link  # forward + backward gathers, reduce-scatter
+        layers = (spec.teacher.config if teacher else spec.model_config).num_hidden_layers
+        forwards = 2 if update and spec.activation_checkpointing else 1
+        # the pass's FLOPs at the expected tokens, and its micro-batches' per-layer costs
+        compute = trainer_pass_seconds(hw, at_limits * s.flops * token_share, layers, micro_batches, forwards, update)
+        name = "update forward + backward" if update else s.stage
         stages[name] = passes * micro_batches * max(compute / micro_batches, comm)
     return stages
+
+
+def trainer_pass_seconds(hw, flops: float, layers: int, micro_batches: float, forwards: int = 1, backward: bool = True) -> float:
+    """A trainer pass over `micro_batches` on `hw` with these counted FLOPs: on a GPU, the FLOPs at the matmuls'
+    efficiency plus each micro-batch's per-layer cost of `forwards` forwards (2: activation checkpointing's
+    recomputation) and of the `backward`; on the CPU, the FLOPs at CPU_TRAINER_EFFICIENCY of the measured rate."""
+    if not hw.gpu:
+        return flops / (hw.tflops * 1e12 * CPU_TRAINER_EFFICIENCY)
+    per_layer = forwards * LAYER_FORWARD_S + (LAYER_BACKWARD_S if backward else 0.0)
+    return flops / (hw.tflops * 1e12 * GPU_MATMUL_EFFICIENCY) + micro_batches * layers * per_layer
+
+
+def optimizer_seconds(hw, parameters: float) -> float:
+    """AdamW's step over `parameters`: it reads and writes their fp32 values, gradients and two moments (~7 × 4 bytes
+    each) at DECODE_EFFICIENCY of the memory bandwidth."""
+    return parameters * 28 / (hw.memory_tb_s * 1e12 * DECODE_EFFICIENCY)
+
+
+def trainer_rate(hw) -> str:
+    """The trainer's time model in words, for the plan's assumptions."""
+    if not hw.gpu:
+        return f"{CPU_TRAINER_EFFICIENCY:.0%} of {hw.tflops:.3g} TFLOP/s"
+    return (f"matmuls at {GPU_MATMUL_EFFICIENCY:.0%} of {hw.tflops:.3g} TFLOP/s, + {LAYER_FORWARD_S * 1e3:.1f} ms per "
+            f"layer and micro-batch for each forward, {LAYER_BACKWARD_S * 1e3:.1f} ms for the backward")  # fmt: skip
 
 
 def expected_micro_batches(spec: RunSpec, token_share: float) -> int:

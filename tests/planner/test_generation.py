@@ -214,11 +214,15 @@ def test_a_decode_step_streams_every_weight_but_the_gathered_input_embedding(doc
     assert streamed_parameters(tied, parameters) == parameters
 
 
-def test_fsdp_collectives_across_nodes_run_at_the_network_not_nvlink(docs_7b):
-    """A step whose compute is negligible is its collectives: over two nodes, at the network's 50 GB/s per GPU
-    instead of NVLink's 450 (the ring runs at its slowest link)."""
+def test_fsdp_collectives_across_nodes_run_at_the_network_not_nvlink(docs_7b, monkeypatch):
+    """A step whose compute is negligible (no FLOPs, no per-layer costs) is its collectives: over two nodes, at the
+    network's 50 GB/s per GPU instead of NVLink's 450 (the ring runs at its slowest link)."""
+    from rlvr_lightning.planner import step_time
     from rlvr_lightning.planner.step_time import trainer_stages
     from rlvr_lightning.planner.trainer_memory import StagePeak, TrainerMemory
+
+    monkeypatch.setattr(step_time, "LAYER_FORWARD_S", 0.0)
+    monkeypatch.setattr(step_time, "LAYER_BACKWARD_S", 0.0)
 
     spec, parameters, _ = docs_7b
     trainer = TrainerMemory([StagePeak("update backward", 0, {}, flops=1)], parameters)
