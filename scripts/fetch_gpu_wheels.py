@@ -4,7 +4,8 @@ Python 3.12 on x86-64 Linux, and copy the embedded default's warm start beside t
 That machine has PyTorch, transformers, Lightning, PEFT, torchmetrics, sympy, PyYAML, requests, psutil, scipy
 and matplotlib, and none of: jsonargparse (the CLI's parser, with the `signatures` extra's docstring-parser
 and typeshed-client), pebble and math-verify (the reward verifier, with latex2sympy2_extended and its ANTLR
-runtime). vLLM, MLflow and datasets are left out on purpose: the check runs without them.
+runtime), nor liger-kernel (the gpu extra's fused kernels, which the check's fast-path step measures). vLLM,
+MLflow and datasets are left out on purpose: the check runs without them.
 
 The pins are the versions this project's test environment runs (`make setup`), each checked here against
 pyproject.toml's requirement for it. `.whl/` is git-ignored; the device call carries it and
@@ -32,6 +33,7 @@ WHEELS = {  # distribution → version (what `make setup` installs today)
     "math-verify": "0.9.0",
     "latex2sympy2_extended": "1.11.0",  # math-verify's
     "antlr4-python3-runtime": "4.13.2",  # latex2sympy2_extended's
+    "liger-kernel": "0.8.5",  # the gpu extra's: the fast paths' fused kernels (bench/gpu_check/fast_paths.py)
 }
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64"]
 LIMIT_MIB = 64  # everything a device call carries, the working tree included

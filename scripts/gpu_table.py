@@ -80,6 +80,38 @@ def packed_rows(planner: dict) -> list[str]:
     return lines + [""]
 
 
+def profile_rows(throughput: dict) -> list[str]:
+    """Where the padded update's time went (`bench/gpu_check/profile_summary.py`): its phases and top kernels."""
+    run = next(iter(throughput.get("runs", {}).values()), None)
+    prof = run.get("measured", {}).get("profile") if isinstance(run, dict) else None
+    if not prof:
+        return []
+    lines = [f"**Where the update's time goes** (one profiled step of {cell(prof['wall_s'])} s; {prof['measured_on']}: "
+             f"{cell(prof['kernels_s'])} s, outside them {cell(prof.get('outside_kernels_share'))} of the step)", "",
+             "| phase or kernel | calls | seconds | share of kernels |", "|---|---|---|---|"]  # fmt: skip
+    for name, ph in prof["phases"].items():
+        lines.append(f"| {name} (phase) | {ph['calls']} | {cell(ph['device_s'] if ph['device_s'] is not None else ph['cpu_s'])} | – |")
+    lines += [f"| `{cell(k['name'])}` | {k['calls']} | {cell(k['seconds'])} | {cell(k['share'])} |" for k in prof["top"]]
+    return lines + [""]
+
+
+def fast_path_rows(fast: dict) -> list[str]:
+    """Each fast path and memory setting at the throughput setup, under expandable segments."""
+    lines = [f"**Fast paths at the throughput setup** (allocator: {fast.get('allocator')}; planned peak by chunk: "
+             + ", ".join(f"{k} {cell(v)} GiB" for k, v in fast.get("planned_peak_gib", {}).items() if not isinstance(v, dict))
+             + ")", "", "| variant | step s | tokens/s | MFU | allocated GiB | reserved GiB | first loss − plain | grad norm vs plain |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, r in fast.get("runs", {}).items():
+        if not isinstance(r, dict) or "measured" not in r:
+            lines.append(f"| {name} | {r.get('error') or r.get('skipped') if isinstance(r, dict) else r} |")
+            continue
+        m = r["measured"]
+        lines.append(f"| {name} | {cell(m['step_s'])} | {cell(m['tokens_per_s'], 4)} | {cell(r.get('mfu'))} | "
+                     f"{cell(m['peak_allocated_gib'])} | {cell(m['peak_reserved_gib'])} | {cell(m.get('first_loss_minus_plain'))} "
+                     f"| {cell(m.get('first_grad_norm_relative_to_plain'))} |" + (f" {m['error']}" if "error" in m else ""))  # fmt: skip
+    return lines + [""]
+
+
 def tables(runs: dict[str, dict]) -> str:
     lines = header_table(runs) + [""]
     if "doctor" in runs:
@@ -96,6 +128,9 @@ def tables(runs: dict[str, dict]) -> str:
         pub = t.get("published", {})
         lines += measured_rows(f"Trainer throughput at {pub.get('setup')} (published: {pub.get('tokens_per_s')} tokens/s, "
                                f"MFU {pub.get('mfu')})", t.get("runs", {}), mfu=True)  # fmt: skip
+        lines += profile_rows(t)
+    if "fast_paths" in runs:
+        lines += fast_path_rows(runs["fast_paths"])
     if "engine" in runs:
         lines += ["**HF engine generation**", "", "| policy | sequences | tokens | seconds | tokens/s |", "|---|---|---|---|---|"]
         for name, r in runs["engine"].get("runs", {}).items():

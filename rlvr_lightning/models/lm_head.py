@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from torch.profiler import record_function
 
 # The families whose forward transforms the LM head's output, each held against the model's own logits
 # (tests/models/test_lm_head_transforms.py). `logits_scaling` divides the logits, except where it multiplies them
@@ -132,7 +133,8 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         logp = torch.empty(M, dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(logp)
         entropy = torch.empty_like(logp) if with_entropy else logp.new_empty(0)
-        with torch.autocast(hidden.device.type, enabled=False):
+        # (a label for the profiler: `make gpu-check` reports the head's share of a step; microseconds otherwise)
+        with torch.autocast(hidden.device.type, enabled=False), record_function("chunked LM head forward"):
             for s in range(0, M, chunk_tokens):
                 e = min(M, s + chunk_tokens)
                 # One [c, V] fp32 buffer per chunk (two when soft-capped), everything after the product in place
@@ -163,7 +165,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if need_h else None
         # Accumulated over chunks in fp32 even for bf16 weights (one [V, d] buffer during the backward).
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        with torch.autocast(hidden.device.type, enabled=False):
+        with torch.autocast(hidden.device.type, enabled=False), record_function("chunked LM head backward"):
             for s in range(0, hidden.shape[0], chunk):
                 e = min(hidden.shape[0], s + chunk)
                 g = grad_logp[s:e].float()

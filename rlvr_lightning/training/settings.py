@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 
 from rlvr_lightning.device_defaults import Accelerator, default_for
 from rlvr_lightning.errors import ConfigError, check_choice
+from rlvr_lightning.models.fast_paths import FUSED_KERNELS
 from rlvr_lightning.models.lora import LoraSettings, as_settings
 from rlvr_lightning.pieces.kinds import policy_losses
 from rlvr_lightning.pieces.registry import AlgorithmArgs
@@ -71,6 +72,9 @@ class ComputeSettings:
         fsdp_param_dtype: under FSDP, `bfloat16` computes in bf16 with fp32 master weights and reduction
             (None = the device's: bfloat16 on CUDA, float32 on CPU).
         max_nonfinite_steps: stop after this many consecutive updates with a non-finite loss or gradient.
+        compile_layers: `torch.compile` each decoder layer's forward (`models.fast_paths`).
+        fused_kernels: `liger`: Liger's Triton kernels for RMSNorm, SwiGLU and rotary embeddings (CUDA only);
+            `none`: PyTorch's.
     """
 
     micro_batch_size: int = 64
@@ -80,8 +84,11 @@ class ComputeSettings:
     activation_checkpointing: bool = False
     fsdp_param_dtype: Literal["float32", "bfloat16"] | None = None
     max_nonfinite_steps: int = 10
+    compile_layers: bool = False
+    fused_kernels: Literal["none", "liger"] = "none"
 
     def check(self) -> None:
+        check_choice("model.compute.fused_kernels", self.fused_kernels, FUSED_KERNELS)
         if self.fsdp_param_dtype is not None:
             check_choice("model.compute.fsdp_param_dtype", self.fsdp_param_dtype, ("float32", "bfloat16"))
         if self.micro_batch_size < 1:

@@ -11,6 +11,7 @@ from rlvr_lightning.callbacks.progress import bar_metrics, rollout_batches_total
 from rlvr_lightning.callbacks.rollout import advantage_shapers, rollout_callbacks
 from rlvr_lightning.context import Collectives, StepContext
 from rlvr_lightning.device_defaults import accelerator_of_device
+from rlvr_lightning.models.fast_paths import apply_fast_paths
 from rlvr_lightning.models.lora import trainable_parameters
 from rlvr_lightning.models.policy import load_policies
 from rlvr_lightning.training.checks import check_environment
@@ -35,8 +36,9 @@ def resolve_step(settings: StepSettings, trainer: Any, device: Any, check: bool 
 
 
 def policies(settings: StepSettings, datamodule: Any, device_mesh: Any) -> tuple[Any, Any]:
-    """The policy and, where the objective has a KL term, its frozen reference (`models.policy.load_policies`)."""
-    return load_policies(
+    """The policy, with the fast paths `model.compute` asks for (`models.fast_paths`), and, where the objective has a
+    KL term, its frozen reference (`models.policy.load_policies`)."""
+    policy, reference = load_policies(
         datamodule.policy_path,
         settings.pieces.objective.needs_reference,
         device_mesh,
@@ -45,6 +47,8 @@ def policies(settings: StepSettings, datamodule: Any, device_mesh: Any) -> tuple
         settings.lora,
         datamodule.hparams.seed,
     )
+    apply_fast_paths(policy, settings.compute.compile_layers, settings.compute.fused_kernels)
+    return policy, reference
 
 
 def teacher(settings: StepSettings, trainer: Any, device_mesh: Any) -> Any:

@@ -15,7 +15,7 @@ import pytest
 from bench.gpu_check.rl_runs import TINY_RUNS
 from tests.support.cli import REPO
 
-STEPS = ["doctor", "planner", "throughput", "engine", "rl_runs"]
+STEPS = ["doctor", "planner", "throughput", "fast_paths", "engine", "rl_runs"]
 HIDDEN = ("vllm", "mlflow", "datasets")
 # Imported first by every Python process it reaches through PYTHONPATH: `import vllm` etc. then fail as on a machine
 # without them, and importlib.util.find_spec answers None, as libraries that probe for them expect.
@@ -79,6 +79,14 @@ def test_each_step_records_its_figures(gpu_check):
     assert all(isinstance(r, dict) or r == "skipped: packing not available" for r in packed)
     throughput = json.loads((out / "throughput.json").read_text())["runs"]
     assert next(iter(throughput.values()))["mfu"] > 0
+    profile = next(iter(throughput.values()))["measured"]["profile"]  # where the padded update's time goes
+    assert profile["top"] and sum(k["share"] for k in profile["top"]) <= 1 + 1e-6
+    assert {"forward", "backward", "optimizer step", "chunked LM head backward"} <= set(profile["phases"])
+    fast = json.loads((out / "fast_paths.json").read_text())
+    assert fast["allocator"] == "expandable_segments:True"  # set for this step's process only
+    compiled = fast["runs"]["compiled layers"]["measured"]  # the same update, compiled (fp32 on the CPU)
+    assert abs(compiled["first_loss_minus_plain"]) < 1e-5 and compiled["step_s"] > 0
+    assert fast["runs"]["liger"] == {"skipped": "Liger's kernels need CUDA"}
     engine = json.loads((out / "engine.json").read_text())["runs"]
     assert all(r["tokens_per_s"] > 0 for r in engine.values())
     runs = json.loads((out / "rl_runs.json").read_text())["runs"]

@@ -1,0 +1,68 @@
+"""Step: the update at prime-rl's A1 setup (`throughput.FULL`) with each fast path and memory setting, side by side
+in one process, the one that chooses their defaults.
+
+This step's process runs with the CUDA allocator's expandable segments (`__main__.STEP_ENV`), so its reserved
+memory set beside throughput.json's (the default allocator, the same update) is what they save. The variants:
+the LM head's chunk (2,048 as prime-rl publishes, 1,024 the library's default, 512), compiled decoder layers,
+Liger's kernels (CUDA only), and both together. Each reports tokens/s, MFU, peak allocated and reserved memory,
+and its first loss and gradient norm beside the plain update's: the same weights and tokens, so a fast path that
+changes the meaning shows there (bf16 rounding moves the loss by 1e-4 or less, the norm by 1e-3). Then, budget
+allowing, the planner's peak at each chunk.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import torch
+
+from bench.gpu_check.planner_check import shrunk
+from bench.gpu_check.record import attempt
+from bench.gpu_check.throughput import FULL, TINY, with_mfu
+from bench.gpu_check.update_step import measured, planned
+
+PLAIN = "plain (chunk 2048, as throughput.json)"
+VARIANTS = {  # name → the UpdateShape fields it changes; Liger last: its patches stay in the process
+    PLAIN: {},
+    "chunk 1024": {"chunk_tokens": 1024},
+    "chunk 512": {"chunk_tokens": 512},
+    "compiled layers": {"compile_layers": True},
+    "liger": {"fused_kernels": "liger"},
+    "compiled layers + liger, chunk 1024": {"compile_layers": True, "fused_kernels": "liger", "chunk_tokens": 1024},
+}
+LOSS_TOLERANCE = 3e-3  # nats: bf16 rounding of the same forward (planner_check.PACKED_LOSS_TOLERANCE)
+GRAD_NORM_TOLERANCE = 1e-2  # relative
+
+
+def agreement(result: dict, plain: dict) -> None:
+    """The variant's first loss and gradient norm against the plain update's, an `error` where they differ in meaning."""
+    loss_gap = result["first_loss"] - plain["first_loss"]
+    norm_gap = result["first_grad_norm"] / plain["first_grad_norm"] - 1
+    result |= {"first_loss_minus_plain": loss_gap, "first_grad_norm_relative_to_plain": norm_gap}
+    if abs(loss_gap) > LOSS_TOLERANCE or abs(norm_gap) > GRAD_NORM_TOLERANCE:
+        result["error"] = (f"first loss {loss_gap:+.2e} nats and gradient norm {norm_gap:+.2%} from the plain update's "
+                           f"(tolerances {LOSS_TOLERANCE}, {GRAD_NORM_TOLERANCE:.0%}): a fast path that changes the update")  # fmt: skip
+
+
+def run(ctx) -> dict:
+    from rlvr_lightning.planner.models import model_config
+
+    config = model_config("Qwen/Qwen3-0.6B")
+    config = shrunk(config) if ctx.tiny else config
+    base = TINY if ctx.tiny else FULL
+    results: dict = {"allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "runs": {}, "planned_peak_gib": {}}
+    for name, change in VARIANTS.items():
+        if change.get("fused_kernels") == "liger" and not torch.cuda.is_available():
+            results["runs"][name] = {"skipped": "Liger's kernels need CUDA"}
+            continue
+        shape = replace(base, **change)
+        done = attempt(results["runs"], name, ctx.deadline, measured, config, shape, ctx.workdir, steps=3)
+        if isinstance(done, dict) and "step_s" in done:
+            results["runs"][name] = with_mfu({"measured": done}, config, shape)
+            if name != PLAIN and "measured" in results["runs"].get(PLAIN, {}):
+                agreement(done, results["runs"][PLAIN]["measured"])
+    for chunk in sorted({replace(base, **c).chunk_tokens for c in VARIANTS.values()}, reverse=True):
+        attempt(results["planned_peak_gib"], f"chunk {chunk}", ctx.deadline,
+                lambda c=chunk: planned(config, replace(base, chunk_tokens=c))["peak_gib"], reserve=30)  # fmt: skip
+    return results

@@ -1,0 +1,52 @@
+"""Faster kernels for the policy's decoder layers, each behind a `model.compute` setting and off by default until
+`make gpu-check` has measured it on a card (docs/gpu.md, "Fast paths"):
+
+- `compile_layers`: `torch.compile` of each decoder layer's forward. Only the forward is compiled: FSDP2's
+  gathers and activation checkpointing's recomputation are hooks around it and stay eager, so the compiled code
+  never traces a collective. The first micro-batches pay the compilation (seconds per shape on a GPU, tens on
+  a CPU; after the second shape the layer is compiled for dynamic lengths).
+- `fused_kernels: liger`: Liger's Triton kernels for RMSNorm, SwiGLU and the rotary embedding, CUDA only. The LM
+  head stays this library's chunked log-probs (`models.lm_head`): Liger's fused linear cross-entropy returns a
+  scalar loss with its gradient computed inside the forward, and the losses here need each token's log-prob
+  with any upstream gradient. Liger patches the model family's rotary function in transformers' module, so
+  every model of that family in the process (a reference, an HF engine) gets it too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.parallel import decoder_layers
+
+FUSED_KERNELS = ("none", "liger")
+
+
+def apply_fast_paths(model: torch.nn.Module, compile_layers: bool = False, fused_kernels: str = "none") -> None:
+    """The chosen fast paths applied to `model` in place (before or after `fully_shard`: both act inside its
+    layers' forwards)."""
+    if fused_kernels == "liger":
+        _liger(model)
+    elif fused_kernels != "none":
+        raise ConfigError(f"model.compute.fused_kernels must be one of {', '.join(FUSED_KERNELS)}, got {fused_kernels!r}")
+    if compile_layers:
+        for layer in decoder_layers(model):
+            layer.forward = torch.compile(layer.forward)
+
+
+def _liger(model: torch.nn.Module) -> None:
+    if not torch.cuda.is_available():
+        raise ConfigError("model.compute.fused_kernels liger: Liger's kernels are Triton kernels for CUDA; this machine has no CUDA device")
+    if importlib.util.find_spec("liger_kernel") is None:
+        raise ConfigError("model.compute.fused_kernels liger: the liger-kernel package is not installed (pip install liger-kernel)")
+    from liger_kernel.transformers import monkey_patch
+
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a LoRA adapter: PEFT's wrapper
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in monkey_patch.MODEL_TYPE_TO_APPLY_LIGER_FN:
+        raise ConfigError(f"model.compute.fused_kernels liger: Liger has no kernels for the {model_type!r} family")
+    monkey_patch._apply_liger_kernel_to_instance(
+        model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False
+    )
