@@ -69,12 +69,18 @@ def checkpoint_layers(model: torch.nn.Module) -> None:
 
 
 def shard_policy(
-    model: torch.nn.Module, mesh, param_dtype: str = "float32", activation_checkpointing: bool = False
+    model: torch.nn.Module,
+    mesh,
+    param_dtype: str = "float32",
+    activation_checkpointing: bool = False,
+    reshard_after_forward: bool = True,
 ) -> torch.nn.Module:
     """Apply `fully_shard` per decoder layer, then to the whole model, on the data-parallel `mesh`.
 
     `param_dtype="bfloat16"`: parameters are all-gathered and computed in bf16, gradients reduced in
-    fp32 and the sharded master weights stay fp32 (FSDP2's MixedPrecisionPolicy).
+    fp32 and the sharded master weights stay fp32 (FSDP2's MixedPrecisionPolicy). `reshard_after_forward=False`
+    keeps each layer's gathered weights from its forward to its backward (one gather fewer per layer and
+    micro-batch, the gathered weights held meanwhile); the GPU check measures it.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -83,6 +89,6 @@ def shard_policy(
     if activation_checkpointing:
         checkpoint_layers(model)
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model

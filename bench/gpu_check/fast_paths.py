@@ -4,7 +4,8 @@ in one process, the one that chooses their defaults.
 This step's process runs with the CUDA allocator's expandable segments (`__main__.STEP_ENV`), so its reserved
 memory set beside throughput.json's (the default allocator, the same update) is what they save. The variants:
 the LM head's chunk (2,048 as prime-rl publishes, 1,024 the library's default, 512), compiled decoder layers,
-Liger's kernels (CUDA only), and both together. Each reports tokens/s, MFU, peak allocated and reserved memory,
+FSDP2 keeping each layer's gathered weights from forward to backward, AdamW's fused kernel, Liger's kernels
+(CUDA only), and compiled layers with Liger. Each reports tokens/s, MFU, peak allocated and reserved memory,
 and its first loss and gradient norm beside the plain update's: the same weights and tokens, so a fast path that
 changes the meaning shows there (bf16 rounding moves the loss by 1e-4 or less, the norm by 1e-3). Then, budget
 allowing, the planner's peak at each chunk.
@@ -28,6 +29,8 @@ VARIANTS = {  # name → the UpdateShape fields it changes; Liger last: its patc
     "chunk 1024": {"chunk_tokens": 1024},
     "chunk 512": {"chunk_tokens": 512},
     "compiled layers": {"compile_layers": True},
+    "weights kept gathered from forward to backward": {"reshard_after_forward": False},
+    "fused AdamW": {"fused_adamw": True},
     "liger": {"fused_kernels": "liger"},
     "compiled layers + liger, chunk 1024": {"compile_layers": True, "fused_kernels": "liger", "chunk_tokens": 1024},
 }
@@ -62,7 +65,8 @@ def run(ctx) -> dict:
             results["runs"][name] = with_mfu({"measured": done}, config, shape)
             if name != PLAIN and "measured" in results["runs"].get(PLAIN, {}):
                 agreement(done, results["runs"][PLAIN]["measured"])
-    for chunk in sorted({replace(base, **c).chunk_tokens for c in VARIANTS.values()}, reverse=True):
+    # (throughput.json has the plan at the published chunk)
+    for chunk in sorted({replace(base, **c).chunk_tokens for c in VARIANTS.values()} - {base.chunk_tokens}, reverse=True):
         attempt(results["planned_peak_gib"], f"chunk {chunk}", ctx.deadline,
                 lambda c=chunk: planned(config, replace(base, chunk_tokens=c))["peak_gib"], reserve=30)  # fmt: skip
     return results

@@ -36,6 +36,10 @@ class UpdateShape:
     packing: bool = False
     compile_layers: bool = False  # model.compute.compile_layers (models.fast_paths)
     fused_kernels: str = "none"  # model.compute.fused_kernels
+    # Candidates the check measures before they become settings: FSDP2 keeping each layer's gathered weights from
+    # forward to backward, and AdamW's fused kernel (one launch for every parameter; foreach is PyTorch's default).
+    reshard_after_forward: bool = True
+    fused_adamw: bool = False
 
     @property
     def tokens_per_step(self) -> int:
@@ -148,9 +152,9 @@ def measured(model_config, shape: UpdateShape, workdir: Path, steps: int = 2, pr
         with torch.device(device):  # random weights made where they live: no slow CPU initialisation of a 1.5B model
             policy = model_from(model_config, dtype=torch.float32).eval()
         policy.config.use_cache = False
-        shard_policy(policy, mesh, param_dtype(), shape.activation_checkpointing)
+        shard_policy(policy, mesh, param_dtype(), shape.activation_checkpointing, shape.reshard_after_forward)
         apply_fast_paths(policy, shape.compile_layers, shape.fused_kernels)  # as the trainer's `training.wiring`
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6, **({"fused": True} if shape.fused_adamw else {}))
         batches = [_batch(model_config.vocab_size, shape, device, seed) for seed in range(shape.micro_batches)]
         losses: list[float] = []
         grad_norms: list[float] = []
