@@ -36,10 +36,8 @@ class UpdateShape:
     packing: bool = False
     compile_layers: bool = False  # model.compute.compile_layers (models.fast_paths)
     fused_kernels: str = "none"  # model.compute.fused_kernels
-    # Candidates the check measures before they become settings: FSDP2 keeping each layer's gathered weights from
-    # forward to backward, and AdamW's fused kernel (one launch for every parameter; foreach is PyTorch's default).
-    reshard_after_forward: bool = True
-    fused_adamw: bool = False
+    reshard_after_forward: bool = True  # model.compute.reshard_after_forward
+    fused_adamw: bool = False  # model.optim.fused
 
     @property
     def tokens_per_step(self) -> int:
@@ -57,6 +55,7 @@ def trainer_setup(model_config, shape: UpdateShape):
         model_config, 1, True, param_dtype(), "32-true", shape.activation_checkpointing, shape.rows,
         shape.prompt_tokens, shape.response_tokens, shape.chunk_tokens, with_reference=False, separate_old_pass=False,
         capture_lm_head=False, fused_attention=torch.cuda.is_available(), accumulates=shape.micro_batches > 1,
+        reshard_after_forward=shape.reshard_after_forward,
     )  # fmt: skip
 
 

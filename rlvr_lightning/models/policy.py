@@ -22,11 +22,13 @@ def load_policies(
     activation_checkpointing: bool = False,
     lora: LoraSettings | None = None,
     seed: int = 0,
+    reshard_after_forward: bool = True,
 ) -> tuple[torch.nn.Module, torch.nn.Module | BaseModelView | None]:
     """(policy, reference or None) from an HF model directory or id; `mesh` (the strategy's device mesh,
     None without FSDP2) shards both per decoder layer. With `lora` the policy gets a LoRA adapter (before
     sharding, so each decoder layer's FSDP2 unit holds its own adapters) and the reference is the policy
-    with its adapter switched off: the base weights are held once; `seed` draws the adapter's initial A."""
+    with its adapter switched off: the base weights are held once; `seed` draws the adapter's initial A.
+    `reshard_after_forward` (FSDP2): free each layer's gathered weights after its forward, or keep them for its backward."""
     from transformers import AutoModelForCausalLM
 
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -41,7 +43,7 @@ def load_policies(
     elif with_reference:
         reference = load_frozen(path, mesh, param_dtype)
     if mesh is not None:
-        shard_policy(policy, data_parallel(mesh), param_dtype, activation_checkpointing)
+        shard_policy(policy, data_parallel(mesh), param_dtype, activation_checkpointing, reshard_after_forward)
     elif activation_checkpointing:
         checkpoint_layers(policy)
     return policy, reference

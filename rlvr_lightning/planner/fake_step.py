@@ -45,7 +45,7 @@ def run_fake_step(setup: TrainerSetup, count_flops: bool) -> TrainerMemory:
         if setup.with_reference and setup.lora is not None:
             reference = BaseModelView(policy)
         if setup.fsdp:
-            shard_policy(policy, mesh, setup.fsdp_param_dtype, setup.activation_checkpointing)
+            shard_policy(policy, mesh, setup.fsdp_param_dtype, setup.activation_checkpointing, setup.reshard_after_forward)
             if isinstance(reference, torch.nn.Module):
                 shard_policy(reference, mesh, setup.fsdp_param_dtype)
         else:

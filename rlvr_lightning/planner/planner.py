@@ -117,6 +117,7 @@ def trainer_setup(spec: RunSpec) -> TrainerSetup:
         fused_attention=spec.hardware.gpu,
         accumulates=spec.micro_batches_per_step > 1,
         lora=spec.lora,
+        reshard_after_forward=spec.reshard_after_forward,
     )
 
 

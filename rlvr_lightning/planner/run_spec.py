@@ -61,6 +61,7 @@ class RunSpec:
     tool: ToolPlan | None = None  # data.tool: its calls' time and its outputs' tokens
     environment: str = ""  # data.environment's class path, if one of the user's (its replies' time is not planned)
     teacher: TeacherPlan | None = None  # model.teacher: on-policy distillation's teacher
+    reshard_after_forward: bool = True  # model.compute.reshard_after_forward: FSDP2 frees a layer's gathered weights
 
     @property
     def world_size(self) -> int:
@@ -141,6 +142,7 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
         precision=str(defaults.values["trainer.precision"]),
         fsdp_param_dtype=settings.fsdp_param_dtype(accelerator),
         activation_checkpointing=settings.compute.activation_checkpointing,
+        reshard_after_forward=settings.compute.reshard_after_forward,
         micro_batch_size=step.layout.micro_batch_size,
         max_tokens_per_micro_batch=step.layout.max_tokens_per_micro_batch,
         chunk_tokens=step.layout.logprob_chunk_tokens,

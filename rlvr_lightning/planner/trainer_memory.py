@@ -27,6 +27,7 @@ class TrainerSetup:
     fused_attention: bool = False  # plan attention as a GPU's fused kernel (see trainer_measurement.py)
     accumulates: bool = False  # several micro-batches per optimizer step: later ones run with gradients held
     lora: object | None = None  # models.lora.LoraSettings: adapters train, the base is frozen and is the reference
+    reshard_after_forward: bool = True  # model.compute.reshard_after_forward (FSDP2)
 
 
 @dataclass(frozen=True)

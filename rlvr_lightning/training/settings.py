@@ -42,6 +42,8 @@ class OptimSettings:
         warmup_steps: linear warm-up, in optimizer steps.
         lr_schedule: after warm-up, `constant` or `cosine` (to 0 at `trainer.max_steps`).
         max_grad_norm: gradient clipping by global norm.
+        fused: AdamW's fused kernel (one launch for every parameter) instead of PyTorch's default (foreach);
+            the same update up to rounding.
     """
 
     lr: float = 1e-6
@@ -49,6 +51,7 @@ class OptimSettings:
     warmup_steps: int = 0
     lr_schedule: Literal["constant", "cosine"] = "constant"
     max_grad_norm: float = 1.0
+    fused: bool = False
 
     def check(self) -> None:
         check_choice("model.optim.lr_schedule", self.lr_schedule, ("constant", "cosine"))
@@ -72,6 +75,8 @@ class ComputeSettings:
         fsdp_param_dtype: under FSDP, `bfloat16` computes in bf16 with fp32 master weights and reduction
             (None = the device's: bfloat16 on CUDA, float32 on CPU).
         max_nonfinite_steps: stop after this many consecutive updates with a non-finite loss or gradient.
+        reshard_after_forward: under FSDP2, free each layer's gathered weights after its forward (true) or keep
+            them for its backward (false: one gather fewer per layer and micro-batch, the weights held meanwhile).
         compile_layers: `torch.compile` each decoder layer's forward (`models.fast_paths`).
         fused_kernels: `liger`: Liger's Triton kernels for RMSNorm, SwiGLU and rotary embeddings (CUDA only);
             `none`: PyTorch's.
@@ -84,6 +89,7 @@ class ComputeSettings:
     activation_checkpointing: bool = False
     fsdp_param_dtype: Literal["float32", "bfloat16"] | None = None
     max_nonfinite_steps: int = 10
+    reshard_after_forward: bool = True
     compile_layers: bool = False
     fused_kernels: Literal["none", "liger"] = "none"
 

@@ -46,6 +46,7 @@ def policies(settings: StepSettings, datamodule: Any, device_mesh: Any) -> tuple
         settings.compute.activation_checkpointing,
         settings.lora,
         datamodule.hparams.seed,
+        reshard_after_forward=settings.compute.reshard_after_forward,
     )
     apply_fast_paths(policy, settings.compute.compile_layers, settings.compute.fused_kernels)
     return policy, reference
@@ -128,7 +129,9 @@ def optimizer(optim: OptimSettings, policy: Any, max_steps: int | None) -> Any:
     """AdamW over what trains (a LoRA policy's frozen base gets neither gradients nor optimizer state), with
     its schedule over the run's optimizer steps."""
     total = max_steps if max_steps and max_steps > 0 else None
-    return adamw_with_schedule(trainable_parameters(policy), optim.lr, optim.weight_decay, optim.warmup_steps, optim.lr_schedule, total)
+    return adamw_with_schedule(
+        trainable_parameters(policy), optim.lr, optim.weight_decay, optim.warmup_steps, optim.lr_schedule, total, optim.fused
+    )
 
 
 def log_rollout_batch(module: Any, result: StepResult | Skipped, prompts: int) -> None:

@@ -243,3 +243,24 @@ def test_a_teacher_in_the_trainer_holds_its_weights_through_the_step_and_adds_it
     served = plan("--model.init_args.teacher.model_name_or_path", "Qwen/Qwen3-0.6B", "--model.init_args.teacher.servers", "2")
     assert [s.peak_bytes for s in served.trainer.stages] == list(before.values())
     assert served.step.stages["teacher (vllm serve)"] > 0
+
+
+def test_weights_kept_gathered_from_forward_to_backward_are_planned_as_pytorch_accounts_them(tmp_path):
+    """`model.compute.reshard_after_forward false` under FSDP2 (one rank, the GPU check's update on real tensors):
+    the planned peak against FSDPMemTracker's, and keeping the gathered weights adds at least a layer's weights
+    (3.9 MiB in fp32 here) to both. The plan counts one layer more than the tracker (8.2 against 3.7 MiB: it
+    has both layers held at the LM head's backward, where the real run has already gathered the last one again):
+    at 28 layers, 1/28 of the kept weights."""
+    from bench.gpu_check.update_step import UpdateShape, measured, planned
+
+    config = Qwen2Config(vocab_size=1024, hidden_size=256, intermediate_size=1024, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+    shape = UpdateShape(rows=8, prompt_tokens=8, response_tokens=248, chunk_tokens=32)
+    peaks = {}
+    for kept in (False, True):
+        variant = dataclasses.replace(shape, reshard_after_forward=not kept)
+        (tmp_path / str(kept)).mkdir()
+        peaks[kept] = planned(config, variant)["peak_gib"], measured(config, variant, tmp_path / str(kept))["peak_allocated_gib"]
+        assert peaks[kept][0] == pytest.approx(peaks[kept][1], rel=0.06), peaks
+    layer_gib = 3.5 / 1024
+    assert peaks[True][0] - peaks[False][0] > layer_gib and peaks[True][1] - peaks[False][1] > layer_gib, peaks

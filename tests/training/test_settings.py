@@ -34,7 +34,7 @@ def test_a_group_given_as_a_dict_is_the_same_settings_and_an_unknown_key_names_t
     module = DAPO(optim=OptimSettings(lr=3e-5, warmup_steps=2), compute=ComputeSettings(micro_batch_size=16))
     again = DAPO(**{k: v for k, v in module.hparams.items() if k != "lora"})
     assert module.hparams["optim"] == {"lr": 3e-5, "weight_decay": 0.0, "warmup_steps": 2, "lr_schedule": "constant",
-                                       "max_grad_norm": 1.0}  # fmt: skip
+                                       "max_grad_norm": 1.0, "fused": False}  # fmt: skip
     assert (again.settings.optim, again.settings.compute, again.settings.behaviour) == (
         module.settings.optim, module.settings.compute, module.settings.behaviour)  # fmt: skip
     assert again.settings.args["clip_eps_high"] == 0.28
