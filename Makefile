@@ -106,6 +106,7 @@ bench: setup $(VENV)/.bench-installed
 	$(PY) bench/packing.py
 	$(PY) bench/scale.py
 	$(PY) bench/plan_accuracy.py
+	$(PY) bench/planner_fit.py
 	$(PY) bench/published_figures.py
 	$(PY) bench/published_e2e.py
 
