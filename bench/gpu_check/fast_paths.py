@@ -14,6 +14,7 @@ allowing, the planner's peak for the variants whose memory it models (the chunks
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import replace
 
 import torch
@@ -37,6 +38,7 @@ VARIANTS = {  # name → the UpdateShape fields it changes; Liger last: its patc
 }
 LOSS_TOLERANCE = 3e-3  # nats: bf16 rounding of the same forward (planner_check.PACKED_LOSS_TOLERANCE)
 GRAD_NORM_TOLERANCE = 1e-2  # relative
+CXX = ("g++", "c++", "clang++")  # what inductor's CPU backend builds its kernels with
 
 
 def agreement(result: dict, plain: dict) -> None:
@@ -59,6 +61,9 @@ def run(ctx) -> dict:
     for name, change in VARIANTS.items():
         if change.get("fused_kernels") == "liger" and not torch.cuda.is_available():
             results["runs"][name] = {"skipped": "Liger's kernels need CUDA"}
+            continue
+        if change.get("compile_layers") and not torch.cuda.is_available() and not any(map(shutil.which, CXX)):
+            results["runs"][name] = {"skipped": "torch.compile on the CPU needs a C++ compiler"}
             continue
         shape = replace(base, **change)
         done = attempt(results["runs"], name, ctx.deadline, measured, config, shape, ctx.workdir, steps=3)

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
+from bench.gpu_check.fast_paths import CXX
 from bench.gpu_check.rl_runs import TINY_RUNS
 from tests.support.cli import REPO
 
@@ -84,8 +86,9 @@ def test_each_step_records_its_figures(gpu_check):
     assert {"forward", "backward", "optimizer step", "chunked LM head backward"} <= set(profile["phases"])
     fast = json.loads((out / "fast_paths.json").read_text())
     assert fast["allocator"] == "expandable_segments:True"  # set for this step's process only
-    compiled = fast["runs"]["compiled layers"]["measured"]  # the same update, compiled (fp32 on the CPU)
-    assert abs(compiled["first_loss_minus_plain"]) < 1e-5 and compiled["step_s"] > 0
+    if any(map(shutil.which, CXX)):  # (make setup installs g++)
+        compiled = fast["runs"]["compiled layers"]["measured"]  # the same update, compiled (fp32 on the CPU)
+        assert abs(compiled["first_loss_minus_plain"]) < 1e-5 and compiled["step_s"] > 0
     assert fast["runs"]["liger"] == {"skipped": "Liger's kernels need CUDA"}
     engine = json.loads((out / "engine.json").read_text())["runs"]
     assert all(r["tokens_per_s"] > 0 for r in engine.values())

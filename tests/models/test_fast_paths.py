@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from bench.gpu_check.fast_paths import CXX
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.models.fast_paths import apply_fast_paths
 from rlvr_lightning.models.forward import policy_forward
@@ -37,7 +38,7 @@ def batch(rows: int, prompt: int, response: int, seed: int) -> RolloutTensors:
 
 
 @pytest.mark.e2e
-@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="torch.compile's CPU backend needs a C++ compiler (make setup installs g++)")
+@pytest.mark.skipif(not any(map(shutil.which, CXX)), reason="torch.compile's CPU backend needs a C++ compiler (make setup installs g++)")
 def test_compiled_layers_give_the_plain_log_probs_and_gradients_under_activation_checkpointing(qwen3_dir):
     """fp32 on the CPU: compiled and eager layers agree to rounding at two micro-batch shapes (the second one
     recompiles for dynamic lengths); activation checkpointing's recomputation runs the compiled forward too."""
