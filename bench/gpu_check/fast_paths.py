@@ -26,7 +26,7 @@ from bench.gpu_check.update_step import measured, planned
 
 PLAIN = "plain (chunk 2048, as throughput.json)"
 KEPT = "weights kept gathered from forward to backward"
-VARIANTS = {  # name → the UpdateShape fields it changes; Liger last: its patches stay in the process
+VARIANTS = {  # name → the UpdateShape fields it changes; Liger's measured last: its patches stay in the process
     PLAIN: {},
     "chunk 1024": {"chunk_tokens": 1024},
     "chunk 512": {"chunk_tokens": 512},
@@ -51,6 +51,23 @@ def agreement(result: dict, plain: dict) -> None:
                            f"(tolerances {LOSS_TOLERANCE}, {GRAD_NORM_TOLERANCE:.0%}): a fast path that changes the update")  # fmt: skip
 
 
+def measure(results: dict, name: str, config, base, ctx) -> None:
+    """One variant measured into `results["runs"][name]` (or why not), beside the plain update's figures."""
+    change = VARIANTS[name]
+    if change.get("fused_kernels") == "liger" and not torch.cuda.is_available():
+        results["runs"][name] = {"skipped": "Liger's kernels need CUDA"}
+        return
+    if change.get("compile_layers") and not torch.cuda.is_available() and not any(map(shutil.which, CXX)):
+        results["runs"][name] = {"skipped": "torch.compile on the CPU needs a C++ compiler"}
+        return
+    shape = replace(base, **change)
+    done = attempt(results["runs"], name, ctx.deadline, measured, config, shape, ctx.workdir, steps=3)
+    if isinstance(done, dict) and "step_s" in done:
+        results["runs"][name] = with_mfu({"measured": done}, config, shape)
+        if name != PLAIN and "measured" in results["runs"].get(PLAIN, {}):
+            agreement(done, results["runs"][PLAIN]["measured"])
+
+
 def run(ctx) -> dict:
     from rlvr_lightning.planner.models import model_config
 
@@ -58,21 +75,14 @@ def run(ctx) -> dict:
     config = shrunk(config) if ctx.tiny else config
     base = TINY if ctx.tiny else FULL
     results: dict = {"allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "runs": {}, "planned_peak_gib": {}}
-    for name, change in VARIANTS.items():
-        if change.get("fused_kernels") == "liger" and not torch.cuda.is_available():
-            results["runs"][name] = {"skipped": "Liger's kernels need CUDA"}
-            continue
-        if change.get("compile_layers") and not torch.cuda.is_available() and not any(map(shutil.which, CXX)):
-            results["runs"][name] = {"skipped": "torch.compile on the CPU needs a C++ compiler"}
-            continue
-        shape = replace(base, **change)
-        done = attempt(results["runs"], name, ctx.deadline, measured, config, shape, ctx.workdir, steps=3)
-        if isinstance(done, dict) and "step_s" in done:
-            results["runs"][name] = with_mfu({"measured": done}, config, shape)
-            if name != PLAIN and "measured" in results["runs"].get(PLAIN, {}):
-                agreement(done, results["runs"][PLAIN]["measured"])
-    # The variants whose memory the planner models (throughput.json has the plain update's plan).
+    liger = [n for n, c in VARIANTS.items() if c.get("fused_kernels") == "liger"]
+    for name in [n for n in VARIANTS if n not in liger]:
+        measure(results, name, config, base, ctx)
+    # The variants whose memory the planner models (throughput.json has the plain update's plan), before Liger's:
+    # its patches replace transformers' own classes in this process, which the planner's fake model would then run.
     for name in ("chunk 1024", "chunk 512", KEPT):
         attempt(results["planned_peak_gib"], name, ctx.deadline,
                 lambda n=name: planned(config, replace(base, **VARIANTS[n]))["peak_gib"], reserve=30)  # fmt: skip
+    for name in liger:
+        measure(results, name, config, base, ctx)
     return results

@@ -34,21 +34,27 @@ def summary(averages, wall_s: float, cuda: bool) -> dict:
     overhead included, a few percent)."""
     from torch.autograd import DeviceType
 
+    # A `record_function` range appears twice on CUDA: as the CPU range and as a `gpu_user_annotation` spanning its
+    # kernels on the GPU's timeline (device type CUDA, `is_user_annotation`): not a kernel, and the phase's device time.
+    annotation = lambda e: getattr(e, "is_user_annotation", False)  # noqa: E731
     if cuda:
-        kernels = [e for e in averages if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0]
+        kernels = [e for e in averages if e.device_type == DeviceType.CUDA and not annotation(e) and e.self_device_time_total > 0]
         own = lambda e: e.self_device_time_total  # noqa: E731 - µs of the kernel itself
     else:
         kernels = [e for e in averages if e.self_cpu_time_total > 0 and e.key not in PHASES]
         own = lambda e: e.self_cpu_time_total  # noqa: E731
     total = sum(own(e) for e in kernels) / 1e6
     top = sorted(kernels, key=own, reverse=True)[:TOP]
-    by_name = {e.key: e for e in averages}
+    on_cpu = {e.key: e for e in averages if e.device_type == DeviceType.CPU}
+    on_gpu = {e.key: e for e in averages if e.device_type == DeviceType.CUDA and annotation(e)}
     phases = {}
     for name in PHASES:
-        if name in by_name:
-            e = by_name[name]
+        if name in on_cpu:
+            e, span = on_cpu[name], on_gpu.get(name)
+            # (the GPU span: the backward's kernels are launched from autograd's thread, outside the CPU range)
+            device = None if span is None else max(span.device_time_total, span.cpu_time_total) / 1e6
             phases[name] = {"calls": e.count, "cpu_s": round(e.cpu_time_total / 1e6, 5),
-                            "device_s": round(e.device_time_total / 1e6, 5) if cuda else None}  # fmt: skip
+                            "device_s": round(device, 5) if device is not None else None}  # fmt: skip
     out = {
         "wall_s": round(wall_s, 4),
         "measured_on": "CUDA kernels (self device time)" if cuda else "CPU operators (self CPU time)",

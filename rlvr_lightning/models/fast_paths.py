@@ -8,8 +8,9 @@
 - `fused_kernels: liger`: Liger's Triton kernels for RMSNorm, SwiGLU and the rotary embedding, CUDA only. The LM
   head stays this library's chunked log-probs (`models.lm_head`): Liger's fused linear cross-entropy returns a
   scalar loss with its gradient computed inside the forward, and the losses here need each token's log-prob
-  with any upstream gradient. Liger patches the model family's rotary function in transformers' module, so
-  every model of that family in the process (a reference, an HF engine) gets it too.
+  with any upstream gradient. Liger also patches transformers' module of the family (its RMSNorm and MLP classes
+  and its rotary function), so every model of that family the process builds afterwards (a reference, a
+  teacher, the planner's fake model) gets them too.
 """
 
 from __future__ import annotations

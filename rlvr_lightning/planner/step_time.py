@@ -172,7 +172,8 @@ def trainer_stages(spec: RunSpec, trainer: TrainerMemory, token_share: float) ->
         passes = spec.ppo_epochs if update else 1
         teacher = s.stage == TEACHER_STAGE
         gathered = per_parameter * (trainer.teacher_parameters if teacher else trainer.parameters)
-        comm = gathered * (3 if update else 1) / link  # forward + backward gathers, reduce-scatter
+        # forward and backward gathers (one, with the weights kept from the forward) and the reduce-scatter
+        comm = gathered * ((3 if spec.reshard_after_forward else 2) if update else 1) / link
         layers = (spec.teacher.config if teacher else spec.model_config).num_hidden_layers
         forwards = 2 if update and spec.activation_checkpointing else 1
         # the pass's FLOPs at the expected tokens, and its micro-batches' per-layer costs

@@ -275,6 +275,12 @@ class StepSettings:
                 max_staleness,
                 self.behaviour,
             )
+            if self.compute.compile_layers and getattr(rollout, "engine", None) == "hf":
+                raise ConfigError(
+                    "model.compute.compile_layers with rollout.engine hf: the HF engine generates with the trainer's "
+                    "own policy, and its decoding steps would recompile the compiled layers until torch.compile gives "
+                    "up on them; use a vLLM engine, or leave compile_layers off"
+                )
         return ResolvedStep(self, layout, self.behaviour_source(max_staleness), self.pieces.objective.needs_whole_groups)
 
 

@@ -118,3 +118,29 @@ def test_the_table_script_reads_what_the_check_writes(tmp_path):
     assert "| m packed | skipped: packing not available |" in text
     assert "| log-probs, bf16 packed vs padded | 0 | 0 | 5e-06 |" in text
     assert "| first loss, n packed − padded | – | – | -4.4e-05 |" in text
+
+
+def test_the_profile_summary_counts_kernels_and_takes_each_phase_from_its_own_events():
+    """Hand-made CUDA events (no GPU here): a phase's `record_function` range appears on the CPU and again as a
+    `gpu_user_annotation` on the GPU's timeline; the annotation is no kernel, and it gives the phase's device time
+    (a backward's kernels are launched from autograd's thread, outside its CPU range)."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import EventList, FunctionEvent
+
+    from bench.gpu_check.profile_summary import summary
+
+    def event(i, name, start, end, device, annotation=False):
+        return FunctionEvent(i, name, thread=0, start_us=start, end_us=end, stack=[], use_device="cuda", device_type=device,
+                             is_user_annotation=annotation)  # fmt: skip
+
+    events = EventList([
+        event(1, "backward", 0, 100_000, DeviceType.CPU, annotation=True),  # the CPU range: 0.1 s
+        event(2, "backward", 50_000, 450_000, DeviceType.CUDA, annotation=True),  # its kernels' span on the GPU: 0.4 s
+        event(3, "sm90_gemm", 60_000, 360_000, DeviceType.CUDA),  # 0.3 s
+        event(4, "elementwise", 400_000, 450_000, DeviceType.CUDA),  # 0.05 s
+    ], use_device="cuda")  # fmt: skip
+    events._build_tree()  # (the profiler does this when it stops)
+    out = summary(events.key_averages(), wall_s=1.0, cuda=True)
+    assert [k["name"] for k in out["top"]] == ["sm90_gemm", "elementwise"]
+    assert out["kernels_s"] == pytest.approx(0.35) and out["outside_kernels_s"] == pytest.approx(0.65)
+    assert out["phases"]["backward"] == {"calls": 1, "cpu_s": 0.1, "device_s": 0.4}

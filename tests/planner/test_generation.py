@@ -229,6 +229,10 @@ def test_fsdp_collectives_across_nodes_run_at_the_network_not_nvlink(docs_7b, mo
     one_node = trainer_stages(spec, trainer, 1.0)["update forward + backward"]
     two_nodes = spec.changed(devices=4, nodes=2)  # the same 8 ranks
     assert trainer_stages(two_nodes, trainer, 1.0)["update forward + backward"] == pytest.approx(one_node * 450 / 50)
+    # Weights kept gathered from the forward to the backward: two transfers a micro-batch (a gather, the
+    # reduce-scatter) instead of three.
+    kept = two_nodes.changed(reshard_after_forward=False)
+    assert trainer_stages(kept, trainer, 1.0)["update forward + backward"] == pytest.approx(one_node * 450 / 50 * 2 / 3)
 
 
 def test_packed_micro_batches_at_the_expected_lengths_are_fewer_and_gather_the_weights_fewer_times(docs_7b):

@@ -66,6 +66,11 @@ def test_the_resolved_step_lays_out_the_update_and_picks_theta_olds_source():
     real = REAL(num_mini_batches=1, compute=ComputeSettings(micro_batch_size=3)).settings
     with pytest.raises(ConfigError, match="model.compute.micro_batch_size=3 would split groups"):
         real.resolve(RolloutSettings(group_size=4), batch_size=2, check=True)
+    # Compiled layers beside the HF engine, which decodes with the same policy (a recompile per cache length).
+    compiled = GRPO(compute=ComputeSettings(compile_layers=True)).settings
+    compiled.resolve(RolloutSettings(group_size=4), batch_size=2, check=True)  # vLLM (the default): fine
+    with pytest.raises(ConfigError, match="compile_layers with rollout.engine hf"):
+        compiled.resolve(RolloutSettings(group_size=4, engine="hf"), batch_size=2, check=True)
 
 
 def test_the_settings_of_a_parsed_configuration_are_the_modules():
