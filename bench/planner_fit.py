@@ -78,11 +78,10 @@ def measured_updates() -> list[MeasuredUpdate]:
 def planned_seconds(point: MeasuredUpdate) -> float:
     """The planner's time for this update (`planner.step_time`, its own constants)."""
     from rlvr_lightning.planner.hardware import hardware
-    from rlvr_lightning.planner.step_time import optimizer_seconds, trainer_pass_seconds
+    from rlvr_lightning.planner.step_time import update_seconds
 
-    hw = hardware(point.card)
-    forwards = 2 if point.activation_checkpointing else 1
-    return trainer_pass_seconds(hw, point.flops, point.layers, point.micro_batches, forwards) + optimizer_seconds(hw, point.parameters)
+    return update_seconds(hardware(point.card), point.flops, point.layers, point.micro_batches,
+                          point.activation_checkpointing, point.parameters)  # fmt: skip
 
 
 def fit(points: list[MeasuredUpdate]) -> dict:

@@ -77,7 +77,7 @@ def device_hardware():
 
 def planned(model_config, shape: UpdateShape) -> dict:
     """The planner's peak (PyTorch's tensors of the trainer) and its step-time estimate of the update."""
-    from rlvr_lightning.planner.step_time import optimizer_seconds, trainer_pass_seconds, trainer_rate
+    from rlvr_lightning.planner.step_time import trainer_rate, update_seconds
     from rlvr_lightning.planner.trainer_measurement import measure_trainer
 
     trainer = measure_trainer(trainer_setup(model_config, shape))
@@ -89,10 +89,9 @@ def planned(model_config, shape: UpdateShape) -> dict:
     out = {"peak_gib": round(trainer.peak.peak_bytes / GIB, 4), "peak_stage": trainer.peak.stage,
            "update_flops": update_flops, "parameters": trainer.parameters}  # fmt: skip
     if hw is not None:
-        forwards = 2 if shape.activation_checkpointing else 1
-        layers = model_config.num_hidden_layers
-        update = trainer_pass_seconds(hw, update_flops, layers, shape.micro_batches, forwards)
-        out |= {"hardware": hw.name, "step_s": round(update + optimizer_seconds(hw, trainer.parameters), 4),
+        seconds = update_seconds(hw, update_flops, model_config.num_hidden_layers, shape.micro_batches,
+                                 shape.activation_checkpointing, trainer.parameters)  # fmt: skip
+        out |= {"hardware": hw.name, "step_s": round(seconds, 4),
                 "assumption": f"{trainer_rate(hw)}; AdamW at the planner's share of {hw.memory_tb_s:.3g} TB/s"}  # fmt: skip
     return out
 

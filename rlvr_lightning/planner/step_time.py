@@ -193,6 +193,13 @@ def trainer_pass_seconds(hw, flops: float, layers: int, micro_batches: float, fo
     return flops / (hw.tflops * 1e12 * GPU_MATMUL_EFFICIENCY) + micro_batches * layers * per_layer
 
 
+def update_seconds(hw, flops: float, layers: int, micro_batches: int, activation_checkpointing: bool, parameters: int) -> float:
+    """One optimizer step's update on one device: its micro-batches' forward + backward (`flops` counted over all of
+    them, the forward twice under activation checkpointing) and AdamW's step over `parameters`."""
+    forwards = 2 if activation_checkpointing else 1
+    return trainer_pass_seconds(hw, flops, layers, micro_batches, forwards) + optimizer_seconds(hw, parameters)
+
+
 def optimizer_seconds(hw, parameters: float) -> float:
     """AdamW's step over `parameters`: it reads and writes their fp32 values, gradients and two moments (~7 × 4 bytes
     each) at DECODE_EFFICIENCY of the memory bandwidth."""
