@@ -28,6 +28,7 @@ from rlvr_lightning.device_defaults import (
     uses_fsdp2,
 )
 from rlvr_lightning.models.embedded import TinyQwen2Spec, build_char_tokenizer, build_tiny_qwen2, save_policy
+from rlvr_lightning.models.fast_paths import apply_fast_paths
 from rlvr_lightning.models.forward import policy_forward, sequence_logprobs
 from rlvr_lightning.models.lm_head import supports_chunked_head
 from rlvr_lightning.models.lora import LoraSettings, apply_lora
@@ -223,9 +224,10 @@ def libraries(s: Setup) -> list[Row]:
 
 
 # ---- 2. a training step under FSDP2 -------------------------------------------------------------------------
-def _fsdp_rank(rank: int, world: int, workdir: str, device_type: str, param_dtype: str) -> None:
-    """One rank of the FSDP2 step: shard the tiny policy with the library's `load_policies`, one AdamW step
-    on a random batch; writes {loss, the largest weight change} to fsdp_rank<rank>.json."""
+def _fsdp_rank(rank: int, world: int, workdir: str, device_type: str, param_dtype: str, fast: dict) -> None:
+    """One rank of the FSDP2 step: shard the tiny policy with the library's `load_policies`, with the run's fast
+    paths (`fast`: `reshard_after_forward`, `compile_layers`, `fused_kernels`, `fused_optim`), one AdamW step on a
+    random batch; writes {loss, the largest weight change} to fsdp_rank<rank>.json."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -238,9 +240,11 @@ def _fsdp_rank(rank: int, world: int, workdir: str, device_type: str, param_dtyp
     )
     try:
         mesh = init_device_mesh(device_type, (world,))
-        policy, _ = load_policies(str(out / "policy"), with_reference=False, mesh=mesh, param_dtype=param_dtype)
+        policy, _ = load_policies(str(out / "policy"), with_reference=False, mesh=mesh, param_dtype=param_dtype,
+                                  reshard_after_forward=fast["reshard_after_forward"])  # fmt: skip
+        apply_fast_paths(policy, fast["compile_layers"], fast["fused_kernels"])
         before = {name: w.float().clone() for name, w in full_weights(policy)}
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3, **({"fused": True} if fast["fused_optim"] else {}))
         t = random_batch(policy.config.vocab_size, seed=rank).to(torch.device(device_type, rank if world > 1 else 0))
         loss = -policy_forward(policy, t, 1.0).logp.sum() / t.response_mask.sum()
         loss.backward()
@@ -260,7 +264,10 @@ def fsdp_step(s: Setup) -> Row:
     param_dtype = "bfloat16" if s.trainer_dtype == "bfloat16" else "float32"
     workdir = Path(tempfile.mkdtemp(dir=s.workdir))
     (workdir / "policy").symlink_to(s.policy_dir)
-    args = (world, str(workdir), s.device.type, param_dtype)
+    c = s.settings.compute
+    fast = {"reshard_after_forward": c.reshard_after_forward, "compile_layers": c.compile_layers,
+            "fused_kernels": c.fused_kernels, "fused_optim": s.settings.optim.fused}  # fmt: skip
+    args = (world, str(workdir), s.device.type, param_dtype, fast)
     t0 = time.perf_counter()
     if world == 1:  # in this process: no second interpreter to start
         _fsdp_rank(0, *args)
@@ -269,7 +276,12 @@ def fsdp_step(s: Setup) -> Row:
     seconds = time.perf_counter() - t0
     results = [json.loads((workdir / f"fsdp_rank{r}.json").read_text()) for r in range(world)]
     backend = "NCCL" if s.on_cuda else "gloo"
-    figure = f"{world} rank(s), {backend}, {param_dtype}, loss {results[0]['loss']:.3f}, {seconds:.1f} s"
+    chosen = [name for name, on in (("weights kept gathered", not fast["reshard_after_forward"]),
+                                    ("compiled layers", fast["compile_layers"]),
+                                    (f"{fast['fused_kernels']} kernels", fast["fused_kernels"] != "none"),
+                                    ("fused AdamW", fast["fused_optim"])) if on]  # fmt: skip
+    paths = f", fast paths: {', '.join(chosen)}" if chosen else ""
+    figure = f"{world} rank(s), {backend}, {param_dtype}{paths}, loss {results[0]['loss']:.3f}, {seconds:.1f} s"
     if not all(torch.isfinite(torch.tensor(r["loss"])) for r in results):
         return Row(
             "FSDP2 training step", FAIL, figure, "the loss is not finite: check the precision (trainer.precision)"

@@ -144,3 +144,20 @@ def test_the_packed_row_runs_the_cuda_attention_function_and_passes(tmp_path):
     row = packed_micro_batches(setup)
     assert row.result == PASS, row
     assert PACKED_SDPA in row.figure and "leak 0.0e+00" in row.figure, row
+
+
+def test_the_fsdp_row_runs_the_runs_fast_paths_and_fails_on_one_that_cannot_run(tmp_path):
+    """The FSDP2 row builds the policy with the run's fast paths (`models.fast_paths`): kept weights and fused AdamW
+    step and name themselves; Liger's kernels on this CPU are one failed row naming why, before any run starts."""
+    from rlvr_lightning.doctor.checks import Setup, fsdp_step
+    from rlvr_lightning.plan import parse
+
+    cfg, _ = parse([*CONFIG, "--rollout.engine", "hf", "--model.init_args.compute.reshard_after_forward", "false",
+                    "--model.init_args.optim.fused", "true"])  # fmt: skip
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    row = fsdp_step(Setup(cfg, tmp_path / "a"))
+    assert row.result == PASS and "fast paths: weights kept gathered, fused AdamW" in row.figure, row
+    cfg, _ = parse([*CONFIG, "--rollout.engine", "hf", "--model.init_args.compute.fused_kernels", "liger"])
+    [row] = run_checks(Setup(cfg, tmp_path / "b"), [("FSDP2 training step", fsdp_step, "")])
+    assert row.result == FAIL and "no CUDA device" in row.note, row
