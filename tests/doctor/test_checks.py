@@ -146,18 +146,20 @@ def test_the_packed_row_runs_the_cuda_attention_function_and_passes(tmp_path):
     assert PACKED_SDPA in row.figure and "leak 0.0e+00" in row.figure, row
 
 
-def test_the_fsdp_row_runs_the_runs_fast_paths_and_fails_on_one_that_cannot_run(tmp_path):
+def test_the_fsdp_row_runs_the_runs_fast_paths_and_fails_on_one_that_cannot_run():
     """The FSDP2 row builds the policy with the run's fast paths (`models.fast_paths`): kept weights and fused AdamW
-    step and name themselves; Liger's kernels on this CPU are one failed row naming why, before any run starts."""
-    from rlvr_lightning.doctor.checks import Setup, fsdp_step
-    from rlvr_lightning.plan import parse
+    step and name themselves; Liger's kernels on this CPU are one failed row naming why, before any run starts.
+    (`make doctor` in its own process, as a user runs it: an in-process vLLM engine of an earlier test holds a
+    process group that the row's own would collide with.)"""
 
-    cfg, _ = parse([*CONFIG, "--rollout.engine", "hf", "--model.init_args.compute.reshard_after_forward", "false",
-                    "--model.init_args.optim.fused", "true"])  # fmt: skip
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    row = fsdp_step(Setup(cfg, tmp_path / "a"))
-    assert row.result == PASS and "fast paths: weights kept gathered, fused AdamW" in row.figure, row
-    cfg, _ = parse([*CONFIG, "--rollout.engine", "hf", "--model.init_args.compute.fused_kernels", "liger"])
-    [row] = run_checks(Setup(cfg, tmp_path / "b"), [("FSDP2 training step", fsdp_step, "")])
-    assert row.result == FAIL and "no CUDA device" in row.note, row
+    def fsdp_row(*flags):
+        proc = subprocess.run(
+            [sys.executable, "-m", "rlvr_lightning.doctor", *CONFIG, "--rollout.engine", "hf", "--checks", "FSDP2", *flags],
+            cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        return table_rows(proc.stdout).get("FSDP2 training step"), proc.stdout + proc.stderr
+
+    (result, rest), out = fsdp_row("--model.init_args.compute.reshard_after_forward", "false", "--model.init_args.optim.fused", "true")
+    assert result == PASS and "fast paths: weights kept gathered, fused AdamW" in rest, out
+    (result, rest), out = fsdp_row("--model.init_args.compute.fused_kernels", "liger")
+    assert result == FAIL and "no CUDA device" in rest, out
