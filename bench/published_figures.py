@@ -7,8 +7,8 @@ The figures (sources and setups in bench/README.md, "The planner against publish
   torchtitan's Llama-3.1-8B FSDP benchmark (H100 96 GB, selective activation checkpointing).
 Planned as the trainer alone (no rollout engine on the GPU, no KL reference): the planner's trainer peak
 (PyTorch's tensors; no CUDA-context allowance, which reserved memory does not count either) is set beside
-the published reserved memory; the step time is the planner's time for the whole step's passes
-(planner.step_time.trainer_pass_seconds: the counted FLOPs at the matmuls' efficiency and the per-layer costs).
+the published reserved memory; the step time is the planner's update time (planner.step_time.update_seconds: the
+counted FLOPs at the matmuls' efficiency, the per-layer costs and AdamW's step over the rank's shard).
 
     .venv/bin/python bench/published_figures.py
 """
@@ -36,7 +36,7 @@ FIGURES = [  # name, model, GPUs, tokens per micro-batch, micro-batches, AC, LM-
 def plan_figure(model: str, gpus: int, tokens: int, micro_batches: int, checkpointing: bool, chunk: int, rows: int = 1):
     from rlvr_lightning.planner.hardware import GIB, hardware
     from rlvr_lightning.planner.models import model_config
-    from rlvr_lightning.planner.step_time import trainer_pass_seconds
+    from rlvr_lightning.planner.step_time import update_seconds
     from rlvr_lightning.planner.trainer_measurement import measure_trainer
     from rlvr_lightning.planner.trainer_memory import TrainerSetup
 
@@ -46,8 +46,8 @@ def plan_figure(model: str, gpus: int, tokens: int, micro_batches: int, checkpoi
     trainer = measure_trainer(setup)
     update = next(s for s in trainer.stages if s.stage.startswith("update"))
     h100 = hardware("h100")
-    seconds = trainer_pass_seconds(h100, micro_batches * update.flops, setup.model_config.num_hidden_layers, micro_batches,
-                                   2 if checkpointing else 1)
+    seconds = update_seconds(h100, micro_batches * update.flops, setup.model_config.num_hidden_layers, micro_batches,
+                             checkpointing, trainer.parameters / gpus)  # AdamW steps the rank's shard
     return trainer.peak.peak_bytes / GIB, trainer.peak.stage, seconds, trainer.peak.breakdown
 
 

@@ -142,6 +142,7 @@ def measured(model_config, shape: UpdateShape, workdir: Path, steps: int = 2, pr
     from rlvr_lightning.models.fast_paths import apply_fast_paths
     from rlvr_lightning.models.forward import policy_forward
     from rlvr_lightning.parallel import shard_policy
+    from rlvr_lightning.training.optim import adamw
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -152,7 +153,7 @@ def measured(model_config, shape: UpdateShape, workdir: Path, steps: int = 2, pr
         policy.config.use_cache = False
         shard_policy(policy, mesh, param_dtype(), shape.activation_checkpointing, shape.reshard_after_forward)
         apply_fast_paths(policy, shape.compile_layers, shape.fused_kernels)  # as the trainer's `training.wiring`
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6, **({"fused": True} if shape.fused_adamw else {}))
+        optimizer = adamw(policy.parameters(), 1e-6, fused=shape.fused_adamw)
         batches = [_batch(model_config.vocab_size, shape, device, seed) for seed in range(shape.micro_batches)]
         losses: list[float] = []
         grad_norms: list[float] = []

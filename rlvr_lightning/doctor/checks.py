@@ -39,6 +39,7 @@ from rlvr_lightning.rollout.sync import EngineSync, default_sync_tol
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, RolloutTensors, SamplingConfig
 from rlvr_lightning.training import wiring
 from rlvr_lightning.training.engine_setup import engine_compute_dtype
+from rlvr_lightning.training.optim import adamw
 from rlvr_lightning.training.settings import StepSettings, config_correction_fits
 from rlvr_lightning.training.step_metrics import mismatch_metrics
 
@@ -244,7 +245,7 @@ def _fsdp_rank(rank: int, world: int, workdir: str, device_type: str, param_dtyp
                                   reshard_after_forward=fast["reshard_after_forward"])  # fmt: skip
         apply_fast_paths(policy, fast["compile_layers"], fast["fused_kernels"])
         before = {name: w.float().clone() for name, w in full_weights(policy)}
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3, **({"fused": True} if fast["fused_optim"] else {}))
+        optimizer = adamw(policy.parameters(), 1e-3, fused=fast["fused_optim"])
         t = random_batch(policy.config.vocab_size, seed=rank).to(torch.device(device_type, rank if world > 1 else 0))
         loss = -policy_forward(policy, t, 1.0).logp.sum() / t.response_mask.sum()
         loss.backward()

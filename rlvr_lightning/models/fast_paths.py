@@ -19,7 +19,7 @@ import importlib.util
 
 import torch
 
-from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.parallel import decoder_layers
 
 FUSED_KERNELS = ("none", "liger")
@@ -28,10 +28,9 @@ FUSED_KERNELS = ("none", "liger")
 def apply_fast_paths(model: torch.nn.Module, compile_layers: bool = False, fused_kernels: str = "none") -> None:
     """The chosen fast paths applied to `model` in place (before or after `fully_shard`: both act inside its
     layers' forwards)."""
+    check_choice("model.compute.fused_kernels", fused_kernels, FUSED_KERNELS)
     if fused_kernels == "liger":
         _liger(model)
-    elif fused_kernels != "none":
-        raise ConfigError(f"model.compute.fused_kernels must be one of {', '.join(FUSED_KERNELS)}, got {fused_kernels!r}")
     if compile_layers:
         for layer in decoder_layers(model):
             layer.forward = torch.compile(layer.forward)

@@ -8,6 +8,13 @@ from collections.abc import Iterable
 import torch
 
 
+def adamw(params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float = 0.0, fused: bool = False):
+    """AdamW, with its fused kernel (one launch for every parameter) or PyTorch's default. `fused=False` is not
+    passed on: PyTorch picks foreach only when neither `fused` nor `foreach` is given, and an explicit False gives
+    its per-parameter loop."""
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **({"fused": True} if fused else {}))
+
+
 def adamw_with_schedule(
     params: Iterable[torch.nn.Parameter],
     lr: float,
@@ -17,9 +24,8 @@ def adamw_with_schedule(
     total_steps: int | None,
     fused: bool = False,
 ) -> dict:
-    """Lightning's `configure_optimizers` answer; `cosine` decays to 0 at `total_steps` (if known); `fused`: AdamW's
-    fused kernel (otherwise PyTorch's default, foreach)."""
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **({"fused": True} if fused else {}))
+    """Lightning's `configure_optimizers` answer; `cosine` decays to 0 at `total_steps` (if known); `fused`: as `adamw`."""
+    opt = adamw(params, lr, weight_decay, fused)
 
     def factor(step: int) -> float:
         if step < warmup_steps:

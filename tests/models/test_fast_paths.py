@@ -77,5 +77,5 @@ def test_liger_without_cuda_and_an_unknown_kernel_set_are_one_line_errors(qwen3_
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="fused_kernels liger: .*no CUDA device"):
             apply_fast_paths(policy, fused_kernels="liger")
-    with pytest.raises(ConfigError, match="fused_kernels must be one of none, liger"):
+    with pytest.raises(ConfigError, match="fused_kernels='apex'; valid: none, liger"):
         apply_fast_paths(policy, fused_kernels="apex")
