@@ -28,7 +28,7 @@ from rlvr_lightning.device_defaults import (
     uses_fsdp2,
 )
 from rlvr_lightning.models.embedded import TinyQwen2Spec, build_char_tokenizer, build_tiny_qwen2, save_policy
-from rlvr_lightning.models.fast_paths import apply_fast_paths
+from rlvr_lightning.models.fast_paths import apply_fast_paths, disagreement
 from rlvr_lightning.models.forward import policy_forward, sequence_logprobs
 from rlvr_lightning.models.lm_head import supports_chunked_head
 from rlvr_lightning.models.lora import LoraSettings, apply_lora
@@ -315,6 +315,39 @@ def chunked_head(s: Setup) -> Row:
     return Row(name, PASS, figure)
 
 
+# ---- 3a. the fast paths -------------------------------------------------------------------------------------
+def fast_paths(s: Setup) -> Row:
+    """The run's compiled layers and fused kernels (`models.fast_paths`) against the plain layers on the same
+    weights and batch: each token's log-prob, and the first update's loss and gradient norm (`disagreement`,
+    which `make gpu-check` holds them to as well)."""
+    name, c = "fast paths vs plain", s.settings.compute
+    chosen = [label for label, on in (("compiled layers", c.compile_layers),
+                                      (f"{c.fused_kernels} kernels", c.fused_kernels != "none")) if on]  # fmt: skip
+    if not chosen:
+        return Row(name, SKIP, note="none chosen (model.init_args.compute.compile_layers, fused_kernels)")
+    t = random_batch(s.trainer_policy.config.vocab_size).to(s.device)
+    mask = t.response_mask
+    runs = {}
+    for fast in (False, True):  # plain first: Liger patches its family's classes for every model built after it
+        model = s.tiny_model()
+        if fast:
+            apply_fast_paths(model, c.compile_layers, c.fused_kernels)
+        logp = policy_forward(model, t, s.rollout.temperature).logp
+        loss = -(logp * mask).sum() / mask.sum()
+        loss.backward()
+        grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in model.parameters() if p.grad is not None]))
+        runs[fast] = logp.detach(), loss.item(), grad_norm.item()
+    (plain, plain_loss, plain_norm), (quick, quick_loss, quick_norm) = runs[False], runs[True]
+    diff, tol = masked_max(quick - plain, mask), default_sync_tol(s.trainer_dtype, s.trainer_dtype)
+    loss_gap, norm_gap = quick_loss - plain_loss, quick_norm / plain_norm - 1
+    figure = (f"{', '.join(chosen)}: max |Δ log-prob| {diff:.1e} (tol {tol:g}, {s.trainer_dtype}), "
+              f"loss {loss_gap:+.1e}, gradient norm {norm_gap:+.1e}")  # fmt: skip
+    problem = disagreement(loss_gap, norm_gap) or (f"a log-prob {diff:.1e} from the plain path's (tol {tol:g})" if diff > tol else None)
+    if problem:
+        return Row(name, FAIL, figure, f"{problem}: turn the fast path off and report it")
+    return Row(name, PASS, figure)
+
+
 # ---- 3b. packed micro-batches ------------------------------------------------------------------------------
 # Changing a sequence's last token may change no other log-prob of a packed row: not the sequence's earlier
 # tokens (causal), not the next sequence's (isolated). In a deterministic kernel nothing else moves at all.
@@ -485,6 +518,7 @@ CHECKS = [
     ("libraries", libraries, "make setup"),
     ("FSDP2 training step", fsdp_step, "NCCL_DEBUG=INFO shows a NCCL failure; see docs/doctor.md"),
     ("chunked LM head", chunked_head, "set model.init_args.compute.logprob_chunk_tokens 0 (full logits)"),
+    ("fast paths vs plain", fast_paths, "turn model.init_args.compute.compile_layers and fused_kernels off"),
     ("packed micro-batches", packed_micro_batches, "set model.init_args.compute.packing false (padded micro-batches)"),
     ("rollout engine", engine_logprobs, "compare rollout.dtype with trainer.precision; see docs/doctor.md"),
     ("weight sync", weight_sync, "rollouts would come from a stale policy; see docs/doctor.md"),

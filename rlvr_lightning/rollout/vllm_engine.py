@@ -176,6 +176,9 @@ class VLLMEngine:
             kwargs["enable_sleep_mode"] = level > 0
         else:
             keep_host_heap()  # the trainer shares this process and its host allocator with the engine
+        # vLLM makes a one-rank process group for its workers when the process has none (a trainer without
+        # ranks); the engine that made it takes it down again in `close`.
+        self.owns_process_group = not torch.distributed.is_initialized()
         self.llm = LLM(**kwargs)
         self.sleep_cycle = SleepCycle(self.llm, level)
         self.adapters = AdapterStore(wire_dtype(dtype)) if lora_max_rank is not None else None
@@ -253,10 +256,17 @@ class VLLMEngine:
         return [pos[tok].logprob for pos, tok in zip(per_pos, completion_ids)]
 
     def close(self) -> None:
-        # In-process engine: dropping the reference frees the KV cache once collected.
-        self.llm = None
+        llm, self.llm = self.llm, None
         if self.adapters is not None:
             self.adapters.close()
+        if llm is not None and self.owns_process_group:
+            # vLLM's own shutdown, now: it takes down what the engine set up in this process, its process groups
+            # (a later FSDP run or `make plan` here needs none) and its cache of the environment (every VLLM_*
+            # variable frozen at the engine's start). vLLM runs it otherwise whenever the engine is collected,
+            # which can be after another engine has started, and then it takes down that engine's groups.
+            # (Beside a trainer's own process group the engine is left to its collection: the shutdown would end
+            # the trainer's group too.)
+            llm.llm_engine.engine_core.shutdown()
 
 
 def _to_completion(c) -> Completion:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
+import torch
 
+from bench.gpu_check.fast_paths import CXX
 from rlvr_lightning.doctor import as_table, run_checks
 from rlvr_lightning.doctor.checks import FAIL, PASS, SKIP, Row
 from rlvr_lightning.models import weights
@@ -18,6 +21,7 @@ from tests.support.cli import REPO
 CONFIG = ["--config", str(REPO / "configs/base.yaml"), "--config", str(REPO / "configs/algo/grpo.yaml")]
 # What this CPU machine cannot run (the rest must pass).
 CPU_SKIPS = {"CUDA", "NCCL", "flash-attn", "engine sleep → wake", "flash-attention vs SDPA"}
+NOT_CHOSEN = {"fast paths vs plain"}  # the defaults choose no fast path
 
 
 def table_rows(out: str) -> dict[str, tuple[str, str]]:
@@ -39,11 +43,11 @@ def test_the_doctor_passes_on_this_cpu_machine_with_the_embedded_default():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = table_rows(proc.stdout)
     expected = {"torch", "CUDA", "NCCL", "vLLM", "flash-attn", "transformers", "lightning", "FSDP2 training step",
-                "chunked LM head", "packed micro-batches", "rollout engine", "weight sync",
+                "chunked LM head", "fast paths vs plain", "packed micro-batches", "rollout engine", "weight sync",
                 "engine sleep → wake", "flash-attention vs SDPA"}  # fmt: skip
     assert set(rows) == expected, proc.stdout
     for check, (result, rest) in rows.items():
-        if check in CPU_SKIPS:
+        if check in CPU_SKIPS | NOT_CHOSEN:
             assert result == SKIP and rest, f"{check}: skipped without a reason\n{proc.stdout}"
         else:
             assert result == PASS, f"{check}: {result} {rest}\n{proc.stdout}"
@@ -163,3 +167,23 @@ def test_the_fsdp_row_runs_the_runs_fast_paths_and_fails_on_one_that_cannot_run(
     assert result == PASS and "fast paths: weights kept gathered, fused AdamW" in rest, out
     (result, rest), out = fsdp_row("--model.init_args.compute.fused_kernels", "liger")
     assert result == FAIL and "no CUDA device" in rest, out
+
+
+@pytest.mark.skipif(not any(map(shutil.which, CXX)), reason="torch.compile's CPU backend needs a C++ compiler (make setup installs g++)")
+def test_the_fast_path_row_passes_compiled_layers_and_fails_a_fast_path_that_changes_the_update(tmp_path, monkeypatch):
+    """Compiled layers against the plain ones on the doctor's tiny policy (fp32 on this CPU): the same log-probs,
+    loss and gradient norm. A "fast path" that scales the final norm's weights by 1.05 fails the row, naming the gap."""
+    from rlvr_lightning.doctor import checks
+    from rlvr_lightning.plan import parse
+
+    cfg, _ = parse([*CONFIG, "--model.init_args.compute.compile_layers", "true"])
+    row = checks.fast_paths(checks.Setup(cfg, tmp_path / "right"))
+    assert row.result == PASS and row.figure.startswith("compiled layers: max |Δ log-prob|"), row
+
+    def changes_the_update(model, *args):
+        with torch.no_grad():
+            model.model.norm.weight.mul_(1.05)
+
+    monkeypatch.setattr(checks, "apply_fast_paths", changes_the_update)
+    row = checks.fast_paths(checks.Setup(cfg, tmp_path / "wrong"))
+    assert row.result == FAIL and "a fast path that changes the update" in row.note, row

@@ -43,3 +43,33 @@ def test_the_shipped_constants_are_the_fit_of_the_measured_updates_rounded():
     assert fitted["matmul_efficiency"] == pytest.approx(step_time.GPU_MATMUL_EFFICIENCY, rel=0.05)
     assert fitted["layer_forward_s"] == pytest.approx(step_time.LAYER_FORWARD_S, rel=0.05)
     assert fitted["layer_backward_s"] == pytest.approx(step_time.LAYER_BACKWARD_S, rel=0.05)
+
+
+@pytest.mark.e2e
+def test_make_plan_gives_prime_rls_a1_update_within_30_percent_as_the_fitted_model_does(monkeypatch):
+    """`make plan` itself (the CLI's parse, the planner's fake-tensor step and its stages' composition), for the update
+    `make gpu-check` measured at prime-rl's A1 setup on the H100: Qwen3-0.6B, two micro-batches of one 16,384-token
+    sequence, activation checkpointing. Its update and optimizer stages are the fitted time model's (the composition
+    adds or drops nothing for one device at the limits' lengths) and within ±30% of the measured step."""
+    from bench.gpu_check.throughput import FULL as A1
+    from rlvr_lightning.plan import parse
+    from rlvr_lightning.planner.preflight import plan_config
+    from rlvr_lightning.planner.report import as_dict
+    from tests.support.cli import REPO
+
+    (point,) = [p for p in measured_updates() if p.card == "h100" and p.source.endswith("throughput.json") and p.run.startswith("padded")]
+    prompt, response = str(A1.prompt_tokens), str(A1.response_tokens)
+    flags = ["--data.model_name_or_path", point.architecture, "--hardware", "h100", "--data.batch_size", "1",
+             "--rollout.group_size", str(A1.micro_batches * A1.rows), "--model.init_args.kl_coef", "0",
+             "--data.max_prompt_length", prompt, "--rollout.max_response_length", response,
+             "--mean-prompt-length", prompt, "--mean-response-length", response,
+             "--model.init_args.compute.max_tokens_per_micro_batch", str(A1.rows * (A1.prompt_tokens + A1.response_tokens)),
+             "--model.init_args.compute.activation_checkpointing", str(A1.activation_checkpointing).lower(),
+             "--model.init_args.compute.logprob_chunk_tokens", str(A1.chunk_tokens)]  # fmt: skip
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr("sys.argv", ["plan"])  # LightningCLI reads it
+    cfg, _ = parse(["--config", "configs/base.yaml", "--config", "configs/algo/grpo.yaml", *flags])
+    stages = as_dict(plan_config(cfg))["step_s_by_stage"]
+    planned = stages["update forward + backward"] + stages["optimizer step"]
+    assert planned == pytest.approx(planned_seconds(point), rel=0.02), stages
+    assert abs(planned / point.measured_s - 1) <= BOUND, (planned, point.measured_s)
