@@ -432,3 +432,49 @@ def test_an_estimator_knob_that_does_not_fit_the_group_size_stops_the_run_at_fit
     with pytest.raises(ConfigError, match=rf"pass_at_k must lie in \[1, rollout.group_size={G}\], got {G + 1}"):
         checked(module)
     checked(attach(GRPO, tiny_policy_dir, advantage_estimator="pass-at-k", piece_args={"pass_at_k": G}))
+
+
+def test_the_metric_accumulator_gives_token_weighted_means_and_extremes_by_hand():
+    """Two micro-batches, 2 and 3 real tokens: the ratio's mean is weighted by tokens, its max is over real tokens
+    only, a per-sequence `_max` sample keeps the largest, and `padding_frac` weighs each forward by its slots."""
+    acc = MetricAccumulator()
+    acc.add_tokens({"ratio": torch.tensor([[1.0, 3.0, 9.0]])}, None, torch.tensor([[1.0, 1.0, 0.0]]))
+    acc.add_tokens({"ratio": torch.tensor([[2.0, 2.0, 5.0]]), "kl_max": torch.tensor([0.5, 0.25])}, None, torch.ones(1, 3))
+    acc.add_padding(torch.tensor([[1, 1, 0, 0]]))
+    acc.add_padding(torch.tensor([[1, 1, 1, 1]]))
+    acc.add("loss", torch.tensor(2.0))
+    acc.add("loss", torch.tensor(4.0))
+    got = acc.result()
+    assert got["ratio_mean"] == (1 + 3 + 2 + 2 + 5) / 5 and got["ratio_max"] == 5.0  # the masked 9 is not a token
+    assert got["kl_max"] == 0.5 and got["padding_frac"] == 2 / 8 and got["loss"] == 3.0
+
+
+@pytest.mark.parametrize("preset", ["grpo", "dapo", "gspo"])
+def test_the_micro_batch_loop_reads_no_metric_back_to_the_host(tiny_policy_dir, preset):
+    """The update's metrics stay on the device until the update ends: no `float(t)`/`.item()` of a metric per
+    micro-batch (each waits for the GPU to finish everything queued, the backward included), counted at
+    PyTorch's dispatcher (`_local_scalar_dense`, what every such read runs) over four micro-batches."""
+    import traceback
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class HostReads(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.sites: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                ours = [f.filename for f in traceback.extract_stack() if "rlvr_lightning" in f.filename]
+                self.sites.append(ours[-1] if ours else "")
+            return func(*args, **(kwargs or {}))
+
+    cls, kwargs = PRESETS[preset]
+    module = attach(cls, tiny_policy_dir, **kwargs)
+    inputs = prepared(module, sample_rollout(module))
+    acc = MetricAccumulator()
+    with HostReads() as reads:
+        gradient(module, inputs, 2, acc)
+    assert not [s for s in reads.sites if s.endswith("step_metrics.py")], reads.sites
+    metrics = acc.result()
+    assert {"ratio_mean", "entropy", "padding_frac"} <= set(metrics) and all(math.isfinite(v) for v in metrics.values())
