@@ -225,6 +225,22 @@ def libraries(s: Setup) -> list[Row]:
 
 
 # ---- 2. a training step under FSDP2 -------------------------------------------------------------------------
+def run_fast_paths(s: Setup) -> dict:
+    """The run's fast-path settings, as the FSDP2 and fast-path rows pass them on."""
+    c = s.settings.compute
+    return {"reshard_after_forward": c.reshard_after_forward, "compile_layers": c.compile_layers,
+            "fused_kernels": c.fused_kernels, "fused_optim": s.settings.optim.fused}  # fmt: skip
+
+
+def chosen_fast_paths(fast: dict, in_layers_only: bool = False) -> list[str]:
+    """The names of the fast paths `fast` turns on; with `in_layers_only`, those that run inside the decoder layers."""
+    in_layers = [("compiled layers", fast["compile_layers"]),
+                 (f"{fast['fused_kernels']} kernels", fast["fused_kernels"] != "none")]  # fmt: skip
+    around = [("weights kept gathered", not fast["reshard_after_forward"]), ("fused AdamW", fast["fused_optim"])]
+    paths = in_layers if in_layers_only else [around[0], *in_layers, around[1]]
+    return [name for name, on in paths if on]
+
+
 def _fsdp_rank(rank: int, world: int, workdir: str, device_type: str, param_dtype: str, fast: dict) -> None:
     """One rank of the FSDP2 step: shard the tiny policy with the library's `load_policies`, with the run's fast
     paths (`fast`: `reshard_after_forward`, `compile_layers`, `fused_kernels`, `fused_optim`), one AdamW step on a
@@ -265,9 +281,7 @@ def fsdp_step(s: Setup) -> Row:
     param_dtype = "bfloat16" if s.trainer_dtype == "bfloat16" else "float32"
     workdir = Path(tempfile.mkdtemp(dir=s.workdir))
     (workdir / "policy").symlink_to(s.policy_dir)
-    c = s.settings.compute
-    fast = {"reshard_after_forward": c.reshard_after_forward, "compile_layers": c.compile_layers,
-            "fused_kernels": c.fused_kernels, "fused_optim": s.settings.optim.fused}  # fmt: skip
+    fast = run_fast_paths(s)
     args = (world, str(workdir), s.device.type, param_dtype, fast)
     t0 = time.perf_counter()
     if world == 1:  # in this process: no second interpreter to start
@@ -277,10 +291,7 @@ def fsdp_step(s: Setup) -> Row:
     seconds = time.perf_counter() - t0
     results = [json.loads((workdir / f"fsdp_rank{r}.json").read_text()) for r in range(world)]
     backend = "NCCL" if s.on_cuda else "gloo"
-    chosen = [name for name, on in (("weights kept gathered", not fast["reshard_after_forward"]),
-                                    ("compiled layers", fast["compile_layers"]),
-                                    (f"{fast['fused_kernels']} kernels", fast["fused_kernels"] != "none"),
-                                    ("fused AdamW", fast["fused_optim"])) if on]  # fmt: skip
+    chosen = chosen_fast_paths(fast)
     paths = f", fast paths: {', '.join(chosen)}" if chosen else ""
     figure = f"{world} rank(s), {backend}, {param_dtype}{paths}, loss {results[0]['loss']:.3f}, {seconds:.1f} s"
     if not all(torch.isfinite(torch.tensor(r["loss"])) for r in results):
@@ -320,23 +331,22 @@ def fast_paths(s: Setup) -> Row:
     """The run's compiled layers and fused kernels (`models.fast_paths`) against the plain layers on the same
     weights and batch: each token's log-prob, and the first update's loss and gradient norm (`disagreement`,
     which `make gpu-check` holds them to as well)."""
-    name, c = "fast paths vs plain", s.settings.compute
-    chosen = [label for label, on in (("compiled layers", c.compile_layers),
-                                      (f"{c.fused_kernels} kernels", c.fused_kernels != "none")) if on]  # fmt: skip
+    name, fast = "fast paths vs plain", run_fast_paths(s)
+    chosen = chosen_fast_paths(fast, in_layers_only=True)
     if not chosen:
         return Row(name, SKIP, note="none chosen (model.init_args.compute.compile_layers, fused_kernels)")
     t = random_batch(s.trainer_policy.config.vocab_size).to(s.device)
     mask = t.response_mask
     runs = {}
-    for fast in (False, True):  # plain first: Liger patches its family's classes for every model built after it
+    for with_paths in (False, True):  # plain first: Liger patches its family's classes for every model built after it
         model = s.tiny_model()
-        if fast:
-            apply_fast_paths(model, c.compile_layers, c.fused_kernels)
+        if with_paths:
+            apply_fast_paths(model, fast["compile_layers"], fast["fused_kernels"])
         logp = policy_forward(model, t, s.rollout.temperature).logp
         loss = -(logp * mask).sum() / mask.sum()
         loss.backward()
         grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in model.parameters() if p.grad is not None]))
-        runs[fast] = logp.detach(), loss.item(), grad_norm.item()
+        runs[with_paths] = logp.detach(), loss.item(), grad_norm.item()
     (plain, plain_loss, plain_norm), (quick, quick_loss, quick_norm) = runs[False], runs[True]
     diff, tol = masked_max(quick - plain, mask), default_sync_tol(s.trainer_dtype, s.trainer_dtype)
     loss_gap, norm_gap = quick_loss - plain_loss, quick_norm / plain_norm - 1
