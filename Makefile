@@ -104,6 +104,7 @@ bench: setup $(VENV)/.bench-installed
 	$(PY) bench/merged_precision.py
 	$(PY) bench/colocated_update.py
 	$(PY) bench/packing.py
+	$(PY) bench/host_reads.py
 	$(PY) bench/scale.py
 	$(PY) bench/plan_accuracy.py
 	$(PY) bench/planner_fit.py

@@ -57,8 +57,8 @@ class MetricAccumulator:
 
     Everything stays a tensor on the step's device until `result`, once per update: reading a value back to the host
     (`float(t)`) waits for every kernel queued before it, the last backward's included, so a read per micro-batch kept
-    the host from queueing the next micro-batch while the GPU ran this one (8 of GRPO's 12 reads per micro-batch were
-    these). The sums are in float64, with the same operations in the same order as Python's floats: the same values
+    the host from queueing the next micro-batch while the GPU ran this one (9 of the GRPO preset's 13 reads per
+    micro-batch were these: bench/host_reads.py). The sums are in float64, with the same operations in the same order as Python's floats: the same values
     (but for a NaN, which a min or max now keeps where Python's `max` could drop it)."""
 
     def __init__(self) -> None:
