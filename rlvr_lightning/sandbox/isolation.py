@@ -2,11 +2,13 @@
 by name, as a plain child process.
 
 Bubblewrap gives the worker its own mount, PID, network, IPC and UTS namespaces: the file system it sees is
-the system's libraries and the Python that runs it, read-only, a private size-limited /tmp and nothing else
-(no home, no repository, no checkpoints); no network interface but loopback; only its own processes in /proc;
-an environment of a few fixed variables. Run as root, the worker keeps the capabilities to drop each call to
-an unprivileged user id of its own (`code_uid`) and to kill it, and nothing else; run as a user, bubblewrap
-maps it into a user namespace. The kernel's no-new-privileges flag is set, so no setuid program regains anything.
+the system's libraries and the Python that runs it, read-only, and nothing else (no home, no repository, no
+checkpoints); no network interface but loopback; only its own processes in /proc; an environment of a few
+fixed variables. Each call then gets a world of its own inside it (`world.py`). Run as root, the worker keeps
+only the capabilities that make a call's namespaces and mounts, drop the call to an unprivileged user id of
+its own (`code_uid`) and empty the call's bounding set (`WORKER_CAPABILITIES`); run as a user, bubblewrap maps
+it into a user namespace with the same capabilities there. The kernel's no-new-privileges flag is set, so no
+setuid program regains anything.
 
 Containers would give the same and more, but need a daemon and privileges that a training machine or CI
 runner often does not grant; bubblewrap is one small package and needs neither.
@@ -14,6 +16,7 @@ runner often does not grant; bubblewrap is one small package and needs neither.
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import itertools
 import os
@@ -26,6 +29,13 @@ from rlvr_lightning.errors import ConfigError
 
 WORKER = Path(__file__).with_name("worker.py")
 WORKER_INSIDE = "/sandbox/worker.py"
+# Bound beside the worker, which imports it: the per-call world (namespaces, mounts, privileges, seccomp).
+WORLD = Path(__file__).with_name("world.py")
+WORLD_INSIDE = "/sandbox/world.py"
+CGROUP_INSIDE = "/sandbox/cgroup"  # the call cgroup's directories, one per controller, under this
+# What the worker keeps (bubblewrap as root keeps every capability unless told to drop them): a call's
+# namespaces and mounts (SYS_ADMIN), its user (SETUID, SETGID), and emptying its bounding set (SETPCAP).
+WORKER_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")
 # Run as root, each worker's calls run as a user of their own: the process limit (RLIMIT_NPROC) counts a user's
 # processes machine-wide, so calls sharing one user (`nobody`) would share one limit, and a call holding all of
 # it would make its neighbours' threads and forks fail. The ids lie above the ranges that systems give accounts
@@ -86,18 +96,21 @@ def python_dirs(preload: tuple[str, ...]) -> dict[str, str]:
     return {t: s for t, s in dirs.items() if not any(inside(t, o) or inside(s, dirs[o]) for o in dirs)}
 
 
-def bwrap_command(preload: tuple[str, ...], tmp_mb: int, uid: int | None) -> list[str]:
-    """The command that starts one worker inside bubblewrap, its calls run as `uid` (`code_uid()`)."""
+def bwrap_command(
+    preload: tuple[str, ...], tmp_mb: int, uid: int | None, seccomp: bytes = b"", cgroups: dict[str, str] | None = None
+) -> list[str]:
+    """The command that starts one worker inside bubblewrap, its calls run as `uid` (`code_uid()`), under the
+    compiled `seccomp` filter, charged to the call cgroup `cgroups` ({controller: directory}, memory first)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable(f"no sandbox for model-written code: bubblewrap (bwrap) is not installed; {UNISOLATED_HINT}")
     cmd = [bwrap, "--die-with-parent", "--new-session", "--clearenv"]
     cmd += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
-    root = os.getuid() == 0
-    if root:  # keep only what drops a call to its own user and kills it
-        cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL"]
-    else:
+    if os.getuid() != 0:
         cmd += ["--unshare-user"]
+    cmd += ["--cap-drop", "ALL"]
+    for capability in WORKER_CAPABILITIES:
+        cmd += ["--cap-add", capability]
     for key, value in ENVIRONMENT.items():
         cmd += ["--setenv", key, value]
     for path in SYSTEM_DIRS:
@@ -106,9 +119,10 @@ def bwrap_command(preload: tuple[str, ...], tmp_mb: int, uid: int | None) -> lis
         elif os.path.isdir(path):
             cmd += ["--ro-bind", path, path]
     cmd += ["--proc", "/proc", "--dev", "/dev"]
-    cmd += ["--perms", "1777", "--size", str(tmp_mb << 20), "--tmpfs", "/tmp"]
+    cmd += ["--size", str(1 << 20), "--tmpfs", "/tmp"]  # only mount points: each call mounts its own over it
     binds = {t: s for t, s in python_dirs(preload).items() if not _under(t, SYSTEM_DIRS)}
     binds[WORKER_INSIDE] = str(WORKER)
+    binds[WORLD_INSIDE] = str(WORLD)
     made = {"/", "/tmp", "/proc", "/dev", *SYSTEM_DIRS}
     for target in binds:
         for parent in map(str, reversed(Path(target).parents)):
@@ -118,8 +132,14 @@ def bwrap_command(preload: tuple[str, ...], tmp_mb: int, uid: int | None) -> lis
                 made.add(parent)
     for target, source in binds.items():
         cmd += ["--ro-bind", source, target]
-    cmd += ["--chdir", "/tmp"]
-    cmd += [sys.executable, "-I", WORKER_INSIDE, "--preload", ",".join(preload), "--own-pid-namespace"]
+    cmd += ["--dir", "/sandbox/call-tmp"]  # where a call's /tmp is made when a Python lives under /tmp
+    worker_args = ["--preload", ",".join(preload), "--isolated", "--tmp-mb", str(tmp_mb)]
+    worker_args += ["--seccomp", base64.b64encode(seccomp).decode()]
+    for controller, directory in (cgroups or {}).items():
+        cmd += ["--bind", directory, f"{CGROUP_INSIDE}/{controller}"]
+        worker_args += ["--cgroup", f"{CGROUP_INSIDE}/{controller}"]
+    cmd += ["--remount-ro", "/", "--chdir", "/"]  # the worker's own root: nothing a call could leave there
+    cmd += [sys.executable, "-I", WORKER_INSIDE, *worker_args]
     return cmd + (["--code-uid", str(uid)] if uid is not None else [])
 
 

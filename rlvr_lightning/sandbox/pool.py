@@ -1,6 +1,7 @@
 """The sandbox's host side: a pool of pre-warmed workers (`worker.py`), each running one call at a time, so a
-batch's calls run side by side and a slow one holds only its own worker. A worker that dies (the code killed
-it, or it stopped answering) is replaced; the call it was running is reported as `crashed`, never retried.
+batch's calls run side by side and a slow one holds only its own worker. A worker that dies, stops answering,
+answers what a worker never would, or reports that something of the call was left, is replaced; the call it
+was running is reported as `crashed`, never retried.
 """
 
 from __future__ import annotations
@@ -14,10 +15,24 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rlvr_lightning.errors import ConfigError, check_choice
-from rlvr_lightning.sandbox.isolation import ENVIRONMENT, bwrap_command, check_isolation, code_uid, unisolated_command
+from rlvr_lightning.sandbox.cgroups import CallCgroup, make_call_cgroup
+from rlvr_lightning.sandbox.isolation import (
+    ENVIRONMENT,
+    SandboxUnavailable,
+    bwrap_command,
+    check_isolation,
+    code_uid,
+    unisolated_command,
+)
+from rlvr_lightning.sandbox.seccomp_filter import seccomp_program
 from rlvr_lightning.sandbox.worker import read_message, write_message
 
 Status = Literal["ok", "error", "timeout", "output_limit", "crashed"]
+STATUSES = ("ok", "error", "timeout", "output_limit")  # what a worker may answer; `crashed` is the host's
+# A call's answer is at most its output (each byte at worst a 12-character JSON escape) and a few fields.
+ANSWER_OVERHEAD_BYTES = 4096
+# How long past `timeout_s` a call may take to come back, its kill and cleanup included (docs/sandbox.md).
+RETURN_MARGIN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -29,10 +44,12 @@ class SandboxSettings:
     workers: pre-warmed workers, i.e. calls that run at once.
     timeout_s: a call's wall-clock limit (its CPU time is limited to the same); then every process it started
         is killed.
-    memory_mb: what a call may allocate beyond the warm interpreter.
+    memory_mb: what a call's processes may hold together beyond the warm interpreter: its memory, shared
+        memory and files in /tmp and /dev/shm, where a cgroup can be made (`memory_bound`); otherwise each
+        process's address space.
     output_bytes: stdout and stderr together are read up to this; a call that prints more is stopped.
     file_mb: the largest file a call may write; tmp_mb: its private /tmp in all.
-    processes: processes the code's user may have at once (a fork bomb stops there).
+    processes: processes and threads a call may have at once (a fork bomb stops there).
     preload: modules each worker imports once, before any call (a call's own import of them is free).
     """
 
@@ -68,25 +85,45 @@ class Execution:
         return self.status == "ok"
 
 
+def valid_answer(answer: object, output_bytes: int) -> bool:
+    """Whether `answer` is what a worker answers: each field there, of its type, the output within its cap."""
+    if not isinstance(answer, dict):
+        return False
+    types = {"stdout": str, "stderr": str, "status": str, "seconds": (int, float), "clean": bool, "left": str}
+    if any(not isinstance(answer.get(k), t) or isinstance(answer.get(k), bool) != (t is bool) for k, t in types.items()):
+        return False
+    exit_code = answer.get("exit_code")
+    return (
+        answer["status"] in STATUSES
+        and (exit_code is None or (isinstance(exit_code, int) and not isinstance(exit_code, bool)))
+        and len(answer["stdout"].encode()) + len(answer["stderr"].encode()) <= 3 * output_bytes
+    )
+
+
 class _Worker:
-    def __init__(self, command: list[str]) -> None:
+    def __init__(self, command: list[str], cgroup: CallCgroup | None = None, max_answer_bytes: int = 1 << 20) -> None:
+        self.cgroup, self.max_answer_bytes = cgroup, max_answer_bytes
         self.proc = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=dict(ENVIRONMENT)
         )
-        hello = read_message(self.proc.stdout)
+        try:
+            hello = read_message(self.proc.stdout, ANSWER_OVERHEAD_BYTES)
+        except ValueError:
+            hello = None
         if not hello or not hello.get("ready"):
             self.close()
             raise ConfigError(f"a sandbox worker did not start (exit code {self.proc.poll()}): {' '.join(command[:3])} …")
+        self.privileges: dict = hello.get("privileges", {})
 
     def call(self, request: dict, wait_s: float) -> dict | None:
-        """The worker's answer, or None when it died or did not answer within `wait_s`."""
+        """The worker's answer, or None when it died, did not answer within `wait_s`, or answered too much."""
         answer: list[dict | None] = [None]
 
         def exchange() -> None:
             try:
                 write_message(self.proc.stdin, request)
-                answer[0] = read_message(self.proc.stdout)
-            except (BrokenPipeError, OSError, ValueError):
+                answer[0] = read_message(self.proc.stdout, self.max_answer_bytes)
+            except (BrokenPipeError, OSError, ValueError):  # a JSON error is a ValueError too
                 answer[0] = None
 
         thread = threading.Thread(target=exchange, daemon=True)
@@ -114,6 +151,8 @@ class _Worker:
                 stream.close()
             except OSError:
                 pass
+        if self.cgroup is not None:
+            self.cgroup.remove()
 
 
 class Sandbox:
@@ -127,11 +166,24 @@ class Sandbox:
         settings.check()
         self.settings = settings
         preload = tuple(settings.preload)
+        self.memory_bound = "per process only: isolation none"
         if settings.isolation == "bwrap":
             check_isolation(preload)  # fail closed, in one line, before any model code exists
-            self._command = lambda: bwrap_command(preload, settings.tmp_mb, code_uid())
+            seccomp = seccomp_program()
+            self.memory_bound = "per call (cgroup)" if isinstance(self._cgroup(), CallCgroup) else "per process"
+
+            def start() -> _Worker:
+                cgroup = self._cgroup()
+                cgroup = cgroup if isinstance(cgroup, CallCgroup) else None
+                dirs = cgroup.directories if cgroup is not None else None
+                return _Worker(bwrap_command(preload, settings.tmp_mb, code_uid(), seccomp, dirs), cgroup, self._max_answer)
         else:
-            self._command = lambda: unisolated_command(preload, code_uid())
+
+            def start() -> _Worker:
+                return _Worker(unisolated_command(preload, code_uid()), None, self._max_answer)
+
+        self._start = start
+        self._max_answer = 12 * settings.output_bytes + ANSWER_OVERHEAD_BYTES
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
@@ -139,8 +191,16 @@ class Sandbox:
         # Workers are started from threads that live as long as the sandbox: bubblewrap's --die-with-parent
         # follows the thread that started it, and a worker started from a finished thread would die with it.
         self._spawner = ThreadPoolExecutor(settings.workers, thread_name_prefix="sandbox-spawn")
-        for worker in [self._spawner.submit(_Worker, self._command()) for _ in range(settings.workers)]:
+        for worker in [self._spawner.submit(start) for _ in range(settings.workers)]:
             self._add(worker.result())  # warmed side by side
+        first = self.run("print(1)")
+        if first.stdout != "1\n":  # fail closed: a machine that cannot make a call's world
+            self.close()
+            raise SandboxUnavailable(f"the sandbox could not run a call here: {first.stderr.strip()[-300:]}")
+
+    def _cgroup(self) -> CallCgroup | str:
+        s = self.settings
+        return make_call_cgroup(s.memory_mb, s.processes)
 
     def _add(self, worker: _Worker) -> None:
         with self._lock:
@@ -153,7 +213,7 @@ class Sandbox:
             self._all.remove(worker)
             closed = self._closed
         if not closed:
-            self._add(self._spawner.submit(_Worker, self._command()).result())
+            self._add(self._spawner.submit(self._start).result())
 
     def run(self, code: str, timeout_s: float | None = None) -> Execution:
         """Run `code` in a fresh, warm interpreter; never raises for anything the code does."""
@@ -166,11 +226,18 @@ class Sandbox:
         start = time.monotonic()
         worker = self._idle.get()
         answer = worker.call(request, wait_s=timeout + 10.0)  # the worker's own kill comes first
-        if answer is None or worker.proc.poll() is not None:
+        if answer is None or worker.proc.poll() is not None or not valid_answer(answer, s.output_bytes):
             self._replace(worker)
             return Execution("", "the sandbox worker died during the call", "crashed", None, time.monotonic() - start)
-        self._idle.put(worker)
-        return Execution(answer["stdout"], answer["stderr"], answer["status"], answer["exit_code"], answer["seconds"])
+        if not answer["clean"]:  # the call's answer stands; the worker it ran on does not serve another
+            self._replace(worker)
+        else:
+            self._idle.put(worker)
+        status, stderr = answer["status"], answer["stderr"]
+        if answer.get("memory_kills") and status in ("ok", "error"):
+            status = "error"
+            stderr += f"\nMemoryError: the call's processes together reached the sandbox's {s.memory_mb} MiB\n"
+        return Execution(answer["stdout"], stderr, status, answer["exit_code"], answer["seconds"])
 
     def run_many(self, codes: list[str], timeout_s: float | None = None) -> list[Execution]:
         """Run each of `codes`, as many at once as there are workers; results in order."""
@@ -178,6 +245,11 @@ class Sandbox:
             return []
         with ThreadPoolExecutor(min(len(codes), self.settings.workers)) as pool:
             return list(pool.map(lambda code: self.run(code, timeout_s), codes))
+
+    def worker_privileges(self) -> list[dict]:
+        """Each worker's capability sets, no-new-privileges flag and seccomp mode, as its /proc showed them."""
+        with self._lock:
+            return [dict(w.privileges) for w in self._all]
 
     def describe(self) -> str:
         """Its workers, busy and idle, for the watchdog's report."""

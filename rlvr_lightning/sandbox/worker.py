@@ -1,22 +1,25 @@
 """The process inside the sandbox: it imports the preloaded modules once (numpy, sympy), then runs each call
-in a child forked from itself, so a call starts warm and clean in milliseconds instead of an interpreter start.
+in a world of its own (`world.py`) forked from itself, so a call starts warm in milliseconds and leaves nothing.
 
-Standard library only, and no import of `rlvr_lightning`: this file is the one piece of the package the
-sandbox can see. The host talks to it over stdin/stdout, one length-prefixed JSON message per call
+Standard library only, and no import of `rlvr_lightning`: this file and `world.py` are the package's only
+pieces the sandbox can see. The host talks to it over stdin/stdout, one length-prefixed JSON message per call
 (`protocol`: {"code", "timeout_s", "memory_mb", "output_bytes", "file_mb", "processes"} in, the result out).
 
-A call's child drops to the unprivileged `--code-uid` where the worker can (it started as root inside its own
-namespaces, with only the capabilities to do that and to kill), sets its resource limits, and runs the code
-as `__main__`; when it prints nothing, its last expression's value is printed, as in a notebook cell. The
-worker reads the child's output while it runs and stops at the cap; at the time limit, the output cap or the
-child's end it kills every other process of its PID namespace (`--own-pid-namespace`), so nothing the code
-started outlives the call, and it empties the private /tmp.
+Inside bubblewrap (`--isolated`) each call's init is pid 1 of new PID, mount and IPC namespaces; it forks the
+code's process, which drops every capability and privilege, sets its limits, loads the seccomp filter and runs
+the code as `__main__` (when it prints nothing, its last expression's value is printed, as in a notebook
+cell). The worker reads the code's output while it runs and stops at the cap; at the time limit or the cap it
+kills the init, and the kernel every process of the call with it. Before answering it checks that nothing of
+the call is left (a process, or a process in the call cgroup); an answer that says otherwise makes the host
+replace the worker. Without bubblewrap (`isolation: none`, trusted code only) a call is a plain child in a
+directory of its own, and its process group is killed.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import base64
 import json
 import os
 import resource
@@ -24,16 +27,23 @@ import select
 import signal
 import struct
 import sys
+import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # world.py beside it (-I leaves it out)
+import world  # noqa: E402
 
 HEADER = struct.Struct(">I")
 
 
-def read_message(stream) -> dict | None:
+def read_message(stream, max_bytes: int | None = None) -> dict | None:
+    """The next message, or None at the end of the stream; ValueError for one longer than `max_bytes`."""
     header = stream.read(HEADER.size)
     if len(header) < HEADER.size:
         return None
     (size,) = HEADER.unpack(header)
+    if max_bytes is not None and size > max_bytes:
+        raise ValueError(f"a message of {size} bytes (at most {max_bytes})")
     return json.loads(stream.read(size))
 
 
@@ -71,27 +81,22 @@ def run_code(code: str) -> None:
             print(repr(value))
 
 
-def child(request: dict, out_fd: int, err_fd: int, code_uid: int | None, call_dir: str) -> None:
-    """The forked child: its own session, the unprivileged user, the limits, then the code. Never returns."""
+def code_process(request: dict, out_fd: int, err_fd: int, cwd: str, code_uid: int | None, seccomp: bytes) -> None:
+    """The code's process: standard streams on the worker's pipes, nothing else open, no privilege (the
+    code's user where the worker is root), the limits, the seccomp filter, then the code. Never returns."""
     try:
-        os.setsid()
         os.dup2(out_fd, 1)
         os.dup2(err_fd, 2)
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
-        os.closerange(3, 65536)  # nothing of the worker's (its pipes to the host) stays open in the call
-        if code_uid is not None:
-            os.setgroups([])
-            os.setgid(code_uid)
-            os.setuid(code_uid)
-        os.makedirs(call_dir, exist_ok=True)
-        os.chdir(call_dir)
+        os.closerange(3, 65536)  # nothing of the worker's (its pipes, the init's status pipe) stays open
+        world.drop_privileges(code_uid)
+        os.chdir(cwd)
         mib = 1 << 20
-        vm = _address_space_bytes()
         cpu_s = int(request["timeout_s"]) + 1
         limits = {
             resource.RLIMIT_CPU: (cpu_s, cpu_s + 1),  # SIGXCPU (a time-out) before the hard limit's SIGKILL
-            resource.RLIMIT_AS: _both(vm + int(request["memory_mb"]) * mib),  # beyond the warm interpreter's own
+            resource.RLIMIT_AS: _both(_address_space_bytes() + int(request["memory_mb"]) * mib),  # per process
             resource.RLIMIT_FSIZE: _both(int(request["file_mb"]) * mib),
             resource.RLIMIT_NPROC: _both(int(request["processes"])),
             resource.RLIMIT_NOFILE: _both(64),
@@ -99,6 +104,7 @@ def child(request: dict, out_fd: int, err_fd: int, code_uid: int | None, call_di
         }
         for kind, (soft, hard) in limits.items():
             resource.setrlimit(kind, (soft, hard))
+        world.load_seccomp(seccomp)
         sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
         sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
         status = 0
@@ -117,8 +123,11 @@ def child(request: dict, out_fd: int, err_fd: int, code_uid: int | None, call_di
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
-    except BaseException:
-        os._exit(125)
+    except BaseException as e:
+        try:
+            os.write(2, f"the sandbox could not start the call: {e}\n".encode())
+        finally:
+            os._exit(125)
 
 
 def _both(value: int) -> tuple[int, int]:
@@ -130,137 +139,217 @@ def _address_space_bytes() -> int:
         return int(f.read().split()[0]) * resource.getpagesize()
 
 
-class Worker:
-    def __init__(self, code_uid: int | None, own_pid_namespace: bool) -> None:
-        self.code_uid = code_uid
-        self.own_pid_namespace = own_pid_namespace
-        # Inside the sandbox /tmp is its own; without one, a private directory (never the machine's /tmp).
-        if own_pid_namespace:
-            self.tmp = "/tmp"
-        else:
-            import tempfile
+class Isolated:
+    """What a worker inside bubblewrap runs its calls with: the seccomp filter, the call cgroup's directories
+    (memory first), and the sizes of the call's /tmp."""
 
-            self.tmp = tempfile.mkdtemp(prefix="rlvr-sandbox-")
-            os.chmod(self.tmp, 0o1777)
-        self.fixed = set(os.listdir(self.tmp))  # mount points of the sandbox's own (a Python installed under /tmp)
+    def __init__(self, seccomp: bytes, cgroups: list[str], tmp_mb: int) -> None:
+        self.seccomp, self.cgroups = seccomp, cgroups
+        self.tmp_bytes = tmp_mb << 20
+        self.tmp_inodes = max(1024, tmp_mb * 256)  # a flood of empty files ends here, and so does its teardown
+        self.kept_in_tmp = sorted(os.listdir("/tmp"))  # bubblewrap's mount points there (a Python under /tmp)
+
+
+class Worker:
+    def __init__(self, code_uid: int | None, isolated: Isolated | None) -> None:
+        self.code_uid, self.isolated = code_uid, isolated
+        self.memory = CallMemory(isolated.cgroups[0]) if isolated and isolated.cgroups else None
 
     def call(self, request: dict) -> dict:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        status_r, status_w = os.pipe()
+        if self.memory is not None:
+            self.memory.start()
         start = time.monotonic()
+        call_dir = None
+        if self.isolated is not None:
+            pid = world.start_init(lambda: self._init(request, out_w, err_w, status_r, status_w))
+        else:
+            call_dir = tempfile.mkdtemp(prefix="rlvr-sandbox-")
+            if self.code_uid is not None:
+                os.chown(call_dir, self.code_uid, self.code_uid)
+            pid = os.fork()
+            if pid == 0:
+                os.setsid()
+                code_process(request, out_w, err_w, call_dir, self.code_uid, b"")
+        for fd in (out_w, err_w, status_w):
+            os.close(fd)
+        reason, chunks, status = self._read(request, start, pid, out_r, err_r, status_r)
+        wait_status = self._end(pid, reaped=self.isolated is None and status is not None)
+        for fd in (out_r, err_r, status_r):
+            os.close(fd)
+        clean, left = self._clean(call_dir)
+        if status is None:  # killed at the limit or the cap; or an init that ended before the code did
+            status = wait_status
+            if self.isolated is not None and reason is None:
+                clean, left = False, "the call's init ended before its code: " + b"".join(chunks[1]).decode(errors="replace")[-500:]
+        answer = {
+            "stdout": b"".join(chunks[0]).decode("utf-8", "replace"),
+            "stderr": b"".join(chunks[1]).decode("utf-8", "replace"),
+            "status": reason or ("ok" if status == 0 else ("timeout" if _hit_cpu_limit(status) else "error")),
+            "exit_code": os.waitstatus_to_exitcode(status),
+            "seconds": time.monotonic() - start,
+            "clean": clean,
+            "left": left,
+        }
+        if self.memory is not None:
+            answer.update(self.memory.end())
+        return answer
+
+    def _init(self, request: dict, out_w: int, err_w: int, status_r: int, status_w: int) -> None:
+        """The call's init (pid 1 of its namespaces): its mounts, the code's process, then its end, which the
+        kernel makes the end of every process of the call."""
+        iso = self.isolated
+        os.close(status_r)
+        try:
+            world.default_signals()
+            world.enter_call_mounts(iso.tmp_bytes, iso.tmp_inodes, iso.kept_in_tmp, iso.cgroups)
+        except OSError as e:  # reported as the call's stderr; the worker is replaced (`_clean`)
+            os.write(err_w, f"the call's world could not be made: {e}\n".encode())
+            os._exit(125)
         pid = os.fork()
         if pid == 0:
-            os.close(out_r)
-            os.close(err_r)
-            child(request, out_w, err_w, self.code_uid, os.path.join(self.tmp, "call"))
+            code_process(request, out_w, err_w, "/tmp", self.code_uid, iso.seccomp)
         os.close(out_w)
         os.close(err_w)
+        world.clear_capabilities()  # the init needs none while it waits
+        while True:  # orphans of the call are reaped here until the code's process ends
+            done, status = os.waitpid(-1, 0)
+            if done == pid:
+                break
+        os.write(status_w, world.STATUS.pack(status))
+        os._exit(0)
+
+    def _read(self, request, start, pid, out_r, err_r, status_r):
+        """Read the call's output until its init reports the code's end, the time limit or the output cap."""
         cap, deadline = int(request["output_bytes"]), start + float(request["timeout_s"])
         chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
-        total, reason, status, open_fds = 0, None, None, {out_r, err_r}
-        # Read while the child runs; a process it left behind may hold the pipes open, so the child's end (and
-        # a short drain) ends the call, not the pipes' end.
-        child_done_at = None
-        while open_fds and reason is None:
+        total, reason, status, status_bytes = 0, None, None, b""
+        watched = {out_r, err_r} | ({status_r} if self.isolated is not None else set())
+        while watched and reason is None:
             now = time.monotonic()
             if now >= deadline:
                 reason = "timeout"
                 break
-            if child_done_at is not None and now - child_done_at > 0.05:
-                break
-            ready, _, _ = select.select(list(open_fds), [], [], min(deadline - now, 0.02))
+            wait = min(deadline - now, 0.02 if self.isolated is None else deadline - now)
+            ready, _, _ = select.select(list(watched), [], [], wait)
             for fd in ready:
                 data = os.read(fd, 65536)
+                if fd == status_r:
+                    status_bytes += data
+                    if not data:
+                        watched.clear()  # the init has ended: so has every process of the call
+                    continue
                 if not data:
-                    open_fds.discard(fd)
+                    watched.discard(fd)
                     continue
                 take = data[: max(0, cap - total)]
                 chunks[fd].append(take)
                 total += len(take)
                 if len(take) < len(data):
                     reason = "output_limit"
-            if status is None:
+            if self.isolated is None:  # a plain child: its end ends the call (its daemons may hold the pipes)
                 done, raw = os.waitpid(pid, os.WNOHANG)
                 if done:
-                    status, child_done_at = raw, time.monotonic()
-        while status is None and reason is None and time.monotonic() < deadline:  # the pipes closed first
-            done, raw = os.waitpid(pid, os.WNOHANG)
-            status = raw if done else time.sleep(0.002)
-        if status is None:
-            reason = reason or "timeout"
-            os.kill(pid, signal.SIGKILL)
-            _, status = os.waitpid(pid, 0)
-        self._kill_call(pid)
-        for fd in (out_r, err_r):
-            os.close(fd)
-        self._clean_tmp()
-        if reason is None:
-            reason = "ok" if status == 0 else ("timeout" if _hit_cpu_limit(status) else "error")
-        return {
-            "stdout": b"".join(chunks[out_r]).decode("utf-8", "replace"),
-            "stderr": b"".join(chunks[err_r]).decode("utf-8", "replace"),
-            "status": reason,
-            "exit_code": os.waitstatus_to_exitcode(status),
-            "seconds": time.monotonic() - start,
-        }
+                    status = raw
+                    reason = reason or self._drain(chunks, total, cap, watched, 0.05)
+                    watched = set()
+        if len(status_bytes) == world.STATUS.size:
+            (status,) = world.STATUS.unpack(status_bytes)
+        if reason is None and self.isolated is not None:
+            reason = self._drain(chunks, total, cap, {out_r, err_r}, 0.2)  # what the code wrote last
+        return reason, (chunks[out_r], chunks[err_r]), status
 
-    def _kill_call(self, pid: int) -> None:
-        """Kill the call's processes: in this worker's own PID namespace every process but the worker and the
-        namespace's init (repeated while a fork bomb still spawns); without one, the child's process group."""
-        if not self.own_pid_namespace:
+    @staticmethod
+    def _drain(chunks, total, cap, fds, wait_s) -> str | None:
+        deadline = time.monotonic() + wait_s
+        fds = set(fds)
+        while fds and time.monotonic() < deadline:
+            ready, _, _ = select.select(list(fds), [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            for fd in ready:
+                data = os.read(fd, 65536)
+                if not data:
+                    fds.discard(fd)
+                    continue
+                take = data[: max(0, cap - total)]
+                chunks[fd].append(take)
+                total += len(take)
+                if len(take) < len(data):
+                    return "output_limit"
+        return None
+
+    def _end(self, pid: int, reaped: bool) -> int:
+        """Kill what is left of the call (nothing, when it ended by itself) and reap it; its wait status."""
+        if self.isolated is None:  # a plain child's process group: its daemons, if it left any
             try:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-            return
+            return 0 if reaped else os.waitpid(pid, 0)[1]
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        try:
+            os.kill(pid, signal.SIGKILL)  # the init: the kernel kills every process of its namespace
+        except ProcessLookupError:
+            pass
+        return os.waitpid(pid, 0)[1]
+
+    def _clean(self, call_dir: str | None) -> tuple[bool, str]:
+        """Whether nothing of the call is left, and what is: a process in this worker's namespace (the worker
+        and bubblewrap's init are the only ones between calls), a process in the call cgroup, a file."""
+        if call_dir is not None:
+            import shutil
+
+            shutil.rmtree(call_dir, ignore_errors=True)  # a trusted call's directory; checked just below
+            return (False, f"files under {call_dir}") if os.path.exists(call_dir) else (True, "")
         me = os.getpid()
+        _reap()
         deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline:
-            others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
-            alive = [pid for pid in others if not _is_zombie(pid)]
-            if not others:
-                return
-            for other in alive:  # repeated while a fork bomb still spawns
-                try:
-                    os.kill(other, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            _reap()  # the worker's own children; the namespace's init reaps the orphans
-            time.sleep(0.001)
-
-    def _clean_tmp(self) -> None:
-        """Empty the private temporary directory as the code's user (its files are the code's own)."""
-        if not set(os.listdir(self.tmp)) - self.fixed:
-            return
-        pid = os.fork()
-        if pid == 0:
-            try:
-                if self.code_uid is not None:
-                    os.setgroups([])
-                    os.setgid(self.code_uid)
-                    os.setuid(self.code_uid)
-                import shutil
-
-                for name in set(os.listdir(self.tmp)) - self.fixed:
-                    path = os.path.join(self.tmp, name)
-                    try:
-                        if os.path.isdir(path) and not os.path.islink(path):
-                            shutil.rmtree(path, ignore_errors=True)
-                        else:
-                            os.unlink(path)
-                    except OSError:
-                        pass
-            finally:
-                os._exit(0)
-        os.waitpid(pid, 0)
+        while True:
+            others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
+            cgroup = self.memory.processes() if self.memory is not None else []
+            if not others and not cgroup:
+                return True, ""
+            if time.monotonic() > deadline:
+                return False, f"processes {sorted(set(others) | set(cgroup))}"
+            time.sleep(0.005)  # the kernel finishes a namespace's teardown
 
 
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True  # gone already
+class CallMemory:
+    """The call cgroup's memory (cgroup v1): its peak reset before each call, read after, with the kernel's
+    out-of-memory kills of the call's processes."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.kills_before = 0
+
+    def _read(self, name: str) -> str:
+        with open(os.path.join(self.directory, name)) as f:
+            return f.read()
+
+    def _kills(self) -> int:
+        for line in self._read("memory.oom_control").splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+        return 0
+
+    def start(self) -> None:
+        with open(os.path.join(self.directory, "memory.max_usage_in_bytes"), "w") as f:
+            f.write("0")
+        self.kills_before = self._kills()
+
+    def end(self) -> dict:
+        return {
+            "memory_peak_mb": int(self._read("memory.max_usage_in_bytes")) / (1 << 20),
+            "memory_kills": self._kills() - self.kills_before,
+        }
+
+    def processes(self) -> list[str]:
+        return self._read("cgroup.procs").split()
 
 
 def _reap() -> None:
@@ -277,27 +366,42 @@ def _hit_cpu_limit(status: int) -> bool:
     return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU
 
 
+def privileges() -> dict:
+    """This process's capability sets, no-new-privileges flag and seccomp mode, as /proc shows them."""
+    with open("/proc/self/status") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    keys = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp")
+    return {k: fields[k].strip() for k in keys if k in fields}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--preload", default="")
     p.add_argument("--code-uid", type=int, default=None)
-    p.add_argument("--own-pid-namespace", action="store_true")
+    p.add_argument("--isolated", action="store_true", help="inside bubblewrap: each call in a world of its own")
+    p.add_argument("--seccomp", default="", help="the compiled seccomp filter, base64")
+    p.add_argument("--cgroup", action="append", default=[], help="a call cgroup's directory (memory first)")
+    p.add_argument("--tmp-mb", type=int, default=64)
     args = p.parse_args()
     for name in filter(None, args.preload.split(",")):
         __import__(name)
-    # A root worker (inside its namespaces) keeps the right to drop each call to the code's user and to kill it;
-    # a non-root one runs the code as itself.
-    code_uid = args.code_uid if os.getuid() == 0 else None
-    worker = Worker(code_uid, args.own_pid_namespace)
+    world.make_undumpable()
+    isolated = None
+    code_uid = None
+    if args.isolated:
+        # A root worker (inside its namespaces) keeps the right to drop each call to the code's user; a
+        # non-root one runs the code as itself.
+        code_uid = args.code_uid if os.getuid() == 0 else None
+        isolated = Isolated(base64.b64decode(args.seccomp), args.cgroup, args.tmp_mb)
+        world.bound_to_effective()
+    else:
+        code_uid = args.code_uid
+    worker = Worker(code_uid, isolated)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # stray prints of an import must not corrupt the protocol
-    write_message(stdout, {"ready": True, "preloaded": args.preload})
+    write_message(stdout, {"ready": True, "preloaded": args.preload, "privileges": privileges()})
     while (request := read_message(stdin)) is not None:
         write_message(stdout, worker.call(request))
-    if not args.own_pid_namespace:  # the private directory outside a sandbox is this worker's to remove
-        import shutil
-
-        shutil.rmtree(worker.tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
