@@ -34,8 +34,9 @@ WORLD = Path(__file__).with_name("world.py")
 WORLD_INSIDE = "/sandbox/world.py"
 CGROUP_INSIDE = "/sandbox/cgroup"  # the call cgroup's directories, one per controller, under this
 # What the worker keeps (bubblewrap as root keeps every capability unless told to drop them): a call's
-# namespaces and mounts (SYS_ADMIN), its user (SETUID, SETGID), and emptying its bounding set (SETPCAP).
-WORKER_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")
+# namespaces and mounts (SYS_ADMIN), its user (SETUID, SETGID), emptying its bounding set (SETPCAP), and
+# killing it at the time limit (KILL: it runs as another user).
+WORKER_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_KILL")
 # Run as root, each worker's calls run as a user of their own: the process limit (RLIMIT_NPROC) counts a user's
 # processes machine-wide, so calls sharing one user (`nobody`) would share one limit, and a call holding all of
 # it would make its neighbours' threads and forks fail. The ids lie above the ranges that systems give accounts

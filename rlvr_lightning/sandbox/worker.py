@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # world.py besid
 import world  # noqa: E402
 
 HEADER = struct.Struct(">I")
+WORLD_FAILED = 125  # the exit code of a call whose world could not be made (its code never ran)
 
 
 def read_message(stream, max_bytes: int | None = None) -> dict | None:
@@ -127,7 +128,7 @@ def code_process(request: dict, out_fd: int, err_fd: int, cwd: str, code_uid: in
         try:
             os.write(2, f"the sandbox could not start the call: {e}\n".encode())
         finally:
-            os._exit(125)
+            os._exit(WORLD_FAILED)
 
 
 def _both(value: int) -> tuple[int, int]:
@@ -158,13 +159,12 @@ class Worker:
     def call(self, request: dict) -> dict:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        status_r, status_w = os.pipe()
         if self.memory is not None:
             self.memory.start()
         start = time.monotonic()
         call_dir = None
         if self.isolated is not None:
-            pid = world.start_init(lambda: self._init(request, out_w, err_w, status_r, status_w))
+            pid = world.start_call(lambda: self._isolated_call(request, out_w, err_w))
         else:
             call_dir = tempfile.mkdtemp(prefix="rlvr-sandbox-")
             if self.code_uid is not None:
@@ -173,20 +173,17 @@ class Worker:
             if pid == 0:
                 os.setsid()
                 code_process(request, out_w, err_w, call_dir, self.code_uid, b"")
-        for fd in (out_w, err_w, status_w):
-            os.close(fd)
-        reason, chunks, status = self._read(request, start, pid, out_r, err_r, status_r)
-        wait_status = self._end(pid, reaped=self.isolated is None and status is not None)
-        for fd in (out_r, err_r, status_r):
-            os.close(fd)
+        os.close(out_w)
+        os.close(err_w)
+        reason, stdout, stderr, status = self._read(request, start, pid, out_r, err_r)
+        os.close(out_r)
+        os.close(err_r)
         clean, left = self._clean(call_dir)
-        if status is None:  # killed at the limit or the cap; or an init that ended before the code did
-            status = wait_status
-            if self.isolated is not None and reason is None:
-                clean, left = False, "the call's init ended before its code: " + b"".join(chunks[1]).decode(errors="replace")[-500:]
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == WORLD_FAILED and reason is None:
+            clean, left = False, stderr.decode(errors="replace")[-500:]  # the worker, not the code, failed
         answer = {
-            "stdout": b"".join(chunks[0]).decode("utf-8", "replace"),
-            "stderr": b"".join(chunks[1]).decode("utf-8", "replace"),
+            "stdout": stdout.decode("utf-8", "replace"),
+            "stderr": stderr.decode("utf-8", "replace"),
             "status": reason or ("ok" if status == 0 else ("timeout" if _hit_cpu_limit(status) else "error")),
             "exit_code": os.waitstatus_to_exitcode(status),
             "seconds": time.monotonic() - start,
@@ -197,106 +194,46 @@ class Worker:
             answer.update(self.memory.end())
         return answer
 
-    def _init(self, request: dict, out_w: int, err_w: int, status_r: int, status_w: int) -> None:
-        """The call's init (pid 1 of its namespaces): its mounts, the code's process, then its end, which the
-        kernel makes the end of every process of the call."""
+    def _isolated_call(self, request: dict, out_w: int, err_w: int) -> None:
+        """The call's process, pid 1 of its namespaces: its cgroup and mounts, then the code."""
         iso = self.isolated
-        os.close(status_r)
         try:
-            world.default_signals()
             world.enter_call_mounts(iso.tmp_bytes, iso.tmp_inodes, iso.kept_in_tmp, iso.cgroups)
-        except OSError as e:  # reported as the call's stderr; the worker is replaced (`_clean`)
+        except OSError as e:
             os.write(err_w, f"the call's world could not be made: {e}\n".encode())
-            os._exit(125)
-        pid = os.fork()
-        if pid == 0:
-            code_process(request, out_w, err_w, "/tmp", self.code_uid, iso.seccomp)
-        os.close(out_w)
-        os.close(err_w)
-        world.clear_capabilities()  # the init needs none while it waits
-        while True:  # orphans of the call are reaped here until the code's process ends
-            done, status = os.waitpid(-1, 0)
-            if done == pid:
-                break
-        os.write(status_w, world.STATUS.pack(status))
-        os._exit(0)
+            os._exit(WORLD_FAILED)
+        code_process(request, out_w, err_w, "/tmp", self.code_uid, iso.seccomp)
 
-    def _read(self, request, start, pid, out_r, err_r, status_r):
-        """Read the call's output until its init reports the code's end, the time limit or the output cap."""
+    def _read(self, request, start, pid, out_r, err_r) -> tuple[str | None, bytes, bytes, int]:
+        """Read the call's output while it runs, until it ends, the time limit or the output cap; then end
+        what is left of it. How it ended (None: by itself), its stdout and stderr, its wait status."""
         cap, deadline = int(request["output_bytes"]), start + float(request["timeout_s"])
-        chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
-        total, reason, status, status_bytes = 0, None, None, b""
-        watched = {out_r, err_r} | ({status_r} if self.isolated is not None else set())
-        while watched and reason is None:
-            now = time.monotonic()
-            if now >= deadline:
-                reason = "timeout"
-                break
-            wait = min(deadline - now, 0.02 if self.isolated is None else deadline - now)
-            ready, _, _ = select.select(list(watched), [], [], wait)
-            for fd in ready:
-                data = os.read(fd, 65536)
-                if fd == status_r:
-                    status_bytes += data
-                    if not data:
-                        watched.clear()  # the init has ended: so has every process of the call
-                    continue
-                if not data:
-                    watched.discard(fd)
-                    continue
-                take = data[: max(0, cap - total)]
-                chunks[fd].append(take)
-                total += len(take)
-                if len(take) < len(data):
-                    reason = "output_limit"
-            if self.isolated is None:  # a plain child: its end ends the call (its daemons may hold the pipes)
-                done, raw = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    status = raw
-                    reason = reason or self._drain(chunks, total, cap, watched, 0.05)
-                    watched = set()
-        if len(status_bytes) == world.STATUS.size:
-            (status,) = world.STATUS.unpack(status_bytes)
-        if reason is None and self.isolated is not None:
-            reason = self._drain(chunks, total, cap, {out_r, err_r}, 0.2)  # what the code wrote last
-        return reason, (chunks[out_r], chunks[err_r]), status
-
-    @staticmethod
-    def _drain(chunks, total, cap, fds, wait_s) -> str | None:
-        deadline = time.monotonic() + wait_s
-        fds = set(fds)
-        while fds and time.monotonic() < deadline:
-            ready, _, _ = select.select(list(fds), [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                break
-            for fd in ready:
-                data = os.read(fd, 65536)
-                if not data:
-                    fds.discard(fd)
-                    continue
-                take = data[: max(0, cap - total)]
-                chunks[fd].append(take)
-                total += len(take)
-                if len(take) < len(data):
-                    return "output_limit"
-        return None
-
-    def _end(self, pid: int, reaped: bool) -> int:
-        """Kill what is left of the call (nothing, when it ended by itself) and reap it; its wait status."""
-        if self.isolated is None:  # a plain child's process group: its daemons, if it left any
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            return 0 if reaped else os.waitpid(pid, 0)[1]
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
+        output = Output(cap, out_r, err_r)
+        ended = os.pidfd_open(pid)  # readable once the call's process has ended (as an init: all of the call)
+        reason = None
         try:
-            os.kill(pid, signal.SIGKILL)  # the init: the kernel kills every process of its namespace
-        except ProcessLookupError:
-            pass
-        return os.waitpid(pid, 0)[1]
+            while reason is None:
+                now = time.monotonic()
+                if now >= deadline:
+                    reason = "timeout"
+                    break
+                ready, _, _ = select.select([*output.open, ended], [], [], deadline - now)
+                if ended in ready:
+                    break
+                reason = output.read(ready)
+        finally:
+            os.close(ended)
+        if reason is None:  # ended by itself; a plain child's daemons may still hold the pipes
+            status = os.waitpid(pid, 0)[1]
+            reason = output.drain(0.05)
+            if self.isolated is None:
+                _kill_group(pid)
+            return reason, *output.text(), status
+        if self.isolated is None:
+            _kill_group(pid)
+        else:
+            os.kill(pid, signal.SIGKILL)  # the call's init: the kernel kills every process of its namespace
+        return reason, *output.text(), os.waitpid(pid, 0)[1]
 
     def _clean(self, call_dir: str | None) -> tuple[bool, str]:
         """Whether nothing of the call is left, and what is: a process in this worker's namespace (the worker
@@ -307,7 +244,6 @@ class Worker:
             shutil.rmtree(call_dir, ignore_errors=True)  # a trusted call's directory; checked just below
             return (False, f"files under {call_dir}") if os.path.exists(call_dir) else (True, "")
         me = os.getpid()
-        _reap()
         deadline = time.monotonic() + 1.0
         while True:
             others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
@@ -317,6 +253,53 @@ class Worker:
             if time.monotonic() > deadline:
                 return False, f"processes {sorted(set(others) | set(cgroup))}"
             time.sleep(0.005)  # the kernel finishes a namespace's teardown
+
+
+class Output:
+    """A call's stdout and stderr as read, to `cap` bytes together."""
+
+    def __init__(self, cap: int, out_r: int, err_r: int) -> None:
+        self.cap, self.total = cap, 0
+        self.fds = (out_r, err_r)
+        self.chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+        self.open = {out_r, err_r}
+
+    def read(self, ready) -> str | None:
+        """Read what `ready` holds; "output_limit" once the cap is passed."""
+        for fd in ready:
+            if fd not in self.open:
+                continue
+            data = os.read(fd, 65536)
+            if not data:
+                self.open.discard(fd)
+                continue
+            take = data[: max(0, self.cap - self.total)]
+            self.chunks[fd].append(take)
+            self.total += len(take)
+            if len(take) < len(data):
+                return "output_limit"
+        return None
+
+    def drain(self, wait_s: float) -> str | None:
+        """What is left in the pipes after the call's end (at once: their writers are gone)."""
+        deadline = time.monotonic() + wait_s
+        while self.open and (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select(list(self.open), [], [], left)
+            if not ready:
+                return None
+            if (reason := self.read(ready)) is not None:
+                return reason
+        return None
+
+    def text(self) -> tuple[bytes, bytes]:
+        return b"".join(self.chunks[self.fds[0]]), b"".join(self.chunks[self.fds[1]])
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class CallMemory:
@@ -350,16 +333,6 @@ class CallMemory:
 
     def processes(self) -> list[str]:
         return self._read("cgroup.procs").split()
-
-
-def _reap() -> None:
-    while True:
-        try:
-            done, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if not done:
-            return
 
 
 def _hit_cpu_limit(status: int) -> bool:

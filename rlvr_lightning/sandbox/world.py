@@ -1,19 +1,22 @@
 """The world one call runs in, made new for every call inside the worker's sandbox and gone with the call.
 
-A call starts as the init of new PID, mount and IPC namespaces (`start_init`), which mounts its own `/proc`, a
-size- and inode-limited `/tmp` and `/dev/shm`, joins the worker's call cgroup, and forks the code's process.
-When that process ends (or the worker kills the init at the time limit), the kernel kills every other process
-of the namespace, and the namespaces go with their last process: the call's files, System V and POSIX IPC
-objects and processes cannot outlive it, whatever the code did. The code's process then drops every capability,
+A call's process is pid 1 of new PID, mount and IPC namespaces (`start_call`): it joins the worker's call
+cgroup, mounts its own `/proc`, a size- and inode-limited `/tmp` and `/dev/shm`, then drops every capability,
 becomes the worker's unprivileged user (as root), and loads a seccomp filter built by the host
 (`seccomp_filter.py`) that refuses new namespaces, kernel keys, tracing, mounts and the rest of what math
-never needs.
+never needs, before it runs the code. When it ends (or the worker kills it at the time limit), the kernel
+kills every other process of the namespace, and the namespaces go with their last process: the call's files,
+System V and POSIX IPC objects and processes cannot outlive it, whatever the code did.
+
+As its namespace's init the code's process has two rules of the kernel's: a signal it sends itself with no
+handler installed is ignored, and the processes it orphans are its children (they stay until the call ends,
+counted against its processes). A separate init would cost a second fork of the warm interpreter per call.
 
 Standard library only (`ctypes` over libc), like `worker.py`: this file is bound into the sandbox beside it.
 Python has no binding for clone(2)'s namespace flags (`os.unshare` from 3.12 cannot put the caller itself in a
 new PID namespace), and fork-then-unshare would cost one more fork of the warm interpreter per call
-(about 3 ms here, the price of a whole call's fork), so the init is made by one raw clone(2) where its calling
-convention is known, and by fork, unshare and fork elsewhere.
+(about 4 ms here, the price of a whole call's fork), so the call is made by one raw clone(2) where its
+calling convention is known, and by fork, unshare and fork elsewhere.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import struct
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID = 0x00020000, 0x08000000, 0x20000000
 CALL_NAMESPACES = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID
@@ -38,7 +40,6 @@ SYS_CLONE = {"x86_64": 56, "aarch64": 220, "riscv64": 220}
 # Kernel interfaces of /proc that bubblewrap makes read-only; a new /proc mount would make them writable again.
 PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus")
 CALL_TMP_STAGING = "/sandbox/call-tmp"  # where the call's /tmp is made before it is moved over /tmp
-STATUS = struct.Struct("=i")  # the code's wait status, from the init to the worker
 
 _libc = ctypes.CDLL(None, use_errno=True)
 # A raw clone must not release the GIL: the child comes back into the interpreter as its only thread.
@@ -77,42 +78,51 @@ def bound_to_effective() -> None:
             _prctl(PR_CAPBSET_DROP, cap)
 
 
-def start_init(init) -> int:
-    """Run `init()` (which must not return) as pid 1 of new PID, mount and IPC namespaces; the pid the worker
-    kills and waits for, whose end ends the call (`init` ends the call when the code's process ends)."""
+def start_call(call) -> int:
+    """Run `call()` (which must not return) as pid 1 of new PID, mount and IPC namespaces: the call's
+    process, whose end the kernel makes the end of every process it started. Its pid, to wait for and kill."""
     number = SYS_CLONE.get(os.uname().machine)
     if number is not None:
         zero = ctypes.c_void_p(0)
         flags = ctypes.c_ulong(CALL_NAMESPACES | signal.SIGCHLD)
         pid = _libc_holding_gil.syscall(ctypes.c_long(number), flags, zero, zero, zero, zero)
         if pid == 0:
-            _run_child(init)
+            _run_child(call)
         return _check(pid, "clone")
-    relay = os.fork()  # unshare, then the first fork is the namespace's pid 1; this process relays its end
+    relay = os.fork()  # unshare, then the first fork is the namespace's pid 1, whose end this process relays
     if relay == 0:
         try:
             _check(_libc.unshare(CALL_NAMESPACES), "unshare")
             pid = os.fork()
             if pid == 0:
-                _run_child(init)
-            os.waitpid(pid, 0)
+                _run_child(call)
+            status = os.waitpid(pid, 0)[1]
+            if os.WIFSIGNALED(status):  # end as it ended, so the worker reads the same wait status
+                signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+                os.kill(os.getpid(), os.WTERMSIG(status))
+            os._exit(os.waitstatus_to_exitcode(status))
         finally:
-            os._exit(0)
+            os._exit(125)
     return relay
 
 
-def _run_child(init) -> None:
+def _run_child(call) -> None:
     try:
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the worker (or the relay) gone: the whole call goes
-        init()
+        die_with_parent()
+        call()
     finally:
         os._exit(125)
 
 
+def die_with_parent() -> None:
+    """The worker (or the relay) gone, the call goes (a change of user clears it: set again after one)."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def enter_call_mounts(tmp_bytes: int, tmp_inodes: int, kept_in_tmp: list[str], cgroups: list[str]) -> None:
-    """In the call's init: join the call cgroups, then mount the call's own /proc, /tmp and /dev/shm (the
-    entries of `kept_in_tmp`, a Python installed under /tmp, bound back in), make /dev read-only and hide
-    the cgroups' files."""
+    """In the call's process, first: join the call cgroups, then mount the call's own /proc, /tmp and
+    /dev/shm (the entries of `kept_in_tmp`, a Python installed under /tmp, bound back in), make /dev
+    read-only and hide the cgroups' files."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here reaches the worker
     for directory in cgroups:  # every process the call starts is charged there from now on
         with open(os.path.join(directory, "cgroup.procs"), "w") as f:
@@ -160,6 +170,7 @@ def drop_privileges(code_uid: int | None) -> None:
     clear_capabilities()
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
     _prctl(PR_SET_DUMPABLE, 1)  # its own /proc files are its own again (a uid change made them root's)
+    die_with_parent()
 
 
 def clear_capabilities() -> None:
@@ -192,11 +203,3 @@ def load_seccomp(program: bytes) -> None:
         _libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog), ctypes.c_ulong(0), ctypes.c_ulong(0)),
         "seccomp",
     )
-
-
-def default_signals() -> None:
-    """As a namespace's init, a signal with no handler from inside the namespace is ignored by the kernel: with
-    the interpreter's handlers removed, the code cannot stop the init (it is ended by the code's end or by
-    the worker)."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_DFL)
