@@ -150,10 +150,14 @@ def _remove_stale(parent: str) -> None:
                 pass
 
 
-def memory_bound(memory_mb: int, processes: int) -> str:
-    """Which bound holds a call's memory on this machine, in one line (`make doctor`, the run's device lines)."""
-    parents = _parent_directories()
-    if isinstance(parents, str):
-        return (f"per process only: {memory_mb} MiB of address space each, {processes} processes, so up to "
-                f"{processes * memory_mb} MiB a call ({parents})")  # fmt: skip
+def memory_bound(memory_mb: int, processes: int, cgroup: CallCgroup | str | None = None) -> str:
+    """Which bound holds a call's memory, in one line (`make doctor`, the sandbox's start): the cgroup made, or
+    the reason none could be (`cgroup`: what `make_call_cgroup` gave; None: try one now)."""
+    if cgroup is None:
+        cgroup = make_call_cgroup(memory_mb, processes)
+        if isinstance(cgroup, CallCgroup):
+            cgroup.remove()
+    if isinstance(cgroup, str):
+        return (f"per process only: {memory_mb} MiB of address space each and {processes} processes, so up to "
+                f"{processes * memory_mb} MiB a call ({cgroup})")  # fmt: skip
     return f"per call: a cgroup holds its processes, shared memory and files to {memory_mb} MiB and {processes} tasks"

@@ -6,9 +6,9 @@ the system's libraries and the Python that runs it, read-only, and nothing else 
 checkpoints); no network interface but loopback; only its own processes in /proc; an environment of a few
 fixed variables. Each call then gets a world of its own inside it (`world.py`). Run as root, the worker keeps
 only the capabilities that make a call's namespaces and mounts, drop the call to an unprivileged user id of
-its own (`code_uid`) and empty the call's bounding set (`WORKER_CAPABILITIES`); run as a user, bubblewrap maps
-it into a user namespace with the same capabilities there. The kernel's no-new-privileges flag is set, so no
-setuid program regains anything.
+its own (`code_uid`), kill it and empty its bounding set (`ROOT_WORKER_CAPABILITIES`); run as a user,
+bubblewrap maps it into a user namespace where it keeps those it still needs there (`WORKER_CAPABILITIES`).
+The kernel's no-new-privileges flag is set, so no setuid program regains anything.
 
 Containers would give the same and more, but need a daemon and privileges that a training machine or CI
 runner often does not grant; bubblewrap is one small package and needs neither.
@@ -34,9 +34,10 @@ WORLD = Path(__file__).with_name("world.py")
 WORLD_INSIDE = "/sandbox/world.py"
 CGROUP_INSIDE = "/sandbox/cgroup"  # the call cgroup's directories, one per controller, under this
 # What the worker keeps (bubblewrap as root keeps every capability unless told to drop them): a call's
-# namespaces and mounts (SYS_ADMIN), its user (SETUID, SETGID), emptying its bounding set (SETPCAP), and
-# killing it at the time limit (KILL: it runs as another user).
-WORKER_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_KILL")
+# namespaces and mounts (SYS_ADMIN) and emptying its bounding set (SETPCAP); as root also the call's user
+# (SETUID, SETGID) and killing it at the time limit (KILL: it runs as that other user).
+WORKER_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_SETPCAP")
+ROOT_WORKER_CAPABILITIES = (*WORKER_CAPABILITIES, "CAP_SETUID", "CAP_SETGID", "CAP_KILL")
 # Run as root, each worker's calls run as a user of their own: the process limit (RLIMIT_NPROC) counts a user's
 # processes machine-wide, so calls sharing one user (`nobody`) would share one limit, and a call holding all of
 # it would make its neighbours' threads and forks fail. The ids lie above the ranges that systems give accounts
@@ -110,7 +111,7 @@ def bwrap_command(
     if os.getuid() != 0:
         cmd += ["--unshare-user"]
     cmd += ["--cap-drop", "ALL"]
-    for capability in WORKER_CAPABILITIES:
+    for capability in ROOT_WORKER_CAPABILITIES if os.getuid() == 0 else WORKER_CAPABILITIES:
         cmd += ["--cap-add", capability]
     for key, value in ENVIRONMENT.items():
         cmd += ["--setenv", key, value]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rlvr_lightning.errors import ConfigError, check_choice
-from rlvr_lightning.sandbox.cgroups import CallCgroup, make_call_cgroup
+from rlvr_lightning.sandbox.cgroups import CallCgroup, make_call_cgroup, memory_bound
 from rlvr_lightning.sandbox.isolation import (
     ENVIRONMENT,
     SandboxUnavailable,
@@ -166,17 +166,19 @@ class Sandbox:
         settings.check()
         self.settings = settings
         preload = tuple(settings.preload)
-        self.memory_bound = "per process only: isolation none"
+        #: which bound holds a call's memory here (`cgroups.memory_bound`)
+        self.memory_bound = f"per process only: {settings.memory_mb} MiB of address space each (isolation none)"
         if settings.isolation == "bwrap":
             check_isolation(preload)  # fail closed, in one line, before any model code exists
             seccomp = seccomp_program()
-            self.memory_bound = "per call (cgroup)" if isinstance(self._cgroup(), CallCgroup) else "per process"
+            made: list[CallCgroup | str] = []
 
             def start() -> _Worker:
-                cgroup = self._cgroup()
-                cgroup = cgroup if isinstance(cgroup, CallCgroup) else None
-                dirs = cgroup.directories if cgroup is not None else None
-                return _Worker(bwrap_command(preload, settings.tmp_mb, code_uid(), seccomp, dirs), cgroup, self._max_answer)
+                cgroup = make_call_cgroup(settings.memory_mb, settings.processes)
+                made.append(cgroup)
+                held = cgroup if isinstance(cgroup, CallCgroup) else None
+                dirs = held.directories if held is not None else None
+                return _Worker(bwrap_command(preload, settings.tmp_mb, code_uid(), seccomp, dirs), held, self._max_answer)
         else:
 
             def start() -> _Worker:
@@ -193,14 +195,12 @@ class Sandbox:
         self._spawner = ThreadPoolExecutor(settings.workers, thread_name_prefix="sandbox-spawn")
         for worker in [self._spawner.submit(start) for _ in range(settings.workers)]:
             self._add(worker.result())  # warmed side by side
+        if settings.isolation == "bwrap":
+            self.memory_bound = memory_bound(settings.memory_mb, settings.processes, made[0])
         first = self.run("print(1)")
         if first.stdout != "1\n":  # fail closed: a machine that cannot make a call's world
             self.close()
             raise SandboxUnavailable(f"the sandbox could not run a call here: {first.stderr.strip()[-300:]}")
-
-    def _cgroup(self) -> CallCgroup | str:
-        s = self.settings
-        return make_call_cgroup(s.memory_mb, s.processes)
 
     def _add(self, worker: _Worker) -> None:
         with self._lock:
