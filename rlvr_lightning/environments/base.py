@@ -35,11 +35,32 @@ class EnvironmentFailed(RuntimeError):
 class Reply:
     """The environment's answer to an episode's latest segment: `text` to append and sample on from (""
     samples on with nothing appended), or `text=None`: the episode ends, for `stop` (logged as
-    `train/stop_<stop>_frac`), with `reward` when the environment gives one."""
+    `train/stop_<stop>_frac`), with `reward` when the environment gives one.
+
+    `data`: the span [start, end) of `text` that is data rather than the environment's own words (a tool's
+    output, anything the model's code or an outside source wrote). Its text is encoded as plain text: a
+    chat template's control tokens spelt there (`<|im_end|>`) stay characters and never become the tokens
+    themselves; the rest of `text` is encoded as the tokenizer reads it (a turn of the environment's may use
+    them)."""
 
     text: str | None = None
     stop: str = "answered"
     reward: float | None = None
+    data: tuple[int, int] | None = None
+
+    def token_ids(self, tokenizer) -> list[int]:
+        """The ids appended for `text`: the environment's words as the tokenizer reads them, `data` with no
+        special token (the tokenizer's `split_special_tokens`)."""
+        if not self.text:
+            return []
+        start, end = self.data if self.data is not None else (len(self.text), len(self.text))
+        pieces = ((self.text[:start], False), (self.text[start:end], True), (self.text[end:], False))
+        return [
+            i
+            for piece, as_data in pieces
+            if piece
+            for i in tokenizer(piece, add_special_tokens=False, split_special_tokens=as_data).input_ids
+        ]
 
 
 class Environment:

@@ -182,7 +182,7 @@ def advance_episodes(
             if reply.text is None:
                 episode.stop, episode.reward = reply.stop, reply.reward
                 continue
-            output = tokenizer(reply.text, add_special_tokens=False).input_ids if reply.text else []
+            output = reply.token_ids(tokenizer)
             room = budget - len(episode.ids)
             inserted = output[:room]
             last = episode.versions[-1] if episode.versions else version

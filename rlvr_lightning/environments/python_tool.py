@@ -63,12 +63,17 @@ class PythonToolSettings:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One call: its code, how it ran, and the text appended after it (the observation, wrapped)."""
+    """One call: its code, how it ran, and the text appended after it (the observation, wrapped in the
+    output markers: `appended[data[0]:data[1]]` is the observation)."""
 
     code: str
     execution: Execution
     appended: str
     truncated: bool
+    data: tuple[int, int] | None = None
+
+    def reply(self) -> Reply:
+        return Reply(self.appended, data=self.data)
 
 
 class PythonTool(Environment):
@@ -111,7 +116,7 @@ class PythonTool(Environment):
                 replies[i] = Reply("") if at_marker else Reply(None, "answered")
         for (i, _), call in zip(to_run, self.run([code for _, code in to_run])):
             episodes[i].calls.append(call)
-            replies[i] = Reply(call.appended)
+            replies[i] = call.reply()
         return replies  # type: ignore[return-value]
 
     def excluded(self, episode: Episode) -> str:
@@ -169,11 +174,14 @@ class PythonTool(Environment):
         calls = []
         for code, execution in zip(codes, self._sandbox.run_many(codes, s.timeout_s)):
             text, truncated = observation(execution, s.timeout_s, s.observation_chars)
-            calls.append(ToolCall(code, execution, f"{s.output_start}{text}{s.output_end}", truncated))
+            start = len(s.output_start)
+            appended = f"{s.output_start}{text}{s.output_end}"
+            calls.append(ToolCall(code, execution, appended, truncated, (start, start + len(text))))
         return calls
 
     def load_call(self, saved: dict) -> ToolCall:
-        return ToolCall(**{**saved, "execution": Execution(**saved["execution"])})
+        data = saved.get("data")
+        return ToolCall(**{**saved, "execution": Execution(**saved["execution"]), "data": tuple(data) if data else None})
 
     def describe(self) -> str:
         """The sandbox's workers, for the watchdog's report."""

@@ -5,7 +5,20 @@ output flood said in one line."""
 
 from __future__ import annotations
 
+import re
+
 from rlvr_lightning.sandbox.pool import Execution
+
+# Terminal escape sequences (CSI `ESC [ … final`, OSC `ESC ] … BEL/ST`, then ESC, intermediates and a final byte:
+# a character set, a reset), then every control character but newline and tab: the observation reaches the
+# model, logs and MLflow as plain text.
+ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]")
+CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def plain_text(text: str) -> str:
+    """`text` with terminal escape sequences and control characters (but newline and tab) removed."""
+    return CONTROLS.sub("", ESCAPES.sub("", text))
 
 
 def cut_middle(text: str, max_chars: int) -> tuple[str, bool]:
@@ -34,5 +47,5 @@ def observation(execution: Execution, timeout_s: float, max_chars: int) -> tuple
         out += "… [output too long: stopped]"
     elif execution.status == "crashed":
         out += "Error: the code's sandbox stopped"
-    text, cut = cut_middle(out.rstrip("\n"), max_chars)
+    text, cut = cut_middle(plain_text(out).rstrip("\n"), max_chars)
     return text, cut or execution.status == "output_limit"

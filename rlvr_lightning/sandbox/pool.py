@@ -72,13 +72,15 @@ class SandboxSettings:
 
 @dataclass(frozen=True)
 class Execution:
-    """What one call did: its output as read (capped), how it ended, and its wall time."""
+    """What one call did: its output as read (capped), how it ended, its wall time, and the most memory its
+    processes held together (where a call cgroup counts it; None elsewhere)."""
 
     stdout: str
     stderr: str
     status: Status
     exit_code: int | None
     seconds: float
+    memory_peak_mb: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -234,10 +236,13 @@ class Sandbox:
         else:
             self._idle.put(worker)
         status, stderr = answer["status"], answer["stderr"]
-        if answer.get("memory_kills") and status in ("ok", "error"):
-            status = "error"
+        kills = answer.get("memory_kills")
+        if isinstance(kills, int) and kills > 0:  # the kernel stopped a process of the call at the call's limit
+            status = "error" if status == "ok" else status
             stderr += f"\nMemoryError: the call's processes together reached the sandbox's {s.memory_mb} MiB\n"
-        return Execution(answer["stdout"], stderr, status, answer["exit_code"], answer["seconds"])
+        peak = answer.get("memory_peak_mb")
+        peak = float(peak) if isinstance(peak, (int, float)) and not isinstance(peak, bool) else None
+        return Execution(answer["stdout"], stderr, status, answer["exit_code"], answer["seconds"], peak)
 
     def run_many(self, codes: list[str], timeout_s: float | None = None) -> list[Execution]:
         """Run each of `codes`, as many at once as there are workers; results in order."""

@@ -78,3 +78,13 @@ def test_without_isolation_the_sandbox_refuses_in_one_line(tmp_path, monkeypatch
     with pytest.raises(SandboxUnavailable, match=r"bubblewrap \(bwrap\) is not installed.*isolation to `none`") as e:
         Sandbox(SandboxSettings(workers=1))
     assert "\n" not in str(e.value)
+
+
+def test_terminal_escapes_and_control_characters_never_reach_the_model():
+    """Escape sequences (colour, a window title, cursor moves), NUL and other control characters are removed
+    from what the model reads (and logs and MLflow show); newlines and tabs stay."""
+    out = "\x1b[31mred\x1b[0m\t\x1b]0;title\x07ok\x00\r\x08\x1bc\x7f\u0085done\n"
+    text, _ = observation(execution(out), timeout_s=5.0, max_chars=1000)
+    assert text == "red\tokdone"
+    error, _ = observation(execution("", "Traceback\n\x1b[1mValueError: \x00bad\x1b[0m\n", "error"), 5.0, 1000)
+    assert error == "ValueError: bad"
