@@ -44,6 +44,11 @@ apt_install g++ g++ "torch.compile on the CPU" "compiled layers cannot run on th
 # Model-written code (the Python tool) runs in bubblewrap namespaces; without bwrap the sandbox refuses to run it.
 apt_install bubblewrap bwrap "the sandbox for model-written code" \
   "the sandbox's tests will be skipped and the Python tool refused (docs/sandbox.md)"
+# The sandbox's seccomp filter is compiled by libseccomp (through pyseccomp); Debian installs it with systemd.
+if ! ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2'; then
+  # a library, not a command: apt_install is given a path that no command has, so it installs
+  apt_install libseccomp2 /nonexistent "the sandbox's seccomp filter" "the Python tool is refused (docs/sandbox.md)"
+fi
 "$VENV/bin/python" - <<'PY'
 import torch, vllm, transformers, lightning, mlflow, math_verify  # noqa: F401  (fails loudly if the stack is broken)
 print(f"setup: ok (torch {torch.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}, lightning {lightning.__version__})")

@@ -16,7 +16,20 @@ def apply_device_defaults(cfg: Namespace) -> DeviceDefaults:
     apply_to_config(cfg, device_defaults)
     if not spawned_rank():
         print(device_defaults.block(), flush=True)
+        if (line := sandbox_line(cfg)) is not None:
+            print(line, flush=True)
     return device_defaults
+
+
+def sandbox_line(cfg: Namespace) -> str | None:
+    """Where the run has the Python tool: which bound holds a call's memory in its sandbox (a cgroup per call,
+    or each process's address space), under the device block."""
+    tool = getattr(getattr(cfg, "data", None), "tool", None)
+    if tool is None:
+        return None
+    from rlvr_lightning.sandbox import memory_line
+
+    return f"  {'tool sandbox memory':<32} {memory_line(tool.sandbox)}"
 
 
 def spawned_rank() -> bool:

@@ -53,6 +53,7 @@ def as_table(rows) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from rlvr_lightning.cli.accelerator_defaults import sandbox_line
     from rlvr_lightning.doctor.checks import CHECKS, FAIL, Setup
     from rlvr_lightning.plan import parse
 
@@ -75,6 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="rlvr-doctor-") as tmp:
         setup = Setup(cfg, Path(tmp))
         print(setup.device_defaults.block())
+        if (line := sandbox_line(cfg)) is not None:
+            print(line)
         print(
             f"device {setup.device}, trainer {setup.trainer_dtype}{' (FSDP2)' if setup.fsdp else ''}, "
             f"rollout.engine={setup.rollout.engine} ({setup.engine_dtype})\n"

@@ -523,6 +523,37 @@ def flash_attention(s: Setup) -> Row:
     return Row(name, PASS, figure)
 
 
+SANDBOX_PROBE = """
+with open("/proc/self/status") as f:
+    fields = dict(line.split(":", 1) for line in f if ":" in line)
+print(" ".join(fields[k].strip() for k in ("CapEff", "CapPrm", "CapBnd", "NoNewPrivs", "Seccomp")))
+"""
+CONFINED = " ".join(["0" * 16] * 3 + ["1", "2"])  # no capability in any set, no new privileges, seccomp filter
+
+
+def tool_sandbox(s: Setup) -> Row:
+    """The run's Python tool sandbox: one call in it, which must hold no capability and run under the seccomp
+    filter; the figure says which bound holds a call's memory here (a cgroup per call, or per process)."""
+    name = "tool sandbox"
+    tool = getattr(s.cfg.data, "tool", None)
+    if tool is None:
+        return Row(name, SKIP, note="the run has no Python tool (data.tool)")
+    from rlvr_lightning.sandbox import Sandbox, SandboxSettings
+
+    settings = SandboxSettings(**{**vars(tool.sandbox), "preload": tuple(tool.sandbox.preload), "workers": 1})
+    if settings.isolation != "bwrap":
+        return Row(name, SKIP, note="data.tool.sandbox.isolation none: model-written code runs unconfined")
+    t0 = time.perf_counter()
+    with Sandbox(settings) as box:
+        started = time.perf_counter() - t0
+        call = box.run(SANDBOX_PROBE)
+        bound = box.memory_bound
+    figure = f"started in {started:.1f} s, a call {call.seconds * 1e3:.0f} ms; memory {bound}"
+    if call.status != "ok" or call.stdout.strip() != CONFINED:
+        return Row(name, FAIL, figure, f"a call was not confined ({call.status}: {(call.stdout + call.stderr).strip()[-200:]})")
+    return Row(name, PASS, figure)
+
+
 # (name, check, what to do when it raises; docs/doctor.md says more)
 CHECKS = [
     ("libraries", libraries, "make setup"),
@@ -534,4 +565,5 @@ CHECKS = [
     ("weight sync", weight_sync, "rollouts would come from a stale policy; see docs/doctor.md"),
     ("engine sleep → wake", sleep_wake, "set rollout.sleep_level 0"),
     ("flash-attention vs SDPA", flash_attention, "uninstall or rebuild flash-attn (transformers falls back to SDPA)"),
+    ("tool sandbox", tool_sandbox, "see docs/sandbox.md (bubblewrap, libseccomp)"),
 ]

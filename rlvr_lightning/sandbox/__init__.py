@@ -3,6 +3,6 @@ and a wall-clock kill of everything a call starts (`docs/sandbox.md`). Nothing a
 trainer's process."""
 
 from rlvr_lightning.sandbox.isolation import SandboxUnavailable
-from rlvr_lightning.sandbox.pool import Execution, Sandbox, SandboxSettings
+from rlvr_lightning.sandbox.pool import Execution, Sandbox, SandboxSettings, memory_line
 
-__all__ = ["Execution", "Sandbox", "SandboxSettings", "SandboxUnavailable"]
+__all__ = ["Execution", "Sandbox", "SandboxSettings", "SandboxUnavailable", "memory_line"]

@@ -70,6 +70,14 @@ class SandboxSettings:
                 raise ConfigError(f"sandbox.{name}={getattr(self, name)!r} must be > 0")
 
 
+def memory_line(settings) -> str:
+    """Which bound holds a call's memory with these sandbox settings on this machine, in one line (the device
+    block of `make train` and `make doctor`)."""
+    if settings.isolation != "bwrap":
+        return f"per process only: {settings.memory_mb} MiB of address space each (isolation none)"
+    return memory_bound(settings.memory_mb, settings.processes)
+
+
 @dataclass(frozen=True)
 class Execution:
     """What one call did: its output as read (capped), how it ended, its wall time, and the most memory its
@@ -168,8 +176,8 @@ class Sandbox:
         settings.check()
         self.settings = settings
         preload = tuple(settings.preload)
-        #: which bound holds a call's memory here (`cgroups.memory_bound`)
-        self.memory_bound = f"per process only: {settings.memory_mb} MiB of address space each (isolation none)"
+        #: which bound holds a call's memory here (`memory_line`)
+        self.memory_bound = memory_line(settings) if settings.isolation != "bwrap" else ""
         if settings.isolation == "bwrap":
             check_isolation(preload)  # fail closed, in one line, before any model code exists
             seccomp = seccomp_program()

@@ -21,7 +21,7 @@ from tests.support.cli import REPO
 CONFIG = ["--config", str(REPO / "configs/base.yaml"), "--config", str(REPO / "configs/algo/grpo.yaml")]
 # What this CPU machine cannot run (the rest must pass).
 CPU_SKIPS = {"CUDA", "NCCL", "flash-attn", "engine sleep → wake", "flash-attention vs SDPA"}
-NOT_CHOSEN = {"fast paths vs plain"}  # the defaults choose no fast path
+NOT_CHOSEN = {"fast paths vs plain", "tool sandbox"}  # the defaults choose no fast path and no Python tool
 
 
 def table_rows(out: str) -> dict[str, tuple[str, str]]:
@@ -44,7 +44,7 @@ def test_the_doctor_passes_on_this_cpu_machine_with_the_embedded_default():
     rows = table_rows(proc.stdout)
     expected = {"torch", "CUDA", "NCCL", "vLLM", "flash-attn", "transformers", "lightning", "FSDP2 training step",
                 "chunked LM head", "fast paths vs plain", "packed micro-batches", "rollout engine", "weight sync",
-                "engine sleep → wake", "flash-attention vs SDPA"}  # fmt: skip
+                "engine sleep → wake", "flash-attention vs SDPA", "tool sandbox"}  # fmt: skip
     assert set(rows) == expected, proc.stdout
     for check, (result, rest) in rows.items():
         if check in CPU_SKIPS | NOT_CHOSEN:
@@ -187,3 +187,18 @@ def test_the_fast_path_row_passes_compiled_layers_and_fails_a_fast_path_that_cha
     monkeypatch.setattr(checks, "apply_fast_paths", changes_the_update)
     row = checks.fast_paths(checks.Setup(cfg, tmp_path / "wrong"))
     assert row.result == FAIL and "a fast path that changes the update" in row.note, row
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+def test_the_tool_sandbox_row_confines_a_call_and_fails_a_sandbox_without_its_filter(tmp_path, monkeypatch):
+    from rlvr_lightning.doctor.checks import Setup, tool_sandbox
+    from rlvr_lightning.plan import parse
+    from rlvr_lightning.sandbox import pool
+
+    cfg, _ = parse(["--config", str(REPO / "configs/base.yaml"), "--config", str(REPO / "configs/algo/grpo-tir.yaml")])
+    setup = Setup(cfg, tmp_path)
+    row = tool_sandbox(setup)
+    assert row.result == PASS and "memory per " in row.figure, row
+    monkeypatch.setattr(pool, "seccomp_program", lambda: b"")  # a sandbox that loads no filter
+    row = tool_sandbox(setup)
+    assert row.result == FAIL and "not confined" in row.note, row

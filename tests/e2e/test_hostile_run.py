@@ -33,11 +33,13 @@ def test_a_training_run_whose_calls_are_hostile_goes_on(tmp_path, quick_warm_sta
         monkeypatch.setenv("RLVR_HOSTILE_CANARY_FILE", str(canary_file))
         monkeypatch.setenv("RLVR_HOSTILE_CANARY_PID", str(canary.pid))
         monkeypatch.setenv("RLVR_TEST_SECRET_TOKEN", SECRET)  # the trainer's environment
-        args = [*preset_args(tmp_path, "grpo", model_dir, max_response_length=40), "--rollout_batches", "3",
+        args = [*preset_args(tmp_path, "grpo", model_dir, max_response_length=40), "--rollout_batches", "5",
                 "--data.val_data", "null", "--rollout.engine", "hf", "--data.environment", "tests.support.hostile.HostileCalls"]  # fmt: skip
         proc = run_cli(args, tmp_path)
         assert proc.returncode == 0, proc.stderr[-4000:]
         assert canary.poll() is None and canary_file.read_text() == "untouched"
+        if Path("/proc/keys").exists():  # a kernel key a call made would outlive the run, on this machine
+            assert "rlvr-leak" not in Path("/proc/keys").read_text()
     finally:
         canary.kill()
         canary.wait()
@@ -47,6 +49,6 @@ def test_a_training_run_whose_calls_are_hostile_goes_on(tmp_path, quick_warm_sta
     assert calls >= len(hostile_programs("", 0)), calls  # every program ran at least once
     assert max(p.value for p in history["train/tool_timeout_frac"]) > 0  # the loops and bombs were stopped
     assert max(p.value for p in history["train/tool_error_frac"]) > 0
-    assert len(history["train/loss"]) == 3 and "train/grad_norm" in history  # every batch trained
+    assert len(history["train/loss"]) == 5 and "train/grad_norm" in history  # every batch trained
     logged = [p.read_text(errors="replace") for p in (tmp_path / "artifacts").rglob("*") if p.is_file()]
     assert logged and not any(SECRET in text for text in logged)

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr_lightning.sandbox import Sandbox, SandboxSettings
-from rlvr_lightning.sandbox import pool
+from rlvr_lightning.sandbox import Sandbox, SandboxSettings, pool
 from tests.support.fake_worker import MALFORMED
 
 FAKE_WORKER = str(Path(__file__).resolve().parents[1] / "support" / "fake_worker.py")

@@ -2,7 +2,8 @@
 embedded model cannot be made to write such programs, so each call's code is swapped for the next of them): the
 run must go on, and nothing outside the sandbox may change. The programs aim at what the test watches: a file it
 wrote (`RLVR_HOSTILE_CANARY_FILE`) and a process it started (`RLVR_HOSTILE_CANARY_PID`); none signals every
-process, and none would do lasting harm if the sandbox failed."""
+process, and none would do lasting harm if the sandbox failed. The programs of tests/support/leaks.py, which try
+to leave files, IPC objects, kernel keys or processes for a later call, run among them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import textwrap
 
 from rlvr_lightning.environments.python_tool import PythonTool, PythonToolSettings
 from rlvr_lightning.sandbox import SandboxSettings
+from tests.support.leaks import LEAKS, program
 
 
 def hostile_programs(canary_file: str, canary_pid: int) -> dict[str, str]:
@@ -36,7 +38,8 @@ def hostile_programs(canary_file: str, canary_pid: int) -> dict[str, str]:
             print("parent done")
             """,
     }
-    return {name: textwrap.dedent(code).strip() for name, code in programs.items()}
+    programs = {name: textwrap.dedent(code).strip() for name, code in programs.items()}
+    return programs | {name: program(name) for name in LEAKS}  # those that try to leave something for a later call
 
 
 class HostileCalls(PythonTool):
