@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.stderr and execution.stderr:
         print(execution.stderr, file=sys.stderr, end="")
     cut = ", truncated" if truncated else ""
-    print(f"[{execution.status}, exit code {execution.exit_code}, {execution.seconds * 1000:.0f} ms{cut}]", file=sys.stderr)
+    peak = f", {execution.memory_peak_mb:.0f} MiB at most" if execution.memory_peak_mb is not None else ""
+    print(f"[{execution.status}, exit code {execution.exit_code}, {execution.seconds * 1000:.0f} ms{peak}{cut}]", file=sys.stderr)
     return 0 if execution.ok else 1
 
 

@@ -136,9 +136,11 @@ def enter_call_mounts(tmp_bytes: int, tmp_inodes: int, kept_in_tmp: list[str], c
     options = f"size={tmp_bytes},nr_inodes={tmp_inodes},mode=1777"
     if kept_in_tmp:
         _mount("tmpfs", CALL_TMP_STAGING, "tmpfs", MS_NOSUID | MS_NODEV, options)
-        for name in kept_in_tmp:
-            os.mkdir(os.path.join(CALL_TMP_STAGING, name))
-            _mount(os.path.join("/tmp", name), os.path.join(CALL_TMP_STAGING, name), None, MS_BIND | MS_REC)
+        for name in kept_in_tmp:  # read-only: they are the worker's own /tmp, which a call must not write
+            kept = os.path.join(CALL_TMP_STAGING, name)
+            os.mkdir(kept)
+            _mount(os.path.join("/tmp", name), kept, None, MS_BIND | MS_REC)
+            _read_only(kept)
         _mount(CALL_TMP_STAGING, "/tmp", None, MS_MOVE)
     else:
         _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, options)

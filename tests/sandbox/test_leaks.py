@@ -105,3 +105,48 @@ def test_the_mode_says_which_memory_bound_holds(mode):
             cgroup.remove()
         expected = "per call: a cgroup" if isinstance(cgroup, CallCgroup) else "per process only"
         assert results["memory_bound"].startswith(expected), (results["memory_bound"], cgroup)
+
+
+PYTHON_UNDER_TMP = """
+import json
+from rlvr_lightning.sandbox import Sandbox, SandboxSettings
+write = "import sys, os\\nfor d in (sys.prefix, os.path.dirname(sys.prefix)):\\n    try:\\n        open(d + '/left', 'w').write('x')\\n        print('wrote', d)\\n    except OSError as e:\\n        print('refused', e.errno)"
+look = "import sys, os\\nprint(sys.prefix, any(os.path.exists(d + '/left') for d in (sys.prefix, os.path.dirname(sys.prefix))))"
+with Sandbox(SandboxSettings(workers=1)) as box:
+    print(json.dumps([box.run(write).stdout, box.run(look).stdout]))
+"""
+
+
+@pytest.mark.parametrize("which", ["root", "user"])
+def test_a_python_installed_under_tmp_stays_read_only_to_calls(which):
+    """Where the interpreter lives under /tmp (a CI checkout, say), bubblewrap makes the directories above it in
+    the worker's own /tmp (the user's own, in a user namespace) and each call's /tmp binds them back in:
+    read-only, so that nothing a call writes there reaches the next call."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from tests.support.unprivileged import REPOSITORY
+
+    if which == "root" and os.getuid() != 0:
+        pytest.skip("the tests run as a user: root's mode cannot be tried")
+    if which == "user" and os.getuid() == 0 and (reason := unavailable_reason()) is not None:
+        pytest.skip(f"no unprivileged user to try the user mode with: {reason}")
+    top = Path(tempfile.mkdtemp(prefix="rlvr-venv-", dir="/tmp"))
+    top.chmod(0o755)
+    venv = top / "nested" / "venv"  # its parents are the directories bubblewrap makes
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        (site,) = venv.glob("lib/python*/site-packages")
+        (site / "outer.pth").write_text("\n".join(p for p in sys.path if p.endswith("site-packages")) + "\n")
+        argv = [str(venv / "bin" / "python"), "-c", PYTHON_UNDER_TMP]
+        if which == "user" and os.getuid() == 0:
+            proc = run_unprivileged(argv, timeout_s=120)
+        else:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPOSITORY)})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        wrote, seen = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert "wrote" not in wrote and wrote.count("refused") == 2, (which, wrote)
+        assert seen == f"{venv} False\n", (which, seen)  # it ran from under /tmp, and nothing was left
+    finally:
+        shutil.rmtree(top)
