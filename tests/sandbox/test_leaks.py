@@ -138,7 +138,8 @@ def test_a_python_installed_under_tmp_stays_read_only_to_calls(which):
     try:
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
         (site,) = venv.glob("lib/python*/site-packages")
-        (site / "outer.pth").write_text("\n".join(p for p in sys.path if p.endswith("site-packages")) + "\n")
+        outer = [os.path.realpath(p) for p in sys.path if p.endswith("site-packages")]  # where numpy and sympy are
+        (site / "outer.pth").write_text("\n".join(outer) + "\n")
         argv = [str(venv / "bin" / "python"), "-c", PYTHON_UNDER_TMP]
         if which == "user" and os.getuid() == 0:
             proc = run_unprivileged(argv, timeout_s=120)
