@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # world.py besid
 import world  # noqa: E402
 
 HEADER = struct.Struct(">I")
-WORLD_FAILED = 125  # the exit code of a call whose world could not be made (its code never ran)
+NOT_STARTED = 125  # the exit code of a call whose code never ran (its world or its limits could not be made)
 
 
 def read_message(stream, max_bytes: int | None = None) -> dict | None:
@@ -128,7 +128,7 @@ def code_process(request: dict, out_fd: int, err_fd: int, cwd: str, code_uid: in
         try:
             os.write(2, f"the sandbox could not start the call: {e}\n".encode())
         finally:
-            os._exit(WORLD_FAILED)
+            os._exit(NOT_STARTED)
 
 
 def _both(value: int) -> tuple[int, int]:
@@ -159,28 +159,31 @@ class Worker:
     def call(self, request: dict) -> dict:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        made_r, made_w = os.pipe()  # one byte once the call's world is made (the code never holds this pipe)
         if self.memory is not None:
             self.memory.start()
         start = time.monotonic()
         call_dir = None
         if self.isolated is not None:
-            pid = world.start_call(lambda: self._isolated_call(request, out_w, err_w))
+            pid = world.start_call(lambda: self._isolated_call(request, out_w, err_w, made_w))
         else:
             call_dir = tempfile.mkdtemp(prefix="rlvr-sandbox-")
             if self.code_uid is not None:
                 os.chown(call_dir, self.code_uid, self.code_uid)
+            os.write(made_w, b"1")
             pid = os.fork()
             if pid == 0:
                 os.setsid()
                 code_process(request, out_w, err_w, call_dir, self.code_uid, b"")
-        os.close(out_w)
-        os.close(err_w)
+        for fd in (out_w, err_w, made_w):
+            os.close(fd)
         reason, stdout, stderr, status = self._read(request, start, pid, out_r, err_r)
-        os.close(out_r)
-        os.close(err_r)
+        made = os.read(made_r, 1)  # the call has ended: its byte is there, or the pipe is closed
+        for fd in (out_r, err_r, made_r):
+            os.close(fd)
         clean, left = self._clean(call_dir)
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == WORLD_FAILED and reason is None:
-            clean, left = False, stderr.decode(errors="replace")[-500:]  # the worker, not the code, failed
+        if not made:  # the worker, not the code, failed: it is replaced
+            clean, left = False, stderr.decode(errors="replace")[-500:]
         answer = {
             "stdout": stdout.decode("utf-8", "replace"),
             "stderr": stderr.decode("utf-8", "replace"),
@@ -194,14 +197,15 @@ class Worker:
             answer.update(self.memory.end())
         return answer
 
-    def _isolated_call(self, request: dict, out_w: int, err_w: int) -> None:
+    def _isolated_call(self, request: dict, out_w: int, err_w: int, made_w: int) -> None:
         """The call's process, pid 1 of its namespaces: its cgroup and mounts, then the code."""
         iso = self.isolated
         try:
             world.enter_call_mounts(iso.tmp_bytes, iso.tmp_inodes, iso.kept_in_tmp, iso.cgroups)
         except OSError as e:
             os.write(err_w, f"the call's world could not be made: {e}\n".encode())
-            os._exit(WORLD_FAILED)
+            os._exit(NOT_STARTED)
+        os.write(made_w, b"1")
         code_process(request, out_w, err_w, "/tmp", self.code_uid, iso.seccomp)
 
     def _read(self, request, start, pid, out_r, err_r) -> tuple[str | None, bytes, bytes, int]:
