@@ -42,7 +42,8 @@ PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus")
 CALL_TMP_STAGING = "/sandbox/call-tmp"  # where the call's /tmp is made before it is moved over /tmp
 
 _libc = ctypes.CDLL(None, use_errno=True)
-# A raw clone must not release the GIL: the child comes back into the interpreter as its only thread.
+# A raw clone must not release the GIL: the child comes back into the interpreter as its only thread (the worker
+# runs one thread, so no other thread's state is copied half-way).
 _libc_holding_gil = ctypes.PyDLL(None, use_errno=True)
 
 
