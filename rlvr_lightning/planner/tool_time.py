@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# A warm sandbox call that imports sympy and prints a result, the median on a 2-core CPU machine
-# (bench/sandbox.py, bench/results/sandbox.json: 65 ms; a call that only prints: 12 ms).
-DEFAULT_CALL_MS = 65.0
+# A warm sandbox call that imports sympy and prints a result, the median on a 2-core CPU machine with both
+# workers busy (bench/sandbox.py, bench/results/sandbox.json: 83 ms; a call that only prints: 10 ms).
+DEFAULT_CALL_MS = 83.0
 
 
 @dataclass(frozen=True)
