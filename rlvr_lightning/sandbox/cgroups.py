@@ -1,6 +1,9 @@
-"""A call's memory and processes bounded as a whole: one cgroup per sandbox worker, which each call's init joins,
-so everything the call holds (its processes' memory, shared memory, memfds, its /tmp and /dev/shm) counts
-against `memory_mb`, and its processes and threads against `processes`.
+"""A call's memory and processes bounded as a whole: one cgroup per sandbox worker, which the worker joins once
+warm (its preloaded pages stay charged where they were) and every call is born in, so everything the call
+holds (its processes' memory, shared memory, memfds, its /tmp and /dev/shm) counts against `memory_mb`, and
+its processes and threads against `processes`. The worker's own allocations since it joined (its messages,
+1-2 MiB) count within `memory_mb`. Joining per call instead would cost each call an RCU grace period (the
+kernel's cgroup move waits for one: 30-100 ms measured here on a busy machine).
 
 cgroup v1's memory and pids controllers, where this process may make a cgroup beside its own (as root on a
 machine that mounts them, as this one does; the v2 hierarchy there is mounted without controllers). Where no
@@ -125,7 +128,7 @@ def make_call_cgroup(memory_mb: int, processes: int) -> CallCgroup | str:
             _write(memory, "memory.swappiness", "0")  # nor through swap where it is not counted
         except OSError:
             pass  # a kernel without per-cgroup swappiness: swap, where there is any, is the margin
-        _write(made["pids"], "pids.max", str(processes))
+        _write(made["pids"], "pids.max", str(processes + 1))  # the worker is there too
     except OSError as e:
         CallCgroup(made).remove()
         return f"a cgroup could not be made ({e})"

@@ -1,7 +1,7 @@
 """The world one call runs in, made new for every call inside the worker's sandbox and gone with the call.
 
-A call's process is pid 1 of new PID, mount and IPC namespaces (`start_call`): it joins the worker's call
-cgroup, mounts its own `/proc`, a size- and inode-limited `/tmp` and `/dev/shm`, then drops every capability,
+A call's process is pid 1 of new PID, mount and IPC namespaces (`start_call`), born in the worker's call cgroup:
+it mounts its own `/proc`, a size- and inode-limited `/tmp` and `/dev/shm`, then drops every capability,
 becomes the worker's unprivileged user (as root), and loads a seccomp filter built by the host
 (`seccomp_filter.py`) that refuses new namespaces, kernel keys, tracing, mounts and the rest of what math
 never needs, before it runs the code. When it ends (or the worker kills it at the time limit), the kernel
@@ -121,14 +121,15 @@ def die_with_parent() -> None:
 
 
 def enter_call_mounts(tmp_bytes: int, tmp_inodes: int, kept_in_tmp: list[str], cgroups: list[str]) -> None:
-    """In the call's process, first: join the call cgroups, then mount the call's own /proc, /tmp and
-    /dev/shm (the entries of `kept_in_tmp`, a Python installed under /tmp, bound back in), make /dev
-    read-only and hide the cgroups' files."""
+    """In the call's process, first: mount the call's own /proc, /tmp and /dev/shm (the entries of
+    `kept_in_tmp`, a Python installed under /tmp, bound back in), make /dev read-only and hide the call
+    cgroup's files (the worker is in that cgroup, and so is every process a call starts)."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here reaches the worker
-    for directory in cgroups:  # every process the call starts is charged there from now on
-        with open(os.path.join(directory, "cgroup.procs"), "w") as f:
-            f.write("0")
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    if cgroups:  # at the call's limit the kernel stops a process of the call, never the worker, whose warm pages
+        _prctl(PR_SET_DUMPABLE, 1)  # make it the cgroup's largest (its /proc files are its own again for this)
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")  # the call's processes inherit it and cannot lower it
     for name in PROC_READ_ONLY:
         path = f"/proc/{name}"
         if os.path.exists(path):

@@ -60,8 +60,10 @@ def test_a_calls_processes_shared_memory_and_files_together_stay_within_memory_m
     settings = SandboxSettings(workers=1, timeout_s=4.0, memory_mb=MEMORY_MB, file_mb=64, tmp_mb=64, processes=64)
     with Sandbox(settings) as box:
         assert box.memory_bound.startswith("per call" if per_call else "per process only"), box.memory_bound
+        workers = [w.proc.pid for w in box._all]
         result = box.run(HOLD_TOGETHER)
         after = box.run("print(1)")
+        kept = [w.proc.pid for w in box._all] == workers  # the kernel stopped the call, not its worker
     mode = "per call (cgroup)" if per_call else "per process (address space)"
     print(f"memory bound: {mode}; the call: {result.status}, peak {result.memory_peak_mb} MiB")
     if per_call:
@@ -71,6 +73,7 @@ def test_a_calls_processes_shared_memory_and_files_together_stay_within_memory_m
     else:  # each piece fits under its own process's limit: only the per-process bound holds
         assert result.memory_peak_mb is None, (mode, result)
     assert after.status == "ok" and after.stdout == "1\n"
+    assert kept and result.status != "crashed", (mode, result)
 
 
 def test_one_process_over_memory_mb_gets_a_memory_error():
