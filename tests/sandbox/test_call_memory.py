@@ -69,7 +69,7 @@ def test_a_calls_processes_shared_memory_and_files_together_stay_within_memory_m
     if per_call:
         assert result.memory_peak_mb is not None and result.memory_peak_mb <= MEMORY_MB, (mode, result)
         assert result.memory_peak_mb > MEMORY_MB / 2, (mode, result)  # it did push up to the limit
-        assert "held 4" not in result.stdout, (mode, result)  # 400 MiB were never held at once
+        assert "MemoryError: the call's processes together reached" in result.stderr, (mode, result)  # stopped
     else:  # each piece fits under its own process's limit: only the per-process bound holds
         assert result.memory_peak_mb is None, (mode, result)
     assert after.status == "ok" and after.stdout == "1\n"
@@ -80,3 +80,25 @@ def test_one_process_over_memory_mb_gets_a_memory_error():
     with Sandbox(SandboxSettings(workers=1, timeout_s=4.0, memory_mb=MEMORY_MB)) as box:
         result = box.run(f"x = bytearray({MEMORY_MB + 64} * 2**20)\nprint(len(x))")
     assert result.status == "error" and "MemoryError" in result.stderr, result
+
+
+def test_a_call_that_holds_its_memory_in_files_is_stopped_and_its_worker_kept():
+    """Files in /dev/shm belong to no process: at the limit the kernel must stop a process of the call, not the
+    worker, which its warm pages make the cgroup's largest (the call's processes raise their OOM score)."""
+    fill = textwrap.dedent("""
+        import time
+        for i in range(10):
+            with open(f"/dev/shm/f{i}", "wb") as f:
+                for _ in range(32):
+                    f.write(b"x" * (1 << 20))
+        time.sleep(30)
+    """)
+    settings = SandboxSettings(workers=1, timeout_s=4.0, memory_mb=MEMORY_MB, file_mb=64, tmp_mb=512)
+    with Sandbox(settings) as box:
+        if not box.memory_bound.startswith("per call"):
+            pytest.skip(f"no call cgroup here: {box.memory_bound}")
+        workers = [w.proc.pid for w in box._all]
+        result = box.run(fill)
+        assert [w.proc.pid for w in box._all] == workers, result  # the worker was not the one stopped
+    assert result.status == "error" and "MemoryError: the call's processes together reached" in result.stderr, result
+    assert result.memory_peak_mb <= MEMORY_MB, result
