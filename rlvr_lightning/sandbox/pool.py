@@ -95,17 +95,22 @@ class Execution:
         return self.status == "ok"
 
 
+ANSWER_FIELDS = {"stdout": str, "stderr": str, "status": str, "seconds": (int, float), "clean": bool, "left": str}
+
+
+def _is(value: object, kind) -> bool:
+    """isinstance, where a bool is neither an int nor a float (JSON's `true` is not a number)."""
+    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+
+
 def valid_answer(answer: object, output_bytes: int) -> bool:
-    """Whether `answer` is what a worker answers: each field there, of its type, the output within its cap."""
-    if not isinstance(answer, dict):
-        return False
-    types = {"stdout": str, "stderr": str, "status": str, "seconds": (int, float), "clean": bool, "left": str}
-    if any(not isinstance(answer.get(k), t) or isinstance(answer.get(k), bool) != (t is bool) for k, t in types.items()):
-        return False
-    exit_code = answer.get("exit_code")
+    """Whether `answer` is what a worker answers: each field there, of its type, a status a worker gives, and
+    the output within its cap (decoding replaces a bad byte with 3 bytes at most)."""
     return (
-        answer["status"] in STATUSES
-        and (exit_code is None or (isinstance(exit_code, int) and not isinstance(exit_code, bool)))
+        isinstance(answer, dict)
+        and all(_is(answer.get(name), kind) for name, kind in ANSWER_FIELDS.items())
+        and (answer.get("exit_code") is None or _is(answer["exit_code"], int))
+        and answer["status"] in STATUSES
         and len(answer["stdout"].encode()) + len(answer["stderr"].encode()) <= 3 * output_bytes
     )
 
