@@ -32,7 +32,7 @@ class PlanSettings:
                 `rollout.max_response_length`: every response at the cap, the worst case).
             tool_calls_per_answer: with the Python tool, the calls an answer is expected to make (default: its
                 most, `data.tool.max_calls`); the worst case makes the most, each to its time limit.
-            tool_call_ms: a call's expected wall time (default: 83 ms, a warm call importing sympy on a 2-core
+            tool_call_ms: a call's expected wall time (default: 63 ms, a warm call importing sympy on a 2-core
                 CPU, bench/results/sandbox.json).
         """
         if hardware is not None and hardware not in CHOICES:

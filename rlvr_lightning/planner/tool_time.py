@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass
 
 # A warm sandbox call that imports sympy and prints a result, the median on a 2-core CPU machine with both
-# workers busy (bench/sandbox.py, bench/results/sandbox.json: 83 ms; a call that only prints: 10 ms).
-DEFAULT_CALL_MS = 83.0
+# workers busy (bench/sandbox.py, bench/results/sandbox.json: 63 ms; a call that only prints: 7 ms).
+DEFAULT_CALL_MS = 63.0
 
 
 @dataclass(frozen=True)

@@ -328,7 +328,7 @@ def test_make_plan_reads_the_tool_and_the_plans_own_expectations(monkeypatch):
 
     monkeypatch.setattr(sys, "argv", ["plan"])
     spec = run_spec(parsed("--data.tool.max_calls", "3", "--data.tool.sandbox.workers", "2"), hardware("cpu"))
-    assert (spec.tool.max_calls, spec.tool.calls_per_answer, spec.tool.workers, spec.tool.call_s) == (3, 3, 2, 0.083)
+    assert (spec.tool.max_calls, spec.tool.calls_per_answer, spec.tool.workers, spec.tool.call_s) == (3, 3, 2, 0.063)
     assert spec.tool.output_tokens == 512 + len("```output\n") + len("\n```\n")
     planned = parsed("--data.tool.max_calls", "3", "--plan.tool_calls_per_answer", "0.5", "--plan.tool_call_ms", "20")
     spec = run_spec(planned, hardware("cpu"))
