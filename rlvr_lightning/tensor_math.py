@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 LOG_RATIO_CLAMP = 20.0  # as verl: exp() of a larger log-ratio is never a meaningful ratio
@@ -21,8 +23,17 @@ def entropy_from_logprobs(logp: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(-1)
 
 
-def binary_kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """KL(Bernoulli(p) ‖ Bernoulli(q)), p and q kept inside (0, 1): a sampled token's probability under two
-    policies read as the two-outcome distribution (the token, everything else)."""
-    p, q = p.clamp(1e-8, 1 - 1e-8), q.clamp(1e-8, 1 - 1e-8)
-    return p * (p / q).log() + (1 - p) * ((1 - p) / (1 - q)).log()
+def log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 − eˣ) for x ≤ 0, accurate at both ends (Mächler's switch at −log 2)."""
+    return torch.where(x > -math.log(2), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+
+
+def binary_kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """KL(Bernoulli(p) ‖ Bernoulli(q)) from log p and log q: a sampled token's probability under two policies
+    read as the two-outcome distribution (the token, everything else). Exact at the edges, where a clamp of p
+    and q would understate it: a term of weight 0 is 0, and mass where the other side has none is +inf."""
+    p = logp.exp()
+    token = torch.where(p > 0, p * (logp - logq), 0.0)
+    log_rest_p, log_rest_q = log1mexp(logp), log1mexp(logq)
+    rest = torch.where(log_rest_p > -math.inf, (1 - p) * (log_rest_p - log_rest_q), 0.0)
+    return token + rest

@@ -168,10 +168,11 @@ def check_kpop_threshold(*, kpop_threshold: float) -> None:
 @torch.no_grad()
 def kpop(x: CorrectionInputs, *, kpop_threshold: float = 2.0) -> Weights:
     """KPop (AReaL): a token is kept, with weight π_old/π_rollout, when the binary KL between the two policies'
-    probabilities of it, taken both ways, stays ≤ φ; else it is left out (weight 0). A token either side gave
-    probability 0 is left out too: the binary KL clamps both probabilities away from 0, so it would read ~0 there,
-    and the ratio is ±inf (kept, it would weigh e^20)."""
-    p, q = x.old_logp.exp(), x.rollout_logp.exp()
+    probabilities of it, taken both ways, stays ≤ φ; else it is left out (weight 0). The divergence is computed
+    from the log-probs, exactly however small a probability is (a token the engine gave 1e-15 against the
+    trainer's 0.07 is D = 2.16, not the 1.04 a clamp at 1e-8 would read); a token either side gave probability
+    0 is +inf away, and its ratio is not finite either: left out."""
+    log_p, log_q = x.old_logp, x.rollout_logp
     log_w = _token_log_ratio(x)
-    kept = (torch.maximum(binary_kl(p, q), binary_kl(q, p)) <= kpop_threshold) & log_w.isfinite()  # False for NaN
+    kept = (torch.maximum(binary_kl(log_p, log_q), binary_kl(log_q, log_p)) <= kpop_threshold) & log_w.isfinite()
     return _kept_only(log_w, kept, x.mask)

@@ -182,7 +182,7 @@ def dppo_kl(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float, dp
     """DPPO's binary KL mask: D = KL(Bernoulli(μ) ‖ Bernoulli(π)) of the sampled token; a token with Â > 0 is
     masked when D > δ_high and π > μ, one with Â ≤ 0 when D > δ_low and π < μ."""
     pi, mu = x.logp.detach().exp(), x.old_logp.exp()
-    d = binary_kl(mu, pi)
+    d = binary_kl(x.old_logp, x.logp.detach())
     return trust_region_masked(x, (d > clip_eps_high) & (pi > mu), (d > clip_eps_low) & (pi < mu), dppo_ratio_cap)
 
 

@@ -205,3 +205,27 @@ def test_kimi_is_the_squared_log_ratio_to_the_behaviour_policy_and_loads_no_refe
     term.backward()
     torch.testing.assert_close(logp.grad, 2 * 0.1 * torch.tensor([[0.0, 0.3, -0.2]]) / 3)
     torch.testing.assert_close(stats["kl"], torch.tensor([[0.0, 0.09, 0.04]]))
+
+
+def test_kpop_reads_the_binary_kl_of_a_tiny_probability_exactly():
+    """The engine gave the token 1e-15, the trainer 0.07: D(p‖q) = 0.07·ln(0.07/1e-15) + 0.93·ln(0.93/1) = 2.16 > φ = 2,
+    so the token is left out; a clamp of q at 1e-8 read 1.04 and kept it at the weight e^20."""
+    p, q = 0.07, 1e-15
+    exact = p * math.log(p / q) + (1 - p) * math.log((1 - p) / (1 - q))
+    assert exact == pytest.approx(2.1641, abs=1e-4)
+    from rlvr_lightning.tensor_math import binary_kl
+
+    d = binary_kl(torch.tensor([math.log(p)], dtype=torch.float64), torch.tensor([math.log(q)], dtype=torch.float64))
+    assert d.item() == pytest.approx(exact, rel=1e-9)
+    weights, _ = correction("kpop", [[math.log(p), math.log(0.5)]], [[math.log(q), math.log(0.5)]], kpop_threshold=2.0)
+    torch.testing.assert_close(weights, torch.tensor([[0.0, 1.0]]))
+
+
+def test_the_binary_kl_is_zero_between_equal_policies_and_infinite_where_one_has_no_mass():
+    from rlvr_lightning.tensor_math import binary_kl
+
+    logp = torch.tensor([0.0, math.log(0.3), -math.inf, math.log(0.3)])
+    logq = torch.tensor([0.0, math.log(0.3), -math.inf, -math.inf])
+    d = binary_kl(logp, logq)
+    assert d[:3].tolist() == [0.0, 0.0, 0.0] and d[3].item() == math.inf
+    assert binary_kl(torch.tensor([0.0]), torch.tensor([math.log(0.5)])).item() == pytest.approx(math.log(2))
