@@ -18,6 +18,7 @@ from rlvr_lightning.context import StepContext
 from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.pieces.advantages import overlong_penalty
 from rlvr_lightning.pieces.kinds import LossAggName
+from rlvr_lightning.pieces.selection import selected_pieces
 from rlvr_lightning.rollout.types import PromptBatch, Rollout
 from rlvr_lightning.training.dynamic_sampling import DynamicSampler, OnExhausted
 from rlvr_lightning.training.engine_session import Stream
@@ -81,9 +82,10 @@ class DAPO(GRPO):
             raise ConfigError(f"model.gen_batch_size={h.gen_batch_size} must be ≥ data.batch_size={dm.hparams.batch_size}")
         if buffer > L_max:
             raise ConfigError(f"model.overlong_buffer_len={h.overlong_buffer_len} exceeds rollout.max_response_length={L_max}")
-        if h.advantage_estimator == "maxrl" and (h.signed_reward or buffer > 0):
+        maxrl = [key for key, piece in selected_pieces(h).items() if piece.name == "maxrl"]  # opd_reward too
+        if maxrl and (h.signed_reward or buffer > 0):
             raise ConfigError(
-                "model.advantage_estimator=maxrl takes rewards in [0, 1] ((r − r̄)/r̄: on DAPO's ±1 a group at most half "
+                f"model.{maxrl[0]}=maxrl takes rewards in [0, 1] ((r − r̄)/r̄: on DAPO's ±1 a group at most half "
                 "right has no signal); set model.signed_reward=false and model.overlong_buffer_len=0 to use it in DAPO"
             )
         return DAPOStep(self.dynamic_sampler if h.dynamic_sampling else None, h.signed_reward, buffer, h.overlong_penalty_factor, L_max)

@@ -3,9 +3,12 @@ sampled, and the per-token reverse KL is the learning signal, alone or beside th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from rlvr_lightning.pieces.kinds import AdvantageInputs, advantage_estimators
+from rlvr_lightning.tensor_math import LOG_RATIO_CLAMP
 
 
 def check_opd(*, opd_reward: str, opd_coef: float, opd_clip: float | None) -> None:
@@ -19,9 +22,16 @@ def check_opd(*, opd_reward: str, opd_coef: float, opd_clip: float | None) -> No
         raise ValueError(f"opd_reward={opd_reward!r} reads the teacher itself; name the reward's estimator (grpo, none, …)")
 
 
-@advantage_estimators.register("opd", anchor="on-policy-distillation", check=check_opd, teacher=True)
+@advantage_estimators.register(
+    "opd", anchor="on-policy-distillation", check=check_opd, teacher=True, wraps="opd_reward", wraps_in=advantage_estimators
+)
 def opd_advantage(
-    inputs: AdvantageInputs, *, opd_reward: str = "none", opd_coef: float = 1.0, opd_clip: float | None = None
+    inputs: AdvantageInputs,
+    *,
+    opd_reward: str = "none",
+    opd_coef: float = 1.0,
+    opd_clip: float | None = None,
+    wrapped: Callable | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """On-policy distillation: token advantage Â_n + λ·clip(log π_T − log π_S, ±c), the negated per-token reverse KL.
 
@@ -29,15 +39,21 @@ def opd_advantage(
     KL(π_S ‖ π_T) at that position (the student's own samples, as the estimate needs); its negation rewards the
     tokens the teacher finds likelier than the student did. `opd_reward` names the estimator of the verifiable
     reward's sequence advantage Â_n added on every token (`none`: distillation alone); λ = `opd_coef`; c =
-    `opd_clip` (None: unclipped). Tokens outside `mask` get 0.
+    `opd_clip` (None: only the library's log-ratio bound, ±20, which keeps a teacher's −inf finite). Tokens
+    outside `mask` get 0. That estimator is selected as if on its own: it
+    runs with its knobs and its checks (`wrapped`: it, bound, as the registry gives it).
     """
     d = inputs.distillation
     if d is None:
         raise ValueError("the advantage estimator `opd` needs a teacher (model.teacher.model_name_or_path)")
     mask = d.mask.bool()
-    gap = torch.where(mask, d.teacher_logp.float() - d.student_logp.float(), 0.0)
+    # A token the teacher gives probability 0 (log-prob −inf) would make the step non-finite: its gap stops at
+    # the library's log-ratio bound, the strongest push a finite ratio gives.
+    gap = (d.teacher_logp.float() - d.student_logp.float()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    gap = torch.where(mask, gap, 0.0)
     signal = gap if opd_clip is None else gap.clamp(-opd_clip, opd_clip)
-    out = advantage_estimators.get(opd_reward).fn(inputs)
+    reward = wrapped if wrapped is not None else advantage_estimators.get(opd_reward).bind({})
+    out = reward(inputs)
     sequence = (out[0] if isinstance(out, tuple) else out).to(gap)
     advantages = torch.where(mask, sequence[:, None] + opd_coef * signal, 0.0)
     tokens = mask.sum().clamp(min=1)

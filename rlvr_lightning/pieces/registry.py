@@ -51,6 +51,8 @@ DOCS = "docs/algorithms.md"
 
 # Settings of the run (not knobs) that a piece's `check` may name; known at fit start.
 RUN_SETTINGS = ("group_size", "max_response_length")
+# The keyword a piece that wraps another (`traits["wraps"]`) is given that piece by, bound: not a knob.
+WRAPPED = "wrapped"
 
 
 @dataclass(frozen=True)
@@ -74,13 +76,23 @@ class Piece:
 
     @property
     def knobs(self) -> tuple[str, ...]:
-        """The keyword-only parameters of its functions and of its check (less the run settings)."""
+        """The keyword-only parameters of its functions and of its check (less the run settings, and the
+        bound piece it wraps)."""
         names: dict[str, None] = {}
         for fn in self.functions:
-            names.update((name, None) for name in keyword_only(fn))
+            names.update((name, None) for name in keyword_only(fn) if name != WRAPPED)
         if self.check is not None:
             names.update((name, None) for name in keyword_only(self.check) if name not in RUN_SETTINGS)
         return tuple(names)
+
+    def wrapped(self, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None = None) -> Piece | None:
+        """The piece of its kind this one runs inside it, named by its knob `traits["wraps"]` (on-policy
+        distillation's `opd_reward`), or None. That piece runs with its own knobs and checks, from the same
+        `values` and `piece_args`, as if it were selected itself."""
+        knob = self.traits.get("wraps")
+        if knob is None:
+            return None
+        return self.traits["wraps_in"].get(self.knob_values(values, piece_args)[knob])
 
     @property
     def docs(self) -> str:
@@ -106,7 +118,9 @@ class Piece:
         """The function with its knobs fixed from `values` (the module's hyper-parameters), then
         `piece_args`, then its own defaults; its check run on them (see `check_knobs`)."""
         self.check_knobs(values, piece_args)
-        return bind_knobs(self.fn, self.what, values, piece_args)
+        fn = bind_knobs(self.fn, self.what, values, piece_args)
+        inner = self.wrapped(values, piece_args)
+        return fn if inner is None else partial(fn, **{WRAPPED: inner.bind(values, piece_args)})
 
     def check_knobs(
         self,

@@ -17,8 +17,14 @@ from rlvr_lightning.pieces.registry import Piece, sets
 
 
 def selected_pieces(values: Mapping[str, Any]) -> dict[str, Piece]:
-    """The piece of each kind, by its config key (`policy_loss`)."""
-    return {registry.key: registry.selected(values) for registry in KINDS}
+    """The piece of each kind, by its config key (`policy_loss`), and each piece one of them wraps, by the knob
+    that names it (`opd_reward`): it runs, and is checked, as a selected piece."""
+    pieces = {registry.key: registry.selected(values) for registry in KINDS}
+    for piece in list(pieces.values()):
+        inner = piece.wrapped(values, values.get("piece_args"))
+        if inner is not None:
+            pieces[piece.traits["wraps"]] = inner
+    return pieces
 
 
 def check_piece_args(values: Mapping[str, Any]) -> None:

@@ -4,6 +4,7 @@ teacher's log-probs (in the trainer) against a direct forward of the teacher."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pytest
@@ -44,10 +45,40 @@ def test_clipped_and_weighted_beside_grpos_sequence_advantage():
     assert stats["opd_clip_frac"] == 0.5  # |−1| and |2| exceed 0.75; 0.5 and 0 do not
 
 
+def test_a_token_the_teacher_gives_probability_zero_keeps_the_step_finite():
+    """A teacher log-prob of −inf (the teacher cannot produce the token) once made the advantage, and so the step,
+    −inf: its gap stops at the log-ratio bound, −20, and the rest is as before."""
+    teacher = TEACHER.clone()
+    teacher[0, 1] = -float("inf")
+    adv, stats = opd(teacher=teacher)
+    assert torch.isfinite(adv).all() and math.isfinite(stats["opd_reverse_kl"])
+    assert adv.tolist() == [[0.5, -20.0, 0.0], [0.0, 2.0, 0.0]]
+
+
 def test_a_teacher_equal_to_the_student_leaves_the_rewards_advantage():
     adv, _ = opd(rewards=(0.0, 1.0), teacher=STUDENT, opd_reward="grpo")
     sequence = group_advantage(torch.tensor([0.0, 1.0]), 2)
     assert torch.equal(adv, sequence[:, None] * MASK)
+
+
+def test_the_rewards_estimator_runs_with_its_own_knobs_and_checks():
+    """`opd_reward` selects an estimator as if on its own: `pass_at_k` from piece_args reaches pass-at-k (before,
+    piece_args refused it as read by no selected piece), and its check (k ≤ G) runs with the run's group size
+    (before, it ran with its default k = 4, which gives 0 with G = 2)."""
+    from rlvr_lightning.pieces.selection import selected_pieces
+
+    teacher = {"model_name_or_path": "embedded"}
+    h = GRPO(advantage_estimator="opd", teacher=teacher, piece_args={"opd_reward": "pass-at-k", "pass_at_k": 2}).hparams
+    rewards, logp, mask = torch.tensor([1.0, 0.0, 0.0, 0.0]), torch.zeros(4, 3), torch.ones(4, 3)  # one group of 4
+    inputs = AdvantageInputs(rewards, rewards, 4, distillation=DistillationInputs(logp, logp, mask))
+    adv, _ = advantage_estimators.bound(h)(inputs)
+    direct = advantage_estimators.get("pass-at-k").fn(AdvantageInputs(rewards, rewards, 4), pass_at_k=2)
+    assert direct.abs().sum() > 0 and torch.equal(adv, direct[:, None] * mask)  # k = 4 = G would give all 0
+    h = GRPO(advantage_estimator="opd", teacher=teacher, piece_args={"opd_reward": "pass-at-k"}).hparams
+    assert selected_pieces(h)["opd_reward"].name == "pass-at-k"
+    with pytest.raises(ConfigError, match=r"pass_at_k must lie in \[1, rollout.group_size=2\], got 4"):
+        for piece in selected_pieces(h).values():  # as the run's check does at fit start
+            piece.check_knobs(h, h["piece_args"], {"group_size": 2, "max_response_length": 8})
 
 
 @pytest.mark.parametrize(
