@@ -23,3 +23,12 @@ def check_choice(flag: str, value, choices) -> None:
 class RunStalled(RuntimeError):
     """No training step finished within the watchdog's bound: the message says how long, and where the stacks
     and the state of the rollout were written."""
+
+
+class RunStopped(RuntimeError):
+    """The run was stopped by a signal (SIGTERM, SIGINT): the message says where and which checkpoint holds it;
+    `exit_code` is the shell's for that signal (143, 130)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -65,6 +65,7 @@ class MLFlowLogger(LightningMLFlowLogger):
     - MLflow's system metrics (CPU, memory, disk, network; GPU utilisation and memory where there is
       one) every `system_metrics_interval_s` seconds while the run is open, from rank 0's node, under
       `system/…` (the run's "System metrics" tab); `system_metrics=False` turns them off;
+    - a run stopped by a signal (`stopped_by`) is closed as KILLED, tagged `stopped` with the line saying where;
     - a tracking store that refuses points (a locked SQLite file, a server restarting) does not stop training:
       the points are kept and sent again, in order, with the next step's, and at the end; one that has refused
       them for `store_unavailable_s` is an error naming the store (`TrackingStoreUnavailable`).
@@ -87,6 +88,7 @@ class MLFlowLogger(LightningMLFlowLogger):
         self._told_about_skipping = False
         self._system_metrics_interval_s = system_metrics_interval_s if system_metrics else None
         self._system_monitor = None
+        self.stopped_by: str | None = None  # a signal stopped the run (`callbacks/stopping.py`): the line saying so
 
     @property
     @rank_zero_experiment
@@ -112,6 +114,9 @@ class MLFlowLogger(LightningMLFlowLogger):
         if self._system_monitor is not None:
             self._system_monitor.finish()  # flushes its last samples while the run is still open
             self._system_monitor = None
+        if self.stopped_by is not None and self._initialized:  # stopped on purpose: not a failure
+            self.experiment.set_tag(self.run_id, "stopped", self.stopped_by)
+            status = "KILLED"
         super().finalize(status)
 
     @rank_zero_only

@@ -86,6 +86,7 @@ class ResumableCheckpoint(Checkpoint):
         self.dirpath, self.every_n_steps, self.save_on_train_end = Path(dirpath), every_n_steps, save_on_train_end
         self._restored_rng: list[dict] | None = None
         self.failures = 0  # saves that could not be written, this process
+        self.saved_at: int | None = None  # the rollout batch this process last wrote a checkpoint at
 
     def run_dir(self, trainer: L.Trainer) -> Path:
         return self.dirpath / str(getattr(trainer.logger, "run_id", None) or "run")
@@ -132,7 +133,16 @@ class ResumableCheckpoint(Checkpoint):
             (out / "last.json.tmp").write_text(json.dumps(info, indent=2))
             os.replace(out / "last.json.tmp", out / "last.json")
         trainer.strategy.barrier("checkpoint saved")
+        self.saved_at = pl_module.rollout_batches
         return last
+
+    def last_saved(self, trainer: L.Trainer) -> tuple[Path, int] | None:
+        """The run's checkpoint and the rollout batch it holds (`last.json`), if there is one."""
+        out = self.run_dir(trainer)
+        try:
+            return out / "last.ckpt", int(json.loads((out / "last.json").read_text())["rollout_batches"])
+        except (OSError, ValueError, KeyError):
+            return None
 
     def _dropped(self, trainer: L.Trainer, out: Path, tmp: Path, failure: OSError | None) -> None:
         self.failures += 1

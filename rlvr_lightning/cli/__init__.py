@@ -22,9 +22,9 @@ from __future__ import annotations
 import logging
 import sys
 
-from rlvr_lightning.cli.error_lines import user_error_behind
+from rlvr_lightning.cli.error_lines import error_chain, user_error_behind
 from rlvr_lightning.cli.rlvr_cli import RLVRCLI
-from rlvr_lightning.errors import RESUME_HINT, RunStalled
+from rlvr_lightning.errors import RESUME_HINT, RunStalled, RunStopped
 from rlvr_lightning.rollout.server_process import RolloutServerLost
 from rlvr_lightning.tracking import TrackingStoreUnavailable
 
@@ -34,6 +34,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         RLVRCLI(args=argv)
     except Exception as err:
+        stopped = next((e for e in error_chain(err) if isinstance(e, RunStopped)), None)
+        if stopped is not None:  # on purpose (SIGTERM, SIGINT): the line says where, and which checkpoint
+            print(stopped, file=sys.stderr, flush=True)
+            sys.exit(stopped.exit_code)
         user_error = user_error_behind(err)
         if user_error is None:
             raise

@@ -16,6 +16,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import rlvr_lightning.algos  # noqa: F401  (registers every algorithm for `--model <Name>`)
 from rlvr_lightning.algos.base import RLVRModule
+from rlvr_lightning.callbacks.stopping import StopOnSignal
 from rlvr_lightning.callbacks.watchdog import Watchdog
 from rlvr_lightning.cli.accelerator_defaults import apply_device_defaults
 from rlvr_lightning.cli.config_logging import MLflowSaveConfig
@@ -81,6 +82,7 @@ class RLVRCLI(LightningCLI):
         parser.add_class_arguments(RolloutSettings, "rollout")
         parser.add_class_arguments(PlanSettings, "plan")
         parser.add_class_arguments(Watchdog, "watchdog")
+        parser.add_class_arguments(StopOnSignal, "stop")
         parser.link_arguments("rollout", "data.rollout", apply_on="instantiate")
 
     def instantiate_classes(self) -> None:
@@ -98,9 +100,10 @@ class RLVRCLI(LightningCLI):
         # After every constructor's own checks, before any weights, engine or process group.
         if self.subcommand == "fit":
             preflight(self.config["fit"])
-        watchdog = (self.config_init[self.subcommand] if self.subcommand else self.config_init).get("watchdog")
-        if watchdog is not None:  # every run is watched (`--watchdog.*`), not only those whose config lists it
-            self.trainer.callbacks.append(watchdog)
+        init = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        for name in ("watchdog", "stop"):  # every run is watched and stops on a signal (`--watchdog.*`, `--stop.*`)
+            if init.get(name) is not None:
+                self.trainer.callbacks.append(init[name])
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config

@@ -16,3 +16,26 @@ class ParityReward(RolloutCallback):
 
     def on_rollout_generated(self, step, rollout) -> Verdict:
         return Verdict(torch.tensor([float(sum(c.token_ids) % 2 == 0) for c in rollout.completions]))
+
+
+class SlowFromBatch(RolloutCallback):
+    """Scores nothing; counts the batches it sees into the file `RLVR_BATCH_COUNT` (where a test can watch a run
+    without opening its tracking store), and after `RLVR_SLOW_FROM_BATCH` batches every batch's scoring waits a
+    minute in the main thread: a step that waits, for the tests of a stop's bound (`callbacks/stopping.py`)."""
+
+    def __init__(self) -> None:
+        import os
+
+        self.slow_from, self.batches = int(os.environ.get("RLVR_SLOW_FROM_BATCH", "1000000")), 0
+        self.count_file = os.environ.get("RLVR_BATCH_COUNT")
+
+    def on_rollout_generated(self, step, rollout) -> Verdict | None:
+        import time
+
+        self.batches += 1
+        if self.count_file:
+            with open(self.count_file, "w") as f:
+                f.write(str(self.batches))
+        if self.batches > self.slow_from:
+            time.sleep(60)
+        return None
