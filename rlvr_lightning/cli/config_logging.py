@@ -13,9 +13,10 @@ from rlvr_lightning.device_defaults import DeviceDefaults
 
 
 class MLflowSaveConfig(SaveConfigCallback):
-    def __init__(self, *args, device_defaults: DeviceDefaults | None = None, **kwargs) -> None:
+    def __init__(self, *args, device_defaults: DeviceDefaults | None = None, resume_changes: str = "none", **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.device_defaults = device_defaults  # what the CLI resolved from the accelerator, recorded with the params
+        self.resume_changes = resume_changes  # on a resume: where from, and the settings this command line changed
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
         for logger in trainer.loggers:
@@ -24,7 +25,9 @@ class MLflowSaveConfig(SaveConfigCallback):
                 if self.config.get("ckpt_path"):
                     # Resumed into its own run: the params are there already, and MLflow refuses to change
                     # one (e.g. a longer trainer.max_steps); the resumed config is kept beside the first.
-                    logger.experiment.log_text(logger.run_id, text, f"config_resumed_{int(time.time())}.yaml")
+                    stamp = int(time.time())
+                    logger.experiment.log_text(logger.run_id, text, f"config_resumed_{stamp}.yaml")
+                    logger.experiment.set_tag(logger.run_id, f"resumed.{stamp}", self.resume_changes[:5000])
                     continue
                 logger.experiment.log_text(logger.run_id, text, "config.yaml")
                 logger.log_hyperparams(logged_params(self.config.as_dict(), pl_module, self.device_defaults))

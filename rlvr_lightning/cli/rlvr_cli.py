@@ -19,6 +19,7 @@ from rlvr_lightning.algos.base import RLVRModule
 from rlvr_lightning.callbacks.stopping import StopOnSignal
 from rlvr_lightning.callbacks.watchdog import Watchdog
 from rlvr_lightning.cli.accelerator_defaults import apply_device_defaults
+from rlvr_lightning.cli.checkpoint_resume import describe_changes, read_resume_point, settings_changed
 from rlvr_lightning.cli.config_logging import MLflowSaveConfig
 from rlvr_lightning.cli.default_progress_bar import use_rollout_progress_bar
 from rlvr_lightning.cli.error_lines import constructor_error_line, parse_error_line, user_error_behind
@@ -64,6 +65,23 @@ class RLVRCLI(LightningCLI):
             print(f"error: {line}{option_hint(line)}", file=sys.stderr)
             sys.exit(2)
 
+    def _parse_ckpt_path(self) -> None:
+        """The checkpoint read once, by the project, first (`checkpoint_resume`); its saved settings are not laid
+        over this command line's, as Lightning's CLI does (`resume_changes` says which differ)."""
+        cfg = self.config[self.config.subcommand] if self.config.get("subcommand") else None
+        self.resume_point = read_resume_point(cfg.ckpt_path) if cfg is not None and cfg.get("ckpt_path") else None
+
+    def resume_changes(self, cfg: Namespace) -> None:
+        """The settings this command line gives that differ from the checkpoint's (device defaults resolved):
+        printed, and recorded in the MLflow run with the resumed config; another algorithm is one line."""
+        changes = settings_changed(self.resume_point, cfg.model)
+        if changes:
+            print(f"resume: this command line changes {describe_changes(changes)}", file=sys.stderr, flush=True)
+        if isinstance(self.save_config_callback, type) and issubclass(self.save_config_callback, MLflowSaveConfig):
+            where = f"from {self.resume_point.path} (rollout batch {self.resume_point.rollout_batches})"
+            said = f"{where}; settings changed: {describe_changes(changes) or 'none'}"
+            self.save_config_kwargs = {**self.save_config_kwargs, "resume_changes": said}
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
             f"--{IMPORTS}",
@@ -108,13 +126,15 @@ class RLVRCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         self.resolve_device_defaults(cfg)
+        if self.resume_point is not None:
+            self.resume_changes(cfg)
         use_rollout_progress_bar(cfg.trainer)
         logger = cfg.trainer.logger
         if not (isinstance(logger, Namespace) and logger.class_path.endswith("MLFlowLogger")):
             return
         args = logger.init_args
-        if cfg.get("ckpt_path") and not args.run_id:  # resume into the same MLflow run, if this store has it
-            reopen_checkpoint_run(cfg.ckpt_path, args)
+        if self.resume_point is not None and not args.run_id:  # resume into the same MLflow run, if this store has it
+            reopen_checkpoint_run(self.resume_point, args)
         name, tags = run_identity(cfg)
         args.run_name = args.run_name or name  # a name the user gives wins
         args.tags = {**(args.tags or {}), **tags, "model": cfg.data.model_name_or_path, "dataset": cfg.data.train_data}
