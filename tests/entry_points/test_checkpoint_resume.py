@@ -1,0 +1,72 @@
+"""Resuming applies what the user says (`cli/checkpoint_resume.py`): the checkpoint is read once, first, and a
+file that is not one is one line; a setting given on the command line wins over the checkpoint's (Lightning's CLI
+laid the saved ones over it: `--model.init_args.kl_coef 0.5` trained on with 0.001), printed and recorded in the
+MLflow run; another algorithm on a checkpoint is one line."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from tests.support.cli import run_cli, run_in_process
+
+HF = ["--rollout.engine", "hf", "--data.val_data", "null"]
+
+
+def args_for(run_dir, model_dir, batches: int, preset: str = "grpo") -> list[str]:
+    return ["fit", "--config", "configs/base.yaml", "--config", f"configs/algo/{preset}.yaml",
+            "--rollout_batches", str(batches), "--data.model_name_or_path", str(model_dir),
+            "--trainer.logger.init_args.tracking_uri", f"sqlite:///{run_dir}/mlflow.db",
+            "--trainer.logger.init_args.artifact_location", str(run_dir / "artifacts"),
+            "--data.batch_size", "4", "--rollout.group_size", "4", "--rollout.max_response_length", "16", *HF]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory, quick_warm_start):
+    """A two-batch GRPO run with kl_coef 0.001, and its checkpoint."""
+    _, model_dir = quick_warm_start
+    run_dir = tmp_path_factory.mktemp("checkpointed")
+    proc = run_cli(args_for(run_dir, model_dir, 2), run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (ckpt,) = run_dir.glob("checkpoints/*/last.ckpt")
+    return run_dir, model_dir, ckpt
+
+
+@pytest.mark.e2e
+def test_a_setting_given_on_resume_wins_and_is_recorded(checkpointed):
+    import mlflow
+    import torch
+
+    run_dir, model_dir, ckpt = checkpointed
+    proc = run_cli([*args_for(run_dir, model_dir, 3), "--model.init_args.kl_coef", "0.5", "--ckpt_path", str(ckpt)], run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resume: this command line changes model.init_args.kl_coef: 0.001 → 0.5" in proc.stderr, proc.stderr[-3000:]
+    saved = torch.load(ckpt, weights_only=True, map_location="cpu", mmap=True)
+    assert saved["hyper_parameters"]["kl_coef"] == 0.5 and saved["rlvr"]["rollout_batches"] == 3  # trained with it
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{run_dir}/mlflow.db")
+    (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
+    (tag,) = [v for k, v in run.data.tags.items() if k.startswith("resumed.")]
+    assert "(rollout batch 2)" in tag and "model.init_args.kl_coef: 0.001 → 0.5" in tag, tag
+
+
+@pytest.mark.e2e
+def test_another_algorithm_or_a_file_that_is_no_checkpoint_is_one_line(checkpointed, tmp_path, monkeypatch, capsys):
+    run_dir, model_dir, ckpt = checkpointed
+    truncated, empty, noise, directory = tmp_path / "truncated.ckpt", tmp_path / "empty.ckpt", tmp_path / "noise.ckpt", tmp_path / "dir"
+    truncated.write_bytes(ckpt.read_bytes()[:4096])
+    empty.write_bytes(b"")
+    noise.write_bytes(os.urandom(100_000))
+    directory.mkdir()
+    cases = {truncated: "is not a checkpoint this project can read", empty: "is empty, not a checkpoint",
+             noise: "is not a checkpoint this project can read", directory: "is a directory but not a sharded checkpoint",
+             tmp_path / "missing.ckpt": "no checkpoint at"}  # fmt: skip
+    for path, message in cases.items():
+        code, _, err = run_in_process([*args_for(tmp_path, model_dir, 3), "--ckpt_path", str(path)], tmp_path, monkeypatch, capsys)
+        lines = err.strip().splitlines()
+        assert code == 2 and lines[-1].startswith(f"error: ckpt_path: ") and message in lines[-1], (path.name, err[-2000:])
+        assert "Traceback" not in err, err[-2000:]
+    code, _, err = run_in_process([*args_for(tmp_path, model_dir, 3, "dapo"), "--ckpt_path", str(ckpt)], tmp_path, monkeypatch, capsys)
+    assert code == 2 and "is a checkpoint of a GRPO run, and this command line selects DAPO" in err.strip().splitlines()[-1], err[-2000:]
+    shutil.rmtree(directory)
