@@ -65,7 +65,7 @@ def test_another_algorithm_or_a_file_that_is_no_checkpoint_is_one_line(checkpoin
     for path, message in cases.items():
         code, _, err = run_in_process([*args_for(tmp_path, model_dir, 3), "--ckpt_path", str(path)], tmp_path, monkeypatch, capsys)
         lines = err.strip().splitlines()
-        assert code == 2 and lines[-1].startswith(f"error: ckpt_path: ") and message in lines[-1], (path.name, err[-2000:])
+        assert code == 2 and lines[-1].startswith("error: ckpt_path: ") and message in lines[-1], (path.name, err[-2000:])
         assert "Traceback" not in err, err[-2000:]
     code, _, err = run_in_process([*args_for(tmp_path, model_dir, 3, "dapo"), "--ckpt_path", str(ckpt)], tmp_path, monkeypatch, capsys)
     assert code == 2 and "is a checkpoint of a GRPO run, and this command line selects DAPO" in err.strip().splitlines()[-1], err[-2000:]
