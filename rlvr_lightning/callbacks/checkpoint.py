@@ -36,6 +36,7 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint
 
 from rlvr_lightning.callbacks.periodic import is_due
+from rlvr_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,21 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def non_finite_state(module: torch.nn.Module, optimizers) -> str | None:
+    """The first weight or optimizer state holding a NaN or an inf on this rank (its shard, under FSDP), named;
+    None when all are finite."""
+    local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731  (a DTensor's own shard)
+    for name, param in module.named_parameters():
+        if not torch.isfinite(local(param.detach())).all():
+            return f"weight {name}"
+    for optimizer in optimizers:
+        for index, state in enumerate(optimizer.state.values()):
+            for key, value in state.items():
+                if torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(local(value)).all():
+                    return f"optimizer state {key} of parameter {index}"
+    return None
 
 
 class ResumableCheckpoint(Checkpoint):
@@ -172,6 +188,13 @@ class ResumableCheckpoint(Checkpoint):
         self._restored_rng = state_dict.get("rng")
 
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
+        if trainer.ckpt_path:  # every rank checks its own part of what was restored; any one refuses for all
+            bad = non_finite_state(pl_module, trainer.optimizers)
+            if trainer.strategy.reduce_boolean_decision(bad is not None, all=False):
+                raise ConfigError(
+                    f"ckpt_path: {trainer.ckpt_path} holds a non-finite {bad or 'tensor (on another rank)'} (NaN or "
+                    "inf): a run resumed from it would train on garbage; resume from an earlier checkpoint"
+                )
         # After the engine was rebuilt (its start-up reseeds the generator): continue the saved stream.
         if self._restored_rng:
             rank = trainer.global_rank if trainer.global_rank < len(self._restored_rng) else 0

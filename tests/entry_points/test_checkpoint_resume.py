@@ -70,3 +70,18 @@ def test_another_algorithm_or_a_file_that_is_no_checkpoint_is_one_line(checkpoin
     code, _, err = run_in_process([*args_for(tmp_path, model_dir, 3, "dapo"), "--ckpt_path", str(ckpt)], tmp_path, monkeypatch, capsys)
     assert code == 2 and "is a checkpoint of a GRPO run, and this command line selects DAPO" in err.strip().splitlines()[-1], err[-2000:]
     shutil.rmtree(directory)
+
+
+@pytest.mark.e2e
+def test_a_checkpoint_holding_a_nan_weight_is_refused_in_one_line(checkpointed, tmp_path):
+    import torch
+
+    run_dir, model_dir, ckpt = checkpointed
+    state = torch.load(ckpt, weights_only=True, map_location="cpu")
+    name = next(k for k, v in state["state_dict"].items() if v.is_floating_point())
+    state["state_dict"][name].view(-1)[0] = float("nan")
+    broken = tmp_path / "nan.ckpt"
+    torch.save(state, broken)
+    proc = run_cli([*args_for(run_dir, model_dir, 4), "--ckpt_path", str(broken)], run_dir)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and last.startswith(f"error: ckpt_path: {broken} holds a non-finite weight"), proc.stderr[-3000:]
