@@ -169,13 +169,16 @@ def callback_mismatches(instances: list, specs: list[dict]) -> list[str]:
             elif not same(getattr(found[0], key), want):
                 out.append(f"{cls.__name__}.{key}: config {want!r}, callback {getattr(found[0], key)!r}")
     from rlvr_lightning.callbacks.progress import RolloutProgressBar  # the CLI adds it (cli/default_progress_bar.py)
+    from rlvr_lightning.callbacks.stopping import StopOnSignal  # the CLI adds it, from `--stop.*`
     from rlvr_lightning.callbacks.watchdog import Watchdog  # the CLI adds it, from `--watchdog.*`
 
-    added_by_the_cli = (RolloutProgressBar, Watchdog)
+    added_by_the_cli = (RolloutProgressBar, Watchdog, StopOnSignal)
     extra = [type(c).__qualname__ for c in remaining
              if type(c).__module__.startswith("rlvr_lightning.callbacks") and type(c) not in added_by_the_cli]  # fmt: skip
     if sum(type(c) is Watchdog for c in instances) != 1:
         out.append("the run is not watched by exactly one Watchdog")
+    if sum(type(c) is StopOnSignal for c in instances) != 1:
+        out.append("the run does not stop on a signal through exactly one StopOnSignal")
     if extra:
         out.append(f"callbacks not in the config: {extra}")
     return out
@@ -273,6 +276,8 @@ def test_preset_instantiates_without_training(preset, offline):
     h = cli.model.hparams
     pieces = {f"piece.{k}": h[k] for k in ("advantage_estimator", "policy_loss", "loss_agg", "rollout_correction", "proximal_policy")}
     pieces |= {"piece.kl_estimator": h.kl_estimator} if h.kl_coef > 0 else {}
+    if h.advantage_estimator == "opd":  # the estimator distillation runs inside it is a piece of the run too
+        pieces["piece.opd_reward"] = (h.piece_args or {}).get("opd_reward", "none")
     assert logger.tags == {"algorithm": cls.__name__, "preset": preset.stem, **pieces,
                            "model": dm.hparams.model_name_or_path, "dataset": dm.hparams.train_data}  # fmt: skip
 
