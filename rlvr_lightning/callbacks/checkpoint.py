@@ -164,11 +164,8 @@ class ResumableCheckpoint(Checkpoint):
         self.failures += 1
         if trainer.is_global_zero:
             shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
-            try:
-                held = json.loads((out / "last.json").read_text())["rollout_batches"]
-                kept = f"the previous checkpoint {out / 'last.ckpt'} (rollout batch {held}) is intact"
-            except (OSError, ValueError, KeyError):
-                kept = "there is no earlier checkpoint"
+            previous = self.last_saved(trainer)
+            kept = f"the previous checkpoint {previous[0]} (rollout batch {previous[1]}) is intact" if previous else "there is no earlier checkpoint"
             why = failure if failure is not None else "another rank could not write its part"
             log.warning("checkpoint at rollout batch %d not written (%s); %s; training goes on",
                         trainer.lightning_module.rollout_batches, why, kept)  # fmt: skip

@@ -110,11 +110,16 @@ class StopOnSignal(L.Callback):
                 logger.stopped_by = line  # closes the MLflow run as KILLED, tagged with the line
         raise RunStopped(line, 128 + self.received)
 
-    def _checkpoint_at(self, trainer: L.Trainer, pl_module):
-        """The checkpoint of this batch: the one the checkpoint callback just wrote, or one written now."""
+    @staticmethod
+    def _saver(trainer: L.Trainer):
+        """The run's checkpoint callback, if it has one."""
         from rlvr_lightning.callbacks.checkpoint import ResumableCheckpoint
 
-        saver = next((c for c in trainer.callbacks if isinstance(c, ResumableCheckpoint)), None)
+        return next((c for c in trainer.callbacks if isinstance(c, ResumableCheckpoint)), None)
+
+    def _checkpoint_at(self, trainer: L.Trainer, pl_module):
+        """The checkpoint of this batch: the one the checkpoint callback just wrote, or one written now."""
+        saver = self._saver(trainer)
         if saver is None:
             return None
         if saver.saved_at == pl_module.rollout_batches:
@@ -122,9 +127,7 @@ class StopOnSignal(L.Callback):
         return saver.save(trainer, pl_module)
 
     def _last_checkpoint(self, trainer: L.Trainer):
-        from rlvr_lightning.callbacks.checkpoint import ResumableCheckpoint
-
-        saver = next((c for c in trainer.callbacks if isinstance(c, ResumableCheckpoint)), None)
+        saver = self._saver(trainer)
         return saver.last_saved(trainer) if saver is not None else None
 
     def _restore(self) -> None:
