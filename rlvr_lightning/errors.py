@@ -32,3 +32,12 @@ class RunStopped(RuntimeError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def error_chain(err: BaseException):
+    """`err`, then what caused it, outermost first."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        yield err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__

@@ -18,11 +18,15 @@ so the points kept are the ones the resumed run would have logged.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
+from contextlib import contextmanager
 
 from lightning.pytorch.loggers import MLFlowLogger as LightningMLFlowLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from rlvr_lightning.errors import ConfigError, error_chain
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,54 @@ def _store_errors() -> tuple[type[BaseException], ...]:
     from mlflow.exceptions import MlflowException
 
     return (MlflowException, OSError)
+
+
+def root_cause(err: BaseException) -> str:
+    """The first line of the innermost error behind `err` (SQLite's "database or disk is full", not SQLAlchemy's
+    advice about autoflush that wraps it), at most 300 characters."""
+    inner = list(error_chain(err))[-1]
+    orig = getattr(inner, "orig", None)  # SQLAlchemy keeps the driver's own error there
+    inner = orig if isinstance(orig, BaseException) else inner
+    return (str(inner).strip().splitlines() or [type(inner).__name__])[0][:300]
+
+
+def open_store(tracking_uri: str | None):
+    """An MlflowClient on `tracking_uri` whose store exists: a new SQLite store is created by one process at a
+    time (`run_lock.serialised`), and a store that cannot be opened or written (a read-only directory) is a
+    one-line ConfigError naming it and the cause, before the run starts."""
+    from mlflow.tracking import MlflowClient
+
+    from rlvr_lightning.run_lock import serialised
+
+    path = tracking_uri.removeprefix("sqlite:///") if tracking_uri and tracking_uri.startswith("sqlite:///") else None
+    try:
+        if path is None:
+            return MlflowClient(tracking_uri=tracking_uri)
+        with serialised(path), _quiet("mlflow.store.db.utils", "alembic"):
+            client = MlflowClient(tracking_uri=tracking_uri)  # creates the store and runs its migrations, if new
+            if os.path.exists(path) and not os.access(path, os.W_OK) or not os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
+                raise PermissionError(f"{path} or its directory is read-only")
+    except Exception as err:  # MLflow's, SQLAlchemy's or the file system's: any store that cannot be opened
+        raise ConfigError(
+            f"trainer.logger: the tracking store {tracking_uri} cannot be opened for writing ({root_cause(err)}); "
+            "make it writable or point trainer.logger.init_args.tracking_uri elsewhere"
+        ) from err
+    return client
+
+
+@contextmanager
+def _quiet(*loggers: str):
+    """Those loggers' INFO lines (a new store's "Creating initial MLflow database tables...") left out."""
+    levels = {name: logging.getLogger(name).level for name in loggers}
+    for name in loggers:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # the UI's "Model training" views
 
 
@@ -79,6 +131,9 @@ class MLFlowLogger(LightningMLFlowLogger):
         store_unavailable_s: float = 600.0,
         **kwargs,
     ) -> None:
+        if rank_zero_only.rank == 0:  # the one process that logs opens its store first (creating it, if new)
+            uri = kwargs.get("tracking_uri", os.getenv("MLFLOW_TRACKING_URI"))
+            open_store(uri or f"file:{kwargs.get('save_dir', './mlruns')}")
         super().__init__(*args, **kwargs)
         self.store_unavailable_s = store_unavailable_s
         self._pending: list[tuple[dict, int | None]] = []  # points the store refused, oldest first
@@ -148,7 +203,7 @@ class MLFlowLogger(LightningMLFlowLogger):
                 now = time.monotonic()
                 if self._refused_since is None:
                     self._refused_since = now
-                first = str(err).splitlines()[0][:300]
+                first = root_cause(err)
                 if now - self._refused_since > self.store_unavailable_s:
                     raise TrackingStoreUnavailable(
                         f"the tracking store {self._tracking_uri} has refused metric points for "

@@ -12,6 +12,8 @@ import lightning as L
 
 from rlvr_lightning.callbacks.closing import CloseOnError
 from rlvr_lightning.callbacks.reward import RewardVerifier
+from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.models.checkpoint import state_mismatch
 from rlvr_lightning.models.lora import LoraSettings
 from rlvr_lightning.pieces import kinds
 from rlvr_lightning.training import wiring
@@ -152,5 +154,9 @@ class RLVRModule(L.LightningModule):
         checkpoint["rlvr"] = {**self.session.state_dict(), "rollout_batches": self.rollout_batches, "mlflow_run_id": run_id}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        mismatch = state_mismatch(checkpoint.get("state_dict"), self.state_dict())
+        if mismatch:
+            raise ConfigError(f"ckpt_path: the checkpoint's weights do not fit this run's model: {mismatch}; a run "
+                              "resumes with the model and LoRA settings it was trained with")  # fmt: skip
         self.session.load_state_dict(checkpoint.get("rlvr", {}))
         self.rollout_batches = checkpoint.get("rlvr", {}).get("rollout_batches", 0)

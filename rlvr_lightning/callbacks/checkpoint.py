@@ -15,7 +15,9 @@ What a resumed run needs and where it comes from:
 - the MLflow run id: stored in the checkpoint; the CLI reopens that run (`cli/mlflow_resume.py`).
 
 `last.ckpt` is replaced atomically (written beside it, then renamed), so a kill during a save leaves
-the previous checkpoint intact. `last.json` beside it says which step it holds (replaced atomically too).
+the previous checkpoint intact. `last.json` beside it says which step it holds and its digest, in an order
+that cannot disagree with it after a kill (`checkpoint_record.py`); a resume verifies it. The run's
+directory is locked by the process training it (`run_lock.py`).
 A save that cannot be written (a full disk, an unwritable directory) on any rank is dropped on every rank:
 the previous checkpoint stays, a warning says which step it holds, and training goes on
 (`train/checkpoint_failures` counts them).
@@ -23,10 +25,10 @@ the previous checkpoint stays, a warning says which step it holds, and training 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -35,21 +37,25 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Checkpoint
 
+from rlvr_lightning import checkpoint_record
 from rlvr_lightning.callbacks.periodic import is_due
-from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.errors import ConfigError, error_chain
+from rlvr_lightning.run_lock import hold_run_directory, release_run_directory
+from rlvr_lightning.slurm_requeue import record_job_checkpoint
 
 log = logging.getLogger(__name__)
 
 
 def write_failure(err: BaseException) -> OSError | None:
     """The file-system error behind a failed write, if that is what it was (PyTorch's distributed checkpoint
-    wraps each rank's in its own exception)."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, OSError):
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
+    wraps each rank's in its own exception; safetensors raises its own error quoting the OS's, `(os error 28)`)."""
+    for cause in error_chain(err):
+        if isinstance(cause, OSError):
+            return cause
+        os_error = re.search(r"I/O error: .*\(os error (\d+)\)", str(cause))
+        if os_error:
+            code = int(os_error.group(1))
+            return OSError(code, os.strerror(code))
     return None
 
 
@@ -130,7 +136,15 @@ class ResumableCheckpoint(Checkpoint):
         if trainer.strategy.reduce_boolean_decision(failure is not None, all=False):
             self._dropped(trainer, out, tmp, failure)
             return None
-        if trainer.is_global_zero:
+        if trainer.is_global_zero:  # the record first, then the rename (`checkpoint_record`: kill-safe order)
+            checkpoint_record.write(out, {
+                "rollout_batches": pl_module.rollout_batches,
+                "global_step": trainer.global_step,
+                "policy_version": pl_module.session.policy_version,
+                "mlflow_run_id": getattr(trainer.logger, "run_id", None),
+                "checkpoint": str(last),
+                "sha256": checkpoint_record.digest(tmp),
+            })  # fmt: skip
             if last.is_dir():  # a sharded checkpoint is a directory: it cannot be renamed over
                 old = out / "last.ckpt.old"
                 shutil.rmtree(old, ignore_errors=True)
@@ -139,15 +153,6 @@ class ResumableCheckpoint(Checkpoint):
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 os.replace(tmp, last)
-            info = {
-                "rollout_batches": pl_module.rollout_batches,
-                "global_step": trainer.global_step,
-                "policy_version": pl_module.session.policy_version,
-                "mlflow_run_id": getattr(trainer.logger, "run_id", None),
-                "checkpoint": str(last),
-            }
-            (out / "last.json.tmp").write_text(json.dumps(info, indent=2))
-            os.replace(out / "last.json.tmp", out / "last.json")
         trainer.strategy.barrier("checkpoint saved")
         self.saved_at = pl_module.rollout_batches
         return last
@@ -155,10 +160,21 @@ class ResumableCheckpoint(Checkpoint):
     def last_saved(self, trainer: L.Trainer) -> tuple[Path, int] | None:
         """The run's checkpoint and the rollout batch it holds (`last.json`), if there is one."""
         out = self.run_dir(trainer)
-        try:
-            return out / "last.ckpt", int(json.loads((out / "last.json").read_text())["rollout_batches"])
-        except (OSError, ValueError, KeyError):
+        record = checkpoint_record.read(out)
+        if record is None or not isinstance(record.get("rollout_batches"), int) or not (out / "last.ckpt").exists():
             return None
+        return out / "last.ckpt", record["rollout_batches"]
+
+    def setup(self, trainer: L.Trainer, pl_module, stage: str) -> None:
+        """The run's directory held by this process for its life (`run_lock`), what an interrupted save left there
+        put right, and, in a SLURM job, the checkpoint it writes recorded for the job's requeued start."""
+        if stage == "fit" and trainer.is_global_zero:
+            out = self.run_dir(trainer)
+            hold_run_directory(out)
+            record_job_checkpoint(self.dirpath, out / "last.ckpt", getattr(trainer.logger, "run_id", None))
+            handled = checkpoint_record.tidy(out)
+            if handled:
+                log.info("%s: removed what an interrupted save left (%s)", out, ", ".join(handled))
 
     def _dropped(self, trainer: L.Trainer, out: Path, tmp: Path, failure: OSError | None) -> None:
         self.failures += 1
@@ -172,6 +188,10 @@ class ResumableCheckpoint(Checkpoint):
         for logger in trainer.loggers:
             logger.log_metrics({"train/checkpoint_failures": float(self.failures)}, step=trainer.lightning_module.rollout_batches)
         trainer.strategy.barrier("checkpoint dropped")
+
+    def teardown(self, trainer: L.Trainer, pl_module, stage: str) -> None:
+        if stage == "fit" and trainer.is_global_zero:
+            release_run_directory(self.run_dir(trainer))
 
     # ---- RNG of every rank, inside the checkpoint ------------------------------------------
     def state_dict(self) -> dict:

@@ -6,6 +6,10 @@ line names the batch, the checkpoint and how to resume, and the process exits wi
 signal (143, 130). Lightning's own SIGTERM handling ends the run with exit code 0 and no checkpoint; this
 replaces it for the run's length.
 
+Under SLURM with Lightning's auto-requeue (`SLURMEnvironment(auto_requeue=True)`, the default there), its
+requeue signal (SIGUSR1 unless set otherwise) stops the run the same way and then requeues the job; the
+requeued job resumes from the checkpoint (`slurm_requeue.py`).
+
 Bounded: a batch that has not ended `grace_s` after the signal (a step waiting on a frozen replica, a long
 generation) is interrupted as the watchdog interrupts a stalled one (the signal again, now raising in the main
 thread), and the run stops at its last checkpoint, saying so; a second signal does the same at once. A run
@@ -20,8 +24,10 @@ import sys
 import threading
 
 import lightning as L
+from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from rlvr_lightning.errors import ConfigError, RunStopped
+from rlvr_lightning.slurm_requeue import requeue
 
 EXIT_GRACE_S = 30.0
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -43,6 +49,7 @@ class StopOnSignal(L.Callback):
         self._previous: dict[int, object] = {}
         self._ended = threading.Event()
         self._trainer: L.Trainer | None = None
+        self.requeue_signal: int | None = None  # SLURM's, when Lightning's auto-requeue is on (`slurm_requeue.py`)
 
     # ---- Lightning hooks ---------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
@@ -50,7 +57,12 @@ class StopOnSignal(L.Callback):
             return
         self._trainer = trainer
         self._ended.clear()
-        for sig in SIGNALS:  # over Lightning's handler (which would end the run with exit code 0)
+        # The environment Lightning's own signal handling reads (a single-device strategy does not expose it).
+        environment = getattr(trainer.strategy, "cluster_environment", None) or trainer._accelerator_connector.cluster_environment
+        if isinstance(environment, SLURMEnvironment) and environment.auto_requeue and environment.requeue_signal:
+            self.requeue_signal = environment.requeue_signal  # Lightning's requeue signal, with our checkpoint
+        # Over Lightning's handlers (SIGTERM: the run ends with exit code 0; requeue: a checkpoint saved mid-step).
+        for sig in (*SIGNALS, self.requeue_signal) if self.requeue_signal else SIGNALS:
             self._previous[sig] = signal.signal(sig, self._on_signal)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, *args) -> None:
@@ -78,7 +90,8 @@ class StopOnSignal(L.Callback):
         name = signal.Signals(signum).name
         if self.received is None:
             self.received = signum
-            print(f"received {name}: the run stops at the end of this rollout batch, with a checkpoint there "
+            then = ", then the SLURM job is requeued" if signum == self.requeue_signal else ""
+            print(f"received {name}: the run stops at the end of this rollout batch, with a checkpoint there{then} "
                   f"(within {self.grace_s:g} s; {name} again stops it at once)", file=sys.stderr, flush=True)  # fmt: skip
             threading.Thread(target=self._bound, name="stop-on-signal", daemon=True).start()
             return
@@ -104,6 +117,8 @@ class StopOnSignal(L.Callback):
         self._ended.set()
         name = signal.Signals(self.received).name
         resume = f"; continue it with `make train RESUME={checkpoint}` (the same ALGO and ARGS)" if checkpoint else ""
+        if self.received == self.requeue_signal and (trainer is None or trainer.is_global_zero):
+            resume = f"; {requeue()}, to resume from its last checkpoint"
         line = f"stopped by {name} {where}{resume}"
         for logger in trainer.loggers if trainer is not None else ():
             if hasattr(logger, "stopped_by"):

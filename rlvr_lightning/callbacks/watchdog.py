@@ -8,7 +8,8 @@ saying so. The bound (`--watchdog.*`; printed when training starts): the first s
 least `MIN_STALL_S`. Bounding each wait where it happens names the wait (a replica, a request, a rank); the
 watchdog is the last line, for a wait nothing else bounds.
 
-Stopping: the watchdog's thread signals the main thread (SIGUSR1), whose handler raises `RunStalled` there: a
+Stopping: the watchdog's thread signals the main thread (`STALL_SIGNAL`, a real-time signal: SIGUSR1 is SLURM's
+requeue signal under Lightning), whose handler raises `RunStalled` there: a
 wait in Python (a lock, a socket, a sleep) is interrupted by it and the run unwinds as from any error, closing
 its engines and pools. A wait inside native code may not return; if the run has not ended `EXIT_GRACE_S` later,
 the process exits (its launched servers follow it: they get SIGTERM when their parent dies).
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 MIN_STALL_S = 600.0
 EXIT_GRACE_S = 60.0
 STALL_EXIT_CODE = 3
+STALL_SIGNAL = signal.SIGRTMIN + 4  # no one else sends it (glibc keeps the ones below SIGRTMIN, Lightning and SLURM use SIGUSR1/2)
 
 
 def thread_stacks() -> str:
@@ -125,7 +127,7 @@ class Watchdog(L.Callback):
         if threading.current_thread() is not threading.main_thread():
             log.warning("the watchdog needs the main thread; it is off for this run")
             return
-        self._previous_handler = signal.signal(signal.SIGUSR1, self._raise_stalled)
+        self._previous_handler = signal.signal(STALL_SIGNAL, self._raise_stalled)
         if trainer.is_global_zero:
             print(self.describe_bound(), file=sys.stderr)
         self._last = time.monotonic()
@@ -168,7 +170,7 @@ class Watchdog(L.Callback):
             self.sentinel.wait()
             self.sentinel = None
         if self._previous_handler is not None:
-            signal.signal(signal.SIGUSR1, self._previous_handler)
+            signal.signal(STALL_SIGNAL, self._previous_handler)
             self._previous_handler = None
 
     # ---- the watch ---------------------------------------------------------------------------------
@@ -200,7 +202,7 @@ class Watchdog(L.Callback):
         self._stalled = f"{headline}; every thread's stack and the rollout's state are in the log{where}"
         if self._stop.is_set():
             return
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+        signal.pthread_kill(threading.main_thread().ident, STALL_SIGNAL)
         if not self._stop.wait(grace_s):
             print(f"error: {self._stalled}; the run did not stop within {grace_s:g} s of the watchdog's signal, "
                   f"exiting. {RESUME_HINT}", file=sys.stderr, flush=True)  # fmt: skip

@@ -22,10 +22,11 @@ from __future__ import annotations
 import logging
 import sys
 
-from rlvr_lightning.cli.error_lines import error_chain, user_error_behind
+from rlvr_lightning.cli.error_lines import user_error_behind
 from rlvr_lightning.cli.rlvr_cli import RLVRCLI
-from rlvr_lightning.errors import RESUME_HINT, RunStalled, RunStopped
+from rlvr_lightning.errors import RESUME_HINT, RunStalled, RunStopped, error_chain
 from rlvr_lightning.rollout.server_process import RolloutServerLost
+from rlvr_lightning.run_lock import release_run_directory
 from rlvr_lightning.tracking import TrackingStoreUnavailable
 
 
@@ -46,3 +47,5 @@ def main(argv: list[str] | None = None) -> None:
             resume = f" {RESUME_HINT}"
         print(f"error: {user_error}{resume}", file=sys.stderr)
         sys.exit(2)
+    finally:
+        release_run_directory()  # the run is over (`main` called from Python goes on)

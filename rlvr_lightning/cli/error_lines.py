@@ -9,7 +9,7 @@ from argparse import ArgumentError
 
 from rlvr_lightning.data.sources import DataSourceError
 from rlvr_lightning.environments.base import EnvironmentFailed
-from rlvr_lightning.errors import ConfigError, RunStalled
+from rlvr_lightning.errors import ConfigError, RunStalled, error_chain
 from rlvr_lightning.rewards.pool import VerifierUnavailable
 from rlvr_lightning.rollout.server_process import RolloutServerError
 from rlvr_lightning.tracking import TrackingStoreUnavailable
@@ -44,15 +44,6 @@ def constructor_error_line(err: ValueError) -> str:
     if not frames:
         return message
     return f"{message} ({type(cause).__name__} at {frames[-1].filename}:{frames[-1].lineno}, in {frames[-1].name})"
-
-
-def error_chain(err: BaseException):
-    """`err`, then what caused it, outermost first."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        yield err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
 
 
 def user_error_behind(err: BaseException) -> BaseException | None:

@@ -26,10 +26,11 @@ def reopen_checkpoint_run(point: ResumePoint, logger_args: Namespace) -> None:
 
 def mlflow_run_exists(tracking_uri: str | None, run_id: str) -> bool:
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
+
+    from rlvr_lightning.tracking import open_store
 
     try:
-        MlflowClient(tracking_uri=tracking_uri).get_run(run_id)
+        open_store(tracking_uri).get_run(run_id)
         return True
     except MlflowException:
         return False

@@ -7,14 +7,18 @@ defaults, progress bar, the MLflow run's name, tags and resumed run) before any 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from argparse import ArgumentError
+from pathlib import Path
 
 from jsonargparse import Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 import rlvr_lightning.algos  # noqa: F401  (registers every algorithm for `--model <Name>`)
+from rlvr_lightning import checkpoint_record
 from rlvr_lightning.algos.base import RLVRModule
 from rlvr_lightning.callbacks.stopping import StopOnSignal
 from rlvr_lightning.callbacks.watchdog import Watchdog
@@ -35,6 +39,18 @@ from rlvr_lightning.pieces.loading import load_piece_modules
 from rlvr_lightning.planner.preflight import preflight
 from rlvr_lightning.planner.settings import PlanSettings
 from rlvr_lightning.rollout.settings import RolloutSettings
+from rlvr_lightning.run_lock import hold_run_directory
+from rlvr_lightning.slurm_requeue import requeued_checkpoint, slurm_job
+
+NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$|^-(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
+def checkpoints_dir(cfg: Namespace) -> str:
+    """Where the run's `ResumableCheckpoint` writes (its `dirpath`), from the parsed config."""
+    for callback in cfg.trainer.get("callbacks") or []:
+        if isinstance(callback, Namespace) and str(callback.get("class_path", "")).endswith(".ResumableCheckpoint"):
+            return (callback.get("init_args") or Namespace()).get("dirpath") or "checkpoints"
+    return "checkpoints"
 
 
 class RLVRCLI(LightningCLI):
@@ -52,7 +68,10 @@ class RLVRCLI(LightningCLI):
     def init_parser(self, **kwargs) -> LightningArgumentParser:
         # jsonargparse raises instead of printing its usage and a nested message: `parse_arguments` prints one line.
         kwargs.setdefault("exit_on_error", False)
-        return super().init_parser(**kwargs)
+        parser = super().init_parser(**kwargs)
+        # Python 3.11's argparse reads `-1e-3` as an option ("expected one argument"); 3.13 reads it as the number.
+        parser._negative_number_matcher = NEGATIVE_NUMBER
+        return parser
 
     def parse_arguments(self, parser, args) -> None:
         try:
@@ -69,12 +88,21 @@ class RLVRCLI(LightningCLI):
         """The checkpoint read once, by the project, first (`checkpoint_resume`); its saved settings are not laid
         over this command line's, as Lightning's CLI does (`resume_changes` says which differ)."""
         cfg = self.config[self.config.subcommand] if self.config.get("subcommand") else None
-        self.resume_point = read_resume_point(cfg.ckpt_path) if cfg is not None and cfg.get("ckpt_path") else None
+        path = cfg.get("ckpt_path") if cfg is not None else None
+        if cfg is not None and path is None:  # a requeued SLURM job: where its earlier start left off
+            path = cfg.ckpt_path = requeued_checkpoint(checkpoints_dir(cfg))
+            if path is not None:
+                print(f"SLURM job {slurm_job()} was requeued: resuming from {path}", file=sys.stderr, flush=True)
+        run_dir = Path(path).parent if path else None
+        if run_dir is not None and run_dir.is_dir() and rank_zero_only.rank == 0:  # before anything reads or logs
+            hold_run_directory(run_dir, "the run of checkpoint")
+            checkpoint_record.tidy(run_dir)  # a save a kill interrupted, put right
+        self.resume_point = read_resume_point(path) if path else None
 
     def resume_changes(self, cfg: Namespace) -> None:
         """The settings this command line gives that differ from the checkpoint's (device defaults resolved):
         printed, and recorded in the MLflow run with the resumed config; another algorithm is one line."""
-        changes = settings_changed(self.resume_point, cfg.model)
+        changes = settings_changed(self.resume_point, cfg.model, cfg.data.get("model_name_or_path"))
         if changes:
             print(f"resume: this command line changes {describe_changes(changes)}", file=sys.stderr, flush=True)
         if isinstance(self.save_config_callback, type) and issubclass(self.save_config_callback, MLflowSaveConfig):

@@ -67,3 +67,20 @@ def policy_from_checkpoint(ckpt: str | Path, out_dir: str | Path | None = None) 
     model.config.use_cache = True  # training turns the KV cache off; inference wants it
     merged = dict(full_weights(model)) if lora is not None else None
     return save_policy(model, load_tokenizer(base_path), out, state_dict=merged)
+
+
+def state_mismatch(saved: dict | None, expected: dict) -> str | None:
+    """The first way a checkpoint's `state_dict` does not fit a module's (a weight missing, one more, another
+    shape), in words; None when it fits, or when there is none to compare (a sharded checkpoint is read
+    straight into the module's shards)."""
+    if not saved:
+        return None
+    missing, extra = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
+    if missing:
+        return f"{len(missing)} weights missing from it (first: {missing[0]})"
+    if extra:
+        return f"{len(extra)} weights it holds that the model lacks (first: {extra[0]})"
+    for name, tensor in expected.items():
+        if tuple(saved[name].shape) != tuple(tensor.shape):
+            return f"{name} is {tuple(saved[name].shape)} in it and {tuple(tensor.shape)} in the model"
+    return None

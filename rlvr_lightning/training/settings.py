@@ -57,6 +57,11 @@ class OptimSettings:
         check_choice("model.optim.lr_schedule", self.lr_schedule, ("constant", "cosine"))
         if self.warmup_steps < 0:
             raise ConfigError(f"model.optim.warmup_steps must be ≥ 0, got {self.warmup_steps}")
+        if not self.lr >= 0:  # AdamW's own refusal is a traceback from inside the optimizer, after the engine started
+            raise ConfigError(f"model.optim.lr must be ≥ 0, got {self.lr}")
+        if self.weight_decay < 0 or not self.max_grad_norm > 0:
+            raise ConfigError(f"model.optim: weight_decay must be ≥ 0 and max_grad_norm > 0, got {self.weight_decay} and "
+                              f"{self.max_grad_norm}")  # fmt: skip
 
 
 @dataclass(frozen=True)

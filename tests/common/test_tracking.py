@@ -1,8 +1,17 @@
-"""The MLflow logger of a resumed run logs each metric once per step (a real MLflow store)."""
+"""The MLflow logger of a resumed run logs each metric once per step; a full store's warning names its cause and a
+read-only one is one line at start (real MLflow stores, real file systems)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
 from rlvr_lightning.tracking import MLFlowLogger
+from tests.support.cli import REPO
 
 
 def test_a_logger_continuing_a_run_skips_the_steps_the_run_already_holds(tmp_path):
@@ -54,3 +63,55 @@ def test_system_metrics_are_logged_while_the_run_is_open(tmp_path):
     _ = quiet.run_id
     quiet.finalize("success")
     assert not [k for k in quiet._mlflow_client.get_run(quiet.run_id).data.metrics if k.startswith("system/")]
+
+
+# ---- a store that is full or read-only: a real file system, mounted in a user namespace of the test's own --------
+
+LOG_UNTIL_REFUSED = """
+import sys
+from rlvr_lightning.tracking import MLFlowLogger
+logger = MLFlowLogger(experiment_name="x", tracking_uri=f"sqlite:///{sys.argv[1]}/mlflow.db", system_metrics=False,
+                      store_unavailable_s=0.5)
+for step in range(100000):
+    logger.log_metrics({f"metric_{i}": float(step) for i in range(50)}, step=step)
+"""
+
+
+def in_own_mounts(tmp_path, mounts: str, code: str, store) -> subprocess.CompletedProcess:
+    """`code` run after `mounts` (shell), in a mount namespace of its own (an unprivileged user namespace)."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1)")
+    script = tmp_path / "script.py"
+    script.write_text(code)
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", f'{mounts} && exec "$0" "$1" "$2"', sys.executable, str(script), str(store)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    if "unshare failed" in proc.stderr or "mount: " in proc.stderr:
+        pytest.skip(f"this machine allows no user namespace mounts: {proc.stderr.strip()[:200]}")
+    return proc
+
+
+def test_a_full_store_is_named_by_its_cause(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    proc = in_own_mounts(tmp_path, f"mount -t tmpfs -o size=2m tmpfs {store}", LOG_UNTIL_REFUSED, store)
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("the tracking store refused")]
+    assert warnings and proc.returncode != 0, proc.stderr[-3000:]
+    assert warnings[0].startswith("the tracking store refused metric points (database or disk is full); 1 steps'"), (
+        warnings[0]
+    )
+    assert "; last: database or disk is full)" in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
+
+
+def test_a_read_only_store_is_one_line_at_start(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    MLFlowLogger(experiment_name="x", tracking_uri=f"sqlite:///{store}/mlflow.db", system_metrics=False).finalize(
+        "success"
+    )
+    code = "import sys\nfrom rlvr_lightning.tracking import MLFlowLogger\nMLFlowLogger(tracking_uri=f'sqlite:///{sys.argv[1]}/mlflow.db')"
+    proc = in_own_mounts(tmp_path, f"mount --bind {store} {store} && mount -o remount,bind,ro {store}", code, store)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode != 0 and last.startswith(
+        f"rlvr_lightning.errors.ConfigError: trainer.logger: the tracking store sqlite:///{store}/mlflow.db cannot be opened for writing ("
+    ), proc.stderr[-2000:]
+    assert "Read-only file system" in last, last

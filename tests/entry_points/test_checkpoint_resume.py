@@ -85,3 +85,89 @@ def test_a_checkpoint_holding_a_nan_weight_is_refused_in_one_line(checkpointed, 
     proc = run_cli([*args_for(run_dir, model_dir, 4), "--ckpt_path", str(broken)], run_dir)
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and last.startswith(f"error: ckpt_path: {broken} holds a non-finite weight"), proc.stderr[-3000:]
+
+
+@pytest.mark.e2e
+def test_a_changed_checkpoint_or_another_model_is_one_line_and_stale_files_are_removed(
+    checkpointed, tmp_path, monkeypatch, capsys
+):
+    import torch
+
+    _, model_dir, ckpt = checkpointed
+    copy = tmp_path / "run"
+    shutil.copytree(ckpt.parent, copy)
+    (copy / "last.ckpt.tmp").write_bytes(b"what a killed save left")
+    other_model = tmp_path / "other-model"
+    other_model.symlink_to(model_dir)
+    code, _, err = run_in_process(
+        [*args_for(tmp_path, other_model, 3), "--ckpt_path", str(copy / "last.ckpt")], tmp_path, monkeypatch, capsys
+    )
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and f"was trained from the model {model_dir}, and this command line gives" in last, err[-2000:]
+    assert not (copy / "last.ckpt.tmp").exists()  # removed once the run's directory was held
+
+    state = torch.load(copy / "last.ckpt", weights_only=True, map_location="cpu")
+    name = next(k for k, v in state["state_dict"].items() if v.is_floating_point())
+    state["state_dict"][name].view(-1)[0] += 1e-3  # still a valid checkpoint, no longer the one its record names
+    torch.save(state, copy / "last.ckpt")
+    code, _, err = run_in_process(
+        [*args_for(tmp_path, model_dir, 3), "--ckpt_path", str(copy / "last.ckpt")], tmp_path, monkeypatch, capsys
+    )
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith(f"error: ckpt_path: {copy / 'last.ckpt'} does not match its record"), err[
+        -2000:
+    ]
+    assert "Traceback" not in err
+
+
+@pytest.mark.e2e
+def test_weights_of_another_shape_are_one_line(checkpointed):
+    run_dir, model_dir, ckpt = checkpointed
+    proc = run_cli(
+        [*args_for(run_dir, model_dir, 3), "--model.init_args.lora.rank", "4", "--ckpt_path", str(ckpt)], run_dir
+    )
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and last.startswith(
+        "error: ckpt_path: the checkpoint's weights do not fit this run's model"
+    ), proc.stderr[-3000:]
+    assert "weights missing from it (first: policy.model.layers.0." in last, last
+
+
+@pytest.mark.e2e
+def test_a_second_process_on_the_run_is_refused_and_each_step_is_logged_once(checkpointed, monkeypatch, capsys):
+    """Runs last in this file: it takes the checkpoint on to rollout batch 8. The second process is this one (its
+    imports done, it reaches the lock while the first still trains)."""
+    import subprocess
+    import sys
+    import time
+
+    import mlflow
+
+    from tests.support.cli import REPO
+
+    run_dir, model_dir, ckpt = checkpointed
+    args = [
+        str(REPO / a) if a.startswith("configs/") else a
+        for a in [*args_for(run_dir, model_dir, 8), "--ckpt_path", str(ckpt)]
+    ]
+    env = {**os.environ, "RLVR_CACHE_DIR": str(run_dir / "cache"), "PYTHONPATH": str(REPO)}
+    first = subprocess.Popen([sys.executable, "-m", "rlvr_lightning", *args, "--plan.check=false"], cwd=run_dir, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        lock = ckpt.parent / "run.lock"
+        deadline = time.monotonic() + 120
+        while f'"pid": {first.pid}' not in (lock.read_text() if lock.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        code, _, err = run_in_process(
+            [*args_for(run_dir, model_dir, 8), "--ckpt_path", str(ckpt)], run_dir, monkeypatch, capsys
+        )
+        assert first.poll() is None, "the first run ended before the second was tried"
+        last = err.strip().splitlines()[-1]
+        assert code == 2 and f"is in use by process {first.pid} on " in last, err[-3000:]
+        assert first.wait(timeout=400) == 0, first.stderr.read()[-3000:]
+    finally:
+        first.kill()
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{run_dir}/mlflow.db")
+    (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/reward_mean")]
+    assert sorted(steps) == list(range(8)) and run.info.status == "FINISHED", (steps, run.info.status)

@@ -59,3 +59,11 @@ def test_the_runs_length_is_given_once_in_rollout_batches(capsys):
     assert "rollout_batches=160 and trainer.max_steps=3 both set the run's length: give it once" in err
     err = cli_error(["--config", str(BASE.parent / "algo" / "grpo.yaml"), "--rollout_batches", "0"], capsys)
     assert err == "error: rollout_batches=0: the run's length must be ≥ 1 rollout batch"
+
+
+def test_a_negative_number_in_scientific_notation_is_read_as_a_number(capsys, tmp_path, monkeypatch):
+    """Python 3.11's argparse took `-1e-3` for an option ("expected one argument"); read as the number, a negative
+    learning rate is the settings' own one-line refusal."""
+    monkeypatch.chdir(tmp_path)
+    err = cli_error(["--config", str(BASE.parent / "algo" / "grpo.yaml"), "--model.init_args.optim.lr", "-1e-3"], capsys)
+    assert "model.optim.lr must be ≥ 0, got -0.001" in err, err

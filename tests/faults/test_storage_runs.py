@@ -22,7 +22,7 @@ from tests.support.resume import COMPARED, args_for, histories
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
 STEPS = 5
-FILE_LIMIT = 12 << 20
+FILE_LIMIT = 3 << 20  # below the checkpoint (17 MB) and the exported weights (4.4 MB), above the store and the logs
 
 
 def start(run_dir: Path, model_dir: Path, extra=()):
@@ -41,8 +41,12 @@ def start(run_dir: Path, model_dir: Path, extra=()):
                             stderr=subprocess.STDOUT)  # fmt: skip
 
 
-def test_a_checkpoint_on_a_full_disk_keeps_the_previous_one_and_training_goes_on(tmp_path, quick_warm_start):
-    proc = start(tmp_path, quick_warm_start[1])
+def test_a_full_disk_keeps_the_previous_checkpoint_and_a_trained_run_finished(tmp_path, quick_warm_start):
+    """Checkpoints that cannot be written are dropped (the previous one stays); the final export that cannot be
+    written is a warning: the run ends FINISHED, exit 0."""
+    exports = tmp_path / "exports.yaml"
+    exports.write_text("trainer:\n  callbacks+:\n    - class_path: rlvr_lightning.callbacks.export.HFExport\n")
+    proc = start(tmp_path, quick_warm_start[1], ["--config", str(exports)])
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and proc.poll() is None:  # ResumableCheckpoint every 2 steps
@@ -50,7 +54,6 @@ def test_a_checkpoint_on_a_full_disk_keeps_the_previous_one_and_training_goes_on
             if infos and json.loads(infos[0].read_text())["rollout_batches"] == 2:
                 proc.send_signal(signal.SIGSTOP)  # stopped: no save can start between the check and the fault
                 assert json.loads(infos[0].read_text())["rollout_batches"] == 2, "the steps ran past the fault"
-                # Below the checkpoint (17 MB), above the MLflow store and the logs.
                 resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
                 proc.send_signal(signal.SIGCONT)
                 break
@@ -63,11 +66,21 @@ def test_a_checkpoint_on_a_full_disk_keeps_the_previous_one_and_training_goes_on
         assert f"checkpoint at rollout batch {step} not written ([Errno 27] File too large" in output, output[-3000:]
     assert output.count("(rollout batch 2) is intact; training goes on") == 2
     (ckpt,) = tmp_path.glob("checkpoints/*/last.ckpt")
-    assert sorted(p.name for p in ckpt.parent.iterdir()) == ["last.ckpt", "last.json"]  # no partial file left
+    assert sorted(p.name for p in ckpt.parent.iterdir()) == [
+        "last.ckpt",
+        "last.json",
+        "run.lock",
+    ]  # no partial file left
     assert json.loads((ckpt.parent / "last.json").read_text())["rollout_batches"] == 2
     assert torch.load(ckpt, map_location="cpu", weights_only=False)["rlvr"]["rollout_batches"] == 2  # usable
-    _, h = histories(tmp_path, ("train/checkpoint_failures", "train/reward_mean"))
+    run, h = histories(tmp_path, ("train/checkpoint_failures", "train/reward_mean", "train/export_failures"))
     assert h["train/checkpoint_failures"] == {4: 1.0, STEPS: 2.0}
+    final = tmp_path / "exports" / run.info.run_id / "final"
+    assert f"export {Path('exports') / run.info.run_id / 'final'} not written ([Errno 27] File too large" in output, (
+        output[-3000:]
+    )
+    assert f"checkpoint {ckpt.relative_to(tmp_path)} (rollout batch 2) holds the weights" in output, output[-3000:]
+    assert run.info.status == "FINISHED" and h["train/export_failures"] == {STEPS: 1.0} and not final.exists()
     assert sorted(h["train/reward_mean"]) == list(range(STEPS))  # every step trained
 
 

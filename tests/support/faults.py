@@ -119,6 +119,12 @@ class RunFaults:
         self.frozen_groups.add(group)
         os.killpg(group, signal.SIGSTOP)
 
+    def freeze_replica_then_stop(self) -> None:
+        """The replica frozen, then, once the step waits on it, SIGTERM to the trainer (a preemption mid-wait)."""
+        self.freeze_replica()
+        time.sleep(3)
+        os.kill(self.trainer_pid, signal.SIGTERM)
+
     def kill_rank(self) -> None:
         os.kill(rank_processes(self.trainer_pid)[0], signal.SIGKILL)
 
