@@ -146,6 +146,13 @@ def test_a_second_process_on_the_run_is_refused_and_each_step_is_logged_once(che
     from tests.support.cli import REPO
 
     run_dir, model_dir, ckpt = checkpointed
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{run_dir}/mlflow.db")
+
+    def resumes() -> int:  # the `resumed.<time>` tags of the run: one per process that resumed it
+        (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
+        return sum(k.startswith("resumed.") for k in run.data.tags)
+
+    resumed_before = resumes()
     args = [
         str(REPO / a) if a.startswith("configs/") else a
         for a in [*args_for(run_dir, model_dir, 8), "--ckpt_path", str(ckpt)]
@@ -167,7 +174,7 @@ def test_a_second_process_on_the_run_is_refused_and_each_step_is_logged_once(che
         assert first.wait(timeout=400) == 0, first.stderr.read()[-3000:]
     finally:
         first.kill()
-    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{run_dir}/mlflow.db")
     (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
+    assert resumes() == resumed_before + 1  # the second process was refused before it logged anything to the run
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/reward_mean")]
     assert sorted(steps) == list(range(8)) and run.info.status == "FINISHED", (steps, run.info.status)
