@@ -10,6 +10,9 @@ rollout engine; a weight sync all-gathers one parameter at a time (`rlvr_lightni
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 
@@ -92,3 +95,14 @@ def shard_policy(
         fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def ranks_barrier(device: torch.device) -> Callable[[], None] | None:
+    """The trainer's ranks' barrier as a plain function (what Lightning's strategies call), for objects that must
+    not keep the strategy; None in a single process."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    if dist.get_backend() == "nccl":  # NCCL's barrier needs this rank's device
+        return partial(dist.barrier, device_ids=[device.index])
+    return dist.barrier

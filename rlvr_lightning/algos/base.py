@@ -88,6 +88,7 @@ class RLVRModule(L.LightningModule):
         self.rollout_batches = 0  # completed rollout batches: the x-axis of every metric
         self.latest_val: dict[str, float] = {}
         self.session = EngineSession()  # the engine, weight sync, stream; attached at fit start
+        self._step: TrainingStep | None = None  # built once, at fit start
         self.nonfinite = NonFiniteGuard(self.settings.compute.max_nonfinite_steps)
 
     def configure_model(self) -> None:
@@ -107,9 +108,10 @@ class RLVRModule(L.LightningModule):
         self.session.attach(wiring.engine_spec(self))  # the policy is on its device from here on
         if self.teacher is not None:
             self.teacher.start()  # a served teacher's replicas
-        # The checks that need the run, before anything expensive starts; then the engine, so that its start-up
-        # is not charged to the first step.
-        _ = wiring.training_step(self, self.step_algorithm(), check=True).session.engine
+        # The step, built once, with the checks that need the run, before anything expensive starts; then the
+        # engine, so that its start-up is not charged to the first step.
+        self._step = wiring.training_step(self, self.step_algorithm(), check=True)
+        _ = self._step.session.engine
 
     def on_train_start(self) -> None:
         self.session.start()  # after FSDP restored a resumed run's weights (between on_fit_start and here)
@@ -125,8 +127,11 @@ class RLVRModule(L.LightningModule):
 
     @property
     def rlvr_step(self) -> TrainingStep:
-        """The training step of this module's settings on its run (`rlvr_lightning.training.step`)."""
-        return wiring.training_step(self, self.step_algorithm())
+        """The training step of this module's settings on its run (`rlvr_lightning.training.step`): built at fit
+        start, or on first use outside `fit` (`standalone`)."""
+        if self._step is None:
+            self._step = wiring.training_step(self, self.step_algorithm())
+        return self._step
 
     def step_context(self):
         return wiring.step_context(self)

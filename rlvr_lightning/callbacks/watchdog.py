@@ -61,8 +61,7 @@ def rollout_state(trainer: L.Trainer, module) -> str:
     session = getattr(module, "session", None)
     if session is not None:
         parts.append(f"policy version: {session.policy_version}")
-        engine, environment = getattr(session, "_engine", None), getattr(session, "_environment", None)
-        for name, obj in (("engine", engine), ("rollout stream", session.stream), ("environment", environment)):
+        for name, obj in session.built().items():
             if obj is not None:
                 describe = getattr(obj, "describe", None)
                 parts.append(f"{name}: {describe() if describe else type(obj).__name__}")

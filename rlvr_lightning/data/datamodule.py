@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 
 import lightning as L
 import torch
@@ -106,7 +108,11 @@ class RolloutDataModule(L.LightningDataModule):
     def make_environment(self) -> Environment | None:
         """The environment the answers are generated in: the Python tool (`tool`), one's own, or None (one
         segment per answer)."""
-        return environment_of(self.tool, self.environment, ENVIRONMENT_OPTIONS)
+        return self.environment_factory()()
+
+    def environment_factory(self) -> Callable[[], Environment | None]:
+        """What makes that environment, as a function of the settings alone (it keeps no reference to this module)."""
+        return partial(environment_of, self.tool, self.environment, ENVIRONMENT_OPTIONS)
 
     # ---- setup -------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:

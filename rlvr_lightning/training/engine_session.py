@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import torch
-
 from rlvr_lightning.environments.base import Environment
 from rlvr_lightning.models.forward import sequence_logprobs
-from rlvr_lightning.models.lora import LoraSettings
 from rlvr_lightning.models.weights import full_weights, load_into_engine
 from rlvr_lightning.rollout.engine import LogprobsFn, RolloutEngine
 from rlvr_lightning.rollout.sync import FP32_SYNC_TOL, EngineSync, default_sync_tol
 from rlvr_lightning.rollout.types import PromptBatch, Rollout
-from rlvr_lightning.training.engine_setup import build_rollout_engine
+from rlvr_lightning.training.engine_setup import EngineSpec, build_rollout_engine
 from rlvr_lightning.training.rollout_stream import RolloutStream
 from rlvr_lightning.training.step_metrics import StageTimer
 from rlvr_lightning.training.throughput_stream import ThroughputStream
@@ -32,20 +28,6 @@ from rlvr_lightning.training.throughput_stream import ThroughputStream
 Stream = RolloutStream | ThroughputStream
 # The prompts rollout batch `index` generates, given the step's context (DAPO adds its first round's).
 PromptsFn = Callable[[Any, int], PromptBatch]
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """What builds this rank's engine and what it is handed at a sync."""
-
-    datamodule: Any  # the RolloutDataModule: `rollout:` settings, tokenizer, policy path, seed
-    trainer: Any  # its ranks (global, local, world size, devices)
-    policy: torch.nn.Module
-    lora: LoraSettings | None
-    engine_dtype: str  # what the engine computes in (`engine_setup.engine_compute_dtype`)
-    trainer_dtype: str  # what the trainer's forwards compute in (`engine_setup.trainer_compute_dtype`)
-    chunk_tokens: int  # the LM head's chunk where the trainer's module scores (the probe, the HF engine)
-    barrier: Callable[[], None] | None = None  # the trainer's ranks' barrier; None: one process
 
 
 class EngineSession:
@@ -63,7 +45,7 @@ class EngineSession:
         """What the engine is built from and synced with (the policy exists from here on); the sync probe's
         tolerance (`rollout.sync_check_tol`; None: what the two sides' precision allows) and cadence."""
         self.spec = spec
-        rollout = spec.datamodule.rollout
+        rollout = spec.rollout
         tol = default_sync_tol(spec.engine_dtype, spec.trainer_dtype) if rollout.sync_check_tol is None else rollout.sync_check_tol
         self.sync = EngineSync(tol=tol, check_every=rollout.sync_check_every)
 
@@ -74,7 +56,7 @@ class EngineSession:
             s = self.spec
             if s is None:
                 raise RuntimeError("the engine session has no spec yet: attach() it once the policy is built")
-            self._engine = build_rollout_engine(s.datamodule, s.trainer, s.policy, s.lora, s.engine_dtype, self.trainer_logprobs)
+            self._engine = build_rollout_engine(s, self.trainer_logprobs)
         return self._engine
 
     @engine.setter
@@ -87,8 +69,8 @@ class EngineSession:
         """The environment the answers are generated in (`data.tool`, `data.environment`), made on first use
         (the tool's sandbox starts then); None: one segment per answer."""
         with self._making_environment:  # the throughput stream's request threads may ask first, at once
-            if self._environment is None and self.spec is not None and hasattr(self.spec.datamodule, "make_environment"):
-                self._environment = self.spec.datamodule.make_environment()
+            if self._environment is None and self.spec is not None:
+                self._environment = self.spec.make_environment()
         return self._environment
 
     @property
@@ -97,6 +79,10 @@ class EngineSession:
         the HF engine's own scoring."""
         return partial(sequence_logprobs, self.spec.policy, chunk_tokens=self.spec.chunk_tokens)
 
+    def built(self) -> dict[str, Any]:
+        """What of the session exists now, by name, without building anything (the watchdog's report)."""
+        return {"engine": self._engine, "rollout stream": self.stream, "environment": self._environment}
+
     @property
     def shared_by_ranks(self) -> bool:
         return bool(getattr(self.engine, "shared_by_ranks", False))
@@ -104,7 +90,7 @@ class EngineSession:
     def load(self, version: int) -> None:
         """Hand the policy to the engine as `version`: its full weights, or its LoRA adapter."""
         s = self.spec
-        load_into_engine(self.engine, s.policy, version, s.lora, s.datamodule.policy_path)
+        load_into_engine(self.engine, s.policy, version, s.lora, s.policy_path)
 
     def after_sync(self) -> None:
         """Called by every rank after it handed its weights to the engine. Servers the ranks share are

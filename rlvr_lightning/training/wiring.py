@@ -14,9 +14,9 @@ from rlvr_lightning.device_defaults import accelerator_of_device
 from rlvr_lightning.models.fast_paths import apply_fast_paths
 from rlvr_lightning.models.lora import trainable_parameters
 from rlvr_lightning.models.policy import load_policies
+from rlvr_lightning.parallel import ranks_barrier
 from rlvr_lightning.training.checks import check_environment
-from rlvr_lightning.training.engine_session import EngineSpec
-from rlvr_lightning.training.engine_setup import engine_compute_dtype, trainer_compute_dtype
+from rlvr_lightning.training.engine_setup import EngineSpec, RankPlace, engine_compute_dtype, trainer_compute_dtype
 from rlvr_lightning.training.optim import adamw_with_schedule
 from rlvr_lightning.training.settings import OptimSettings, ResolvedStep, StepSettings
 from rlvr_lightning.training.step import Skipped, StepAlgorithm, StepResult, TrainingStep, logged_metrics
@@ -70,19 +70,25 @@ def trainer_dtype(settings: StepSettings, trainer: Any, sharded: bool) -> str:
 
 
 def engine_spec(module: Any) -> EngineSpec:
-    """What builds the module's engine on this rank, from its policy once that is on its device."""
+    """What builds the module's engine on this rank, from its policy once that is on its device: values read from
+    the trainer and the data module here, once."""
     settings, trainer, policy = module.settings, module.trainer, module.policy
     dm, trainer_dt = trainer.datamodule, trainer_dtype(settings, trainer, module.device_mesh is not None)
     engine_dt = engine_compute_dtype(dm.rollout, policy.config, trainer_dt, accelerator_of_device(module.device))
     return EngineSpec(
-        dm,
-        trainer,
-        policy,
-        settings.lora,
-        engine_dt,
-        trainer_dt,
-        settings.compute.logprob_chunk_tokens,
-        trainer.strategy.barrier,
+        rollout=dm.rollout,
+        policy_path=dm.policy_path,
+        max_model_len=dm.max_model_len(),
+        seed=dm.hparams.seed,
+        tokenizer=dm.tokenizer,
+        ranks=RankPlace(trainer.global_rank, trainer.world_size, trainer.local_rank, trainer.num_devices),
+        make_environment=dm.environment_factory(),
+        policy=policy,
+        lora=settings.lora,
+        engine_dtype=engine_dt,
+        trainer_dtype=trainer_dt,
+        chunk_tokens=settings.compute.logprob_chunk_tokens,
+        barrier=ranks_barrier(module.device),
     )
 
 
