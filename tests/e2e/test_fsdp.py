@@ -55,13 +55,13 @@ def fsdp_args(tmp_path: Path, model_dir: Path, algo: str = "grpo") -> list[str]:
 
 
 class Recorded(StepAlgorithm):
-    """The step trains on a recorded rollout instead of generating one."""
+    """The step trains on the recorded rollouts, in the order they are queued, instead of generating them."""
 
-    def __init__(self, rollout: Rollout) -> None:
-        self.rollout = rollout
+    def __init__(self) -> None:
+        self.queued: list[Rollout] = []
 
     def collect(self, step, batch, timer, stream) -> Rollout:
-        return self.rollout
+        return self.queued.pop(0)
 
 
 def replay(
@@ -72,6 +72,8 @@ def replay(
     `algorithm`: more of the module's arguments (a teacher)."""
     dm = RolloutDataModule(model_name_or_path=str(model_dir), batch_size=2 * PROMPTS_PER_RANK, val_data=None, rollout=RolloutSettings(group_size=G, max_response_length=RESPONSE, engine="hf"))  # fmt: skip
     module = standalone(GRPO(**module_args(hparams), lora=lora, **algorithm), dm, callbacks=callbacks)
+    recorded = Recorded()
+    module.step_algorithm = lambda: recorded  # before the step is first built
     if lora is not None:
         load_adapter_weights(module.policy, torch.load(probe / "initial_adapter.pt", weights_only=True))
     try:
@@ -84,7 +86,7 @@ def replay(
                 policy_version=module.session.policy_version, texts=[t for p in parts for t in p["texts"]],
                 correct=torch.cat([p["correct"] for p in parts]),
             )  # fmt: skip
-            module.step_algorithm = lambda rollout=rollout: Recorded(rollout)
+            recorded.queued.append(rollout)
             module.train_on_batch(rollout.batch)
             module.rollout_batches += 1
         return {k: v.detach().clone() for k, v in full_weights(module.policy)}

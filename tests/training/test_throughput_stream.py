@@ -161,7 +161,7 @@ def test_drop_reissues_late_groups_and_logs_their_lengths(lagged_module):
     dropped = [r.rollout.metrics["groups_dropped"] for r in results]
     assert dropped[:2] == [0.0, 0.0] and dropped[2] >= 1
     assert all(r.metrics["staleness_max"] <= 1 for r in results)
-    first = module.trainer.datamodule.train_batch_at(0).ids[0]
+    first = module.trainer.datamodule.prompts.batch_at(0).ids[0]
     assert first not in results[0].rollout.batch.ids + results[1].rollout.batch.ids
     stream = module.session.stream
     with stream.lock:  # issued again (attempt 1): trained at step 2 already, or still outstanding
@@ -182,7 +182,7 @@ def test_hold_waits_for_the_due_group_and_drops_nothing(lagged_module):
     results = run_steps(module, 1)
     threading.Timer(0.5, server.gate.set).start()  # before or during step 1's wait: either way step 1 trains it
     results += run_steps(module, 3)
-    first = module.trainer.datamodule.train_batch_at(0).ids[0]
+    first = module.trainer.datamodule.prompts.batch_at(0).ids[0]
     assert first not in results[0].rollout.batch.ids and first in results[1].rollout.batch.ids  # by its deadline
     assert all(r.rollout.metrics["groups_dropped"] == 0 for r in results)
     assert all(r.metrics["staleness_max"] <= 1 for r in results)
@@ -332,7 +332,7 @@ def test_the_environment_is_made_once_when_request_threads_ask_for_it_at_once():
         return made[-1]
 
     session = EngineSession()
-    session.spec = SimpleNamespace(datamodule=SimpleNamespace(make_environment=make_environment))
+    session.spec = SimpleNamespace(make_environment=make_environment)
     with ThreadPoolExecutor(8) as pool:
         seen = list(pool.map(lambda _: session.environment, range(8)))
     assert len(made) == 1 and all(e is made[0] for e in seen)
