@@ -236,8 +236,8 @@ def record_peaks(module) -> dict[str, float]:
 
     build_algorithm = module.step_algorithm
 
-    def timed_algorithm():
-        algorithm = build_algorithm()
+    def timed_algorithm(*args):
+        algorithm = build_algorithm(*args)
         algorithm.collect = after("rollout", algorithm.collect)
         return algorithm
 

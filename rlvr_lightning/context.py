@@ -21,10 +21,10 @@ class Collectives:
 
     world_size: int = 1
     rank: int = 0
-    # strategy.reduce(tensor, reduce_op=…) of the Lightning strategy; None: a single process
+    # reduce(tensor, reduce_op=…) in place over the ranks (`parallel.ranks_reduce`); None: a single process
     reduce: Callable[..., torch.Tensor] | None = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    barrier: Callable[[], None] | None = None  # strategy.barrier; None: a single process
+    barrier: Callable[[], None] | None = None  # `parallel.ranks_barrier`; None: a single process
 
     def sum(self, x: torch.Tensor) -> torch.Tensor:
         """The sum over ranks, on x's device (NCCL reduces CUDA tensors only: it travels on the ranks' device)."""
@@ -50,10 +50,10 @@ class EngineSource(Protocol):
 
 
 class PromptSource(Protocol):
-    """The prompt stream (the rollout DataModule)."""
+    """The training prompts (`rlvr_lightning.data.training_prompts.TrainingPrompts`)."""
 
-    def extra_prompts(self, n: int) -> PromptBatch: ...
-    def train_batch_at(self, index: int) -> PromptBatch: ...
+    def batch_at(self, index: int) -> PromptBatch: ...
+    def extra(self, n: int) -> PromptBatch: ...
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class StepContext:
     ref_policy: torch.nn.Module | None
     engines: EngineSource  # its `engine` is built on first use (a stage that generates nothing starts none)
     tokenizer: Any
-    data: PromptSource
+    prompts: PromptSource
     sampling: Callable[..., SamplingConfig]  # the training sampling settings, with overrides (`rollout:`)
     collectives: Collectives
     device: torch.device

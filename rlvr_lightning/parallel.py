@@ -106,3 +106,19 @@ def ranks_barrier(device: torch.device) -> Callable[[], None] | None:
     if dist.get_backend() == "nccl":  # NCCL's barrier needs this rank's device
         return partial(dist.barrier, device_ids=[device.index])
     return dist.barrier
+
+
+def ranks_reduce() -> Callable[..., torch.Tensor] | None:
+    """The sum, min or max of a tensor over the trainer's ranks, as Lightning's strategies reduce (a barrier, then
+    an in-place all-reduce; `reduce_op`: "sum", "min" or "max"), as a plain function for objects that must not keep
+    the strategy; None in a single process."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+
+    def reduce(tensor: torch.Tensor, reduce_op: str = "sum") -> torch.Tensor:
+        dist.barrier()
+        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, reduce_op.upper()))
+        return tensor
+
+    return reduce

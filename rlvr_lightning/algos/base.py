@@ -8,6 +8,9 @@ normalisation and several updates per rollout batch conflict with Lightning's au
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import lightning as L
 
 from rlvr_lightning.callbacks.closing import CloseOnError
@@ -16,6 +19,7 @@ from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.models.checkpoint import state_mismatch
 from rlvr_lightning.models.lora import LoraSettings
 from rlvr_lightning.pieces import kinds
+from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.training import wiring
 from rlvr_lightning.training.engine_session import EngineSession
 from rlvr_lightning.training.generation import generate
@@ -110,7 +114,7 @@ class RLVRModule(L.LightningModule):
             self.teacher.start()  # a served teacher's replicas
         # The step, built once, with the checks that need the run, before anything expensive starts; then the
         # engine, so that its start-up is not charged to the first step.
-        self._step = wiring.training_step(self, self.step_algorithm(), check=True)
+        self._step = wiring.training_step(self, check=True)
         _ = self._step.session.engine
 
     def on_train_start(self) -> None:
@@ -121,8 +125,10 @@ class RLVRModule(L.LightningModule):
         if self.teacher is not None:
             self.teacher.close()
 
-    def step_algorithm(self) -> StepAlgorithm:
-        """What this algorithm changes in the step's structure: nothing (DAPO returns its own)."""
+    @classmethod
+    def step_algorithm(cls, args: Mapping[str, Any], rollout: RolloutSettings, batch_size: int) -> StepAlgorithm:
+        """What the algorithm of `args` (its settings' `args`) changes in the step's structure on a run of these
+        `rollout:` settings and prompts per rank: nothing (DAPO returns its own)."""
         return StepAlgorithm()
 
     @property
@@ -130,7 +136,7 @@ class RLVRModule(L.LightningModule):
         """The training step of this module's settings on its run (`rlvr_lightning.training.step`): built at fit
         start, or on first use outside `fit` (`standalone`)."""
         if self._step is None:
-            self._step = wiring.training_step(self, self.step_algorithm())
+            self._step = wiring.training_step(self)
         return self._step
 
     def step_context(self):

@@ -11,6 +11,9 @@ No KL. Overlong *filtering* (`mask_truncated`) is available and off, as in the b
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
 from rlvr_lightning.algos.grpo import GRPO
@@ -19,6 +22,7 @@ from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.pieces.advantages import overlong_penalty
 from rlvr_lightning.pieces.kinds import LossAggName
 from rlvr_lightning.pieces.selection import selected_pieces
+from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.rollout.types import PromptBatch, Rollout
 from rlvr_lightning.training.dynamic_sampling import DynamicSampler, OnExhausted
 from rlvr_lightning.training.engine_session import Stream
@@ -71,24 +75,25 @@ class DAPO(GRPO):
         super().__init__(
             clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, loss_agg=loss_agg, kl_coef=kl_coef, **kwargs
         )
-        self.dynamic_sampler = DynamicSampler(gen_batch_size, max_num_gen_batches, on_exhausted, max_empty_batches)
 
-    def step_algorithm(self) -> DAPOStep:
-        """DAPO's step on this run, checked against its data and rollout settings."""
-        h, dm = self.hparams, self.trainer.datamodule
-        L_max = dm.rollout.max_response_length
-        buffer = h.overlong_buffer_len if h.overlong_buffer_len is not None else L_max // 5
-        if h.gen_batch_size is not None and h.gen_batch_size < dm.hparams.batch_size:
-            raise ConfigError(f"model.gen_batch_size={h.gen_batch_size} must be ≥ data.batch_size={dm.hparams.batch_size}")
+    @classmethod
+    def step_algorithm(cls, args: Mapping[str, Any], rollout: RolloutSettings, batch_size: int) -> DAPOStep:
+        """DAPO's step on a run of these `rollout:` settings and prompts per rank, checked against them."""
+        L_max = rollout.max_response_length
+        buffer = args["overlong_buffer_len"] if args["overlong_buffer_len"] is not None else L_max // 5
+        gen_batch_size = args["gen_batch_size"]
+        if gen_batch_size is not None and gen_batch_size < batch_size:
+            raise ConfigError(f"model.gen_batch_size={gen_batch_size} must be ≥ data.batch_size={batch_size}")
         if buffer > L_max:
-            raise ConfigError(f"model.overlong_buffer_len={h.overlong_buffer_len} exceeds rollout.max_response_length={L_max}")
-        maxrl = [key for key, piece in selected_pieces(h).items() if piece.name == "maxrl"]  # opd_reward too
-        if maxrl and (h.signed_reward or buffer > 0):
+            raise ConfigError(f"model.overlong_buffer_len={args['overlong_buffer_len']} exceeds rollout.max_response_length={L_max}")
+        maxrl = [key for key, piece in selected_pieces(args).items() if piece.name == "maxrl"]  # opd_reward too
+        if maxrl and (args["signed_reward"] or buffer > 0):
             raise ConfigError(
                 f"model.{maxrl[0]}=maxrl takes rewards in [0, 1] ((r − r̄)/r̄: on DAPO's ±1 a group at most half "
                 "right has no signal); set model.signed_reward=false and model.overlong_buffer_len=0 to use it in DAPO"
             )
-        return DAPOStep(self.dynamic_sampler if h.dynamic_sampling else None, h.signed_reward, buffer, h.overlong_penalty_factor, L_max)
+        sampler = DynamicSampler(gen_batch_size, args["max_num_gen_batches"], args["on_exhausted"], args["max_empty_batches"])
+        return DAPOStep(sampler if args["dynamic_sampling"] else None, args["signed_reward"], buffer, args["overlong_penalty_factor"], L_max)
 
 
 class DAPOStep(StepAlgorithm):

@@ -14,11 +14,12 @@ from dataclasses import asdict
 from functools import partial
 
 import lightning as L
-import torch
 from torch.utils.data import DataLoader
 
 from rlvr_lightning.data.batches import ResumableBatches
+from rlvr_lightning.data.prompt_format import PromptFormat
 from rlvr_lightning.data.sources import ProblemRecord, embedded_records, load_problems
+from rlvr_lightning.data.training_prompts import TrainingPrompts
 from rlvr_lightning.environments.base import Environment
 from rlvr_lightning.environments.python_tool import PythonToolSettings, environment_of
 from rlvr_lightning.errors import ConfigError
@@ -97,13 +98,13 @@ class RolloutDataModule(L.LightningDataModule):
         self.environment = environment
         self.rollout = rollout if rollout is not None else RolloutSettings()
         self.tokenizer = None
+        self.format: PromptFormat | None = None  # made at setup, with the tokenizer
         self.policy_path: str | None = None
         self.train_records: list[ProblemRecord] = []
         self.val_records: list[ProblemRecord] = []
+        self.prompts: TrainingPrompts | None = None  # what the step draws its prompts from; made at setup
         self.train_batches: ResumableBatches | None = None  # the stream behind train_dataloader
-        # Position in the stream of extra prompts (DAPO's dynamic sampling); part of the state dict.
-        self._extra_epoch = 0
-        self._extra_pos = 0
+        self._prompts_state: dict = {}  # a checkpoint's position in the extra prompts, if restored before setup
 
     def make_environment(self) -> Environment | None:
         """The environment the answers are generated in: the Python tool (`tool`), one's own, or None (one
@@ -120,6 +121,7 @@ class RolloutDataModule(L.LightningDataModule):
             return
         self.policy_path = resolve_policy_path(self.hparams.model_name_or_path)
         self.tokenizer = load_tokenizer(self.policy_path)
+        self.format = PromptFormat(self.hparams.prompt_template, self.hparams.use_chat_template, self.tokenizer)
         self._check_context_length()
         self.train_records = self._load(self.hparams.train_data, self.hparams.train_split, train=True)
         self.val_records = (
@@ -132,6 +134,12 @@ class RolloutDataModule(L.LightningDataModule):
                 f"data.train_data has {len(self.train_records)} usable problems, fewer than data.batch_size="
                 f"{self.hparams.batch_size}"
             )
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
+        try:
+            self.prompts = TrainingPrompts(self.train_records, self.hparams.batch_size, self.hparams.seed, self.format.batch, rank, world)
+        except ValueError as err:
+            raise ConfigError(f"data.train_data / data.batch_size: {err}") from None
+        self.prompts.load_state_dict(self._prompts_state)
 
     def _check_context_length(self) -> None:
         """Prompt + response must fit the model's positions; vLLM would refuse deep inside otherwise."""
@@ -188,76 +196,31 @@ class RolloutDataModule(L.LightningDataModule):
         return kept
 
     def format_prompt(self, problem: str) -> str:
-        text = self.hparams.prompt_template.format(problem=problem)
-        if self.hparams.use_chat_template:
-            text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-            )
-        return text
+        return self.format.text(problem)
 
     def prompt_ids(self, problem: str) -> list[int]:
-        return self.tokenizer(self.format_prompt(problem), add_special_tokens=False).input_ids
+        return self.format.token_ids(problem)
 
     # ---- dataloaders -------------------------------------------------------------------------
     def collate(self, records: list[ProblemRecord]) -> PromptBatch:
-        return PromptBatch(
-            ids=[r.id for r in records],
-            prompts=[self.format_prompt(r.problem) for r in records],
-            answers=[r.answer for r in records],
-        )
+        return self.format.batch(records)
 
     def train_dataloader(self) -> DataLoader:
         """Seeded, shuffled prompt batches, one per rollout batch; a resumed run continues where the
         checkpoint was taken (`ResumableBatches`), and each rank gets its own slice of every batch."""
-        trainer = self.trainer
-        module = trainer.lightning_module if trainer is not None else None
-        start = getattr(module, "rollout_batches", 0)
-        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        try:
-            self.train_batches = ResumableBatches(
-                self.train_records, self.hparams.batch_size, self.hparams.seed, self.collate, start, rank, world
-            )
-        except ValueError as err:
-            raise ConfigError(f"data.train_data / data.batch_size: {err}") from None
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        self.train_batches = self.prompts.stream(getattr(module, "rollout_batches", 0))
         # Lightning warns that __len__ may be wrong with several loader workers; there are none here.
         warnings.filterwarnings("ignore", message=r".*`IterableDataset` has `__len__` defined")
         return DataLoader(self.train_batches, batch_size=None)  # the dataset yields whole batches
 
-    def train_batch_at(self, index: int) -> PromptBatch:
-        """This rank's training batch number `index`: the one the dataloader yields at that step."""
-        return self.train_batches.batch_at(index)
-
-    def extra_prompts(self, n: int) -> PromptBatch:
-        """`n` more training prompts, for algorithms that sample beyond the dataloader's batch.
-
-        A separate, seeded, reshuffled-every-pass stream over the training problems, so the
-        dataloader's own order (and its resume position) is untouched. Every rank advances the same
-        stream by n × world size and takes its own n of them, so ranks never draw the same prompts.
-        """
-        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
-        picked = self._next_extra(n * world)
-        return self.collate(picked[rank * n : (rank + 1) * n])
-
-    def _next_extra(self, n: int) -> list[ProblemRecord]:
-        picked: list[ProblemRecord] = []
-        while len(picked) < n:
-            order = torch.randperm(
-                len(self.train_records),
-                generator=torch.Generator().manual_seed(self.hparams.seed + 7919 * (self._extra_epoch + 1)),
-            )
-            take = order[self._extra_pos : self._extra_pos + n - len(picked)].tolist()
-            picked += [self.train_records[i] for i in take]
-            self._extra_pos += len(take)
-            if self._extra_pos >= len(order):
-                self._extra_epoch, self._extra_pos = self._extra_epoch + 1, 0
-        return picked
-
     def state_dict(self) -> dict:
-        return {"extra_epoch": self._extra_epoch, "extra_pos": self._extra_pos}
+        return self.prompts.state_dict() if self.prompts is not None else dict(self._prompts_state)
 
     def load_state_dict(self, state: dict) -> None:
-        self._extra_epoch = state.get("extra_epoch", 0)
-        self._extra_pos = state.get("extra_pos", 0)
+        self._prompts_state = dict(state)
+        if self.prompts is not None:
+            self.prompts.load_state_dict(state)
 
     def max_model_len(self) -> int:
         """Prompt + response tokens the engine is built for."""

@@ -138,7 +138,7 @@ class DynamicSampler:
     @staticmethod
     def _with_extra(step: StepContext, prompts: PromptBatch, size: int) -> PromptBatch:
         missing = size - len(prompts)
-        return PromptBatch.concat([prompts, step.data.extra_prompts(missing)]) if missing > 0 else prompts
+        return PromptBatch.concat([prompts, step.prompts.extra(missing)]) if missing > 0 else prompts
 
     def collect(self, step: StepContext, batch: PromptBatch, timer: StageTimer, first: Rollout | None = None) -> Rollout | Skipped:
         """`first`: round 0 already generated and scored (by the rollout stream, ahead); the rounds after it are

@@ -86,7 +86,7 @@ class InFlightBatch:
 
 
 def dataloader_batch(step: StepContext, index: int) -> PromptBatch:
-    return step.data.train_batch_at(index)
+    return step.prompts.batch_at(index)
 
 
 class RolloutStream:

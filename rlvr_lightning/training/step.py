@@ -52,7 +52,7 @@ class StepAlgorithm:
 
     def prompts(self, step: StepContext, index: int) -> PromptBatch:
         """The prompts rollout batch `index` generates (the stream asks ahead of the dataloader)."""
-        return step.data.train_batch_at(index)
+        return step.prompts.batch_at(index)
 
     def collect(self, step: StepContext, batch: PromptBatch, timer: StageTimer, stream: Stream | None) -> Rollout | Skipped:
         """The scored rollout to train on (`batch`: the dataloader's prompts)."""

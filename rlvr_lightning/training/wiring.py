@@ -14,25 +14,13 @@ from rlvr_lightning.device_defaults import accelerator_of_device
 from rlvr_lightning.models.fast_paths import apply_fast_paths
 from rlvr_lightning.models.lora import trainable_parameters
 from rlvr_lightning.models.policy import load_policies
-from rlvr_lightning.parallel import ranks_barrier
-from rlvr_lightning.training.checks import check_environment
+from rlvr_lightning.parallel import ranks_barrier, ranks_reduce
 from rlvr_lightning.training.engine_setup import EngineSpec, RankPlace, engine_compute_dtype, trainer_compute_dtype
 from rlvr_lightning.training.optim import adamw_with_schedule
-from rlvr_lightning.training.settings import OptimSettings, ResolvedStep, StepSettings
-from rlvr_lightning.training.step import Skipped, StepAlgorithm, StepResult, TrainingStep, logged_metrics
+from rlvr_lightning.training.settings import OptimSettings, StepSettings
+from rlvr_lightning.training.step import Skipped, StepResult, TrainingStep, logged_metrics
+from rlvr_lightning.training.step_setup import build_training_step
 from rlvr_lightning.training.teacher import ServerSite, build_teacher
-
-
-def resolve_step(settings: StepSettings, trainer: Any, device: Any, check: bool = False) -> ResolvedStep:
-    """`settings` on the trainer's run: its data and `rollout:` settings, the module's device, its shapers
-    (`check`: run the checks that need them)."""
-    dm = trainer.datamodule
-    shapers = tuple(type(cb).__name__ for cb in advantage_shapers(trainer))
-    chosen = [name for name in ("tool", "environment") if getattr(dm, name, None) is not None]
-    if check and chosen:
-        unaware = tuple(type(cb).__name__ for cb in advantage_shapers(trainer) if not cb.weighs_sampled_tokens_only)
-        check_environment(f"data.{chosen[0]}", unaware)
-    return settings.resolve(dm.rollout, dm.hparams.batch_size, accelerator_of_device(device), shapers, check)
 
 
 def policies(settings: StepSettings, datamodule: Any, device_mesh: Any) -> tuple[Any, Any]:
@@ -92,34 +80,38 @@ def engine_spec(module: Any) -> EngineSpec:
     )
 
 
-def training_step(module: Any, algorithm: StepAlgorithm, check: bool = False) -> TrainingStep:
-    """The module's training step for its next rollout batch (`algorithm`: what it changes in the step;
-    `check`: check the settings against the run first, as a run does at its start)."""
-    trainer = module.trainer
-    resolved = resolve_step(module.settings, trainer, module.device, check)
-    return TrainingStep(
+def training_step(module: Any, check: bool = False) -> TrainingStep:
+    """The module's training step on its run (`training.step_setup`; `check`: check the settings against the run
+    first, as a run does at its start)."""
+    dm = module.trainer.datamodule
+    algorithm = module.step_algorithm(module.settings.args, dm.rollout, dm.hparams.batch_size)
+    environment = next((f"data.{name}" for name in ("tool", "environment") if getattr(dm, name, None) is not None), None)
+    return build_training_step(
+        module.settings,
         algorithm,
-        resolved,
-        module.settings.args["mask_truncated"],
-        advantage_shapers(trainer),
-        module.nonfinite,
+        dm.rollout,
+        dm.hparams.batch_size,
         module.session,
-        trainer.datamodule.rollout,
+        advantage_shapers(module.trainer),
+        accelerator_of_device(module.device),
+        environment,
+        module.nonfinite,
+        check,
     )
 
 
 def step_context(module: Any) -> StepContext:
     """The context of the module's next rollout batch."""
     trainer = module.trainer
-    strategy, dm = trainer.strategy, trainer.datamodule
-    collectives = Collectives(trainer.world_size, module.global_rank, strategy.reduce, module.device, strategy.barrier)
+    dm = trainer.datamodule
+    collectives = Collectives(trainer.world_size, module.global_rank, ranks_reduce(), module.device, ranks_barrier(module.device))
     return StepContext(
         policy=module.policy,
         ref_policy=module.ref_policy,
         teacher=module.teacher,
         engines=module.session,
         tokenizer=dm.tokenizer,
-        data=dm,
+        prompts=dm.prompts,
         sampling=dm.rollout.sampling,
         collectives=collectives,
         device=module.device,

@@ -292,9 +292,9 @@ def test_dapo_reward_is_signed_correctness_plus_overlong_penalty(tiny_policy_dir
     rollout = sample_rollout(module)
     lengths = rollout.response_lengths
     expected = (2 * rollout.correct - 1) + ((4 - lengths) / 4).clamp(-1, 0)  # penalty from L > 8 − 4
-    torch.testing.assert_close(module.step_algorithm().rewards(rollout)[0], expected)
+    torch.testing.assert_close(module.rlvr_step.algorithm.rewards(rollout)[0], expected)
     assert (expected < 2 * rollout.correct - 1).any()  # the sample does contain penalised lengths
-    assert attach(DAPO, tiny_policy_dir).step_algorithm().buffer == MAX_LEN // 5  # 20% of max_response_length
+    assert attach(DAPO, tiny_policy_dir).rlvr_step.algorithm.buffer == MAX_LEN // 5  # 20% of max_response_length
 
 
 def test_mask_truncated_takes_truncated_completions_out_of_the_loss(tiny_policy_dir):

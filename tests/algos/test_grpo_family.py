@@ -218,10 +218,10 @@ def test_dapo_refuses_maxrl_on_its_signed_or_penalised_rewards(tiny_policy_dir):
     for kwargs in ({}, {"signed_reward": False}, {"overlong_buffer_len": 0}):
         module = attach(DAPO, tiny_policy_dir, advantage_estimator="maxrl", **kwargs)
         with pytest.raises(ConfigError, match=r"^model.advantage_estimator=maxrl takes rewards in \[0, 1\]"):
-            module.step_algorithm()
-    attach(DAPO, tiny_policy_dir, advantage_estimator="maxrl", signed_reward=False, overlong_buffer_len=0).step_algorithm()
+            module.rlvr_step  # noqa: B018 (building it checks DAPO's settings)
+    attach(DAPO, tiny_policy_dir, advantage_estimator="maxrl", signed_reward=False, overlong_buffer_len=0).rlvr_step  # noqa: B018
     # the same estimator as on-policy distillation's reward is refused the same way
     teacher = {"model_name_or_path": str(tiny_policy_dir)}
     module = attach(DAPO, tiny_policy_dir, advantage_estimator="opd", teacher=teacher, piece_args={"opd_reward": "maxrl"})
     with pytest.raises(ConfigError, match=r"^model.opd_reward=maxrl takes rewards in \[0, 1\]"):
-        module.step_algorithm()
+        module.rlvr_step  # noqa: B018

@@ -73,7 +73,7 @@ def replay(
     dm = RolloutDataModule(model_name_or_path=str(model_dir), batch_size=2 * PROMPTS_PER_RANK, val_data=None, rollout=RolloutSettings(group_size=G, max_response_length=RESPONSE, engine="hf"))  # fmt: skip
     module = standalone(GRPO(**module_args(hparams), lora=lora, **algorithm), dm, callbacks=callbacks)
     recorded = Recorded()
-    module.step_algorithm = lambda: recorded  # before the step is first built
+    module.step_algorithm = lambda *_: recorded  # before the step is first built
     if lora is not None:
         load_adapter_weights(module.policy, torch.load(probe / "initial_adapter.pt", weights_only=True))
     try:

@@ -28,4 +28,4 @@ def resettle(module, **changes) -> None:
 def checked(module):
     """The module's training step, after the checks a run makes against its data, rollout settings and
     callbacks when it starts (`on_fit_start`)."""
-    return wiring.training_step(module, module.step_algorithm(), check=True)
+    return wiring.training_step(module, check=True)

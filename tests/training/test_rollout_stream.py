@@ -77,11 +77,11 @@ class Tokenizer:
 
 def context(max_steps: int, num_mini_batches: int, engine, k: int = 0, group_size: int = 4) -> StepContext:
     """Step k's context (policy version k); the run's length from max_steps as the module computes it."""
-    data = SimpleNamespace(train_batch_at=batch_at)
+    data = SimpleNamespace(batch_at=batch_at)
     trainer = SimpleNamespace(max_steps=max_steps, max_epochs=None)
     total = rollout_batches_total(trainer, GRPO(num_mini_batches=num_mini_batches))  # no weights until configure_model
     return StepContext(
-        policy=None, ref_policy=None, engines=SimpleNamespace(engine=engine, environment=None), tokenizer=Tokenizer(), data=data,
+        policy=None, ref_policy=None, engines=SimpleNamespace(engine=engine, environment=None), tokenizer=Tokenizer(), prompts=data,
         sampling=lambda seed: SamplingConfig(group_size=group_size, max_tokens=MAX_TOKENS, seed=seed),
         collectives=Collectives(), device=None, rollout_batch=k, policy_version=k, total_rollout_batches=total,
         seed=3, scorers=(AllCorrect(),),

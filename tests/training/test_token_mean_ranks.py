@@ -77,7 +77,7 @@ def rank_update(world_size: int, reduce, loss: str, max_tokens: int | None) -> t
     plan = UpdateLayout(1, 1, G if real else 3, max_tokens, 0, 1.0, float(MAX_LEN))
     rank = torch.distributed.get_rank() if world_size > 1 else 0
     step = StepContext(
-        policy=TinyCausalLM(), ref_policy=None, engines=SimpleNamespace(engine=None), tokenizer=None, data=None,
+        policy=TinyCausalLM(), ref_policy=None, engines=SimpleNamespace(engine=None), tokenizer=None, prompts=None,
         sampling=SamplingConfig, collectives=Collectives(world_size, rank, reduce), device=torch.device("cpu"), rollout_batch=0,
         policy_version=0, total_rollout_batches=1, seed=0,
     )  # fmt: skip

@@ -1,0 +1,41 @@
+"""The training step built from plain values: the parsed settings, what the algorithm changes in the step, the
+`rollout:` settings, the prompts per rollout batch, the advantage shapers and the engine session. The module builds
+it once, at fit start (`training.wiring` reads these off Lightning); a test or a script builds the same step without
+a Trainer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rlvr_lightning.callbacks.rollout import AdvantageShaper
+from rlvr_lightning.device_defaults import Accelerator
+from rlvr_lightning.rollout.settings import RolloutSettings
+from rlvr_lightning.training.checks import check_environment
+from rlvr_lightning.training.engine_session import EngineSession
+from rlvr_lightning.training.settings import StepSettings
+from rlvr_lightning.training.step import StepAlgorithm, TrainingStep
+from rlvr_lightning.training.update import NonFiniteGuard
+
+
+def build_training_step(
+    settings: StepSettings,
+    algorithm: StepAlgorithm,
+    rollout: RolloutSettings,
+    batch_size: int,
+    session: EngineSession,
+    shapers: Sequence[AdvantageShaper] = (),
+    accelerator: Accelerator | None = None,
+    environment: str | None = None,
+    nonfinite: NonFiniteGuard | None = None,
+    check: bool = False,
+) -> TrainingStep:
+    """`batch_size`: prompts per rank per rollout batch; `accelerator`: where the update runs (None: the CPU's
+    defaults); `environment`: the option that puts the answers in an environment (`data.tool`), if one does;
+    `nonfinite`: the streak of non-finite updates, kept by its owner across steps; `check`: run the checks that
+    need the run's settings first, as a run does at its start."""
+    if check and environment is not None:
+        check_environment(environment, tuple(type(s).__name__ for s in shapers if not s.weighs_sampled_tokens_only))
+    names = tuple(type(s).__name__ for s in shapers)
+    resolved = settings.resolve(rollout, batch_size, accelerator, names, check)
+    nonfinite = nonfinite if nonfinite is not None else NonFiniteGuard(settings.compute.max_nonfinite_steps)
+    return TrainingStep(algorithm, resolved, settings.args["mask_truncated"], tuple(shapers), nonfinite, session, rollout)
