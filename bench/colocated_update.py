@@ -21,6 +21,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from common import close, embedded_module, median, prompt_batches, run_child, write  # noqa: E402
 
+from rlvr_lightning.training import wiring
 from rlvr_lightning.training.settings import ComputeSettings, OptimSettings
 
 REPEATS = 8
@@ -60,7 +61,7 @@ def one(engine: str) -> dict:
         # A fresh θ_old recorder each time: every repeat reads θ_old from its own forward, as in training.
         again = inputs.with_behaviour(FromUpdateForward(inputs.tensors.response_mask.shape, module.device))
         t0 = time.perf_counter()
-        module.rlvr_step.update.run(step, again, len(rollout.batch), module.optimization())
+        module.rlvr_step.update.run(step, again, len(rollout.batch), wiring.optimization(module))
         seconds.append(time.perf_counter() - t0)
     cpu, faults = _thread_cpu_seconds() - cpu0, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
     close(module)

@@ -196,6 +196,8 @@ def update_ab(args) -> dict:
     step times above carry the load of whatever else runs on the machine."""
     from common import close, prompt_batches
 
+    from rlvr_lightning.training import wiring
+
     module, _ = build_ours("update_ab", args)
     result = module.train_on_batch(next(prompt_batches(module)))
     tokens = int(result.rollout.response_lengths.sum())
@@ -206,8 +208,8 @@ def update_ab(args) -> dict:
             budget = args.budget if layout == "budget" else None
             module.settings = replace(module.settings, compute=replace(module.settings.compute, max_tokens_per_micro_batch=budget))
             t0 = time.perf_counter()
-            metrics = module.rlvr_step.update.run(module.step_context(), result.inputs, len(result.rollout.batch),
-                                                  module.optimization())  # fmt: skip
+            update = wiring.training_step(module).update  # a step built with this layout (the run's is built once)
+            metrics = update.run(module.step_context(), result.inputs, len(result.rollout.batch), wiring.optimization(module))
             seconds[layout].append(round(time.perf_counter() - t0, 3))
             padding[layout] = metrics["padding_frac"]
     close(module)

@@ -1,9 +1,8 @@
-"""RLVRModule: the LightningModule every RLVR algorithm shares, a thin shell over plain objects (docs/layout.md):
-`StepSettings`, made once here; the `TrainingStep` it runs each rollout batch; the `EngineSession`. It keeps
-Lightning's hooks, the policy and optimizer, logging and the checkpoint hand-off. An algorithm is a choice of
-registered pieces (`rlvr_lightning.pieces`); a subclass (one per paper) sets its defaults and returns a
-`StepAlgorithm` for what its paper changes in the step (DAPO's). Manual optimisation: global token
-normalisation and several updates per rollout batch conflict with Lightning's automatic accumulation.
+"""RLVRModule: the LightningModule every RLVR algorithm shares, a thin shell (docs/layout.md) over its `StepSettings`,
+the `TrainingStep` built once at fit start (`training.wiring` reads what it needs off Lightning) and the
+`EngineSession`. An algorithm is a choice of registered pieces (`rlvr_lightning.pieces`); a subclass (one per paper)
+sets its defaults and returns a `StepAlgorithm` for what its paper changes in the step (DAPO's). Manual optimisation:
+global token normalisation and several updates per rollout batch conflict with Lightning's automatic accumulation.
 """
 
 from __future__ import annotations
@@ -13,20 +12,15 @@ from typing import Any
 
 import lightning as L
 
-from rlvr_lightning.callbacks.closing import CloseOnError
-from rlvr_lightning.callbacks.reward import RewardVerifier
-from rlvr_lightning.errors import ConfigError
-from rlvr_lightning.models.checkpoint import state_mismatch
+from rlvr_lightning.models.checkpoint import check_state_fits
 from rlvr_lightning.models.lora import LoraSettings
 from rlvr_lightning.pieces import kinds
-from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.training import wiring
 from rlvr_lightning.training.engine_session import EngineSession
 from rlvr_lightning.training.generation import generate
 from rlvr_lightning.training.settings import BehaviourSettings, ComputeSettings, OptimSettings, StepSettings
-from rlvr_lightning.training.step import Optimization, Skipped, StepAlgorithm, StepResult, TrainingStep
+from rlvr_lightning.training.step import Skipped, StepAlgorithm, StepResult, TrainingStep
 from rlvr_lightning.training.teacher import TeacherSettings
-from rlvr_lightning.training.update import NonFiniteGuard
 
 
 class RLVRModule(L.LightningModule):
@@ -93,7 +87,6 @@ class RLVRModule(L.LightningModule):
         self.latest_val: dict[str, float] = {}
         self.session = EngineSession()  # the engine, weight sync, stream; attached at fit start
         self._step: TrainingStep | None = None  # built once, at fit start
-        self.nonfinite = NonFiniteGuard(self.settings.compute.max_nonfinite_steps)
 
     def configure_model(self) -> None:
         if self.policy is None:  # built here, where FSDP shards them
@@ -101,9 +94,7 @@ class RLVRModule(L.LightningModule):
             self.teacher = wiring.teacher(self.settings, self.trainer, self.device_mesh)
 
     def configure_callbacks(self) -> list:
-        # The reward is part of the algorithm: add the default verifier unless the user configured one.
-        verifier = [] if any(isinstance(c, RewardVerifier) for c in self.trainer.callbacks) else [RewardVerifier()]
-        return [*verifier, CloseOnError()]
+        return wiring.default_callbacks(self.trainer)
 
     def configure_optimizers(self):
         return wiring.optimizer(self.settings.optim, self.policy, self.trainer.max_steps)
@@ -112,8 +103,7 @@ class RLVRModule(L.LightningModule):
         self.session.attach(wiring.engine_spec(self))  # the policy is on its device from here on
         if self.teacher is not None:
             self.teacher.start()  # a served teacher's replicas
-        # The step, built once, with the checks that need the run, before anything expensive starts; then the
-        # engine, so that its start-up is not charged to the first step.
+        # The step, checked against the run before anything expensive starts; then the engine (not the first step's cost).
         self._step = wiring.training_step(self, check=True)
         _ = self._step.session.engine
 
@@ -126,15 +116,13 @@ class RLVRModule(L.LightningModule):
             self.teacher.close()
 
     @classmethod
-    def step_algorithm(cls, args: Mapping[str, Any], rollout: RolloutSettings, batch_size: int) -> StepAlgorithm:
-        """What the algorithm of `args` (its settings' `args`) changes in the step's structure on a run of these
-        `rollout:` settings and prompts per rank: nothing (DAPO returns its own)."""
+    def step_algorithm(cls, args: Mapping[str, Any], rollout: Any, batch_size: int) -> StepAlgorithm:
+        """What the algorithm changes in the step on a run of these `rollout:` settings and prompts per rank: nothing."""
         return StepAlgorithm()
 
     @property
     def rlvr_step(self) -> TrainingStep:
-        """The training step of this module's settings on its run (`rlvr_lightning.training.step`): built at fit
-        start, or on first use outside `fit` (`standalone`)."""
+        """The training step (`training.step`): built at fit start, or on first use outside `fit` (`standalone`)."""
         if self._step is None:
             self._step = wiring.training_step(self)
         return self._step
@@ -142,32 +130,21 @@ class RLVRModule(L.LightningModule):
     def step_context(self):
         return wiring.step_context(self)
 
-    def generate(self, batch, sampling=None):
-        """Sample completions for a prompt batch, with the training sampling settings unless given (evaluation)."""
+    def generate(self, batch, sampling=None):  # evaluation's: the training sampling settings unless given
         return generate(self.step_context(), batch, sampling)
 
     def training_step(self, batch, batch_idx: int) -> None:
-        result = self.train_on_batch(batch)
-        wiring.log_rollout_batch(self, result, len(batch))
-        if isinstance(result, Skipped):
-            self.trainer.should_stop = self.trainer.should_stop or result.stop_run
+        wiring.finish_rollout_batch(self, self.train_on_batch(batch), len(batch))
         self.rollout_batches += 1
 
-    def train_on_batch(self, batch) -> StepResult | Skipped:
-        """One step on a prompt batch, outside Lightning's loop too (tests, benches)."""
-        return self.rlvr_step.run(self.step_context(), batch, self.optimization())
-
-    def optimization(self) -> Optimization:
-        return Optimization(self.optimizers(), self.lr_schedulers(), self.policy.parameters, self.manual_backward)
+    def train_on_batch(self, batch) -> StepResult | Skipped:  # one step, outside Lightning's loop too (tests, benches)
+        return self.rlvr_step.run(self.step_context(), batch, wiring.optimization(self))
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         run_id = getattr(self.logger, "run_id", None)  # the CLI reopens this MLflow run on resume
         checkpoint["rlvr"] = {**self.session.state_dict(), "rollout_batches": self.rollout_batches, "mlflow_run_id": run_id}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        mismatch = state_mismatch(checkpoint.get("state_dict"), self.state_dict())
-        if mismatch:
-            raise ConfigError(f"ckpt_path: the checkpoint's weights do not fit this run's model: {mismatch}; a run "
-                              "resumes with the model and LoRA settings it was trained with")  # fmt: skip
+        check_state_fits(checkpoint.get("state_dict"), self.state_dict())
         self.session.load_state_dict(checkpoint.get("rlvr", {}))
         self.rollout_batches = checkpoint.get("rlvr", {}).get("rollout_batches", 0)

@@ -69,6 +69,14 @@ def policy_from_checkpoint(ckpt: str | Path, out_dir: str | Path | None = None) 
     return save_policy(model, load_tokenizer(base_path), out, state_dict=merged)
 
 
+def check_state_fits(saved: dict | None, expected: dict) -> None:
+    """A checkpoint's `state_dict` that does not fit the module's `expected` is one ConfigError line."""
+    mismatch = state_mismatch(saved, expected)
+    if mismatch:
+        raise ConfigError(f"ckpt_path: the checkpoint's weights do not fit this run's model: {mismatch}; a run "
+                          "resumes with the model and LoRA settings it was trained with")  # fmt: skip
+
+
 def state_mismatch(saved: dict | None, expected: dict) -> str | None:
     """The first way a checkpoint's `state_dict` does not fit a module's (a weight missing, one more, another
     shape), in words; None when it fits, or when there is none to compare (a sharded checkpoint is read

@@ -26,16 +26,14 @@ def build_training_step(
     shapers: Sequence[AdvantageShaper] = (),
     accelerator: Accelerator | None = None,
     environment: str | None = None,
-    nonfinite: NonFiniteGuard | None = None,
     check: bool = False,
 ) -> TrainingStep:
     """`batch_size`: prompts per rank per rollout batch; `accelerator`: where the update runs (None: the CPU's
     defaults); `environment`: the option that puts the answers in an environment (`data.tool`), if one does;
-    `nonfinite`: the streak of non-finite updates, kept by its owner across steps; `check`: run the checks that
-    need the run's settings first, as a run does at its start."""
+    `check`: run the checks that need the run's settings first, as a run does at its start."""
     if check and environment is not None:
         check_environment(environment, tuple(type(s).__name__ for s in shapers if not s.weighs_sampled_tokens_only))
     names = tuple(type(s).__name__ for s in shapers)
     resolved = settings.resolve(rollout, batch_size, accelerator, names, check)
-    nonfinite = nonfinite if nonfinite is not None else NonFiniteGuard(settings.compute.max_nonfinite_steps)
+    nonfinite = NonFiniteGuard(settings.compute.max_nonfinite_steps)  # the streak of non-finite updates, across batches
     return TrainingStep(algorithm, resolved, settings.args["mask_truncated"], tuple(shapers), nonfinite, session, rollout)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlvr_lightning.callbacks.closing import CloseOnError
 from rlvr_lightning.callbacks.progress import bar_metrics, rollout_batches_total
+from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.callbacks.rollout import advantage_shapers, rollout_callbacks
 from rlvr_lightning.context import Collectives, StepContext
 from rlvr_lightning.device_defaults import accelerator_of_device
@@ -16,6 +18,7 @@ from rlvr_lightning.models.lora import trainable_parameters
 from rlvr_lightning.models.policy import load_policies
 from rlvr_lightning.parallel import ranks_barrier, ranks_reduce
 from rlvr_lightning.training.engine_setup import EngineSpec, RankPlace, engine_compute_dtype, trainer_compute_dtype
+from rlvr_lightning.training.layout import Optimization
 from rlvr_lightning.training.optim import adamw_with_schedule
 from rlvr_lightning.training.settings import OptimSettings, StepSettings
 from rlvr_lightning.training.step import Skipped, StepResult, TrainingStep, logged_metrics
@@ -92,11 +95,10 @@ def training_step(module: Any, check: bool = False) -> TrainingStep:
         dm.rollout,
         dm.hparams.batch_size,
         module.session,
-        advantage_shapers(module.trainer),
-        accelerator_of_device(module.device),
-        environment,
-        module.nonfinite,
-        check,
+        shapers=advantage_shapers(module.trainer),
+        accelerator=accelerator_of_device(module.device),
+        environment=environment,
+        check=check,
     )
 
 
@@ -123,6 +125,18 @@ def step_context(module: Any) -> StepContext:
     )
 
 
+def default_callbacks(trainer: Any) -> list:
+    """What every run adds to the user's callbacks: the default reward verifier unless the user configured one (the
+    reward is part of the algorithm), and the closing of the run's engines on an error."""
+    verifier = [] if any(isinstance(c, RewardVerifier) for c in trainer.callbacks) else [RewardVerifier()]
+    return [*verifier, CloseOnError()]
+
+
+def optimization(module: Any) -> Optimization:
+    """The optimizer, its schedule, the parameters it clips, and Lightning's `manual_backward` (the strategy may wrap it)."""
+    return Optimization(module.optimizers(), module.lr_schedulers(), module.policy.parameters, module.manual_backward)
+
+
 def optimizer(optim: OptimSettings, policy: Any, max_steps: int | None) -> Any:
     """AdamW over what trains (a LoRA policy's frozen base gets neither gradients nor optimizer state), with
     its schedule over the run's optimizer steps."""
@@ -132,10 +146,13 @@ def optimizer(optim: OptimSettings, policy: Any, max_steps: int | None) -> Any:
     )
 
 
-def log_rollout_batch(module: Any, result: StepResult | Skipped, prompts: int) -> None:
+def finish_rollout_batch(module: Any, result: StepResult | Skipped, prompts: int) -> None:
     """Write one rollout batch's metrics to the module's loggers now (Lightning's deferred logging would reach
     them after a checkpoint of on_train_batch_end: a kill then would lose them), keep them as callback metrics,
-    and show a trained batch's reward and accuracy on the progress bar (`prompts`: the dataloader's batch)."""
+    and show a trained batch's reward and accuracy on the progress bar (`prompts`: the dataloader's batch); a
+    skipped batch may stop the run (DAPO's batches without a mixed group)."""
+    if isinstance(result, Skipped):
+        module.trainer.should_stop = module.trainer.should_stop or result.stop_run
     metrics = logged_metrics(result, module.session)
     if not metrics:
         return

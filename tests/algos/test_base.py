@@ -15,6 +15,7 @@ from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.standalone import standalone
+from rlvr_lightning.training import wiring
 from rlvr_lightning.training.behaviour import FromUpdateForward, Precomputed, separate_pass
 from rlvr_lightning.training.settings import BehaviourSettings, ComputeSettings, OptimSettings
 from rlvr_lightning.training.step_metrics import MetricAccumulator
@@ -388,7 +389,7 @@ def test_several_updates_per_rollout_batch_keep_theta_old_fixed(tiny_policy_dir)
     rollout = sample_rollout(module)
     inputs = prepared(module, rollout)
     before = trainer_old_logp(module, inputs)
-    metrics = module.rlvr_step.update.run(module.step_context(), inputs, len(rollout.batch), module.optimization())
+    metrics = module.rlvr_step.update.run(module.step_context(), inputs, len(rollout.batch), wiring.optimization(module))
     assert metrics["ratio_max"] > 1 + 1e-4
     torch.testing.assert_close(inputs.behaviour.old_logp_all(), before, rtol=0, atol=1e-6)
 
@@ -404,7 +405,7 @@ def test_several_passes_over_a_rollout_batch_keep_theta_old_and_step_the_optimiz
     update = module.rlvr_step.update
     accumulate = update.accumulate_gradients
     update.accumulate_gradients = lambda *a, **k: steps.append(update.updates_since_rollout) or accumulate(*a, **k)
-    metrics = update.run(module.step_context(), inputs, 2, module.optimization())
+    metrics = update.run(module.step_context(), inputs, 2, wiring.optimization(module))
     assert steps == [0, 1, 2, 3]
     assert module.optimizers().optimizer.state_dict()["state"][0]["step"] == 4
     assert metrics["ratio_max"] > 1 + 1e-4
