@@ -102,7 +102,8 @@ class RolloutDataModule(L.LightningDataModule):
         self.policy_path: str | None = None
         self.train_records: list[ProblemRecord] = []
         self.val_records: list[ProblemRecord] = []
-        self.prompts: TrainingPrompts | None = None  # what the step draws its prompts from; made at setup
+        self._prompts: TrainingPrompts | None = None  # `prompts`, made on first use
+        self._ranks = (0, 1)  # this rank and the world size, known at setup
         self.train_batches: ResumableBatches | None = None  # the stream behind train_dataloader
         self._prompts_state: dict = {}  # a checkpoint's position in the extra prompts, if restored before setup
 
@@ -134,12 +135,20 @@ class RolloutDataModule(L.LightningDataModule):
                 f"data.train_data has {len(self.train_records)} usable problems, fewer than data.batch_size="
                 f"{self.hparams.batch_size}"
             )
-        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
-        try:
-            self.prompts = TrainingPrompts(self.train_records, self.hparams.batch_size, self.hparams.seed, self.format.batch, rank, world)
-        except ValueError as err:
-            raise ConfigError(f"data.train_data / data.batch_size: {err}") from None
-        self.prompts.load_state_dict(self._prompts_state)
+        self._ranks = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
+
+    @property
+    def prompts(self) -> TrainingPrompts:
+        """What the step draws its training prompts from, over the training problems as they are now: a setup hook
+        may drop some after this module's setup (the verifier drops those whose gold it cannot parse)."""
+        if self._prompts is None or self._prompts.records is not self.train_records:
+            try:
+                made = TrainingPrompts(self.train_records, self.hparams.batch_size, self.hparams.seed, self.format.batch, *self._ranks)
+            except ValueError as err:
+                raise ConfigError(f"data.train_data / data.batch_size: {err}") from None
+            made.load_state_dict(self._prompts.state_dict() if self._prompts is not None else self._prompts_state)
+            self._prompts = made
+        return self._prompts
 
     def _check_context_length(self) -> None:
         """Prompt + response must fit the model's positions; vLLM would refuse deep inside otherwise."""
@@ -215,12 +224,12 @@ class RolloutDataModule(L.LightningDataModule):
         return DataLoader(self.train_batches, batch_size=None)  # the dataset yields whole batches
 
     def state_dict(self) -> dict:
-        return self.prompts.state_dict() if self.prompts is not None else dict(self._prompts_state)
+        return self._prompts.state_dict() if self._prompts is not None else dict(self._prompts_state)
 
     def load_state_dict(self, state: dict) -> None:
         self._prompts_state = dict(state)
-        if self.prompts is not None:
-            self.prompts.load_state_dict(state)
+        if self._prompts is not None:
+            self._prompts.load_state_dict(state)
 
     def max_model_len(self) -> int:
         """Prompt + response tokens the engine is built for."""
