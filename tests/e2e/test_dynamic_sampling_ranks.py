@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.algos.test_grpo_family import scored_rollout
 from tests.support.two_ranks import run_two_ranks
+from tests.training.test_dynamic_sampling import scored_rollout
 
 MIXED, ALL_RIGHT, ALL_WRONG = [1, 0], [1, 1], [0, 0]
 

@@ -314,25 +314,3 @@ def test_in_an_environment_the_throughput_stream_trains_episodes_with_each_token
     resumed._restore_episodes(SimpleNamespace(environment=env))
     saved = {g.source: g.episodes for g in finished}
     assert {g.source: g.episodes for g in resumed.groups} == saved
-
-
-def test_the_environment_is_made_once_when_request_threads_ask_for_it_at_once():
-    """The throughput stream's request threads may be the first to ask for the run's environment: one is made (a
-    second would start a sandbox nothing closes)."""
-    import time
-    from concurrent.futures import ThreadPoolExecutor
-
-    from rlvr_lightning.training.engine_session import EngineSession
-
-    made = []
-
-    def make_environment():
-        time.sleep(0.05)  # as a sandbox takes its time to start
-        made.append(Interject())
-        return made[-1]
-
-    session = EngineSession()
-    session.spec = SimpleNamespace(make_environment=make_environment)
-    with ThreadPoolExecutor(8) as pool:
-        seen = list(pool.map(lambda _: session.environment, range(8)))
-    assert len(made) == 1 and all(e is made[0] for e in seen)

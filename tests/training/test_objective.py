@@ -1,0 +1,59 @@
+"""The update's loss composed from its pieces (`training.objective`), on hand-checkable tensors: the clipped policy
+term aggregated over the optimizer step's tokens, the rollout correction's weights on the policy term only, and
+β·KL to the reference with the same aggregator; no KL term and no reference policy when β = 0."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlvr_lightning.pieces.kinds import OptimizerStepNorms
+from rlvr_lightning.training.batch import LossBatch
+from rlvr_lightning.training.objective import compose_objective
+
+OLD = torch.tensor([[-1.0, -2.0, -0.5], [-0.7, -1.2, 0.0]])
+MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])  # 5 tokens
+ADV = torch.tensor([[1.0, 1.0, 1.0], [-2.0, -2.0, -2.0]])
+NORMS = OptimizerStepNorms(num_seqs=2, num_tokens=5, num_groups=1, num_mixed_seqs=2, world_size=1, norm_const=3)
+
+
+def objective(kl_coef: float = 0.0):
+    values = {"policy_loss": "ppo-clip", "loss_agg": "token-mean", "kl_estimator": "k3", "kl_coef": kl_coef,
+              "clip_eps_low": 0.2, "clip_eps_high": 0.2, "dual_clip_c": None, "piece_args": None}  # fmt: skip
+    return compose_objective(values)
+
+
+def batch(ref=None, is_weight=None) -> LossBatch:
+    return LossBatch(None, ADV, OLD, ref, MASK, is_weight, torch.tensor([1.0, 0.0]), 2)
+
+
+def test_on_policy_the_loss_is_minus_the_token_mean_advantage_and_beta_zero_has_no_reference():
+    plain = objective()
+    assert plain.kl is None and not plain.needs_reference
+    loss, stats = plain.micro_batch_loss(batch(), OLD.clone(), NORMS)
+    assert loss.item() == pytest.approx(-(3 * 1.0 + 2 * -2.0) / 5)  # ratio 1: −Σ A / T_S
+    assert stats["ratio"][MASK.bool()].tolist() == pytest.approx([1.0] * 5)
+
+
+def test_the_ratio_is_clipped_where_it_would_gain_beyond_the_range():
+    logp = OLD + torch.tensor([[math.log(1.5), 0.0, 0.0], [math.log(0.5), 0.0, 0.0]])  # ratios 1.5 and 0.5
+    loss, _ = objective().micro_batch_loss(batch(), logp, NORMS)
+    # per token max(−A·r, −A·clip(r)): A = 1 at r = 1.5 gives −1.2; A = −2 at r = 0.5 gives 2·0.8 = 1.6
+    expected = -(1.2 * 1 + 1 + 1) - (-2 * 0.8 + -2 * 1)
+    assert loss.item() == pytest.approx(expected / 5)
+
+
+def test_the_correction_weighs_the_policy_term_and_the_kl_term_is_beta_times_its_token_mean():
+    weights = torch.tensor([[2.0, 1.0, 1.0], [1.0, 0.5, 1.0]])
+    loss, _ = objective().micro_batch_loss(batch(is_weight=weights), OLD.clone(), NORMS)
+    assert loss.item() == pytest.approx(-(2 + 1 + 1 - 2 - 1) / 5)
+    ref = OLD + torch.tensor([[0.1, -0.2, 0.0], [0.3, 0.0, 5.0]])  # the padded token's gap must not count
+    with_kl = objective(kl_coef=0.5)
+    assert with_kl.needs_reference
+    loss, stats = with_kl.micro_batch_loss(batch(ref=ref), OLD.clone(), NORMS)
+    gap = (ref - OLD)[MASK.bool()]
+    k3 = (gap.exp() - gap - 1).sum() / 5  # k3 = e^{ref − θ} − (ref − θ) − 1, token mean
+    assert loss.item() == pytest.approx(-(3 - 4) / 5 + 0.5 * k3.item(), rel=1e-6)
+    assert "kl" in stats
