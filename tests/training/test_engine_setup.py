@@ -24,7 +24,7 @@ def test_the_trainer_computes_in_its_precision_or_fsdps_parameter_dtype(precisio
 
 @pytest.mark.parametrize(
     ("engine", "dtype", "checkpoint", "accelerator", "expected"),
-    [("hf", "auto", "float32", GPU, "bfloat16"),  # the trainer's own module: the trainer's dtype (given below)
+    [("hf", "auto", "float32", GPU, "float16"),  # the trainer's own module: the trainer's dtype (given below)
      ("vllm", "float16", "float32", GPU, "float16"),  # set explicitly
      ("vllm", "auto", "float32", CPU, "float32"),  # vLLM keeps fp32 on the CPU
      ("vllm", "auto", "float32", GPU, "bfloat16"),  # and downcasts it on a GPU
@@ -34,7 +34,7 @@ def test_the_trainer_computes_in_its_precision_or_fsdps_parameter_dtype(precisio
 )  # fmt: skip
 def test_the_engine_computes_in_its_dtype_or_what_vllm_makes_of_the_checkpoints(engine, dtype, checkpoint, accelerator, expected):
     rollout = SimpleNamespace(engine=engine, dtype=dtype)
-    assert engine_compute_dtype(rollout, SimpleNamespace(dtype=checkpoint), "bfloat16", accelerator) == expected
+    assert engine_compute_dtype(rollout, SimpleNamespace(dtype=checkpoint), "float16", accelerator) == expected
 
 
 def test_an_older_config_names_its_dtype_torch_dtype():
