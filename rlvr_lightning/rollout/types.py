@@ -103,6 +103,7 @@ class Rollout:
     correct: torch.Tensor | None = None  # [N] the verifier's verdict c ∈ {0,1}; None until scored
     metrics: Mapping[str, float] = field(default_factory=dict)  # generation's and the verifier's
     reward_terms: Mapping[str, torch.Tensor] = field(default_factory=dict)  # [N] each, added to the reward
+    correctness_weight: float = 1.0  # w_c: how much correctness counts in the reward (`model.rewards`)
 
     def __post_init__(self) -> None:
         for name in ("prompt_ids", "completions", "texts", "own_texts"):
@@ -126,7 +127,10 @@ class Rollout:
         return replace(self, correct=correct, metrics={**self.metrics, **verdict.metrics}, reward_terms=terms)
 
     def reward_with_terms(self, reward: torch.Tensor) -> torch.Tensor:
-        """`reward` [N] plus every reward term (unchanged where there is none)."""
+        """The reward from correctness, `reward` [N] (c, or DAPO's ±1), weighted by w_c, plus every reward term:
+        r = w_c · reward + Σᵢ wᵢ · fᵢ (`reward` itself where w_c = 1 and there is no term)."""
+        if self.correctness_weight != 1.0:
+            reward = self.correctness_weight * reward
         for term in self.reward_terms.values():
             reward = reward + term.to(reward.dtype)
         return reward

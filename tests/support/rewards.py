@@ -39,3 +39,15 @@ class SlowFromBatch(RolloutCallback):
         if self.batches > self.slow_from:
             time.sleep(60)
         return None
+
+
+def half_credit_for_an_answer(completion: str, gold: str, metadata: dict) -> float:
+    """Partial credit: 1 for the gold in the answer, 0.5 for any boxed answer, 0 otherwise."""
+    if gold in completion:
+        return 1.0
+    return 0.5 if "\\boxed{" in completion else 0.0
+
+
+def brevity(completion: str, gold: str, metadata: dict) -> tuple[float, dict]:
+    """A reward term: minus the answer's length in characters, with the answer's token count as its own metric."""
+    return -float(len(completion)), {"tokens": metadata["response_tokens"]}
