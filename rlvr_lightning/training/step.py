@@ -1,6 +1,7 @@
 """One training step as a plain object, read top to bottom in `TrainingStep.run`:
 collect a scored rollout → rewards, advantages → θ_old, token weights (`prepare_update`) → update →
-weight sync. The LightningModule builds it from its settings each rollout batch and logs what it returns.
+weight sync. It is built once, from plain values (`training.step_setup`); the LightningModule runs it each rollout
+batch and logs what it returns.
 
 What an algorithm changes in the step's structure (DAPO's reward shaping and dynamic sampling) is a
 `StepAlgorithm`, a small object the module hands in, not an override of the module.

@@ -208,10 +208,11 @@ def test_a_module_built_in_python_packs_as_the_device_it_is_on_does(tiny_policy_
     module = attach(GRPO, tiny_policy_dir)
     assert module.settings.compute.packing is None and module.device.type == "cpu"
     assert module.rlvr_step.layout.packing is False
-    module._device = torch.device("cuda", 0)  # where the trainer would have placed it (nothing is moved)
-    assert module.rlvr_step.layout.packing is True
-    resettle(module, packing=False)
-    assert module.rlvr_step.layout.packing is False
+    on_gpu = attach(GRPO, tiny_policy_dir)
+    on_gpu._device = torch.device("cuda", 0)  # where the trainer places it before fit start builds the step (nothing moves)
+    assert on_gpu.rlvr_step.layout.packing is True
+    resettle(on_gpu, packing=False)
+    assert on_gpu.rlvr_step.layout.packing is False
 
 
 # ---- `make plan` and `make doctor` ---------------------------------------------------------------------------
