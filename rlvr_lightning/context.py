@@ -70,7 +70,8 @@ class StepContext:
     policy_version: int  # weight syncs so far: the engine runs this version of the policy
     total_rollout_batches: float  # the run's length in rollout batches (math.inf when unbounded)
     seed: int  # the data seed every sampling and noise seed derives from
-    scorers: tuple = ()  # rollout callbacks that score a generated rollout (the reward verifier)
+    scoring: Any = None  # the scoring stage (`training.scoring.Scoring`): correctness and reward terms
+    scorers: tuple = ()  # rollout callbacks that see the scored rollout (and, for now, may override its verdict)
     teacher: Any = None  # on-policy distillation's teacher (`training.teacher`), None without one
 
     @property

@@ -15,9 +15,11 @@ import lightning as L
 from rlvr_lightning.models.checkpoint import check_state_fits
 from rlvr_lightning.models.lora import LoraSettings
 from rlvr_lightning.pieces import kinds
+from rlvr_lightning.rewards.settings import RewardSettings
 from rlvr_lightning.training import wiring
 from rlvr_lightning.training.engine_session import EngineSession
 from rlvr_lightning.training.generation import generate
+from rlvr_lightning.training.scoring import Scoring
 from rlvr_lightning.training.settings import BehaviourSettings, ComputeSettings, OptimSettings, StepSettings
 from rlvr_lightning.training.step import Skipped, StepAlgorithm, StepResult, TrainingStep
 from rlvr_lightning.training.teacher import TeacherSettings
@@ -48,6 +50,7 @@ class RLVRModule(L.LightningModule):
         behaviour: BehaviourSettings = BehaviourSettings(),
         lora: LoraSettings | None = None,
         teacher: TeacherSettings | None = None,
+        rewards: RewardSettings = RewardSettings(),
     ) -> None:
         """Every argument is a CLI flag, `--model.init_args.<name>` (a group's: `--model.init_args.optim.lr`).
 
@@ -74,6 +77,7 @@ class RLVRModule(L.LightningModule):
             behaviour: where θ_old's log-probs come from (`BehaviourSettings`).
             lora: train a LoRA adapter (PEFT) instead of every weight (`models.lora.LoraSettings`).
             teacher: on-policy distillation's teacher, for `advantage_estimator: opd` (`training.teacher.TeacherSettings`).
+            rewards: correctness's source and weight, your reward functions, math-verify's options (`rewards.settings`).
         """
         super().__init__()
         self.save_hyperparameters()
@@ -86,6 +90,7 @@ class RLVRModule(L.LightningModule):
         self.rollout_batches = 0  # completed rollout batches: the x-axis of every metric
         self.latest_val: dict[str, float] = {}
         self.session = EngineSession()  # the engine, weight sync, stream; attached at fit start
+        self.scoring = Scoring(self.settings.rewards)  # correctness and reward terms; math-verify's pool between batches
         self._step: TrainingStep | None = None  # built once, at fit start
 
     def configure_model(self) -> None:
@@ -112,6 +117,7 @@ class RLVRModule(L.LightningModule):
 
     def teardown(self, stage: str) -> None:
         self.session.close()
+        self.scoring.close()
         if self.teacher is not None:
             self.teacher.close()
 

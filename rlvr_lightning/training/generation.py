@@ -99,6 +99,8 @@ def sampling_seed(step: StepContext, round_index: int = 0, rollout_batch: int | 
 def score_rollout(step: StepContext, rollout: Rollout, timer: StageTimer) -> Rollout:
     """The rollout scored by the rollout callbacks that return a verdict (the reward verifier)."""
     with timer("reward"):
+        if step.scoring is not None:
+            rollout = step.scoring.score(rollout, step.rollout_batch, step.collectives.rank)
         for scorer in step.scorers:
             verdict = scorer.on_rollout_generated(step, rollout)
             if verdict is not None:

@@ -23,6 +23,7 @@ from rlvr_lightning.models.lora import LoraSettings, as_settings
 from rlvr_lightning.pieces.kinds import policy_losses
 from rlvr_lightning.pieces.registry import AlgorithmArgs
 from rlvr_lightning.pieces.selection import piece_args_run_with
+from rlvr_lightning.rewards.settings import RewardSettings
 from rlvr_lightning.training.algorithm import BoundPieces, algorithm_args, class_defaults
 from rlvr_lightning.training.behaviour import BehaviourSource, behaviour_source
 from rlvr_lightning.training.checks import check_behaviour, check_run, check_teacher
@@ -178,6 +179,7 @@ class StepSettings:
     lora: LoraSettings | None
     pieces: BoundPieces
     teacher: TeacherSettings | None = None  # on-policy distillation's teacher, for an estimator that reads one
+    rewards: RewardSettings = RewardSettings()  # where correctness comes from, the reward terms, math-verify's options
 
     @classmethod
     def of(cls, values: Mapping[str, Any], algorithm: type) -> StepSettings:
@@ -194,7 +196,7 @@ class StepSettings:
             raise ConfigError("model.num_mini_batches and model.ppo_epochs must be ≥ 1")
         # Piece names as plain strings: the CLI parses them into checked `str` subtypes, which a checkpoint's
         # hyper-parameters would then pickle by class (and `torch.load(weights_only=True)` refuses).
-        flat = {k: str(v) if isinstance(v, str) else v for k, v in values.items() if k not in (*groups, "lora", "teacher")}
+        flat = {k: str(v) if isinstance(v, str) else v for k, v in values.items() if k not in (*groups, "lora", "teacher", "rewards")}
         if flat.get("rollout_correction") is None:  # the device's (a module built in Python; the CLI resolved it)
             fits = correction_fits(flat)
             flat["rollout_correction"] = default_for("model.rollout_correction", correction_fits=fits)
@@ -203,7 +205,9 @@ class StepSettings:
         check_behaviour(groups["behaviour"].logprobs, pieces.corrects_rollouts, pieces.proximal)
         teacher = None if values.get("teacher") is None else group_of(TeacherSettings, values.get("teacher"))
         check_teacher(args, teacher)
-        return cls(args, **groups, lora=as_settings(values.get("lora")), pieces=pieces, teacher=teacher)
+        rewards = RewardSettings.of(values.get("rewards"))
+        rewards.check()
+        return cls(args, **groups, lora=as_settings(values.get("lora")), pieces=pieces, teacher=teacher, rewards=rewards)
 
     @classmethod
     def of_config(cls, model: Any) -> StepSettings:
@@ -225,7 +229,8 @@ class StepSettings:
         groups = {"optim": asdict(self.optim), "compute": asdict(self.compute), "behaviour": asdict(self.behaviour)}
         lora = None if self.lora is None else asdict(self.lora)
         teacher = None if self.teacher is None else asdict(self.teacher)
-        return {**self.args, "piece_args": piece_args_run_with(self.args), **groups, "lora": lora, "teacher": teacher}
+        return {**self.args, "piece_args": piece_args_run_with(self.args), **groups, "lora": lora, "teacher": teacher,
+                "rewards": asdict(self.rewards)}
 
     def fsdp_param_dtype(self, accelerator: Accelerator | None = None) -> str:
         """The FSDP2 parameter dtype: the user's, else the device's default (a module built in Python; the

@@ -9,7 +9,6 @@ from typing import Any
 
 from rlvr_lightning.callbacks.closing import CloseOnError
 from rlvr_lightning.callbacks.progress import bar_metrics, rollout_batches_total
-from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.callbacks.rollout import advantage_shapers, rollout_callbacks
 from rlvr_lightning.context import Collectives, StepContext
 from rlvr_lightning.device_defaults import accelerator_of_device
@@ -121,6 +120,7 @@ def step_context(module: Any) -> StepContext:
         policy_version=module.session.policy_version,
         total_rollout_batches=rollout_batches_total(trainer, module),
         seed=dm.hparams.seed,
+        scoring=module.scoring,
         scorers=tuple(rollout_callbacks(trainer)),
     )
 
@@ -128,8 +128,7 @@ def step_context(module: Any) -> StepContext:
 def default_callbacks(trainer: Any) -> list:
     """What every run adds to the user's callbacks: the default reward verifier unless the user configured one (the
     reward is part of the algorithm), and the closing of the run's engines on an error."""
-    verifier = [] if any(isinstance(c, RewardVerifier) for c in trainer.callbacks) else [RewardVerifier()]
-    return [*verifier, CloseOnError()]
+    return [CloseOnError()]
 
 
 def optimization(module: Any) -> Optimization:

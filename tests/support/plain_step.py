@@ -9,7 +9,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.context import Collectives, StepContext
 from rlvr_lightning.data.prompt_format import PromptFormat
 from rlvr_lightning.data.sources import embedded_records
@@ -21,6 +20,7 @@ from rlvr_lightning.training.engine_session import EngineSession
 from rlvr_lightning.training.engine_setup import EngineSpec, RankPlace
 from rlvr_lightning.training.layout import Optimization
 from rlvr_lightning.training.optim import adamw_with_schedule
+from rlvr_lightning.training.scoring import Scoring
 from rlvr_lightning.training.settings import StepSettings
 from rlvr_lightning.training.step import Skipped, StepResult, TrainingStep
 from rlvr_lightning.training.step_setup import build_training_step
@@ -40,6 +40,7 @@ class PlainRun:
     session: EngineSession
     optimization: Optimization
     rollout: RolloutSettings
+    scoring: Scoring | None = None
     scorers: tuple = ()
     rollout_batches: int = 0  # completed rollout batches
     results: list = field(default_factory=list)
@@ -49,7 +50,7 @@ class PlainRun:
             policy=self.policy, ref_policy=self.ref_policy, engines=self.session, tokenizer=self.tokenizer,
             prompts=self.prompts, sampling=self.rollout.sampling, collectives=Collectives(), device=self.policy.device,
             rollout_batch=self.rollout_batches, policy_version=self.session.policy_version,
-            total_rollout_batches=math.inf, seed=SEED, scorers=self.scorers,
+            total_rollout_batches=math.inf, seed=SEED, scoring=self.scoring, scorers=self.scorers,
         )  # fmt: skip
 
     def train_on_next_batch(self) -> StepResult | Skipped:
@@ -61,6 +62,7 @@ class PlainRun:
 
     def close(self) -> None:
         self.session.close()
+        self.scoring.close()
         for scorer in self.scorers:
             getattr(scorer, "close", lambda: None)()
 
@@ -102,5 +104,4 @@ def plain_step(
     optimization = Optimization(
         configured["optimizer"], configured["lr_scheduler"]["scheduler"], policy.parameters, lambda loss: loss.backward()
     )
-    scorers = (RewardVerifier(num_workers=1), *scorers)
-    return PlainRun(step, policy, ref_policy, tokenizer, prompts, session, optimization, rollout, scorers)
+    return PlainRun(step, policy, ref_policy, tokenizer, prompts, session, optimization, rollout, Scoring(settings.rewards), scorers)
