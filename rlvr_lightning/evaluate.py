@@ -30,13 +30,14 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
     from lightning.pytorch.loggers import MLFlowLogger
 
     from rlvr_lightning.callbacks.evaluation import Benchmark, EvalTarget, Evaluation
-    from rlvr_lightning.callbacks.reward import RewardVerifier
     from rlvr_lightning.data.datamodule import RolloutDataModule
     from rlvr_lightning.errors import ConfigError
     from rlvr_lightning.models.checkpoint import is_lightning_checkpoint, policy_from_checkpoint
     from rlvr_lightning.models.lora import is_adapter_dir, read_adapter
+    from rlvr_lightning.rewards.settings import RewardSettings, VerifierSettings
     from rlvr_lightning.rollout.settings import RolloutSettings
     from rlvr_lightning.training.generation import sample
+    from rlvr_lightning.training.scoring import Scoring
 
     names = [bench_name(s) for s in args.bench]
     if len(set(names)) < len(names):
@@ -106,15 +107,15 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
         run_name=args.run_name,
         tags={"kind": "evaluation", "model": args.model},
     )
-    verifier = RewardVerifier(num_workers=args.verifier_workers)
+    scoring = Scoring(RewardSettings(verifier=VerifierSettings(num_workers=args.verifier_workers)))
     environment = eval_environment(args)
     engine = model_engine(dm, adapter)
     try:
         generate = partial(sample, engine, dm.tokenizer, policy_version=0, environment=environment)
-        results = evaluation.run(EvalTarget(generate, dm, verifier, logger), step=0)
+        results = evaluation.run(EvalTarget(generate, dm, scoring, logger), step=0)
     finally:
         engine.close()
-        verifier.close()
+        scoring.close()
         if environment is not None:
             environment.close()
     logger.finalize("success")

@@ -93,6 +93,9 @@ class RLVRModule(L.LightningModule):
         self.scoring = Scoring(self.settings.rewards)  # correctness and reward terms; math-verify's pool between batches
         self._step: TrainingStep | None = None  # built once, at fit start
 
+    def setup(self, stage: str) -> None:
+        wiring.keep_scorable_problems(self.scoring, self.trainer.datamodule)  # after the data module's own setup
+
     def configure_model(self) -> None:
         if self.policy is None:  # built here, where FSDP shards them
             self.policy, self.ref_policy = wiring.policies(self.settings, self.trainer.datamodule, self.device_mesh)

@@ -33,7 +33,6 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 
 from rlvr_lightning.callbacks.periodic import is_due
-from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.data.sources import ProblemRecord
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.metrics import MajAtK, PassAtK
@@ -71,7 +70,7 @@ class EvalTarget:
 
     generate: Callable[[PromptBatch, SamplingConfig], Rollout]  # the policy's completions of a prompt batch
     data: Any  # the RolloutDataModule: held-out set, prompt template, `rollout:` settings, collate
-    verifier: RewardVerifier
+    scoring: Any  # the run's scoring stage (`training.scoring.Scoring`): correctness as training scores it
     logger: Logger | None = None
     rank: int = 0
     world_size: int = 1
@@ -159,17 +158,17 @@ class Evaluation(Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # A missing file or a benchmark that fits no prompt fails before training.
-        self.tasks(trainer.datamodule, _verifier(trainer))
+        self.tasks(trainer.datamodule, pl_module.scoring)
 
-    def tasks(self, dm, verifier: RewardVerifier | None = None) -> list[_Task]:
+    def tasks(self, dm, scoring: Any = None) -> list[_Task]:
         """The evaluation sets: `data.val_data` as `<prefix>/…`, then each benchmark as `<prefix>/<name>/…`.
 
-        With a `verifier`, problems whose gold answer it cannot parse are left out (and reported)."""
+        With the run's `scoring`, problems whose gold answer it cannot parse are left out (and reported)."""
         if self._tasks is not None:
             return self._tasks
 
         def usable(records: list[ProblemRecord], where: str) -> list[ProblemRecord]:
-            return verifier.drop_unparseable_golds(records, where) if verifier is not None else records
+            return scoring.drop_unparseable_golds(records, where) if scoring is not None else records
 
         h, r = dm.hparams, dm.rollout
         temperature = self.temperature if self.temperature is not None else r.temperature
@@ -237,7 +236,7 @@ class Evaluation(Callback):
         return EvalTarget(
             pl_module.generate,
             trainer.datamodule,
-            _verifier(trainer),
+            pl_module.scoring,
             trainer.logger,
             trainer.global_rank,
             trainer.world_size,
@@ -249,7 +248,7 @@ class Evaluation(Callback):
         """Score every evaluation set on `target` and log the metrics at `step` (once per step)."""
         if step == self._last_step:
             return self._latest
-        tasks = self.tasks(target.data, target.verifier)
+        tasks = self.tasks(target.data, target.scoring)
         if not tasks:
             return {}
         logger = target.logger
@@ -301,7 +300,7 @@ class Evaluation(Callback):
         samples: dict[str, list] = {"prompt": [], "completion": [], "parsed_answer": [], "gold": [], "reward": []}
         for batch in batches:
             rollout = target.generate(batch, sampling)
-            c, m = target.verifier.score(rollout.answers_per_sequence, list(rollout.answer_texts), rollout.truncated)
+            c, m = target.scoring.correctness(rollout)
             correct.append(c)
             per_problem = c.view(len(batch), sampling.group_size)  # completions are grouped per problem
             for metric in pass_metrics.values():
@@ -357,13 +356,6 @@ def rank_batches(records: list, rank: int, world: int, batch_size: int) -> tuple
             bounds = torch.linspace(0, len(share), n_batches + 1).round().long().tolist()
             return [share[a:b] for a, b in zip(bounds, bounds[1:])], True
     return [records[i : i + batch_size] for i in range(0, len(records), batch_size)], False
-
-
-def _verifier(trainer: L.Trainer) -> RewardVerifier:
-    found = next((c for c in trainer.callbacks if isinstance(c, RewardVerifier)), None)
-    if found is None:
-        raise ConfigError("Evaluation needs a RewardVerifier callback to score completions")
-    return found
 
 
 def _check_ks(where: str, n: int, pass_k: list[int], maj_k: list[int]) -> None:

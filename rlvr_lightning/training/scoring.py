@@ -5,6 +5,7 @@ evaluation score with it, and it keeps math-verify's worker pool between rollout
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 from collections.abc import Callable
@@ -14,10 +15,13 @@ from typing import Any
 import torch
 
 from rlvr_lightning.callbacks.reward_functions import load_function
+from rlvr_lightning.data.sources import ProblemRecord
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rewards.pool import MathVerifier
 from rlvr_lightning.rewards.settings import ENVIRONMENT, MATH_VERIFY, RewardSettings
 from rlvr_lightning.rollout.types import Rollout, Verdict
+
+log = logging.getLogger(__name__)
 
 
 class Scoring:
@@ -27,6 +31,7 @@ class Scoring:
         self._verifier: MathVerifier | None = None
         self._loaded: tuple[Callable | None, list[Callable]] | None = None
         self.total_timeouts = 0
+        self._reported: set[str] = set()  # sources whose unparseable golds were already reported
 
     # ---- what runs ---------------------------------------------------------------------------------------------
     def load(self) -> tuple[Callable | None, list[Callable]]:
@@ -109,9 +114,18 @@ class Scoring:
         return terms, metrics
 
     # ---- the run around it -------------------------------------------------------------------------------------
-    def keeps_gold(self, golds: list[str]) -> list[bool]:
-        """Whether each problem's gold can be scored: math-verify must parse it; another source takes any."""
-        return self.verifier.parseable_golds(golds) if self.settings.correctness == MATH_VERIFY else [True] * len(golds)
+    def drop_unparseable_golds(self, records: list[ProblemRecord], where: str) -> list[ProblemRecord]:
+        """`records` without those whose gold math-verify cannot parse, reported once per `where` (count and ids);
+        all of them where another source gives correctness (it reads golds its own way)."""
+        if not records or self.settings.correctness != MATH_VERIFY:
+            return records
+        ok = self.verifier.parseable_golds([r.answer for r in records])
+        bad = [r for r, good in zip(records, ok) if not good]
+        if bad and where not in self._reported:  # the held-out set passes here from the module and from Evaluation
+            self._reported.add(where)
+            log.warning("%s: skipped %d of %d problems whose gold answer the verifier cannot parse, e.g. %s", where,
+                        len(bad), len(records), ", ".join(f"{r.id}: {r.answer[:40]!r}" for r in bad[:5]))  # fmt: skip
+        return [r for r, good in zip(records, ok) if good]
 
     def describe(self) -> str:
         """The verifier's pool and its timeouts so far, for the watchdog's report."""

@@ -12,6 +12,7 @@ from rlvr_lightning.callbacks.progress import bar_metrics, rollout_batches_total
 from rlvr_lightning.callbacks.rollout import advantage_shapers, rollout_callbacks
 from rlvr_lightning.context import Collectives, StepContext
 from rlvr_lightning.device_defaults import accelerator_of_device
+from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.models.fast_paths import apply_fast_paths
 from rlvr_lightning.models.lora import trainable_parameters
 from rlvr_lightning.models.policy import load_policies
@@ -123,6 +124,18 @@ def step_context(module: Any) -> StepContext:
         scoring=module.scoring,
         scorers=tuple(rollout_callbacks(trainer)),
     )
+
+
+def keep_scorable_problems(scoring: Any, dm: Any) -> None:
+    """Leave out the problems whose gold the run cannot score (math-verify cannot parse it), reported once; too few
+    left for one rollout batch is one error line."""
+    if dm is None or not hasattr(dm, "train_records"):
+        return
+    dm.train_records = scoring.drop_unparseable_golds(dm.train_records, "data.train_data")
+    dm.val_records = scoring.drop_unparseable_golds(dm.val_records, "data.val_data")
+    if len(dm.train_records) < dm.hparams.batch_size:
+        raise ConfigError(f"data.train_data has {len(dm.train_records)} problems with a gold answer the verifier can "
+                          f"parse, fewer than data.batch_size={dm.hparams.batch_size}")  # fmt: skip
 
 
 def default_callbacks(trainer: Any) -> list:
