@@ -38,7 +38,6 @@ def preset(name: str):
 def embedded_module(module, callbacks=(), batch_size: int = 16, seed: int = 0, **rollout_options):
     """`module` wired to the embedded default data/model (configs/base.yaml's sizes) outside `fit`;
     `rollout_options`: `RolloutSettings` arguments over base.yaml's."""
-    from rlvr_lightning.callbacks.reward import RewardVerifier
     from rlvr_lightning.data.datamodule import RolloutDataModule
     from rlvr_lightning.rollout.settings import RolloutSettings
     from rlvr_lightning.standalone import standalone
@@ -46,7 +45,7 @@ def embedded_module(module, callbacks=(), batch_size: int = 16, seed: int = 0, *
     rollout = RolloutSettings(**{"group_size": 8, "max_response_length": 40, **rollout_options})
     dm = RolloutDataModule(batch_size=batch_size, max_prompt_length=32, seed=seed, val_data=None, rollout=rollout)
     torch.manual_seed(seed)
-    return standalone(module, dm, callbacks=[RewardVerifier(num_workers=2, timeout_s=5.0), *callbacks])
+    return standalone(module, dm, callbacks=[*callbacks])
 
 
 def close(module) -> None:

@@ -138,7 +138,6 @@ def build_ours(name: str, args):
     """The GRPO module of configuration `name`, wired to its model, data and engine (built)."""
     import yaml
 
-    from rlvr_lightning.callbacks.reward import RewardVerifier
     from rlvr_lightning.data.datamodule import RolloutDataModule
     from rlvr_lightning.models.synthetic import synthetic_policy_path
     from rlvr_lightning.standalone import standalone
@@ -160,7 +159,7 @@ def build_ours(name: str, args):
         model_name_or_path=str(synthetic_policy_path(model_spec(vocab))), batch_size=args.prompts, group_size=G,
         max_prompt_length=MAX_PROMPT, max_response_length=max_len, engine="vllm", val_data=None, seed=0, kv_cache_gib=1,
     )  # fmt: skip
-    module = standalone(module, dm, callbacks=[RewardVerifier(num_workers=2, timeout_s=5.0)])
+    module = standalone(module, dm, callbacks=[])
     rss = {"models_loaded": rss_now_mib()}  # policy and reference
     module.on_fit_start()  # builds the engine, as `fit` does before the first step
     rss["engine_built"] = rss_now_mib()

@@ -128,10 +128,10 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
 def eval_environment(args: argparse.Namespace):
     """The environment the answers are sampled in: the Python tool (`--tool-max-calls`), one's own
     (`--environment my_module.Class`, built with its defaults), or None."""
-    from rlvr_lightning.callbacks.reward_functions import load_function
     from rlvr_lightning.environments.base import Environment
     from rlvr_lightning.environments.python_tool import PythonToolSettings, environment_of
     from rlvr_lightning.errors import ConfigError
+    from rlvr_lightning.rewards.loading import load_function
 
     tool = PythonToolSettings(max_calls=args.tool_max_calls) if args.tool_max_calls else None
     own = None

@@ -115,7 +115,6 @@ def lagged_module(tiny_policy_dir):
     """GRPO with rollouts generated ahead (`rollout.max_staleness`, which the settings allow only with
     servers) from a `SlowAheadServer`: the step's code path is the same whatever engine generates."""
     from rlvr_lightning.algos import GRPO
-    from rlvr_lightning.callbacks.reward import RewardVerifier
     from rlvr_lightning.data.datamodule import RolloutDataModule
     from rlvr_lightning.rollout.settings import RolloutSettings
     from rlvr_lightning.standalone import standalone
@@ -126,7 +125,7 @@ def lagged_module(tiny_policy_dir):
         rollout.max_staleness, rollout.partial_rollouts = max_staleness, partial_rollouts  # as a server run's
         rollout.stream_mode, rollout.stale_groups = stream_mode, stale_groups
         dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=2, val_data=None, rollout=rollout)
-        return standalone(module_class(**model_kwargs), dm, callbacks=[RewardVerifier(num_workers=1), *callbacks])
+        return standalone(module_class(**model_kwargs), dm, callbacks=[*callbacks])
 
     built = []
 

@@ -1,7 +1,6 @@
-"""Your own reward functions, added to the verifier's (rlvr_lightning.callbacks.reward_functions):
+"""Your own reward functions, added to the verifier's (the model's `rewards.functions`, docs/pieces.md):
 
-    PYTHONPATH=docs/examples make train ARGS="--trainer.callbacks+=rlvr_lightning.callbacks.reward_functions.RewardFunctions \
-        --trainer.callbacks.functions='[{function: my_rewards.brevity, weight: 0.1}, {function: my_rewards.shows_work}]'"
+    PYTHONPATH=docs/examples make train ARGS="--model.init_args.rewards.functions='[{function: my_rewards.brevity, weight: 0.1}, {function: my_rewards.shows_work}]'"
 
 Each gets one completion (the model's own words), its gold answer and a little metadata, and returns a reward
 (or a reward and metrics of its own); the run logs train/reward_brevity_mean, train/reward_shows_work_steps, ….

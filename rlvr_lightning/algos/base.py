@@ -18,8 +18,6 @@ from rlvr_lightning.pieces import kinds
 from rlvr_lightning.rewards.settings import RewardSettings
 from rlvr_lightning.training import wiring
 from rlvr_lightning.training.engine_session import EngineSession
-from rlvr_lightning.training.generation import generate
-from rlvr_lightning.training.scoring import Scoring
 from rlvr_lightning.training.settings import BehaviourSettings, ComputeSettings, OptimSettings, StepSettings
 from rlvr_lightning.training.step import Skipped, StepAlgorithm, StepResult, TrainingStep
 from rlvr_lightning.training.teacher import TeacherSettings
@@ -90,7 +88,7 @@ class RLVRModule(L.LightningModule):
         self.rollout_batches = 0  # completed rollout batches: the x-axis of every metric
         self.latest_val: dict[str, float] = {}
         self.session = EngineSession()  # the engine, weight sync, stream; attached at fit start
-        self.scoring = Scoring(self.settings.rewards)  # correctness and reward terms; math-verify's pool between batches
+        self.scoring = wiring.scoring(self.settings)  # correctness and reward terms; math-verify's pool between batches
         self._step: TrainingStep | None = None  # built once, at fit start
 
     def setup(self, stage: str) -> None:
@@ -108,21 +106,13 @@ class RLVRModule(L.LightningModule):
         return wiring.optimizer(self.settings.optim, self.policy, self.trainer.max_steps)
 
     def on_fit_start(self) -> None:
-        self.session.attach(wiring.engine_spec(self))  # the policy is on its device from here on
-        if self.teacher is not None:
-            self.teacher.start()  # a served teacher's replicas
-        # The step, checked against the run before anything expensive starts; then the engine (not the first step's cost).
-        self._step = wiring.training_step(self, check=True)
-        _ = self._step.session.engine
+        self._step = wiring.start(self)  # the engine session, a served teacher, the step checked against the run
 
     def on_train_start(self) -> None:
         self.session.start()  # after FSDP restored a resumed run's weights (between on_fit_start and here)
 
     def teardown(self, stage: str) -> None:
-        self.session.close()
-        self.scoring.close()
-        if self.teacher is not None:
-            self.teacher.close()
+        wiring.close(self)
 
     @classmethod
     def step_algorithm(cls, args: Mapping[str, Any], rollout: Any, batch_size: int) -> StepAlgorithm:
@@ -140,7 +130,7 @@ class RLVRModule(L.LightningModule):
         return wiring.step_context(self)
 
     def generate(self, batch, sampling=None):  # evaluation's: the training sampling settings unless given
-        return generate(self.step_context(), batch, sampling)
+        return wiring.generate(self, batch, sampling)
 
     def training_step(self, batch, batch_idx: int) -> None:
         wiring.finish_rollout_batch(self, self.train_on_batch(batch), len(batch))

@@ -65,6 +65,9 @@ def rollout_state(trainer: L.Trainer, module) -> str:
             if obj is not None:
                 describe = getattr(obj, "describe", None)
                 parts.append(f"{name}: {describe() if describe else type(obj).__name__}")
+    scoring = getattr(module, "scoring", None)
+    if scoring is not None:
+        parts.append(f"scoring: {scoring.describe()}")
     for cb in trainer.callbacks:
         describe = getattr(cb, "describe", None)
         if describe is not None:

@@ -278,7 +278,7 @@ class MathVerifier:
                 f"The workers' own error is on stderr above. Its '{self.mp_context}' workers re-import the main "
                 "script: it must import without side effects, starting work only under "
                 '`if __name__ == "__main__":`; math-verify must import in them; and the machine needs '
-                f"memory for {self.num_workers} more processes (RewardVerifier.num_workers)."
+                f"memory for {self.num_workers} more processes (model.rewards.verifier.num_workers)."
             )
         return (
             f"math verification cannot run: {cause or 'its worker processes failed'}, on a retry too, so "

@@ -106,7 +106,7 @@ def score_rollout(step: StepContext, rollout: Rollout, timer: StageTimer) -> Rol
             if verdict is not None:
                 rollout = rollout.scored(verdict)
     if rollout.correct is None:
-        raise RuntimeError("no rollout callback scored the rollout (is a RewardVerifier configured?)")
+        raise RuntimeError("nothing gave the rollout's correctness (the step's context has no scoring stage)")
     return rollout
 
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from rlvr_lightning.callbacks.reward_functions import load_function
 from rlvr_lightning.data.sources import ProblemRecord
 from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.rewards.loading import load_function
 from rlvr_lightning.rewards.pool import MathVerifier
 from rlvr_lightning.rewards.settings import ENVIRONMENT, MATH_VERIFY, RewardSettings
 from rlvr_lightning.rollout.types import Rollout, Verdict
@@ -32,6 +32,7 @@ class Scoring:
         self._loaded: tuple[Callable | None, list[Callable]] | None = None
         self.total_timeouts = 0
         self._reported: set[str] = set()  # sources whose unparseable golds were already reported
+        self.load()  # a function that cannot be imported is one error line when the run is configured
 
     # ---- what runs ---------------------------------------------------------------------------------------------
     def load(self) -> tuple[Callable | None, list[Callable]]:

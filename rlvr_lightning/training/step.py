@@ -48,7 +48,7 @@ class StepAlgorithm:
 
     def rewards(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         """The reward r [N] fed to the advantage estimator, and its metrics: the verdict c, plus the reward terms of
-        a user's reward functions (`callbacks.reward_functions`) if any."""
+        a user's reward functions (`model.rewards.functions`) if any."""
         return rollout.reward_with_terms(rollout.correct.clone()), {}
 
     def prompts(self, step: StepContext, index: int) -> PromptBatch:

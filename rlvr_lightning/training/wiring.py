@@ -18,8 +18,10 @@ from rlvr_lightning.models.lora import trainable_parameters
 from rlvr_lightning.models.policy import load_policies
 from rlvr_lightning.parallel import ranks_barrier, ranks_reduce
 from rlvr_lightning.training.engine_setup import EngineSpec, RankPlace, engine_compute_dtype, trainer_compute_dtype
+from rlvr_lightning.training.generation import generate as sample_completions
 from rlvr_lightning.training.layout import Optimization
 from rlvr_lightning.training.optim import adamw_with_schedule
+from rlvr_lightning.training.scoring import Scoring
 from rlvr_lightning.training.settings import OptimSettings, StepSettings
 from rlvr_lightning.training.step import Skipped, StepResult, TrainingStep, logged_metrics
 from rlvr_lightning.training.step_setup import build_training_step
@@ -136,6 +138,36 @@ def keep_scorable_problems(scoring: Any, dm: Any) -> None:
     if len(dm.train_records) < dm.hparams.batch_size:
         raise ConfigError(f"data.train_data has {len(dm.train_records)} problems with a gold answer the verifier can "
                           f"parse, fewer than data.batch_size={dm.hparams.batch_size}")  # fmt: skip
+
+
+def start(module: Any) -> TrainingStep:
+    """At fit start: the engine session attached (the policy is on its device from here on), a served teacher's
+    replicas started, then the step built and checked against the run before anything expensive starts, then the
+    engine built (not charged to the first step)."""
+    module.session.attach(engine_spec(module))
+    if module.teacher is not None:
+        module.teacher.start()
+    step = training_step(module, check=True)
+    _ = step.session.engine
+    return step
+
+
+def close(module: Any) -> None:
+    """At the end of a run, or on its error: the engine session, the scoring stage's pool, the teacher."""
+    module.session.close()
+    module.scoring.close()
+    if module.teacher is not None:
+        module.teacher.close()
+
+
+def scoring(settings: StepSettings) -> Scoring:
+    """The scoring stage of the module's `rewards` section (its functions imported now: one error line if not)."""
+    return Scoring(settings.rewards)
+
+
+def generate(module: Any, batch: Any, sampling: Any = None) -> Any:
+    """The module's completions of a prompt batch, with the training sampling settings unless given (evaluation)."""
+    return sample_completions(step_context(module), batch, sampling)
 
 
 def default_callbacks(trainer: Any) -> list:

@@ -11,7 +11,6 @@ import pytest
 import torch
 import yaml
 
-from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.models.lora import LoraSettings
 from rlvr_lightning.rollout.settings import RolloutSettings
@@ -40,7 +39,7 @@ def test_every_preset_trains_the_adapter_of_a_lora_policy(preset: Path, tiny_pol
     callbacks = [instantiate(c) for c in (cfg.get("trainer") or {}).get("callbacks+", [])]
     rollout = RolloutSettings(engine="hf", group_size=8, max_response_length=12)  # G = 8: pass@k takes k = 4
     dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=2, val_data=None, rollout=rollout)
-    module = standalone(module, dm, callbacks=[RewardVerifier(num_workers=1), ParityReward(), *callbacks])
+    module = standalone(module, dm, callbacks=[ParityReward(), *callbacks])
     before = {k: v.clone() for k, v in module.policy.state_dict().items()}
     try:
         result = module.train_on_batch(next(iter(dm.train_dataloader())))

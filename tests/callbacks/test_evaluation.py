@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 
 from rlvr_lightning.callbacks.evaluation import Benchmark, Evaluation
-from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.rewards.settings import RewardSettings, VerifierSettings
 from rlvr_lightning.rollout.settings import RolloutSettings
+from rlvr_lightning.training.scoring import Scoring
 from tests.conftest import BENCHMARKS, needs_benchmarks
 
 
@@ -99,7 +100,7 @@ def test_benchmarks_are_scored_and_logged_under_their_names(tiny_policy_dir, tmp
     evaluation = Evaluation(num_samples=2, pass_k=[1, 2], benchmarks=[
         Benchmark(name="gsm8k", source=str(BENCHMARKS / "gsm8k.jsonl"), limit=40, n=3, temperature=0.7, max_tokens=12),
     ])  # fmt: skip
-    module = standalone(RLVRModule(), dm, callbacks=[RewardVerifier(num_workers=1), evaluation], logger=logger)
+    module = standalone(RLVRModule(), dm, callbacks=[evaluation], logger=logger)
     try:
         out = evaluation.evaluate(module.trainer, module)
     finally:
@@ -165,12 +166,12 @@ def test_an_evaluation_scores_any_sampler_without_a_trainer(tiny_policy_dir):
         groups = [[Completion(tok(t).input_ids + [tok.eos_token_id], [0.0], "stop") for t in group] for group in texts]
         return to_rollout(tok, batch, [tok(p).input_ids for p in batch.prompts], sampling, groups, 0)
 
-    verifier = RewardVerifier(num_workers=1)
+    scoring = Scoring(RewardSettings(verifier=VerifierSettings(num_workers=1)))
     evaluation = Evaluation(num_samples=n, pass_k=[1, 2, 4], batch_size=3)
     try:
-        out = evaluation.run(EvalTarget(scripted, dm, verifier), step=0)
+        out = evaluation.run(EvalTarget(scripted, dm, scoring), step=0)
     finally:
-        verifier.close()
+        scoring.close()
     c = list(correct.values())
     assert out["val/num_problems"] == 10 and len(calls) == 2 * 4  # 4 batches of ≤ 3 prompts, sampled and greedy
     assert out["val/accuracy"] == pytest.approx(sum(c) / (n * 10))
@@ -179,4 +180,4 @@ def test_an_evaluation_scores_any_sampler_without_a_trainer(tiny_policy_dir):
         assert out[f"val/pass_at_{k}"] == pytest.approx(expected), k
     assert out["val/accuracy_greedy"] == pytest.approx(sum(ci > 0 for ci in c) / 10)
     assert out["val/no_answer_frac"] == pytest.approx(sum(ci < n for ci in c) / (n * 10))
-    assert evaluation.run(EvalTarget(scripted, dm, verifier), step=0) is out and len(calls) == 8  # once per step
+    assert evaluation.run(EvalTarget(scripted, dm, scoring), step=0) is out and len(calls) == 8  # once per step

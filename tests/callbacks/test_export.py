@@ -10,7 +10,6 @@ import torch
 
 from rlvr_lightning.algos import GRPO
 from rlvr_lightning.callbacks.export import HFExport
-from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.standalone import standalone
@@ -29,7 +28,7 @@ def test_export_reproduces_greedy_outputs_in_transformers_and_vllm(tmp_path, qui
     # export's. A vLLM training engine (its start-up, weight syncs and sampling) cost most of this test's time,
     # and weight sync into vLLM is tests/rollout/test_vllm_engine.py's.
     dm = RolloutDataModule(model_name_or_path=str(model_dir), batch_size=8, val_data=None, rollout=RolloutSettings(group_size=8, max_response_length=24, engine="hf"))  # fmt: skip
-    module = standalone(GRPO(optim=OptimSettings(lr=1e-3), compute=ComputeSettings(micro_batch_size=16)), dm, callbacks=[RewardVerifier(num_workers=1)])
+    module = standalone(GRPO(optim=OptimSettings(lr=1e-3), compute=ComputeSettings(micro_batch_size=16)), dm, callbacks=[])
     before = {name: p.detach().clone() for name, p in module.policy.named_parameters()}
     for batch in dm.train_dataloader():  # until a batch with a mixed group has moved the weights
         assert isinstance(module.train_on_batch(batch), StepResult)  # an update, then the weights go to the engine

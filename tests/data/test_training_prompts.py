@@ -4,13 +4,14 @@ sampling) split between ranks and resumed from their position, and only problems
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
-from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.data.sources import ProblemRecord
 from rlvr_lightning.data.training_prompts import TrainingPrompts
+from rlvr_lightning.rewards.settings import RewardSettings, VerifierSettings
 from rlvr_lightning.rollout.types import PromptBatch
+from rlvr_lightning.training.scoring import Scoring
+from rlvr_lightning.training.wiring import keep_scorable_problems
 
 RECORDS = [ProblemRecord(f"p{i}", f"{i}+1?", str(i + 1)) for i in range(10)]
 
@@ -45,7 +46,7 @@ def test_batch_at_is_the_dataloaders_batch_and_leaves_the_extra_stream_alone():
 
 
 def test_a_problem_the_verifier_drops_after_setup_is_never_drawn(tmp_path, tiny_policy_dir):
-    """The verifier drops problems whose gold it cannot parse in its setup hook, after the data module's own setup:
+    """The run drops problems whose gold the verifier cannot parse in the module's setup hook, after the data module's:
     the prompts the step draws are over the problems it kept, in the dataloader's batches and the extra prompts."""
     rows = [{"problem": f"{i}+1?", "answer": str(i + 1)} for i in range(7)] + [{"problem": "bad", "answer": "\\text{ }"}]
     data = tmp_path / "train.jsonl"
@@ -53,11 +54,11 @@ def test_a_problem_the_verifier_drops_after_setup_is_never_drawn(tmp_path, tiny_
     dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), train_data=str(data), val_data=None, batch_size=2)
     dm.setup("fit")
     bad = next(r.id for r in dm.train_records if r.answer == "\\text{ }")
-    verifier = RewardVerifier(num_workers=1)
+    scoring = Scoring(RewardSettings(verifier=VerifierSettings(num_workers=1)))
     try:
-        verifier.setup(SimpleNamespace(datamodule=dm), None, "fit")
+        keep_scorable_problems(scoring, dm)  # what the module's setup hook does, after the data module's
     finally:
-        verifier.close()
+        scoring.close()
     assert len(dm.train_records) == 7
     drawn = [i for b in range(6) for i in dm.prompts.batch_at(b).ids] + dm.prompts.extra(20).ids
     drawn += [i for batch in dm.train_dataloader() for i in batch.ids]

@@ -24,8 +24,6 @@ WALL_CLOCK = ("time/", "throughput/", "val/seconds", "train/verifier_completions
 CALLBACKS = f"""
 trainer:
   callbacks:
-    - class_path: rlvr_lightning.callbacks.reward.RewardVerifier
-      init_args: {{num_workers: 1}}
     - class_path: tests.support.rewards.ParityReward
     - class_path: rlvr_lightning.callbacks.evaluation.Evaluation
       init_args: {{every_n_steps: {EVAL_EVERY}, num_samples: 2, log_samples: 0}}

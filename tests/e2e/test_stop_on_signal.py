@@ -27,8 +27,6 @@ def args_for(run_dir: Path, model_dir: Path, *extra: str) -> list[str]:
     (run_dir / "callbacks.yaml").write_text("""
 trainer:
   callbacks:
-    - class_path: rlvr_lightning.callbacks.reward.RewardVerifier
-      init_args: {num_workers: 1}
     - class_path: tests.support.rewards.ParityReward   # rewards the quick warm start earns, so weights move
     - class_path: tests.support.rewards.SlowFromBatch
     - class_path: rlvr_lightning.callbacks.checkpoint.ResumableCheckpoint

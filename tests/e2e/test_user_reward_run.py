@@ -10,8 +10,7 @@ import pytest
 from tests.e2e.test_presets import finished_run, preset_args
 from tests.support.cli import REPO, run_cli, run_in_process
 
-EXAMPLE = ["--trainer.callbacks+=rlvr_lightning.callbacks.reward_functions.RewardFunctions",
-           "--trainer.callbacks.functions=[{function: my_rewards.brevity, weight: 0.1}, {function: my_rewards.shows_work}]"]  # fmt: skip
+EXAMPLE = ["--model.init_args.rewards.functions=[{function: my_rewards.brevity, weight: 0.1}, {function: my_rewards.shows_work}]"]
 ENVIRONMENT = ["--data.environment", "my_environment.SecondChance"]
 
 
@@ -39,12 +38,11 @@ def test_the_documented_reward_functions_and_environment_train_and_log_each_term
 
 def test_a_reward_function_that_cannot_be_imported_is_one_line(tmp_path, monkeypatch, capsys, tiny_policy_dir):
     args = [*preset_args(tmp_path, "grpo", tiny_policy_dir), "--rollout_batches", "1",
-            "--trainer.callbacks+=rlvr_lightning.callbacks.reward_functions.RewardFunctions",
-            "--trainer.callbacks.functions=[{function: my_missing_rewards.score}]"]  # fmt: skip
+            "--model.init_args.rewards.functions=[{function: my_missing_rewards.score}]"]  # fmt: skip
     code, _, err = run_in_process(args, tmp_path, monkeypatch, capsys)
     lines = [line for line in err.strip().splitlines() if "my_missing_rewards" in line]
     assert code != 0 and len(lines) == 1, err[-2000:]
-    assert "RewardFunctions: cannot import 'my_missing_rewards.score'" in lines[0] and "PYTHONPATH" in lines[0]
+    assert "model.rewards.functions: cannot import 'my_missing_rewards.score'" in lines[0] and "PYTHONPATH" in lines[0]
 
 
 def test_an_environment_that_cannot_be_imported_is_one_line(tmp_path, monkeypatch, capsys, tiny_policy_dir):

@@ -121,8 +121,9 @@ def test_the_reward_reads_the_models_own_words_not_what_the_tool_printed():
     """A call that prints the boxed answer cannot answer for the model: the verifier scores the model's own text."""
     import torch
 
-    from rlvr_lightning.callbacks.reward import RewardVerifier
+    from rlvr_lightning.rewards.settings import RewardSettings, VerifierSettings
     from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
+    from rlvr_lightning.training.scoring import Scoring
 
     model = "```python\nprint(chr(92) + 'boxed{' + str(6 * 7) + '}')\n```\n"  # the model's own words hold no box
     printed = "```output\n\\boxed{42}\n```\n"
@@ -133,12 +134,12 @@ def test_the_reward_reads_the_models_own_words_not_what_the_tool_printed():
         completions=[Completion([1], [0.0], "stop"), Completion([1], [0.0], "stop")],
         sampling=SamplingConfig(group_size=2), policy_version=0, texts=texts, own_texts=own,
     )  # fmt: skip
-    verifier = RewardVerifier(num_workers=1)
+    scoring = Scoring(RewardSettings(verifier=VerifierSettings(num_workers=1)))
     try:
-        verdict = verifier.on_rollout_generated(None, rollout)
+        scored = scoring.score(rollout)
     finally:
-        verifier.close()
-    assert torch.equal(verdict.correct, torch.tensor([0.0, 1.0]))
+        scoring.close()
+    assert torch.equal(scored.correct, torch.tensor([0.0, 1.0]))
 
 
 HOSTILE_CALLS = [

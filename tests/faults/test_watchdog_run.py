@@ -34,7 +34,7 @@ def test_a_frozen_generation_is_stopped_by_the_watchdog_with_the_stacks(tmp_path
     # The engine's state names the frozen replica; the stacks show the main thread waiting on the generation.
     assert "engine: vllm-server, version 2" in report and "alive" in report, report[:2000]
     assert "--- thread MainThread" in report and "generate" in report
-    assert "RewardVerifier: math-verify pool" in report
+    assert "scoring: math-verify pool" in report
 
 
 def test_sigterm_while_a_step_waits_on_a_frozen_replica_stops_within_the_bound(tmp_path, quick_warm_start):

@@ -319,8 +319,6 @@ def test_merged_sync_reaches_vllm_and_leaves_the_trainer_unmerged(tiny_policy_di
 EXPORT_CALLBACKS = """
 trainer:
   callbacks:
-    - class_path: rlvr_lightning.callbacks.reward.RewardVerifier
-      init_args: {num_workers: 1}
     - class_path: tests.support.rewards.ParityReward   # rewards the policy earns, so the adapter moves
     - class_path: rlvr_lightning.callbacks.checkpoint.ResumableCheckpoint
       init_args: {dirpath: checkpoints, every_n_steps: 0}

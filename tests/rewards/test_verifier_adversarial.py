@@ -12,11 +12,12 @@ import time
 import pytest
 import torch
 
-from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.data.sources import ProblemRecord
 from rlvr_lightning.rewards.extraction import boxed_answers, extract_prediction, find_last_boxed, other_boxed_answers
 from rlvr_lightning.rewards.pool import MathVerifier
+from rlvr_lightning.rewards.settings import RewardSettings, VerifierSettings
 from rlvr_lightning.rewards.verification import verify_answer
+from rlvr_lightning.training.scoring import Scoring
 
 TIMEOUT_S = 3.0
 
@@ -130,15 +131,16 @@ def test_every_boxed_answer_must_be_right_unless_configured(verifier):
 def test_unparseable_golds_are_reported_once_and_skipped(caplog):
     records = [ProblemRecord("a", "1+1?", "2"), ProblemRecord("b", "bad", "\\text{ }"), ProblemRecord("c", "x", "$$"),
                ProblemRecord("d", "2+2?", "4")]  # fmt: skip
-    callback = RewardVerifier(num_workers=1)
+    scoring = Scoring(RewardSettings(verifier=VerifierSettings(num_workers=1)))
     try:
         with caplog.at_level(logging.WARNING):
-            kept = callback.drop_unparseable_golds(records, "data.train_data")
+            kept = scoring.drop_unparseable_golds(records, "data.train_data")
+            assert scoring.drop_unparseable_golds(records, "data.train_data") == kept  # reported once
         assert [r.id for r in kept] == ["a", "d"]
         warnings = [r.getMessage() for r in caplog.records if "cannot parse" in r.getMessage()]
         assert len(warnings) == 1 and "skipped 2 of 4" in warnings[0] and "b:" in warnings[0]
     finally:
-        callback.teardown(None, None, "fit")
+        scoring.close()
 
 
 # ------------------------------------------------------------------------------ strict mode
@@ -251,12 +253,12 @@ def test_strict_mode_rejects_code(strict_verifier):
     assert [c for c, r in zip(CODE_PAYLOADS, rewards) if r != 0.0] == []
 
 
-def test_reward_callback_is_strict_unless_configured():
+def test_the_scoring_stage_is_strict_unless_configured():
     # The default, of both; no pool is started.
-    assert MathVerifier().strict is True and RewardVerifier(num_workers=1)._ensure_verifier().strict is True
-    callback = RewardVerifier(num_workers=1, strict=False)
+    assert MathVerifier().strict is True and Scoring().verifier.strict is True
+    scoring = Scoring(RewardSettings(verifier=VerifierSettings(num_workers=1, strict=False)))
     try:
-        correct, _ = callback.score(["42"], ["\\boxed{(lambda: 42)()}"], torch.tensor([False]))
+        correct, _ = scoring.verify(["42"], ["\\boxed{(lambda: 42)()}"], torch.tensor([False]))
         assert correct.tolist() == [1.0]  # lenient, as configured: math-verify reads the 42 out of the code
     finally:
-        callback.teardown(None, None, "fit")
+        scoring.close()

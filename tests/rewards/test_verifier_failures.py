@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.cli.error_lines import user_error_behind
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rewards.pool import CRASHED, MathVerifier, VerifierUnavailable
+from rlvr_lightning.rewards.settings import RewardSettings, VerifierSettings
+from rlvr_lightning.training.scoring import Scoring
 from tests.support.cli import REPO
 from tests.support.pool_tasks import count_and_crash, crash_always, crash_once
 
@@ -138,19 +139,19 @@ def test_a_gold_that_is_slow_to_parse_is_not_dropped():
         assert v.parseable_golds([gold, "\\{\\text{a}\\}"]) == [True, False]
 
 
-# ------------------------------------------------------------------------------------ the reward callback
-def test_the_reward_callback_logs_verifier_errors_and_checks_the_retry_factor():
-    callback = RewardVerifier(num_workers=1)
+# ------------------------------------------------------------------------------------ the scoring stage
+def test_the_scoring_stage_logs_verifier_errors_and_checks_the_retry_factor():
+    scoring = Scoring(RewardSettings(verifier=VerifierSettings(num_workers=1)))
     try:
-        correct, metrics = callback.score(["2", "3"], ["\\boxed{2}", "\\boxed{2}"], torch.tensor([False, False]))
+        correct, metrics = scoring.verify(["2", "3"], ["\\boxed{2}", "\\boxed{2}"], torch.tensor([False, False]))
         assert correct.tolist() == [1.0, 0.0]
         assert metrics["verifier_errors"] == 0.0 and metrics["verifier_timeouts"] == 0.0
-        assert callback.verifier.timeout_retry_factor == 4.0
+        assert scoring.verifier.timeout_retry_factor == 4.0
     finally:
-        callback.teardown(None, None, "fit")
+        scoring.close()
     for factor in (0.5, -1.0, float("nan")):
-        with pytest.raises(ConfigError, match="RewardVerifier.timeout_retry_factor"):
-            RewardVerifier(timeout_retry_factor=factor)
+        with pytest.raises(ConfigError, match="model.rewards.verifier.timeout_retry_factor"):
+            VerifierSettings(timeout_retry_factor=factor).check()
 
 
 def test_a_crash_is_retried_only_once(pool, tmp_path):

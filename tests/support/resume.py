@@ -20,8 +20,6 @@ COMPARED = ("train/reward_mean", "train/accuracy", "train/loss", "train/grad_nor
 CALLBACKS = """
 trainer:
   callbacks:
-    - class_path: rlvr_lightning.callbacks.reward.RewardVerifier
-      init_args: {num_workers: 1}
     - class_path: tests.support.rewards.ParityReward   # rewards the quick warm start earns, so weights move
     - class_path: rlvr_lightning.callbacks.evaluation.Evaluation
       init_args: {every_n_steps: 2, num_samples: 2, log_samples: 0}

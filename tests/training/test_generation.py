@@ -16,7 +16,7 @@ from rlvr_lightning.training.step_metrics import StageTimer
 
 
 def context(rollout_batch: int = 0, rank: int = 0, seed: int = 0, scorers=()):
-    return SimpleNamespace(rollout_batch=rollout_batch, seed=seed, collectives=Collectives(2, rank), scorers=scorers)
+    return SimpleNamespace(rollout_batch=rollout_batch, seed=seed, collectives=Collectives(2, rank), scorers=scorers, scoring=None)
 
 
 def rollout() -> Rollout:
@@ -53,5 +53,5 @@ def test_scorers_score_in_order_and_the_stage_is_timed():
 
 
 def test_a_rollout_nobody_scores_stops_the_step_in_one_line():
-    with pytest.raises(RuntimeError, match=r"no rollout callback scored the rollout \(is a RewardVerifier configured\?\)"):
+    with pytest.raises(RuntimeError, match=r"nothing gave the rollout's correctness"):
         score_rollout(context(scorers=(Scorer(None),)), rollout(), StageTimer())

@@ -86,6 +86,26 @@ def test_a_bad_section_is_one_error_line(settings, message):
 
 
 def test_a_function_that_cannot_be_imported_is_one_line():
-    scoring = Scoring(RewardSettings(correctness="tests.support.rewards.no_such_function"))
     with pytest.raises(ConfigError, match=r"^model.rewards.correctness: cannot import"):
-        scoring.load()
+        Scoring(RewardSettings(correctness="tests.support.rewards.no_such_function"))
+
+
+def test_a_run_whose_reward_replaces_correctness_trains(quick_warm_start):
+    """Through a real step (the HF engine on the embedded model): with w_c = 0 the reward is the partial-credit
+    function's alone, correctness stays math-verify's, and the update moves the weights."""
+    from rlvr_lightning.algos import GRPO
+    from tests.support.plain_step import plain_step
+
+    rewards = {"correctness_weight": 0.0, "verifier": {"num_workers": 1},
+               "functions": [{"function": "tests.support.rewards.half_credit_for_an_answer", "name": "credit"}]}  # fmt: skip
+    run = plain_step(GRPO, quick_warm_start[1], rewards=rewards)
+    try:
+        before = {k: v.clone() for k, v in run.policy.state_dict().items()}
+        for _ in range(2):
+            result = run.train_on_next_batch()
+            rollout = result.batch.rollout
+            torch.testing.assert_close(result.batch.rewards, rollout.reward_terms["credit"])  # r = Σ wᵢ·fᵢ alone
+            assert set(rollout.correct.tolist()) <= {0.0, 1.0}  # c: math-verify's verdict
+        assert max((run.policy.state_dict()[k] - v).abs().max().item() for k, v in before.items()) > 0
+    finally:
+        run.close()

@@ -6,16 +6,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from rlvr_lightning.callbacks.closing import CloseOnError
-from rlvr_lightning.callbacks.reward import RewardVerifier
 from rlvr_lightning.training import wiring
 from rlvr_lightning.training.step import Skipped
 
 
-def test_every_run_gets_the_verifier_unless_it_configured_its_own_and_closes_on_an_error():
-    added = wiring.default_callbacks(SimpleNamespace(callbacks=[]))
-    assert [type(c) for c in added] == [RewardVerifier, CloseOnError]
-    own = RewardVerifier(multiple_boxed="last")
-    assert [type(c) for c in wiring.default_callbacks(SimpleNamespace(callbacks=[own]))] == [CloseOnError]
+def test_every_run_closes_its_engines_on_an_error():
+    assert [type(c) for c in wiring.default_callbacks(SimpleNamespace(callbacks=[]))] == [CloseOnError]
 
 
 class Logger:
