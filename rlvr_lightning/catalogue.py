@@ -17,6 +17,7 @@ from rlvr_lightning.environments.base import Environment
 from rlvr_lightning.environments.python_tool import PythonTool
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces import KINDS
+from rlvr_lightning.pieces.knobs import REQUIRED
 from rlvr_lightning.pieces.loading import load_piece_modules
 
 NO_OWN_KNOBS = "(none: RLVRModule's, listed by --model.help)"
@@ -68,6 +69,14 @@ def preset_lines(directory: Path = PRESETS) -> list[str]:
     return lines
 
 
+def piece_text(registry, choice: dict) -> str:
+    """`ppo-clip` or `ppo-clip(clip_eps_high=0.28)`: a recorded choice's name and the knobs it sets off the piece's
+    own defaults."""
+    defaults = registry.get(choice["name"]).knob_values()
+    changed = ", ".join(f"{k}={v!r}" for k, v in choice["knobs"].items() if defaults.get(k) != v)
+    return f"{choice['name']}({changed})" if changed else choice["name"]
+
+
 def algorithm_lines() -> list[str]:
     lines = []
     for name in algos.__all__:
@@ -76,8 +85,9 @@ def algorithm_lines() -> list[str]:
             continue
         module = cls()  # cheap: no model is loaded before fit
         own = [] if cls.__init__ is algos.RLVRModule.__init__ else inspect.signature(cls.__init__).parameters
-        knobs = ", ".join(f"{k}={module.hparams[k]!r}" for k in own if k not in ("self", "kwargs"))
-        pieces = ", ".join(f"{r.flag.split('.')[-1]}={module.hparams[r.flag.split('.')[-1]]}" for r in KINDS)
+        kinds = {r.key for r in KINDS}  # its pieces, with the knobs it sets, are the line above
+        knobs = ", ".join(f"{k}={module.hparams[k]!r}" for k in own if k not in ("self", "kwargs", *kinds))
+        pieces = ", ".join(f"{r.key}={piece_text(r, module.hparams[r.key])}" for r in KINDS)
         summary = first_sentence(inspect.getdoc(inspect.getmodule(cls)) or "")
         lines += [
             *wrapped(f"  {name:<8} ", summary, 11),
@@ -88,24 +98,18 @@ def algorithm_lines() -> list[str]:
     return lines
 
 
-def knob_feeds(knobs: tuple[str, ...], arguments: set[str]) -> str:
-    """Which of a piece's knobs an algorithm argument of the same name feeds (when the algorithm sets it:
-    `rlvr_lightning.pieces.registry.AlgorithmArgs`), and which `piece_args` does."""
-    fed = [k for k in knobs if k in arguments]
-    own = [k for k in knobs if k not in arguments]
-    parts = ([f"knobs from --model.init_args: {', '.join(fed)}"] if fed else []) + (
-        [f"{'' if fed else 'knobs '}from piece_args: {', '.join(own)}"] if own else [])
-    return "; ".join(parts)
+def knob_list(piece) -> str:
+    """A piece's knobs with their defaults, as the config gives them (`….knobs.<knob>`)."""
+    return ", ".join(k.name if k.default is REQUIRED else f"{k.name}={k.default!r}" for k in piece.declared.declared.values())
 
 
 def piece_lines() -> list[str]:
-    arguments = set(inspect.signature(algos.RLVRModule.__init__).parameters)
     lines = []
     for registry in KINDS:
-        lines += wrapped(f"  {registry.plural} (--model.init_args.{registry.key}): ", registry.description, 6)
+        lines += wrapped(f"  {registry.plural} (--model.init_args.{registry.key}.name): ", registry.description, 6)
         for piece in registry.pieces():
             summary = first_sentence(inspect.getdoc(piece.fn) or "")
-            knobs = f" [{knob_feeds(piece.knobs, arguments)}]" if piece.knobs else ""
+            knobs = f" [knobs: {knob_list(piece)}]" if piece.knobs else ""
             lines.append(f"    {piece.name:<24} {summary}{knobs}  ({piece.docs})")  # one line: `make list | grep`
     return lines
 

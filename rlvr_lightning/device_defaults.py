@@ -18,7 +18,7 @@ with, so CPU runs stay bit-identical. On CUDA they are the fast ones:
   scaler, which the update does not run);
 - `rollout.gpu_memory_utilization`: see `gpu_memory_share`;
 - `model.compute.packing` (padding-free micro-batches) on;
-- `model.rollout_correction` `icepop`: a bf16 engine beside an fp32-master trainer samples from a measurably
+- `model.rollout_correction.name` `icepop`: a bf16 engine beside an fp32-master trainer samples from a measurably
   different distribution, and the update would train on it uncorrected; IcePop's two-sided token band masks the
   tokens the two disagree on most (TRL and prime-rl mask by default too). Not where it cannot apply: a group-level
   loss (REAL's), or truncated sampling (top-p/top-k), whose engine log-probs are not the policy's
@@ -36,7 +36,7 @@ KEYS = (
     "trainer.precision",
     "model.compute.fsdp_param_dtype",
     "model.compute.packing",
-    "model.rollout_correction",
+    "model.rollout_correction.name",
     "rollout.dtype",
     "rollout.enforce_eager",
     "rollout.gpu_memory_utilization",
@@ -46,7 +46,7 @@ CPU_DEFAULTS: dict[str, Any] = {
     "trainer.precision": "32-true",
     "model.compute.fsdp_param_dtype": "float32",
     "model.compute.packing": False,
-    "model.rollout_correction": "none",
+    "model.rollout_correction.name": "none",
     "rollout.dtype": "float32",
     "rollout.enforce_eager": True,
     "rollout.gpu_memory_utilization": 0.3,  # unused off a GPU; kept as it was
@@ -123,7 +123,7 @@ def cuda_defaults(
         "trainer.precision": trainer_precision,
         "model.compute.fsdp_param_dtype": fsdp_param_dtype,
         "model.compute.packing": True,
-        "model.rollout_correction": "icepop" if correction_fits else "none",
+        "model.rollout_correction.name": "icepop" if correction_fits else "none",
         "rollout.dtype": half,
         "rollout.enforce_eager": False,
         "rollout.gpu_memory_utilization": gpu_memory_share(sleep_level, engine_elsewhere),

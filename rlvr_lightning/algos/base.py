@@ -14,7 +14,7 @@ import lightning as L
 
 from rlvr_lightning.models.checkpoint import check_state_fits
 from rlvr_lightning.models.lora import LoraSettings
-from rlvr_lightning.pieces import kinds
+from rlvr_lightning.pieces import choices
 from rlvr_lightning.rewards.settings import RewardSettings
 from rlvr_lightning.training import wiring
 from rlvr_lightning.training.engine_session import EngineSession
@@ -28,18 +28,13 @@ class RLVRModule(L.LightningModule):
 
     def __init__(
         self,
-        advantage_estimator: kinds.AdvantageEstimatorName = "grpo",
-        policy_loss: kinds.PolicyLossName = "ppo-clip",
-        loss_agg: kinds.LossAggName = "seq-mean-token-mean",
-        kl_estimator: kinds.KLEstimatorName = "k3",
-        rollout_correction: kinds.RolloutCorrectionName | None = None,
-        proximal_policy: kinds.ProximalPolicyName = "recompute",
-        clip_eps_low: float = 0.2,
-        clip_eps_high: float = 0.2,
-        dual_clip_c: float | None = None,
+        advantage_estimator: choices.AdvantageEstimatorChoice = choices.AdvantageEstimatorChoice("grpo"),
+        policy_loss: choices.PolicyLossChoice = choices.PolicyLossChoice("ppo-clip"),
+        loss_agg: choices.LossAggChoice = choices.LossAggChoice("seq-mean-token-mean"),
+        kl_estimator: choices.KLEstimatorChoice = choices.KLEstimatorChoice("k3"),
+        rollout_correction: choices.RolloutCorrectionChoice = choices.RolloutCorrectionChoice(),
+        proximal_policy: choices.ProximalPolicyChoice = choices.ProximalPolicyChoice("recompute"),
         kl_coef: float = 0.0,
-        tis_cap: float = 2.0,
-        piece_args: dict | None = None,
         mask_truncated: bool = False,
         num_mini_batches: int = 1,
         ppo_epochs: int = 1,
@@ -53,20 +48,17 @@ class RLVRModule(L.LightningModule):
         """Every argument is a CLI flag, `--model.init_args.<name>` (a group's: `--model.init_args.optim.lr`).
 
         Args:
-            advantage_estimator: a registered advantage estimator (`python -m rlvr_lightning list`) or a dotted path.
-            policy_loss: a registered policy loss (token level, reduced by `loss_agg`; or group level, REAL's).
+            advantage_estimator: a registered advantage estimator (`python -m rlvr_lightning list`) or a dotted
+                path, and its knobs: `--model.init_args.advantage_estimator.name`, `….knobs.<knob>` (`pieces.choices`).
+            policy_loss: a registered policy loss (token level, reduced by `loss_agg`; or group level, REAL's) and its
+                knobs (`--model.init_args.policy_loss.knobs.clip_eps_high 0.28`).
             loss_agg: a registered loss aggregator: how per-token losses are reduced.
             kl_estimator: a registered KL estimator for the penalty to the frozen initial policy (when kl_coef > 0).
-            rollout_correction: a registered correction of the engine ≠ trainer mismatch (`tis-token`, …); None
-                (default): the device's, `none` on the CPU and `icepop` on CUDA where a token-level correction
-                applies (`rlvr_lightning.device_defaults`).
+            rollout_correction: a registered correction of the engine ≠ trainer mismatch (`tis-token`, …) and its
+                knobs; name None (default): the device's, `none` on the CPU and `icepop` on CUDA where a token-level
+                correction applies (`rlvr_lightning.device_defaults`).
             proximal_policy: with a rollout correction, the clip's anchor: `recompute` (θ_old) or `loglinear` (A-3PO).
-            clip_eps_low: ε_low of the clip range [1−ε_low, 1+ε_high] of clipped losses.
-            clip_eps_high: ε_high (ε_high > ε_low is DAPO's clip-higher).
-            dual_clip_c: dual-clip PPO's c > 1 (`ppo-clip`, `gspo`, `gspo-token`); None (default) = off.
             kl_coef: β of the KL penalty; 0 = no KL term and no reference model (`kimi`: τ of its regulariser).
-            tis_cap: upper bound of the truncated-IS weight.
-            piece_args: knobs of pieces that are not arguments of the algorithm (your own pieces').
             mask_truncated: leave completions cut at max_response_length out of the loss (DAPO's overlong filtering).
             num_mini_batches: K optimizer steps per rollout batch; the prompts are split into K mini-batches.
             ppo_epochs: passes over the rollout batch.
@@ -78,10 +70,13 @@ class RLVRModule(L.LightningModule):
             rewards: correctness's source and weight, your reward functions, math-verify's options (`rewards.settings`).
         """
         super().__init__()
-        self.save_hyperparameters()
-        # What the module runs with, not only what the config gave (LightningCLI passes its config here).
-        self.hparams.update({k: v for k, v in locals().items() if k not in ("self", "__class__")})
-        self.settings = StepSettings.of(self.hparams, type(self))  # groups checked, pieces bound, combination checked
+        self.save_hyperparameters()  # a subclass's own arguments too (DAPO's), which its step algorithm reads
+        shared = dict(advantage_estimator=advantage_estimator, policy_loss=policy_loss, loss_agg=loss_agg,
+                      kl_estimator=kl_estimator, rollout_correction=rollout_correction, proximal_policy=proximal_policy,
+                      kl_coef=kl_coef, mask_truncated=mask_truncated, num_mini_batches=num_mini_batches,
+                      ppo_epochs=ppo_epochs, optim=optim, compute=compute, behaviour=behaviour, lora=lora,
+                      teacher=teacher, rewards=rewards)  # fmt: skip
+        self.settings = StepSettings.of({**self.hparams, **shared})  # groups checked, pieces bound, combination checked
         self.hparams.update(self.settings.hparams())  # every knob the pieces run with; the groups as plain dicts
         self.automatic_optimization = False
         self.policy, self.ref_policy, self.teacher = None, None, None  # built in configure_model

@@ -20,7 +20,7 @@ from rlvr_lightning.algos.grpo import GRPO
 from rlvr_lightning.context import StepContext
 from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.pieces.advantages import overlong_penalty
-from rlvr_lightning.pieces.kinds import LossAggName
+from rlvr_lightning.pieces.choices import LossAggChoice, PolicyLossChoice
 from rlvr_lightning.pieces.selection import selected_pieces
 from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.rollout.types import PromptBatch, Rollout
@@ -43,9 +43,8 @@ class DAPO(GRPO):
         signed_reward: bool = True,
         overlong_buffer_len: int | None = None,
         overlong_penalty_factor: float = 1.0,
-        clip_eps_low: float = 0.2,
-        clip_eps_high: float = 0.28,
-        loss_agg: LossAggName = "token-mean",
+        policy_loss: PolicyLossChoice = PolicyLossChoice("ppo-clip", {"clip_eps_low": 0.2, "clip_eps_high": 0.28}),
+        loss_agg: LossAggChoice = LossAggChoice("token-mean"),
         kl_coef: float = 0.0,
         **kwargs,
     ) -> None:
@@ -68,12 +67,14 @@ class DAPO(GRPO):
                 penalty ramps to −1; default 20% of max_response_length (the paper's 4096 of 20480);
                 0 turns the shaping off.
             overlong_penalty_factor: scale of the overlong penalty.
+            policy_loss: PPO's clip with clip-higher, ε_low = 0.2, ε_high = 0.28 (1).
+            loss_agg: token-mean over the optimizer step's tokens (3).
         """
         check_choice("model.on_exhausted", on_exhausted, OnExhausted)
         if max_num_gen_batches < 0 or (gen_batch_size is not None and gen_batch_size < 1):
             raise ConfigError("model.max_num_gen_batches must be ≥ 0 and model.gen_batch_size ≥ 1")
         super().__init__(
-            clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, loss_agg=loss_agg, kl_coef=kl_coef, **kwargs
+            policy_loss=policy_loss, loss_agg=loss_agg, kl_coef=kl_coef, **kwargs
         )
 
     @classmethod
@@ -86,7 +87,7 @@ class DAPO(GRPO):
             raise ConfigError(f"model.gen_batch_size={gen_batch_size} must be ≥ data.batch_size={batch_size}")
         if buffer > L_max:
             raise ConfigError(f"model.overlong_buffer_len={args['overlong_buffer_len']} exceeds rollout.max_response_length={L_max}")
-        maxrl = [key for key, piece in selected_pieces(args).items() if piece.name == "maxrl"]  # opd_reward too
+        maxrl = [key for key, (piece, _) in selected_pieces(args).items() if piece.name == "maxrl"]  # opd_reward too
         if maxrl and (args["signed_reward"] or buffer > 0):
             raise ConfigError(
                 f"model.{maxrl[0]}=maxrl takes rewards in [0, 1] ((r − r̄)/r̄: on DAPO's ±1 a group at most half "

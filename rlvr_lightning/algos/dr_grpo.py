@@ -13,7 +13,7 @@ No KL (authors' code). Everything else is GRPO's.
 from __future__ import annotations
 
 from rlvr_lightning.algos.grpo import GRPO
-from rlvr_lightning.pieces.kinds import AdvantageEstimatorName, LossAggName
+from rlvr_lightning.pieces.choices import AdvantageEstimatorChoice, LossAggChoice
 
 
 class DrGRPO(GRPO):
@@ -21,8 +21,8 @@ class DrGRPO(GRPO):
 
     def __init__(
         self,
-        advantage_estimator: AdvantageEstimatorName = "dr-grpo",
-        loss_agg: LossAggName = "seq-mean-token-sum-norm",
+        advantage_estimator: AdvantageEstimatorChoice = AdvantageEstimatorChoice("dr-grpo"),
+        loss_agg: LossAggChoice = LossAggChoice("seq-mean-token-sum-norm"),
         kl_coef: float = 0.0,
         **kwargs,
     ) -> None:

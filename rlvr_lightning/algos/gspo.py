@@ -16,7 +16,7 @@ tiny clip range 3e-4 / 4e-4 of the paper.
 from __future__ import annotations
 
 from rlvr_lightning.algos.grpo import GRPO
-from rlvr_lightning.pieces.kinds import PolicyLossName
+from rlvr_lightning.pieces.choices import PolicyLossChoice
 
 
 class GSPO(GRPO):
@@ -24,23 +24,19 @@ class GSPO(GRPO):
 
     def __init__(
         self,
-        policy_loss: PolicyLossName = "gspo",
-        clip_eps_low: float = 3e-4,
-        clip_eps_high: float = 4e-4,
+        policy_loss: PolicyLossChoice = PolicyLossChoice("gspo", {"clip_eps_low": 3e-4, "clip_eps_high": 4e-4}),
         num_mini_batches: int = 4,
         kl_coef: float = 0.0,
         **kwargs,
     ) -> None:
         """
         Args:
-            policy_loss: `gspo`, or `gspo-token` (needed when THR/OAR reshape token advantages).
-            clip_eps_low / clip_eps_high: clip range of the sequence ratio (paper §5.1).
+            policy_loss: `gspo`, or `gspo-token` (needed when THR/OAR reshape token advantages), with the paper's clip
+                range of the sequence ratio, clip_eps_low / clip_eps_high = 3e-4 / 4e-4 (§5.1).
             num_mini_batches: optimizer steps per rollout batch (K); GSPO's ratio is 1 on the first one.
         """
         super().__init__(
             policy_loss=policy_loss,
-            clip_eps_low=clip_eps_low,
-            clip_eps_high=clip_eps_high,
             num_mini_batches=num_mini_batches,
             kl_coef=kl_coef,
             **kwargs,

@@ -20,7 +20,7 @@ micro-batch, which gives the same gradient for one extra forward. The losses are
 from __future__ import annotations
 
 from rlvr_lightning.algos.base import RLVRModule
-from rlvr_lightning.pieces.kinds import AdvantageEstimatorName, PolicyLossName
+from rlvr_lightning.pieces.choices import AdvantageEstimatorChoice, PolicyLossChoice
 
 
 class REAL(RLVRModule):
@@ -28,9 +28,8 @@ class REAL(RLVRModule):
 
     def __init__(
         self,
-        tau: float = 0.5,
-        policy_loss: PolicyLossName = "real-anchor",
-        advantage_estimator: AdvantageEstimatorName = "none",
+        policy_loss: PolicyLossChoice = PolicyLossChoice("real-anchor", {"tau": 0.5}),
+        advantage_estimator: AdvantageEstimatorChoice = AdvantageEstimatorChoice("none"),
         two_pass: bool = False,
         num_mini_batches: int = 4,
         kl_coef: float = 0.0,
@@ -38,15 +37,15 @@ class REAL(RLVRModule):
     ) -> None:
         """
         Args:
-            tau: temperature of the sequence logits s̄/τ (> 0, checked by REAL's losses); the per-sequence
-                gradient is bounded by 1/τ.
-            policy_loss: `real-anchor` (REAL), `real-bce` (REAL-BCE) or `real-pairwise` (anchor-free ablation).
+            policy_loss: `real-anchor` (REAL), `real-bce` (REAL-BCE) or `real-pairwise` (anchor-free ablation), with
+                its knob `tau`, the temperature of the sequence logits s̄/τ (> 0): the per-sequence gradient is bounded
+                by 1/τ.
             advantage_estimator: `none`: REAL's loss reads the correctness labels, not advantages.
             two_pass: allow micro-batches that split a group, with the exact two-pass gradient method.
             num_mini_batches: optimizer steps per rollout batch (the authors' recipe: 4).
             kl_coef: β of an optional KL penalty to the initial policy (off in the paper).
         """
-        # `tau` and `two_pass` reach REAL's losses and the objective through the module's recorded arguments.
+        # `two_pass` reaches the objective through the module's recorded arguments.
         super().__init__(
             policy_loss=policy_loss, advantage_estimator=advantage_estimator, num_mini_batches=num_mini_batches,
             kl_coef=kl_coef, **kwargs,

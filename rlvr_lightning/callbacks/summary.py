@@ -46,7 +46,7 @@ def pieces_run(values, every_kind: bool = False) -> dict[str, str]:
     select, by selecting key; the KL estimator only with a KL term (`kl_coef` > 0) unless `every_kind`."""
     return {
         key: piece.name
-        for key, piece in selected_pieces(values).items()
+        for key, (piece, _) in selected_pieces(values).items()
         if every_kind or key != "kl_estimator" or (values.get("kl_coef") or 0) > 0
     }
 

@@ -56,6 +56,8 @@ def option_hint(line: str) -> str:
     closest names in its own."""
     import difflib
 
+    if (moved := piece_hint(line)) is not None:
+        return moved
     found = next((m for m in (p.search(line) for p in UNKNOWN) if m is not None), None)
     if found is None:
         return ""
@@ -67,3 +69,26 @@ def option_hint(line: str) -> str:
     same = [f"{other}.{name}" for other, names in options.items() if other != section and name in names]
     close = same or [f"{section}.{n}" for n in difflib.get_close_matches(name, sorted(options[section]), n=3)]
     return f"; did you mean {' or '.join(close)}?" if close else "; every option with its value: --print_config"
+
+
+# How jsonargparse names a piece given as a bare name (`policy_loss: gspo`), and a flat option of the model.
+BARE_PIECE = re.compile(r'model\.(\w+)\.\1: Unable to load config "([^"]+)"')
+MODEL_OPTION = re.compile(r"model: Option '(\w+)' is not accepted")
+
+
+def piece_hint(line: str) -> str | None:
+    """The new spelling of a piece's old one: a bare name is `….policy_loss.name gspo`, a knob sits in its
+    piece's section (`….policy_loss.knobs.clip_eps_high`), and `piece_args` is gone; None for other errors."""
+    from rlvr_lightning.pieces import KINDS
+
+    if (bare := BARE_PIECE.search(line)) is not None and bare.group(1) in {r.key for r in KINDS}:
+        return f"; a piece is chosen by name: --model.init_args.{bare.group(1)}.name {bare.group(2)}"
+    if (flat := MODEL_OPTION.search(line)) is None:
+        return None
+    knob = flat.group(1)
+    if knob == "piece_args":
+        return "; a piece's knobs are set in its own section: --model.init_args.<kind>.knobs.<knob> (docs/pieces.md)"
+    kinds = [r.key for r in KINDS if any(knob in piece.knobs for piece in r.pieces())]
+    if not kinds:
+        return None
+    return f"; {knob} is a knob of a piece, set in its section: " + " or ".join(f"--model.init_args.{k}.knobs.{knob}" for k in kinds)

@@ -24,7 +24,7 @@ def run_identity(cfg: Namespace) -> tuple[str, dict[str, str]]:
     preset = preset_of(cfg.get("config") or [])
     name, reference = preset if preset else (algorithm.lower(), {"class_path": model.class_path})
     reference = resolved_model(reference)
-    if reference.init_args.get("rollout_correction") is None:  # left to the device, as the run resolved it
+    if reference.init_args.rollout_correction.name is None:  # left to the device, as the run resolved it
         reference.init_args.rollout_correction = model.init_args.rollout_correction
     changed = [f"model={algorithm}"] if reference.class_path != model.class_path else []
     tags, preset_pieces = {"algorithm": algorithm, "preset": name}, pieces_run(reference.init_args, every_kind=True)

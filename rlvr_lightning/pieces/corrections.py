@@ -61,7 +61,7 @@ def _truncated(log_w: torch.Tensor, mask: torch.Tensor, cap: float) -> Weights:
 @rollout_corrections.register(
     "tis-token", anchor="behaviour-policy-and-truncated-importance-sampling", check=check_tis_cap
 )
-def tis_token(x: CorrectionInputs, *, tis_cap: float) -> Weights:
+def tis_token(x: CorrectionInputs, *, tis_cap: float = 2.0) -> Weights:
     """Truncated importance sampling per token: w_t = min(π_old/π_rollout, cap)."""
     return _truncated(_token_log_ratio(x), x.mask, tis_cap)
 
@@ -69,7 +69,7 @@ def tis_token(x: CorrectionInputs, *, tis_cap: float) -> Weights:
 @rollout_corrections.register(
     "tis-sequence", anchor="behaviour-policy-and-truncated-importance-sampling", check=check_tis_cap, level="sequence"
 )
-def tis_sequence(x: CorrectionInputs, *, tis_cap: float) -> Weights:
+def tis_sequence(x: CorrectionInputs, *, tis_cap: float = 2.0) -> Weights:
     """Truncated importance sampling per sequence: the product of the token ratios, capped, on all its tokens."""
     return _truncated(_sequence_log_ratio(x).expand_as(x.mask), x.mask, tis_cap)
 
@@ -129,7 +129,7 @@ def icepop(x: CorrectionInputs, *, is_mask_low: float = 0.5, is_mask_high: float
 @rollout_corrections.register(
     "tis-geo", anchor="sequence-weights-by-the-mean-log-ratio-opsm-and-kpop", check=check_tis_cap, level="sequence"
 )
-def tis_geo(x: CorrectionInputs, *, tis_cap: float) -> Weights:
+def tis_geo(x: CorrectionInputs, *, tis_cap: float = 2.0) -> Weights:
     """Truncated importance sampling per sequence by the mean log-ratio: w = min(ρ(y)^(1/|y|), cap), the
     geometric mean of the token ratios (AReaL's sequence-level weight), on all of the sequence's tokens."""
     log_geo = _sequence_log_ratio(x) / x.mask.sum(1, keepdim=True).clamp(min=1)

@@ -147,7 +147,7 @@ def _selected(x: TokenLossInputs) -> Tensor:
 
 
 @policy_losses.register("clip-cov", anchor="clip-cov-and-kl-cov", check=check_clip_cov, token_selection=clip_cov_selection)
-def clip_cov(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> LossAndStats:
+def clip_cov(x: TokenLossInputs, *, clip_eps_low: float = 0.2, clip_eps_high: float = 0.2) -> LossAndStats:
     """Clip-Cov: PPO's clipped surrogate, the gradient of a few random high-covariance tokens detached.
 
     Their loss value still counts and they stay in the normaliser; `clip_cov_selection` draws them."""

@@ -1,12 +1,11 @@
 """Registries of algorithm pieces: one pure function per choice, registered under a name.
 
-An algorithm is a choice of pieces, one per kind (`KINDS`), selected by config keys on every module
-(`--model.init_args.policy_loss gspo-token`). A piece's knobs are its keyword-only parameters: when
-the module binds a piece it passes the algorithm's argument of the same name (`clip_eps_high`) where the
-algorithm sets it (`AlgorithmArgs`: an argument left at the library's default does not override a piece's
-own default), else the entry of `piece_args` (`--model.init_args.piece_args '{my_knob: 3}'`), else the
-function's own default; a knob with none of these is a configuration error, and so is a value the knob's
-annotation does not take (`None` for a `float`).
+An algorithm is a choice of pieces, one per kind (`KINDS`), each named in the config with its knobs
+(`rlvr_lightning.pieces.choices`): `--model.init_args.policy_loss.name gspo-token`. A piece's knobs are its
+functions' keyword-only parameters, declared when it is registered (`rlvr_lightning.pieces.knobs`); the config gives
+them in the piece's own section (`--model.init_args.policy_loss.knobs.clip_eps_high 0.28`), and a knob it does not
+give runs at the function's default. A knob the piece does not declare, a knob without a default that is not given,
+and a value the knob's annotation does not take (`None` for a `float`) are configuration errors.
 
 A user's piece lives in the user's own module and is named in the config by its dotted path:
 
@@ -16,7 +15,8 @@ A user's piece lives in the user's own module and is named in the config by its 
     @advantage_estimators.register("rank", anchor=None)
     def rank_advantage(inputs, *, rank_scale: float = 1.0): ...
 
-    --model.init_args.advantage_estimator my_pieces.rank_advantage
+    --model.init_args.advantage_estimator.name my_pieces.rank_advantage
+    --model.init_args.advantage_estimator.knobs.rank_scale 2.0
 
 Importing `my_pieces` registers it; the name `rank` then works too. An unknown name is an error
 that lists the registered ones, raised while the config is parsed (`PieceName` types).
@@ -37,22 +37,15 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import types
-import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Literal, Union
+from typing import Any
 
 from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.pieces.knobs import WRAPPED, Knobs
 
 DOCS = "docs/algorithms.md"
-
-
-# Settings of the run (not knobs) that a piece's `check` may name; known at fit start.
-RUN_SETTINGS = ("group_size", "max_response_length")
-# The keyword a piece that wraps another (`traits["wraps"]`) is given that piece by, bound: not a knob.
-WRAPPED = "wrapped"
 
 
 @dataclass(frozen=True)
@@ -64,6 +57,7 @@ class Piece:
     traits: Mapping[str, Any] = field(default_factory=dict)  # what the step must know (e.g. a loss's level)
     check: Callable | None = None  # the knobs' own check: fn(*, knobs…) raising ValueError (see the module doc)
     flag: str = ""  # the config key that selects it (`model.policy_loss`)
+    declared: Knobs = field(default_factory=lambda: Knobs({}, {}))  # its knobs, read from its functions at registration
 
     @property
     def summary(self) -> str:
@@ -76,23 +70,9 @@ class Piece:
 
     @property
     def knobs(self) -> tuple[str, ...]:
-        """The keyword-only parameters of its functions and of its check (less the run settings, and the
-        bound piece it wraps)."""
-        names: dict[str, None] = {}
-        for fn in self.functions:
-            names.update((name, None) for name in keyword_only(fn) if name != WRAPPED)
-        if self.check is not None:
-            names.update((name, None) for name in keyword_only(self.check) if name not in RUN_SETTINGS)
-        return tuple(names)
-
-    def wrapped(self, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None = None) -> Piece | None:
-        """The piece of its kind this one runs inside it, named by its knob `traits["wraps"]` (on-policy
-        distillation's `opd_reward`), or None. That piece runs with its own knobs and checks, from the same
-        `values` and `piece_args`, as if it were selected itself."""
-        knob = self.traits.get("wraps")
-        if knob is None:
-            return None
-        return self.traits["wraps_in"].get(self.knob_values(values, piece_args)[knob])
+        """The names of its knobs (its functions' and its check's keyword-only parameters, less the run settings
+        and the bound piece it wraps)."""
+        return self.declared.names
 
     @property
     def docs(self) -> str:
@@ -102,145 +82,48 @@ class Piece:
     def what(self) -> str:
         return f"{self.flag}={self.name}" if self.flag else f"{self.kind} {self.name!r}"
 
-    def resolved_knobs(self, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None = None) -> dict[str, tuple[Any, str]]:
-        """Every knob of its functions with its value as the piece runs with it and where that came from
-        (`resolved_knobs`): `values` (the algorithm's arguments), then `piece_args`, then the function's default."""
-        knobs = {}
-        for fn in self.functions:
-            knobs.update(resolved_knobs(fn, self.what, values, piece_args))
-        return knobs
+    def knob_values(self, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Every knob's value as the piece runs with it: `given`'s (the config's), else its default."""
+        return self.declared.values(given, self.what, self.flag.replace("model.", "model.init_args.", 1))
 
-    def knob_values(self, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Every knob's value as the piece runs with it."""
-        return {name: value for name, (value, _) in self.resolved_knobs(values, piece_args).items()}
+    def wrapped(self, given: Mapping[str, Any] | None = None) -> Piece | None:
+        """The piece of its kind this one runs inside it, named by its knob `traits["wraps"]` (on-policy
+        distillation's `opd_reward`), or None. That piece runs, and is checked, with its own defaults."""
+        knob = self.traits.get("wraps")
+        if knob is None:
+            return None
+        return self.traits["wraps_in"].get(self.knob_values(given)[knob])
 
-    def bind(self, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None = None) -> Callable:
-        """The function with its knobs fixed from `values` (the module's hyper-parameters), then
-        `piece_args`, then its own defaults; its check run on them (see `check_knobs`)."""
-        self.check_knobs(values, piece_args)
-        fn = bind_knobs(self.fn, self.what, values, piece_args)
-        inner = self.wrapped(values, piece_args)
-        return fn if inner is None else partial(fn, **{WRAPPED: inner.bind(values, piece_args)})
+    def bind(self, given: Mapping[str, Any] | None = None, fn: Callable | None = None) -> Callable:
+        """Its function (or `fn`, one of its function traits) with its knobs fixed from `given` (the config's
+        knobs of this piece) and its own defaults, after its check ran on them (see `check_knobs`)."""
+        self.check_knobs(given)
+        values = self.knob_values(given)
+        target = self.fn if fn is None else fn
+        bound = partial(target, **self.declared.of_function(target, values))
+        inner = self.wrapped(given) if fn is None else None
+        return bound if inner is None else partial(bound, **{WRAPPED: inner.bind()})
 
-    def check_knobs(
-        self,
-        values: Mapping[str, Any],
-        piece_args: Mapping[str, Any] | None = None,
-        run: Mapping[str, Any] | None = None,
-    ) -> None:
+    def check_knobs(self, given: Mapping[str, Any] | None = None, run: Mapping[str, Any] | None = None) -> None:
         """Run the piece's `check` on its knobs; one that names a run setting only when `run` gives it.
         Its ValueError becomes a one-line ConfigError naming the piece and where each value came from."""
         if self.check is None:
             return
-        needs = [name for name in keyword_only(self.check) if name in RUN_SETTINGS]
+        needs = self.declared.run_settings
         if any(name not in (run or {}) for name in needs):
             return  # at fit start, when the run settings are known
-        own = self.resolved_knobs(values, piece_args)
-        resolved = {**{k: v for k, (v, _) in own.items()}, **{k: run[k] for k in needs}}  # the function's defaults too
-        knobs = knob_values(self.check, self.what, resolved, piece_args)
+        values = self.knob_values(given)
+        knobs = {**self.declared.of_function(self.check, values), **{k: run[k] for k in needs}}
         try:
             self.check(**knobs)
         except ValueError as err:
-            source = {**{k: s for k, (_, s) in own.items()}, **dict.fromkeys(needs, "the run")}
-            sources = ", ".join(f"{k}={v!r} ({source.get(k, 'its default')})" for k, v in knobs.items())
+            given = given or {}
+            source = {k: ("given" if k in given else "its default") for k in values} | dict.fromkeys(needs, "the run")
+            sources = ", ".join(f"{k}={v!r} ({source[k]})" for k, v in knobs.items())
             raise ConfigError(f"{self.what}: {err} [{sources}]") from None
 
     def __getitem__(self, trait: str) -> Any:
         return self.traits[trait]
-
-
-def keyword_only(fn: Callable) -> list[str]:
-    return [p.name for p in inspect.signature(fn).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
-
-
-class AlgorithmArgs(dict):
-    """An algorithm's arguments, with the library's default of each (`defaults`): an argument still at its
-    default is not set on purpose, so it feeds only the knobs that have no default of their own. A researcher's
-    loss with `dual_clip_c: float = 3.0` then runs with 3.0 until the user sets `--model.init_args.dual_clip_c`."""
-
-    def __init__(self, values: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
-        super().__init__(values)
-        self.defaults = dict(defaults)
-
-
-def sets(values: Mapping[str, Any], name: str) -> bool:
-    """Whether `values` sets `name` on purpose: it holds it, at another value than the library's default
-    (a plain mapping sets everything it holds)."""
-    defaults = getattr(values, "defaults", {})
-    return name in values and (name not in defaults or values[name] != defaults[name])
-
-
-def resolved_knobs(
-    fn: Callable, what: str, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None
-) -> dict[str, tuple[Any, str]]:
-    """Each keyword-only parameter of `fn` with its value and where it came from (as the user would set it): the
-    algorithm's argument where it sets it, or where the knob has no default; else `piece_args`; else the
-    knob's default. A value the knob's annotation does not take is a ConfigError."""
-    piece_args = piece_args or {}
-    hints = annotations_of(fn)
-    knobs = {}
-    for p in inspect.signature(fn).parameters.values():
-        if p.kind is not inspect.Parameter.KEYWORD_ONLY:
-            continue
-        own = p.default is not inspect.Parameter.empty
-        if p.name in values and (sets(values, p.name) or not own):
-            value, source = values[p.name], f"--model.init_args.{p.name}"
-        elif p.name in piece_args:
-            value, source = piece_args[p.name], "from piece_args"
-        elif own:
-            value, source = p.default, "its default"
-        else:
-            raise ConfigError(f"{what} needs the knob {p.name!r}: set it with --model.init_args.piece_args '{{{p.name}: …}}'")
-        if p.name in hints and not accepts(hints[p.name], value):
-            raise ConfigError(f"{what}: its knob {p.name} takes {type_name(hints[p.name])}, got {value!r} ({source})")
-        knobs[p.name] = (value, source)
-    return knobs
-
-
-def knob_values(fn: Callable, what: str, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Each keyword-only parameter of `fn` as it runs (`resolved_knobs` without the sources)."""
-    return {name: value for name, (value, _) in resolved_knobs(fn, what, values, piece_args).items()}
-
-
-def bind_knobs(fn: Callable, what: str, values: Mapping[str, Any], piece_args: Mapping[str, Any] | None) -> Callable:
-    """`fn` with each knob fixed from the algorithm's arguments or `piece_args`; defaults stay the function's."""
-    knobs = resolved_knobs(fn, what, values, piece_args)
-    return partial(fn, **{k: v for k, (v, source) in knobs.items() if source != "its default"})
-
-
-def annotations_of(fn: Callable) -> dict[str, Any]:
-    """`fn`'s resolved annotations; none where they cannot be resolved (a user's piece may name types it
-    imports only for checkers)."""
-    try:
-        return typing.get_type_hints(fn)
-    except Exception:  # noqa: BLE001 (any failure to resolve: the knobs then go unchecked, as before)
-        return {}
-
-
-def accepts(annotation: Any, value: Any) -> bool:
-    """Whether a knob annotated `annotation` takes `value`: None, unions, literals and the scalar types are
-    checked; anything else (containers, classes) is left to the piece's own `check`. Written here because
-    jsonargparse's type checker is private and pydantic is not on every machine the trainer runs on."""
-    origin = typing.get_origin(annotation)
-    if annotation is Any:
-        return True
-    if annotation is None or annotation is type(None):
-        return value is None
-    if origin in (Union, types.UnionType):
-        return any(accepts(arg, value) for arg in typing.get_args(annotation))
-    if origin is Literal:
-        return value in typing.get_args(annotation)
-    if annotation is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if annotation in (bool, str):
-        return isinstance(value, annotation)
-    return True
-
-
-def type_name(annotation: Any) -> str:
-    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
 
 class Registry:
@@ -263,7 +146,8 @@ class Registry:
             existing = self._pieces.get(name)
             if existing is not None and existing.fn is not fn:
                 raise ValueError(f"{self.kind} {name!r} is registered already ({existing.fn.__module__})")
-            self._pieces[name] = Piece(name, fn, self.kind, anchor, {**self.default_traits, **traits}, check, self.flag)
+            piece = Piece(name, fn, self.kind, anchor, {**self.default_traits, **traits}, check, self.flag)
+            self._pieces[name] = replace(piece, declared=Knobs.of(piece.functions, check))  # read once, here
             return fn
 
         return add
@@ -274,12 +158,12 @@ class Registry:
         return self.flag.rpartition(".")[2]
 
     def selected(self, values: Mapping[str, Any]) -> Piece:
-        """The piece `values` (an algorithm's hyper-parameters) select."""
-        return self.get(values[self.key])
+        """The piece `values` (an algorithm's arguments: `values[key]` a choice, a name or a mapping) select."""
+        return self.get(chosen_name(values[self.key]))
 
     def bound(self, values: Mapping[str, Any]) -> Callable:
-        """The selected piece with its knobs from `values` (and `values["piece_args"]`)."""
-        return self.selected(values).bind(values, values.get("piece_args"))
+        """The selected piece with the knobs its choice gives."""
+        return self.selected(values).bind(chosen_knobs(values[self.key]))
 
     def names(self) -> list[str]:
         return list(self._pieces)
@@ -319,6 +203,20 @@ class Registry:
     def registry_name(self) -> str:
         """The registry's name in `rlvr_lightning.pieces` (`policy_losses`)."""
         return self.plural.lower().replace(" ", "_")
+
+
+def chosen_name(value: Any) -> str:
+    """The piece name of a choice (`pieces.choices.PieceChoice` or its mapping) or of a bare name."""
+    if value is None or isinstance(value, str):
+        return value
+    return value.get("name") if isinstance(value, Mapping) else value.name
+
+
+def chosen_knobs(value: Any) -> Mapping[str, Any]:
+    """The knobs a choice (or its mapping) gives; a bare name gives none."""
+    if value is None or isinstance(value, str):
+        return {}
+    return (value.get("knobs") if isinstance(value, Mapping) else value.knobs) or {}
 
 
 def name_type(registry: Registry, type_name: str, module: str) -> type[str]:

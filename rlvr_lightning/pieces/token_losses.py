@@ -71,7 +71,7 @@ def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
 
 @policy_losses.register("ppo-clip", anchor="ppo-clipped-surrogate", check=check_dual_clip)
 def ppo_clip(
-    x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float, dual_clip_c: float | None = None
+    x: TokenLossInputs, *, clip_eps_low: float = 0.2, clip_eps_high: float = 0.2, dual_clip_c: float | None = None
 ) -> LossAndStats:
     """PPO's clipped surrogate with the per-token ratio π_θ/π_old (asymmetric ε = DAPO's clip-higher;
     `dual_clip_c`: dual-clip PPO)."""
@@ -81,7 +81,7 @@ def ppo_clip(
 
 @policy_losses.register("gspo-token", anchor="gspo-and-gspo-token", check=check_dual_clip)
 def gspo_token(
-    x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float, dual_clip_c: float | None = None
+    x: TokenLossInputs, *, clip_eps_low: float = 0.2, clip_eps_high: float = 0.2, dual_clip_c: float | None = None
 ) -> LossAndStats:
     """GSPO-token: value s_n = exp(s̄_n), gradient through token t only; accepts reshaped token advantages.
 
@@ -94,7 +94,7 @@ def gspo_token(
 
 @policy_losses.register("gspo", anchor="gspo-and-gspo-token", check=check_dual_clip, token_advantages=False, token_weights=False)
 def gspo(
-    x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float, dual_clip_c: float | None = None
+    x: TokenLossInputs, *, clip_eps_low: float = 0.2, clip_eps_high: float = 0.2, dual_clip_c: float | None = None
 ) -> LossAndStats:
     """GSPO: one clipped term per sequence with the length-normalised sequence ratio s_n = exp(s̄_n).
 
@@ -109,7 +109,7 @@ def gspo(
 
 
 @policy_losses.register("cispo", anchor="cispo", check=check_ratio_band)
-def cispo(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> LossAndStats:
+def cispo(x: TokenLossInputs, *, clip_eps_low: float = 0.2, clip_eps_high: float = 0.2) -> LossAndStats:
     """CISPO: REINFORCE on every token, weighted by the clipped, stop-gradient importance ratio.
 
     −sg[clip(r, 1−ε_low, 1+ε_high)]·Â·log π_θ: unlike PPO's clip no token loses its gradient; the
@@ -122,7 +122,7 @@ def cispo(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> L
 
 
 @policy_losses.register("gmpo", anchor="gmpo", check=check_log_band, token_advantages=False, token_weights=False)
-def gmpo(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float) -> LossAndStats:
+def gmpo(x: TokenLossInputs, *, clip_eps_low: float = 0.2, clip_eps_high: float = 0.2) -> LossAndStats:
     """GMPO: the geometric mean of the token ratios, each clipped in log space to [−ε_low, ε_high] on the
     side the sequence advantage pushes (above for Â > 0, below for Â < 0); one term per sequence."""
     log_ratio = (x.logp - x.old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) * x.mask
@@ -170,7 +170,7 @@ def trust_region_masked(x: TokenLossInputs, pushed_up: Tensor, pushed_down: Tens
 
 
 @policy_losses.register("dppo-tv", anchor="dppo-trust-region-masks", check=check_dppo)
-def dppo_tv(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float, dppo_ratio_cap: float = 10.0) -> LossAndStats:
+def dppo_tv(x: TokenLossInputs, *, clip_eps_low: float = 0.2, clip_eps_high: float = 0.2, dppo_ratio_cap: float = 10.0) -> LossAndStats:
     """DPPO's binary total-variation mask: with π, μ the current and old probabilities of the sampled token,
     a token with Â > 0 is masked when π − μ > δ_high, one with Â ≤ 0 when π − μ < −δ_low (δ = clip_eps_*)."""
     diff = x.logp.detach().exp() - x.old_logp.exp()
@@ -178,7 +178,7 @@ def dppo_tv(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float, dp
 
 
 @policy_losses.register("dppo-kl", anchor="dppo-trust-region-masks", check=check_dppo)
-def dppo_kl(x: TokenLossInputs, *, clip_eps_low: float, clip_eps_high: float, dppo_ratio_cap: float = 10.0) -> LossAndStats:
+def dppo_kl(x: TokenLossInputs, *, clip_eps_low: float = 0.2, clip_eps_high: float = 0.2, dppo_ratio_cap: float = 10.0) -> LossAndStats:
     """DPPO's binary KL mask: D = KL(Bernoulli(μ) ‖ Bernoulli(π)) of the sampled token; a token with Â > 0 is
     masked when D > δ_high and π > μ, one with Â ≤ 0 when D > δ_low and π < μ."""
     pi, mu = x.logp.detach().exp(), x.old_logp.exp()

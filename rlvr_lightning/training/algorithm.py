@@ -13,27 +13,17 @@ import torch
 from rlvr_lightning.pieces import advantage_estimators, proximal_policies, rollout_corrections
 from rlvr_lightning.pieces.advantages import advantage_stats
 from rlvr_lightning.pieces.kinds import AdvantageInputs
-from rlvr_lightning.pieces.registry import AlgorithmArgs, Piece
-from rlvr_lightning.pieces.selection import check_piece_args
+from rlvr_lightning.pieces.registry import Piece
 from rlvr_lightning.training.checks import check_pieces
 from rlvr_lightning.training.objective import Objective, compose_objective
 
 
-def argument_defaults(cls: type) -> dict[str, Any]:
-    """The library's default of each argument of an algorithm class: where a subclass repeats an argument of
-    the class it extends, the base's default (DAPO's clip_eps_high=0.28 is DAPO setting it, against 0.2)."""
-    return _defaults(cls.__mro__)  # most derived first: the base-most definition is written last
-
-
 def class_defaults(cls: type) -> dict[str, Any]:
     """What each argument of an algorithm class is when left unset: the most derived class's default (GSPO's
-    num_mini_batches=4), through the arguments a subclass passes on (`**kwargs`) to the class it extends."""
-    return _defaults(reversed(cls.__mro__))
-
-
-def _defaults(classes) -> dict[str, Any]:
+    num_mini_batches=4), through the arguments a subclass passes on (`**kwargs`) to the class it extends. (What
+    LightningCLI fills in; read here for a configuration checked without building the module: `make plan`.)"""
     defaults: dict[str, Any] = {}
-    for klass in classes:  # a later class's default overwrites an earlier one's
+    for klass in reversed(cls.__mro__):  # a later class's default overwrites an earlier one's
         init = klass.__dict__.get("__init__")
         if init is None:
             continue
@@ -41,12 +31,6 @@ def _defaults(classes) -> dict[str, Any]:
             if p.default is not inspect.Parameter.empty:
                 defaults[p.name] = p.default
     return defaults
-
-
-def algorithm_args(values: Mapping[str, Any], cls: type) -> AlgorithmArgs:
-    """An algorithm's arguments as its pieces read them: those left at the library's default feed only knobs
-    without a default of their own (`rlvr_lightning.pieces.registry.AlgorithmArgs`)."""
-    return AlgorithmArgs(values, argument_defaults(cls))
 
 
 @dataclass(frozen=True)
@@ -61,7 +45,6 @@ class BoundPieces:
     @classmethod
     def of(cls, h: Mapping[str, Any]) -> BoundPieces:
         """Bind the selected pieces (each runs its own knob check) and check that they combine."""
-        check_piece_args(h)
         pieces = cls(
             compose_objective(h),
             advantage_estimators.bound(h),

@@ -98,8 +98,8 @@ def check_run(
     `shapers`: the names of the advantage shapers; `behaviour`: `model.behaviour` (`BehaviourSettings`)."""
     G = rollout.group_size
     run = {"group_size": G, "max_response_length": rollout.max_response_length}
-    for piece in selected_pieces(h).values():  # the checks that need the run's settings (pass@k's k ≤ G)
-        piece.check_knobs(h, h.get("piece_args"), run)
+    for piece, knobs in selected_pieces(h).values():  # the checks that need the run's settings (pass@k's k ≤ G)
+        piece.check_knobs(knobs, run)
     if batch_size % h["num_mini_batches"]:
         raise ConfigError(
             f"data.batch_size={batch_size} prompts must divide into model.num_mini_batches="

@@ -19,7 +19,7 @@ from rlvr_lightning.pieces.kinds import (
     loss_aggregators,
     policy_losses,
 )
-from rlvr_lightning.pieces.registry import Piece, bind_knobs
+from rlvr_lightning.pieces.registry import Piece, chosen_knobs
 from rlvr_lightning.pieces.token_losses import sequence_log_ratio
 from rlvr_lightning.training.batch import LossBatch
 
@@ -117,16 +117,15 @@ class Objective:
 
 
 def compose_objective(values: Mapping[str, Any]) -> Objective:
-    """The objective an algorithm's hyper-parameters select: `policy_loss`, `loss_agg`, `kl_estimator`
-    (used when `kl_coef` > 0), `two_pass`, and every piece's knobs from `values` or `piece_args`."""
-    args = values.get("piece_args")
-    loss = policy_losses.selected(values)
+    """The objective an algorithm's arguments select: `policy_loss`, `loss_agg`, `kl_estimator` (used when
+    `kl_coef` > 0), each with the knobs its choice gives, and `two_pass`."""
+    loss, knobs = policy_losses.selected(values), chosen_knobs(values["policy_loss"])
     grad_weights, select = loss["grad_weights"], loss["token_selection"]
     return Objective(
-        policy_loss=loss, loss=loss.bind(values, args), aggregate=loss_aggregators.bound(values),
+        policy_loss=loss, loss=loss.bind(knobs), aggregate=loss_aggregators.bound(values),
         kl=kl_estimators.bound(values) if values["kl_coef"] > 0 else None,
         kl_coef=values["kl_coef"], kl_against=kl_estimators.selected(values)["against"],
         two_pass=values.get("two_pass", False),
-        grad_weights=None if grad_weights is None else bind_knobs(grad_weights, f"policy loss {loss.name!r}", values, args),
-        select=None if select is None else bind_knobs(select, f"policy loss {loss.name!r}", values, args),
+        grad_weights=None if grad_weights is None else loss.bind(knobs, grad_weights),
+        select=None if select is None else loss.bind(knobs, select),
     )  # fmt: skip

@@ -1,6 +1,7 @@
 """The training module's settings, grouped and checked once when the module is built.
 
-An algorithm's own arguments (its pieces, their knobs, K) stay flat on the module, `--model.init_args.<name>`;
+An algorithm's own arguments stay flat on the module, `--model.init_args.<name>`: its pieces, each with its knobs
+(`--model.init_args.policy_loss.knobs.clip_eps_high`, `rlvr_lightning.pieces.choices`), K, the KL coefficient;
 how it is optimised and how its update is computed are groups: `--model.init_args.optim.lr`,
 `--model.init_args.compute.micro_batch_size`, `--model.init_args.behaviour.logprobs`. Each group checks its
 own values (`check`); `StepSettings` binds the pieces and checks how they combine, and `StepSettings.resolve`
@@ -20,11 +21,11 @@ from rlvr_lightning.device_defaults import Accelerator, default_for
 from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.models.fast_paths import FUSED_KERNELS
 from rlvr_lightning.models.lora import LoraSettings, as_settings
+from rlvr_lightning.pieces.choices import CHOICES, choice_of
 from rlvr_lightning.pieces.kinds import policy_losses
-from rlvr_lightning.pieces.registry import AlgorithmArgs
-from rlvr_lightning.pieces.selection import piece_args_run_with
+from rlvr_lightning.pieces.selection import knobs_run_with
 from rlvr_lightning.rewards.settings import RewardSettings
-from rlvr_lightning.training.algorithm import BoundPieces, algorithm_args, class_defaults
+from rlvr_lightning.training.algorithm import BoundPieces, class_defaults
 from rlvr_lightning.training.behaviour import BehaviourSource, behaviour_source
 from rlvr_lightning.training.checks import check_behaviour, check_run, check_teacher
 from rlvr_lightning.training.layout import UpdateLayout
@@ -170,9 +171,10 @@ def group_of(cls: type[Group], value: Group | Mapping[str, Any] | None) -> Group
 @dataclass(frozen=True)
 class StepSettings:
     """An algorithm's settings as the step runs them, made once when the module is built: its flat
-    arguments (`args`: pieces, knobs, K; as the pieces read them), the checked groups, and the bound pieces."""
+    arguments (`args`: each kind's `PieceChoice`, K, the KL coefficient, a subclass's own), the checked groups, and
+    the bound pieces."""
 
-    args: AlgorithmArgs
+    args: dict[str, Any]
     optim: OptimSettings
     compute: ComputeSettings
     behaviour: BehaviourSettings
@@ -182,9 +184,8 @@ class StepSettings:
     rewards: RewardSettings = RewardSettings()  # where correctness comes from, the reward terms, math-verify's options
 
     @classmethod
-    def of(cls, values: Mapping[str, Any], algorithm: type) -> StepSettings:
-        """`values`: the module's arguments (groups as dataclasses or dicts); `algorithm`: its class, whose
-        signature says which arguments are left at the library's default."""
+    def of(cls, values: Mapping[str, Any]) -> StepSettings:
+        """`values`: the module's arguments (groups as dataclasses or dicts, pieces as choices, names or dicts)."""
         groups = {
             "optim": group_of(OptimSettings, values.get("optim")),
             "compute": group_of(ComputeSettings, values.get("compute")),
@@ -194,13 +195,11 @@ class StepSettings:
             group.check()
         if values["num_mini_batches"] < 1 or values["ppo_epochs"] < 1:
             raise ConfigError("model.num_mini_batches and model.ppo_epochs must be ≥ 1")
-        # Piece names as plain strings: the CLI parses them into checked `str` subtypes, which a checkpoint's
-        # hyper-parameters would then pickle by class (and `torch.load(weights_only=True)` refuses).
-        flat = {k: str(v) if isinstance(v, str) else v for k, v in values.items() if k not in (*groups, "lora", "teacher", "rewards")}
-        if flat.get("rollout_correction") is None:  # the device's (a module built in Python; the CLI resolved it)
-            fits = correction_fits(flat)
-            flat["rollout_correction"] = default_for("model.rollout_correction", correction_fits=fits)
-        args = algorithm_args(flat, algorithm)
+        args = {k: v for k, v in values.items() if k not in (*groups, "lora", "teacher", "rewards")}
+        args.update({key: choice_of(key, values.get(key)) for key in CHOICES})
+        if args["rollout_correction"].name is None:  # the device's (a module built in Python; the CLI resolved it)
+            device = default_for("model.rollout_correction.name", correction_fits=correction_fits(args))
+            args["rollout_correction"] = dataclasses.replace(args["rollout_correction"], name=device)
         pieces = BoundPieces.of(args)  # each piece checks its knobs; the combination is checked
         check_behaviour(groups["behaviour"].logprobs, pieces.corrects_rollouts, pieces.proximal)
         teacher = None if values.get("teacher") is None else group_of(TeacherSettings, values.get("teacher"))
@@ -217,19 +216,20 @@ class StepSettings:
         model = model.as_dict() if hasattr(model, "as_dict") else dict(model)
         module_path, _, name = model["class_path"].rpartition(".")
         algorithm = getattr(importlib.import_module(module_path), name)
-        return cls.of(class_defaults(algorithm) | dict(model.get("init_args") or {}), algorithm)
+        return cls.of(class_defaults(algorithm) | dict(model.get("init_args") or {}))
 
     @property
     def optimizer_steps_per_rollout_batch(self) -> int:
         return optimizer_steps_per_rollout_batch(self.args)
 
     def hparams(self) -> dict[str, Any]:
-        """What the module records: the flat arguments, every knob the pieces run with, and the groups as
-        plain dicts (flat MLflow params `model.init_args.optim.lr`; plain pickles in checkpoints)."""
+        """What the module records: the flat arguments, each piece with every knob it runs with, and the groups as
+        plain dicts (flat MLflow params `model.init_args.optim.lr`; plain pickles in checkpoints: piece names as
+        plain strings, not the CLI's checked `str` subtypes, which `torch.load(weights_only=True)` refuses)."""
         groups = {"optim": asdict(self.optim), "compute": asdict(self.compute), "behaviour": asdict(self.behaviour)}
         lora = None if self.lora is None else asdict(self.lora)
         teacher = None if self.teacher is None else asdict(self.teacher)
-        return {**self.args, "piece_args": piece_args_run_with(self.args), **groups, "lora": lora, "teacher": teacher,
+        return {**self.args, **knobs_run_with(self.args), **groups, "lora": lora, "teacher": teacher,
                 "rewards": asdict(self.rewards)}
 
     def fsdp_param_dtype(self, accelerator: Accelerator | None = None) -> str:

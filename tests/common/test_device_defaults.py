@@ -24,12 +24,12 @@ CPU, CUDA = Accelerator("cpu"), Accelerator("cuda", bf16=True)
 CONFIG = ["--config", str(REPO / "configs/base.yaml"), "--config", str(REPO / "configs/algo/grpo.yaml")]
 # What every run was given before the defaults followed the device (written out: a changed CPU value must fail).
 TODAYS = {"trainer.precision": "32-true", "model.compute.fsdp_param_dtype": "float32", "model.compute.packing": False,
-          "model.rollout_correction": "none", "rollout.dtype": "float32", "rollout.enforce_eager": True, "rollout.gpu_memory_utilization": 0.3}  # fmt: skip
+          "model.rollout_correction.name": "none", "rollout.dtype": "float32", "rollout.enforce_eager": True, "rollout.gpu_memory_utilization": 0.3}  # fmt: skip
 FAST = {"trainer.precision": "bf16-mixed", "model.compute.fsdp_param_dtype": "bfloat16", "model.compute.packing": True,
-        "model.rollout_correction": "icepop", "rollout.dtype": "bfloat16", "rollout.enforce_eager": False, "rollout.gpu_memory_utilization": 0.3}  # fmt: skip
+        "model.rollout_correction.name": "icepop", "rollout.dtype": "bfloat16", "rollout.enforce_eager": False, "rollout.gpu_memory_utilization": 0.3}  # fmt: skip
 # A value for every setting that is neither device's default: the user's, which must win on both.
 USERS = {"trainer.precision": "16-mixed", "model.compute.fsdp_param_dtype": "float32", "model.compute.packing": False,
-         "model.rollout_correction": "tis-token", "rollout.dtype": "float16", "rollout.enforce_eager": True, "rollout.gpu_memory_utilization": 0.7}  # fmt: skip
+         "model.rollout_correction.name": "tis-token", "rollout.dtype": "float16", "rollout.enforce_eager": True, "rollout.gpu_memory_utilization": 0.7}  # fmt: skip
 
 
 @pytest.fixture
@@ -288,5 +288,5 @@ def test_on_cpu_no_correction_is_chosen_for_anyone():
     from rlvr_lightning.algos import GRPO
 
     assert GRPO().hparams.rollout_correction == "none"
-    assert resolve_device_defaults(CPU, {}, correction_fits=True).values["model.rollout_correction"] == "none"
-    assert resolve_device_defaults(CUDA, {}, correction_fits=False).values["model.rollout_correction"] == "none"
+    assert resolve_device_defaults(CPU, {}, correction_fits=True).values["model.rollout_correction.name"] == "none"
+    assert resolve_device_defaults(CUDA, {}, correction_fits=False).values["model.rollout_correction.name"] == "none"
