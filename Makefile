@@ -23,7 +23,7 @@ MLRUNS ?= mlruns
 help:
 	@echo "make setup                 create $(VENV) and install everything (CPU or GPU stack, auto-detected)"
 	@echo "make train [ALGO=grpo] [ARGS='--model.init_args.optim.lr 1e-5']   train; ALGO is one of: $(ALGOS), or a preset file's path"
-	@echo "      your own pieces: PYTHONPATH=<dir> make train ARGS='--imports my_pieces --model.init_args.policy_loss <name>'"
+	@echo "      your own pieces: PYTHONPATH=<dir> make train ARGS='--imports my_pieces --model.init_args.policy_loss.name <name>'"
 	@echo "make train ALGO=grpo RESUME=checkpoints/<run id>/last.ckpt   resume a run (same MLflow run)"
 	@echo "make plan [ALGO=grpo] [ARGS='--hardware h100 --devices 8 --data.model_name_or_path Qwen/Qwen2.5-Math-7B']   predicted memory per rank and step time"
 	@echo "make doctor [ALGO=grpo] [ARGS='--config configs/strategy/fsdp.yaml']   check this machine's GPU/CPU path for the run (docs/doctor.md)"

@@ -1,6 +1,6 @@
 """A user's own advantage estimator, registered from outside the package (the README's worked example).
 
-    PYTHONPATH=docs/examples make train ARGS="--imports my_pieces --model.init_args.advantage_estimator rank"
+    PYTHONPATH=docs/examples make train ARGS="--imports my_pieces --model.init_args.advantage_estimator.name rank"
 """
 
 import torch
