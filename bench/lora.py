@@ -26,10 +26,12 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 from common import embedded_module, median, peak_rss_mib, run_child, timed_steps, write  # noqa: E402
 from trl_side import trl_grpo_steps  # noqa: E402
 
+from rlvr_lightning.pieces.choices import PolicyLossChoice
 from rlvr_lightning.training.settings import ComputeSettings, OptimSettings
 
 B, G, MAX_TOKENS, BETA = 16, 8, 40, 0.001
 LR = {"full": 3e-5, "lora": 3e-4}
+CLIP = PolicyLossChoice("ppo-clip", {"clip_eps_low": 0.2, "clip_eps_high": 0.2})  # TRL's epsilon 0.2, both sides
 RANK, ALPHA = 16, 32
 VARIANTS = ("full", "lora-merged", "lora-adapter", "lora-hf", "trl-lora")
 
@@ -41,7 +43,7 @@ def ours(variant: str, steps: int) -> dict:
 
     sync = {"lora-adapter": "adapter"}.get(variant, "merged")
     lora = None if variant == "full" else LoraSettings(rank=RANK, alpha=ALPHA, sync=sync)
-    module = GRPO(kl_coef=BETA, clip_eps_low=0.2, clip_eps_high=0.2, optim=OptimSettings(lr=LR["full" if lora is None else "lora"]),
+    module = GRPO(kl_coef=BETA, policy_loss=CLIP, optim=OptimSettings(lr=LR["full" if lora is None else "lora"]),
                   compute=ComputeSettings(micro_batch_size=128), lora=lora)  # fmt: skip
     engine = "hf" if variant == "lora-hf" else "vllm"
     module = embedded_module(module, engine=engine, batch_size=B, group_size=G, max_response_length=MAX_TOKENS)

@@ -25,15 +25,17 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 from common import embedded_module, median, peak_rss_mib, run_child, timed_steps, write  # noqa: E402
 from trl_side import trl_grpo_steps  # noqa: E402
 
+from rlvr_lightning.pieces.choices import PolicyLossChoice
 from rlvr_lightning.training.settings import ComputeSettings, OptimSettings
 
 B, G, MAX_TOKENS, LR, BETA = 16, 8, 40, 3e-5, 0.001
+CLIP = PolicyLossChoice("ppo-clip", {"clip_eps_low": 0.2, "clip_eps_high": 0.2})  # TRL's epsilon 0.2, both sides
 
 
 def ours(engine: str, steps: int) -> dict:
     from rlvr_lightning.algos import GRPO
 
-    module = embedded_module(GRPO(kl_coef=BETA, clip_eps_low=0.2, clip_eps_high=0.2, optim=OptimSettings(lr=LR), compute=ComputeSettings(micro_batch_size=128)),
+    module = embedded_module(GRPO(kl_coef=BETA, policy_loss=CLIP, optim=OptimSettings(lr=LR), compute=ComputeSettings(micro_batch_size=128)),
                              engine=engine, batch_size=B, group_size=G, max_response_length=MAX_TOKENS)  # fmt: skip
     seconds = [result.times["step"] for result in timed_steps(module, steps)]
     return {"step_seconds": seconds}

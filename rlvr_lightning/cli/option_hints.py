@@ -73,7 +73,8 @@ def option_hint(line: str) -> str:
 
 # How jsonargparse names a piece given as a bare name (`policy_loss: gspo`), and a flat option of the model.
 BARE_PIECE = re.compile(r'model\.(\w+)\.\1: Unable to load config "([^"]+)"')
-MODEL_OPTION = re.compile(r"model: Option '(\w+)' is not accepted")
+# (An option with a mapping value is named with its first key: `piece_args: {pass_at_k: 2}` is 'piece_args.pass_at_k'.)
+MODEL_OPTION = re.compile(r"model: (?:Option '|unrecognized arguments: --)(\w+)(?:\.[\w.]*)?(?:' is not accepted|[= ]|$)")
 
 
 def piece_hint(line: str) -> str | None:

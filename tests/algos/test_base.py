@@ -27,23 +27,27 @@ PRESETS = {
     "dr-grpo": (DrGRPO, {}),
     "dapo": (DAPO, {}),
     "gspo": (GSPO, {}),
-    "gspo-token": (GSPO, {"policy_loss": "gspo-token"}),
+    "gspo-token": (GSPO, {"policy_loss": {"name": "gspo-token", "knobs": {"clip_eps_low": 3e-4, "clip_eps_high": 4e-4}}}),
     # The newer pieces on GRPO's step, with their presets' knobs (configs/algo/<name>.yaml).
-    "cispo": (GRPO, {"policy_loss": "cispo", "loss_agg": "token-mean", "clip_eps_low": 1.0, "clip_eps_high": 0.28}),
-    "gmpo": (GRPO, {"policy_loss": "gmpo", "clip_eps_low": 0.4, "clip_eps_high": 0.4}),
+    "cispo": (GRPO, {"policy_loss": {"name": "cispo", "knobs": {"clip_eps_low": 1.0, "clip_eps_high": 0.28}},
+                     "loss_agg": "token-mean"}),
+    "gmpo": (GRPO, {"policy_loss": {"name": "gmpo", "knobs": {"clip_eps_low": 0.4, "clip_eps_high": 0.4}}}),
     "sapo": (GRPO, {"policy_loss": "sapo"}),
     # An estimator that reads more than the rewards (the lengths, a reduction); RLOO's and pass@k's are
     # functions of the rewards alone, tested in test_advantage_estimators.py.
     "reinforce-pp": (GRPO, {"advantage_estimator": "reinforce-pp", "loss_agg": "token-mean"}),
     # Token selections over the whole step, at shares large enough that many of the 40 tokens are taken.
-    "clip-cov": (GRPO, {"policy_loss": "clip-cov", "loss_agg": "token-mean",
-                        "piece_args": {"clip_cov_ratio": 0.3, "clip_cov_lb": 0.0, "clip_cov_ub": 100.0}}),
-    "kl-cov": (GRPO, {"policy_loss": "kl-cov", "loss_agg": "token-mean", "piece_args": {"kl_cov_ratio": 0.3}}),
-    "dppo-tv": (GRPO, {"policy_loss": "dppo-tv", "loss_agg": "token-mean", "clip_eps_low": 0.15, "clip_eps_high": 0.15}),
+    "clip-cov": (GRPO, {"policy_loss": {"name": "clip-cov", "knobs": {"clip_cov_ratio": 0.3, "clip_cov_lb": 0.0,
+                                                                     "clip_cov_ub": 100.0}},
+                        "loss_agg": "token-mean"}),
+    "kl-cov": (GRPO, {"policy_loss": {"name": "kl-cov", "knobs": {"kl_cov_ratio": 0.3}}, "loss_agg": "token-mean"}),
+    "dppo-tv": (GRPO, {"policy_loss": {"name": "dppo-tv", "knobs": {"clip_eps_low": 0.15, "clip_eps_high": 0.15}},
+                       "loss_agg": "token-mean"}),
     "maxrl": (GRPO, {"advantage_estimator": "maxrl"}),
     "dro": (GRPO, {"policy_loss": "dro", "loss_agg": "token-mean"}),
     # This year's knobs together: the dual clip, the sum aggregation and Kimi's regulariser to θ_old.
-    "composed": (GRPO, {"loss_agg": "seq-mean-token-sum", "kl_estimator": "kimi", "kl_coef": 0.01, "dual_clip_c": 3.0}),
+    "composed": (GRPO, {"loss_agg": "seq-mean-token-sum", "kl_estimator": "kimi", "kl_coef": 0.01,
+                        "policy_loss": {"name": "ppo-clip", "knobs": {"dual_clip_c": 3.0}}}),
 }
 
 
@@ -211,7 +215,8 @@ def test_kl_cov_on_policy_adds_nothing_whatever_the_layout(tiny_policy_dir):
     assert inputs.behaviour.source == "trainer"
     _, g_whole = gradient(module, inputs, 8)
     _, g_split = gradient(module, inputs, 3)
-    resettle(module, piece_args={**kwargs["piece_args"], "kl_cov_coef": 0.0})
+    loss = kwargs["policy_loss"]
+    resettle(module, policy_loss={"name": loss["name"], "knobs": {**loss["knobs"], "kl_cov_coef": 0.0}})
     _, g_no_penalty = gradient(module, inputs, 3)
     torch.testing.assert_close(g_split, g_whole, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(g_split, g_no_penalty, rtol=0, atol=0)
@@ -315,7 +320,7 @@ def test_truncated_is_scales_the_policy_gradient_by_the_capped_ratio(tiny_policy
     _, g_plain = gradient(plain, inputs, 8)
     # The engine assigned every token 1/1.5 of the trainer's probability: w = 1.5 (under the cap of 2).
     set_engine_logprobs(rollout, inputs.behaviour.old_logp_all() - torch.log(torch.tensor(1.5)))
-    tis = attach(GRPO, tiny_policy_dir, rollout_correction="tis-token", tis_cap=2.0)
+    tis = attach(GRPO, tiny_policy_dir, rollout_correction={"name": "tis-token", "knobs": {"tis_cap": 2.0}})
     tis.policy.load_state_dict(plain.policy.state_dict())
     tis_inputs = prepared(tis, rollout)
     torch.testing.assert_close(tis_inputs.is_weight, 1.5 * tis_inputs.loss_mask)
@@ -429,10 +434,10 @@ def test_weight_decay_warmup_and_cosine_schedule_reach_the_optimizer(tiny_policy
 
 
 def test_an_estimator_knob_that_does_not_fit_the_group_size_stops_the_run_at_fit_start(tiny_policy_dir):
-    module = attach(GRPO, tiny_policy_dir, advantage_estimator="pass-at-k", piece_args={"pass_at_k": G + 1})
+    module = attach(GRPO, tiny_policy_dir, advantage_estimator={"name": "pass-at-k", "knobs": {"pass_at_k": G + 1}})
     with pytest.raises(ConfigError, match=rf"pass_at_k must lie in \[1, rollout.group_size={G}\], got {G + 1}"):
         checked(module)
-    checked(attach(GRPO, tiny_policy_dir, advantage_estimator="pass-at-k", piece_args={"pass_at_k": G}))
+    checked(attach(GRPO, tiny_policy_dir, advantage_estimator={"name": "pass-at-k", "knobs": {"pass_at_k": G}}))
 
 
 def test_the_metric_accumulator_gives_token_weighted_means_and_extremes_by_hand():

@@ -140,6 +140,6 @@ def test_dapo_refuses_maxrl_on_its_signed_or_penalised_rewards(tiny_policy_dir):
     attach(DAPO, tiny_policy_dir, advantage_estimator="maxrl", signed_reward=False, overlong_buffer_len=0).rlvr_step  # noqa: B018
     # the same estimator as on-policy distillation's reward is refused the same way
     teacher = {"model_name_or_path": str(tiny_policy_dir)}
-    module = attach(DAPO, tiny_policy_dir, advantage_estimator="opd", teacher=teacher, piece_args={"opd_reward": "maxrl"})
+    module = attach(DAPO, tiny_policy_dir, advantage_estimator={"name": "opd", "knobs": {"opd_reward": "maxrl"}}, teacher=teacher)
     with pytest.raises(ConfigError, match=r"^model.opd_reward=maxrl takes rewards in \[0, 1\]"):
         module.rlvr_step  # noqa: B018

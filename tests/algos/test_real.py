@@ -197,7 +197,7 @@ def test_group_splitting_micro_batches_are_refused_without_two_pass(tiny_policy_
         checked(module)
 def test_real_config_errors():
     with pytest.raises(ConfigError, match="tau"):
-        REAL(tau=0)
+        REAL(policy_loss={"name": "real-anchor", "knobs": {"tau": 0}})
     with pytest.raises(ConfigError, match=r"registered: ppo-clip, .*, real-anchor, real-bce, real-pairwise"):
         REAL(policy_loss="real-softmax")
     with pytest.raises(ConfigError, match="group level"):

@@ -306,7 +306,8 @@ def test_thr_read_in_the_update_equals_a_separate_theta_old_pass(tiny_policy_dir
 
 
 def test_thr_composes_with_gspo_token_and_is_refused_where_it_cannot(tiny_policy_dir):
-    module = with_thr(GSPO, tiny_policy_dir, THRAttribution(p=0.2), policy_loss="gspo-token", num_mini_batches=2)
+    gspo_token = {"name": "gspo-token", "knobs": {"clip_eps_low": 3e-4, "clip_eps_high": 4e-4}}  # GSPO's clip range
+    module = with_thr(GSPO, tiny_policy_dir, THRAttribution(p=0.2), policy_loss=gspo_token, num_mini_batches=2)
     checked(module)
     with pytest.raises(ConfigError, match="policy_loss=gspo does not honour them"):
         checked(with_thr(GSPO, tiny_policy_dir, THRAttribution(p=0.2), num_mini_batches=2))

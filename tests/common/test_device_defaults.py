@@ -267,26 +267,34 @@ def test_on_cuda_a_masked_correction_is_on_where_it_applies(cli_argv, cuda_machi
     log-probs as θ_old (each of which refuses a token correction), nor for the REAL paper's baselines, whose preset
     keeps the paper's objective; what the user sets wins."""
     cli = resolved_cli()
-    assert cli.config.model.init_args.rollout_correction == "icepop"
-    assert "model.rollout_correction         icepop      from: device default (cuda)" in capsys.readouterr().out
-    assert recorded_params(cli)["model.init_args.rollout_correction"] == "icepop"
-    for flags in (["--config", str(REPO / "configs/algo/real.yaml")], ["--model.init_args.policy_loss", "gspo"],
+    assert cli.config.model.init_args.rollout_correction.name == "icepop"
+    assert "model.rollout_correction.name    icepop      from: device default (cuda)" in capsys.readouterr().out
+    recorded = recorded_params(cli)
+    assert recorded["model.init_args.rollout_correction.name"] == "icepop"
+    assert recorded["model.init_args.rollout_correction.knobs.is_mask_high"] == 5.0  # the device's piece's knobs
+    for flags in (["--config", str(REPO / "configs/algo/real.yaml")], ["--model.init_args.policy_loss.name", "gspo"],
                   ["--config", str(REPO / "configs/algo/grpo-real-baseline.yaml")],  # the paper's objective, as REAL's
                   ["--rollout.top_p", "0.9"], ["--model.init_args.behaviour.logprobs", "rollout"]):  # fmt: skip
-        assert resolved_cli(*flags).config.model.init_args.rollout_correction == "none", flags
-    assert resolved_cli("--model.init_args.rollout_correction", "tis-token").config.model.init_args.rollout_correction == "tis-token"
+        assert resolved_cli(*flags).config.model.init_args.rollout_correction.name == "none", flags
+    users = resolved_cli("--model.init_args.rollout_correction.name", "tis-token",
+                         "--model.init_args.rollout_correction.knobs.tis_cap", "3.0")  # fmt: skip
+    assert users.config.model.init_args.rollout_correction.name == "tis-token"
+    assert recorded_params(users)["model.init_args.rollout_correction.knobs.tis_cap"] == 3.0
 
 
 def test_a_module_built_in_python_resolves_the_correction_on_this_machines_device(cuda_machine):
     from rlvr_lightning.algos import GRPO, REAL
 
-    assert GRPO().hparams.rollout_correction == "icepop" and REAL().hparams.rollout_correction == "none"
-    assert GRPO(rollout_correction="none").hparams.rollout_correction == "none"
+    assert GRPO().hparams.rollout_correction["name"] == "icepop" and REAL().hparams.rollout_correction["name"] == "none"
+    assert GRPO(rollout_correction="none").hparams.rollout_correction == {"name": "none", "knobs": {}}
+    # A choice that gives knobs but leaves the name to the device: the device's correction runs with them.
+    tight = GRPO(rollout_correction={"name": None, "knobs": {"is_mask_high": 2.0}})
+    assert tight.hparams.rollout_correction == {"name": "icepop", "knobs": {"is_mask_low": 0.5, "is_mask_high": 2.0}}
 
 
 def test_on_cpu_no_correction_is_chosen_for_anyone():
     from rlvr_lightning.algos import GRPO
 
-    assert GRPO().hparams.rollout_correction == "none"
+    assert GRPO().hparams.rollout_correction == {"name": "none", "knobs": {}}
     assert resolve_device_defaults(CPU, {}, correction_fits=True).values["model.rollout_correction.name"] == "none"
     assert resolve_device_defaults(CUDA, {}, correction_fits=False).values["model.rollout_correction.name"] == "none"

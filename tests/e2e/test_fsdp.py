@@ -146,7 +146,7 @@ def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_p
         RolloutDataModule(model_name_or_path=str(model_dir), val_data=None, rollout=RolloutSettings(engine="hf")),
     )
     hparams = {**HPARAMS, "optim.lr": 1e-3} if lora is not None else HPARAMS
-    distils = {} if teacher is None else {"advantage_estimator": "opd", "teacher": teacher, "piece_args": {"opd_reward": "grpo"}}
+    distils = {} if teacher is None else {"advantage_estimator": {"name": "opd", "knobs": {"opd_reward": "grpo"}}, "teacher": teacher}
     reference = replay(model_dir, probe, [THRAttribution(p=0.2)] if algo == "thr" else [], lora, hparams, **distils)
     moved = max((reference[k] - p).abs().max().item() for k, p in initial.policy.state_dict().items())
     assert moved > 1e-5  # the steps changed the weights, so equality below means something

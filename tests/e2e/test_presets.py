@@ -30,10 +30,10 @@ def preset_args(tmp_path: Path, algo: str, model_dir: Path, max_response_length:
 
 
 COMPOSED = [
-    "--model.init_args.advantage_estimator=rloo", "--model.init_args.rollout_correction=icepop",
+    "--model.init_args.advantage_estimator.name=rloo", "--model.init_args.rollout_correction.name=icepop",
     # On CPU the engine's and the trainer's log-probs agree to ~1e-6, so IcePop's [0.5, 5] band never masks
     # here; a lower bound just below 1 masks the tokens the engine found likelier by more than 5e-7.
-    "--model.init_args.piece_args={is_mask_low: 0.9999995}",
+    "--model.init_args.rollout_correction.knobs.is_mask_low=0.9999995",
     "--trainer.callbacks+=rlvr_lightning.callbacks.attribution.THRAttribution", "--trainer.callbacks.p=0.2",
     "--model.init_args.num_mini_batches=2",
 ]  # fmt: skip
@@ -44,8 +44,9 @@ def test_pieces_of_four_papers_compose_in_one_run(tmp_path, quick_warm_start):
     """CISPO's loss, RLOO's advantages, IcePop's rollout correction and THR's token reweighting."""
     run, history = two_batch_run(tmp_path, quick_warm_start[1], "cispo", COMPOSED)
     params = run.data.params
-    assert (params["model.init_args.policy_loss"], params["model.init_args.advantage_estimator"],
-            params["model.init_args.rollout_correction"]) == ("cispo", "rloo", "icepop")  # fmt: skip
+    assert (params["model.init_args.policy_loss.name"], params["model.init_args.advantage_estimator.name"],
+            params["model.init_args.rollout_correction.name"]) == ("cispo", "rloo", "icepop")  # fmt: skip
+    assert float(params["model.init_args.rollout_correction.knobs.is_mask_low"]) == 0.9999995
     for key in ("train/is_masked_frac", "train/is_weight_mean", "train/thr/dominant_frac", "train/loss"):
         assert [m.step for m in history[key]] == [0, 1], key
     # IcePop acted: it masked some tokens, whose weight is 0, and kept the others at their ratio ≈ 1.
@@ -56,12 +57,12 @@ def test_pieces_of_four_papers_compose_in_one_run(tmp_path, quick_warm_start):
 
 
 THIS_YEARS = [
-    "--model.init_args.policy_loss=dppo-tv", "--model.init_args.advantage_estimator=maxrl",
-    "--model.init_args.loss_agg=seq-mean-token-sum", "--model.init_args.rollout_correction=opsm",
+    "--model.init_args.policy_loss.name=dppo-tv", "--model.init_args.advantage_estimator.name=maxrl",
+    "--model.init_args.loss_agg.name=seq-mean-token-sum", "--model.init_args.rollout_correction.name=opsm",
     # On CPU the engine's and the trainer's log-probs agree to ~1e-7: at δ = 0 OPSM masks the negative
     # sequences whose rollout log-probs came out the higher, as a real mismatch past δ would.
-    "--model.init_args.piece_args={opsm_delta: 0.0}",
-    "--model.init_args.kl_estimator=kimi", "--model.init_args.kl_coef=0.001",
+    "--model.init_args.rollout_correction.knobs.opsm_delta=0.0",
+    "--model.init_args.kl_estimator.name=kimi", "--model.init_args.kl_coef=0.001",
     "--trainer.callbacks+=rlvr_lightning.callbacks.attribution.THRAttribution", "--trainer.callbacks.p=0.2",
     "--model.init_args.num_mini_batches=2",
 ]  # fmt: skip
@@ -73,7 +74,7 @@ def test_this_years_pieces_compose_with_thr_in_one_run(tmp_path, quick_warm_star
     Kimi's regulariser to the behaviour policy, with THR's token reweighting, through the CLI."""
     run, history = two_batch_run(tmp_path, quick_warm_start[1], "grpo", THIS_YEARS)
     params = run.data.params
-    assert [params[f"model.init_args.{k}"] for k in ("policy_loss", "advantage_estimator", "loss_agg",
+    assert [params[f"model.init_args.{k}.name"] for k in ("policy_loss", "advantage_estimator", "loss_agg",
             "rollout_correction", "kl_estimator")] == ["dppo-tv", "maxrl", "seq-mean-token-sum", "opsm", "kimi"]  # fmt: skip
     for key in ("train/opsm_masked_frac", "train/kl", "train/clip_frac_high", "train/thr/dominant_frac", "train/loss"):
         assert [m.step for m in history[key]] == [0, 1], key
@@ -163,7 +164,8 @@ def test_real_preset_two_step_fit(tmp_path, quick_warm_start):
     # Two rollout batches of K = 4 optimizer steps; 4 prompts → one prompt (one whole group) per step.
     run, history = two_batch_run(tmp_path, model_dir, "real")
     assert run.data.tags["algorithm"] == "REAL"
-    assert run.data.params["model.init_args.policy_loss"] == "real-anchor"
+    assert run.data.params["model.init_args.policy_loss.name"] == "real-anchor"
+    assert float(run.data.params["model.init_args.policy_loss.knobs.tau"]) == 0.5
     for key in ("train/loss", "train/entropy", "train/mixed_group_frac", "train/grad_norm", "time/update"):
         assert [m.step for m in history[key]] == [0, 1], key
     # Logged only for batches with a mixed group; the seeded warm start samples some, so it must be there.

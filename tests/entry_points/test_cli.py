@@ -91,7 +91,7 @@ def test_print_config_shows_the_resolved_algorithm(tmp_path, monkeypatch, capsys
     assert code == 0, err[-2000:]
     model = yaml.safe_load(out)["model"]
     assert model["class_path"] == "rlvr_lightning.algos.grpo.GRPO"
-    assert model["init_args"]["clip_eps_high"] == 0.2  # the value itself: 0.28 is no match
+    assert model["init_args"]["policy_loss"] == {"name": "ppo-clip", "knobs": {"clip_eps_low": 0.2, "clip_eps_high": 0.2}}
 
 
 def test_unknown_algo_lists_the_valid_ones():
@@ -124,7 +124,7 @@ def test_bad_data_file_is_a_clear_error_before_training(tmp_path, tiny_policy_di
 
 
 def test_filtered_sampling_with_truncated_is_is_refused_before_training(tmp_path, tiny_policy_dir, monkeypatch, capsys):
-    args = [*small_run_args(tmp_path, tiny_policy_dir), "--rollout.top_p", "0.9", "--model.init_args.rollout_correction", "tis-token"]
+    args = [*small_run_args(tmp_path, tiny_policy_dir), "--rollout.top_p", "0.9", "--model.init_args.rollout_correction.name", "tis-token"]
     code, _, stderr = run_in_process(args, tmp_path, monkeypatch, capsys)
     assert code == 2, stderr[-3000:]
     err = stderr.strip().splitlines()[-1]
@@ -213,7 +213,9 @@ def plain_ratio(x):
     none = torch.zeros_like(x.mask, dtype=torch.bool)
     return -ratio * x.advantages, {"ratio": ratio.detach(), "clipped_low": none, "clipped_high": none}
 '''
-OWN_ARGS = ["--model.init_args.advantage_estimator", "centred", "--model.init_args.policy_loss", "plain-ratio"]
+# The preset's policy loss knobs (its clip range) are cleared: plain-ratio reads none.
+OWN_ARGS = ["--model.init_args.advantage_estimator.name", "centred", "--model.init_args.policy_loss.name", "plain-ratio",
+            "--model.init_args.policy_loss.knobs", "{}"]  # fmt: skip
 
 
 @pytest.fixture
@@ -229,17 +231,20 @@ def test_imports_makes_ones_own_piece_names_parse_and_list(tmp_path, own_pieces)
     """`imports:` in a config file loads the module before parsing, so its names are valid values, and the
     saved config names the module; `list --imports` lists its pieces with the module as their docs."""
     mine = tmp_path / "mine.yaml"
-    mine.write_text("imports: [my_rl_pieces]\nmodel:\n  init_args:\n    advantage_estimator: centred\n"
-                    "    policy_loss: plain-ratio\n    piece_args: {centred_scale: 0.5}\n")  # fmt: skip
+    mine.write_text("imports: [my_rl_pieces]\nmodel:\n  init_args:\n"
+                    "    advantage_estimator: {name: centred, knobs: {centred_scale: 0.5}}\n"
+                    "    policy_loss: {name: plain-ratio, knobs: {}}\n")  # fmt: skip
     proc = run_cli([*BASE, "--config", str(mine), "--print_config"], tmp_path, timeout=300, pythonpath=(own_pieces,))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "imports:\n- my_rl_pieces\n" in proc.stdout
-    assert "advantage_estimator: centred" in proc.stdout and "policy_loss: plain-ratio" in proc.stdout
+    model = yaml.safe_load(proc.stdout)["model"]["init_args"]
+    assert model["advantage_estimator"] == {"name": "centred", "knobs": {"centred_scale": 0.5}}
+    assert model["policy_loss"] == {"name": "plain-ratio", "knobs": {}}  # the file's knobs replace the preset's
 
     proc = run_cli(["list", "--imports", "my_rl_pieces"], tmp_path, timeout=300, pythonpath=(own_pieces,))
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    assert "    centred                  The group-centred reward, times centred_scale. [knobs from piece_args: centred_scale]  (my_rl_pieces)" in lines
+    assert "    centred                  The group-centred reward, times centred_scale. [knobs: centred_scale=1.0]  (my_rl_pieces)" in lines
     assert "    plain-ratio              The unclipped surrogate: minus the per-token ratio times the advantage.  (my_rl_pieces)" in lines
 
 
@@ -266,9 +271,9 @@ def test_an_installed_packages_entry_points_are_loaded_by_every_command(tmp_path
     "args, expected",
     [
         (["--imports", "my_missing_pieces"], ["error: --imports: cannot import 'my_missing_pieces'", "on PYTHONPATH"]),
-        (["--model.init_args.policy_loss", "my_missing_pieces.my_loss"],
+        (["--model.init_args.policy_loss.name", "my_missing_pieces.my_loss"],
          ["error: model.policy_loss='my_missing_pieces.my_loss': cannot import it", "on PYTHONPATH"]),
-        (["--model.init_args.policy_loss", "plain-ratio"], ["error: model.policy_loss='plain-ratio'; registered: ppo-clip"]),
+        (["--model.init_args.policy_loss.name", "plain-ratio"], ["error: model.policy_loss='plain-ratio'; registered: ppo-clip"]),
         (["--model.init_args.optim.lr", "fast"], ["error: model.optim.lr: Expected a <class 'float'>. Got value: fast"]),
         (["--model.init_args.clip_eps_hgh", "0.3"], ["error: model: Option 'clip_eps_hgh' is not accepted"]),
         (["--rollout.group_sise", "4"], ["error: unrecognized arguments: --rollout.group_sise 4"]),
@@ -290,18 +295,24 @@ def test_a_config_error_is_one_line(args, expected, capsys, tmp_path, monkeypatc
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--model.init_args.policy_loss", "sapo", "--model.init_args.piece_args", "{sapo_tau_poz: 1.0}"],
-         "error: piece_args.sapo_tau_poz is read by none of the selected pieces"),
-        (["--model.init_args.policy_loss", "sapo", "--model.init_args.piece_args", "{sapo_tau_pos: -1.0}"],
+        (["--model.init_args.policy_loss.name", "sapo", "--model.init_args.policy_loss.knobs", "{sapo_tau_poz: 1.0}"],
+         "error: model.policy_loss=sapo does not read the knob 'sapo_tau_poz'; its knobs: sapo_tau_pos, sapo_tau_neg"),
+        (["--model.init_args.policy_loss.name", "sapo"],  # the preset's clip range, which SAPO does not read
+         "error: model.policy_loss=sapo does not read the knob 'clip_eps_low'; its knobs: sapo_tau_pos, sapo_tau_neg "
+         "(set them with --model.init_args.policy_loss.knobs.<knob>; --model.init_args.policy_loss.knobs '{}' clears"),
+        (["--model.init_args.policy_loss.name", "sapo", "--model.init_args.policy_loss.knobs", "{sapo_tau_pos: -1.0}"],
          "error: model.policy_loss=sapo: the gate's temperatures must be > 0"),
+        (["--model.init_args.policy_loss.knobs.clip_eps_hihg", "0.28"],
+         "error: model.policy_loss=ppo-clip does not read the knob 'clip_eps_hihg'; its knobs: clip_eps_low, clip_eps_high, "
+         "dual_clip_c"),
         (["--data.tool.max_calls", "2", "--data.environment", "rlvr_lightning.environments.python_tool.PythonTool"],
          "error: data.tool and data.environment: set one"),
     ],
-    ids=["misspelt-piece-args-key", "failing-knob-check", "tool-and-environment"],
+    ids=["misspelt-knob", "a-presets-knobs-kept", "failing-knob-check", "misspelt-knob-flag", "tool-and-environment"],
 )  # fmt: skip
 def test_a_knob_the_module_refuses_is_one_line(args, expected, capsys, tmp_path, monkeypatch):
-    """Refused while the module is built, before any weights: a misspelt `piece_args` key, a piece's own check, the
-    Python tool and an environment of one's own both set."""
+    """Refused while the module is built, before any weights: a knob its piece does not read (misspelt, or the
+    preset's knobs of another piece), a piece's own check, the Python tool and an environment of one's own both set."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["rlvr_lightning"])
     monkeypatch.setattr(logging.root, "handlers", [])  # main's logging.basicConfig binds this test's stderr, not an earlier one's
@@ -376,7 +387,7 @@ def test_a_researchers_own_loss_and_estimator_train_and_name_the_run(tmp_path, t
     """The acceptance run: a loss and an estimator written outside the package, loaded with `--imports`,
     selected by their registered names; the run's name, tags, params and summary say which pieces ran."""
     args = [*small_run_args(tmp_path, tiny_policy_dir), "--rollout_batches", "1", "--imports", "my_rl_pieces",
-            *OWN_ARGS, "--model.init_args.piece_args", "{centred_scale: 0.5}",
+            *OWN_ARGS, "--model.init_args.advantage_estimator.knobs.centred_scale", "0.5",
             "--rollout.engine", "hf"]  # the pieces are the engine's concern in no way; HF starts faster  # fmt: skip
     proc = run_cli(args, tmp_path, pythonpath=(own_pieces,))
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -392,8 +403,9 @@ def test_a_researchers_own_loss_and_estimator_train_and_name_the_run(tmp_path, t
     tags, params = run.data.tags, run.data.params
     assert tags["preset"] == "grpo" and tags["changed_pieces"] == "advantage_estimator=centred+policy_loss=plain-ratio"
     assert tags["piece.advantage_estimator"] == "centred" and tags["piece.policy_loss"] == "plain-ratio"
-    assert params["model.init_args.advantage_estimator"] == "centred" and params["imports"] == "my_rl_pieces"
-    assert params["model.init_args.policy_loss"] == "plain-ratio"
+    assert params["model.init_args.advantage_estimator.name"] == "centred" and params["imports"] == "my_rl_pieces"
+    assert params["model.init_args.advantage_estimator.knobs.centred_scale"] == "0.5"
+    assert params["model.init_args.policy_loss.name"] == "plain-ratio"
 
 
 def test_make_compare_keeps_a_run_with_other_pieces_apart_from_the_presets(tmp_path):

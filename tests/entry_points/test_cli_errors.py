@@ -23,7 +23,7 @@ def cli_error(args: list[str], capsys) -> str:
     "args,expected",
     [
         (["--data.group_size", "4"], "did you mean rollout.group_size?"),  # the same name in another section
-        (["--model.init_args.clip_eps_hgh", "0.3"], "did you mean model.clip_eps_high or model.clip_eps_low?"),
+        (["--model.init_args.kl_cof", "0.3"], "did you mean model.kl_coef?"),
         (["--model.init_args.mini_batches", "2"], "did you mean model.num_mini_batches"),
         (["--rollout.batches_ahead", "1"], "rollout.batches_ahead 1; every option with its value: --print_config"),
         # The module's settings groups: a flat name finds its group, a misspelt one the group's closest option.
@@ -38,8 +38,38 @@ def test_an_unknown_option_names_the_options_it_resembles(args, expected, capsys
 
 def test_an_unknown_option_in_a_config_file_is_reported_too(capsys, tmp_path):
     old = tmp_path / "old.yaml"
-    old.write_text("model:\n  class_path: rlvr_lightning.algos.real.REAL\n  init_args:\n    tua: 0.5\n")
-    assert "did you mean model.tau" in cli_error(["--config", str(old)], capsys)
+    old.write_text("model:\n  class_path: rlvr_lightning.algos.real.REAL\n  init_args:\n    two_pas: true\n")
+    assert "did you mean model.two_pass" in cli_error(["--config", str(old)], capsys)
+
+
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["--model.init_args.clip_eps_high", "0.28"],
+         "clip_eps_high is a knob of a piece, set in its section: --model.init_args.policy_loss.knobs.clip_eps_high"),
+        (["--model.init_args.dual_clip_c", "3.0"], "--model.init_args.policy_loss.knobs.dual_clip_c"),
+        (["--model.init_args.tis_cap", "1.5"], "--model.init_args.rollout_correction.knobs.tis_cap"),
+        (["--model.init_args.tau", "0.5"], "tau is a knob of a piece, set in its section: --model.init_args.policy_loss.knobs.tau"),
+        (["--model.init_args.policy_loss", "gspo"], "a piece is chosen by name: --model.init_args.policy_loss.name gspo"),
+        (["--model.init_args.rollout_correction", "tis-token"],
+         "a piece is chosen by name: --model.init_args.rollout_correction.name tis-token"),
+        (["--model.init_args.piece_args", "{pass_at_k: 2}"],
+         "a piece's knobs are set in its own section: --model.init_args.<kind>.knobs.<knob>"),
+        (["--model.init_args.piece_args.pass_at_k", "2"],
+         "a piece's knobs are set in its own section: --model.init_args.<kind>.knobs.<knob>"),
+    ],
+    ids=["clip", "dual-clip", "tis-cap", "tau", "bare-loss", "bare-correction", "piece-args", "piece-args-dotted"],
+)  # fmt: skip
+def test_an_old_spelling_of_a_piece_or_knob_is_one_line_naming_the_new_one(args, expected, capsys):
+    assert expected in cli_error(args, capsys)
+
+
+def test_an_old_spelling_in_a_config_file_is_one_line_naming_the_new_one(capsys, tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text("model:\n  class_path: rlvr_lightning.algos.real.REAL\n  init_args:\n    tau: 0.25\n")
+    assert "--model.init_args.policy_loss.knobs.tau" in cli_error(["--config", str(old)], capsys)
+    old.write_text("model:\n  init_args:\n    piece_args: {pass_at_k: 2}\n")
+    assert "--model.init_args.<kind>.knobs.<knob>" in cli_error(["--config", str(old)], capsys)
 
 
 def test_an_option_of_a_group_in_a_config_file_is_reported_with_its_group(capsys, tmp_path):

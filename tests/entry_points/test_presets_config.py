@@ -23,7 +23,6 @@ import yaml
 # logger a handler bound to the sys.stderr of the moment it is first imported, which inside a test is that
 # test's capture (closed by the next test).
 from rlvr_lightning.cli import main
-from rlvr_lightning.training.algorithm import algorithm_args
 from tests.conftest import REPO
 
 BASE = REPO / "configs" / "base.yaml"
@@ -140,17 +139,22 @@ def merged(preset: dict) -> dict:
 
 def hparam_mismatches(module, init_args: dict) -> list[str]:
     """Each argument the preset sets, as the module runs with it; a settings group (`optim: {lr: …}`) option by
-    option, the ones the preset leaves at their defaults aside."""
+    option and a piece's choice (`policy_loss: {name: …, knobs: {…}}`) knob by knob, the ones the preset leaves at
+    their defaults aside."""
     out = []
     for key, want in (init_args or {}).items():
         have = module.hparams.get(key, KeyError)
         if have is KeyError:
             out.append(f"model.init_args.{key}: not a hyper-parameter of {type(module).__name__}")
-        elif isinstance(want, dict) and isinstance(have, dict) and key != "piece_args":
-            out += [f"model.init_args.{key}.{k}: preset {v!r}, module {have.get(k)!r}" for k, v in want.items() if not same(have.get(k), v)]
-        elif not same(have, want):
-            out.append(f"model.init_args.{key}: preset {want!r}, module {have!r}")
+        else:
+            out += value_mismatches(f"model.init_args.{key}", want, have)
     return out
+
+
+def value_mismatches(where: str, want, have) -> list[str]:
+    if isinstance(want, dict) and isinstance(have, dict):
+        return [m for k, v in want.items() for m in value_mismatches(f"{where}.{k}", v, have.get(k))]
+    return [] if same(have, want) else [f"{where}: preset {want!r}, module {have!r}"]
 
 
 def callback_mismatches(instances: list, specs: list[dict]) -> list[str]:
@@ -275,10 +279,10 @@ def test_preset_instantiates_without_training(preset, offline):
     assert isinstance(logger, MLFlowLogger)
     assert cli.config.trainer.logger.init_args.run_name == preset.stem  # the preset's own pieces: its name alone
     h = cli.model.hparams
-    pieces = {f"piece.{k}": h[k] for k in ("advantage_estimator", "policy_loss", "loss_agg", "rollout_correction", "proximal_policy")}
-    pieces |= {"piece.kl_estimator": h.kl_estimator} if h.kl_coef > 0 else {}
-    if h.advantage_estimator == "opd":  # the estimator distillation runs inside it is a piece of the run too
-        pieces["piece.opd_reward"] = (h.piece_args or {}).get("opd_reward", "none")
+    pieces = {f"piece.{k}": h[k]["name"] for k in ("advantage_estimator", "policy_loss", "loss_agg", "rollout_correction", "proximal_policy")}
+    pieces |= {"piece.kl_estimator": h.kl_estimator["name"]} if h.kl_coef > 0 else {}
+    if h.advantage_estimator["name"] == "opd":  # the estimator distillation runs inside it is a piece of the run too
+        pieces["piece.opd_reward"] = h.advantage_estimator["knobs"]["opd_reward"]
     assert logger.tags == {"algorithm": cls.__name__, "preset": preset.stem, **pieces,
                            "model": dm.hparams.model_name_or_path, "dataset": dm.hparams.train_data}  # fmt: skip
 
@@ -291,8 +295,10 @@ def test_hparam_check_catches_a_value_that_differs_from_the_preset():
     """The comparison can fail: an override of one preset key is reported, by name, and nothing else is."""
     preset = REPO / "configs" / "algo" / "grpo.yaml"
     init_args = load(preset)["model"]["init_args"]
-    cli = make_cli("grpo", preset, overrides=("--model.init_args.clip_eps_high", "0.3"))
-    assert hparam_mismatches(cli.model, init_args) == ["model.init_args.clip_eps_high: preset 0.2, module 0.3"]
+    cli = make_cli("grpo", preset, overrides=("--model.init_args.policy_loss.knobs.clip_eps_high", "0.3"))
+    assert hparam_mismatches(cli.model, init_args) == ["model.init_args.policy_loss.knobs.clip_eps_high: preset 0.2, module 0.3"]
+    cli = make_cli("grpo", preset, overrides=("--model.init_args.policy_loss.name", "gspo"))
+    assert hparam_mismatches(cli.model, init_args) == ["model.init_args.policy_loss.name: preset 'ppo-clip', module 'gspo'"]
 
 
 def test_callback_check_catches_a_changed_missing_or_extra_callback():
@@ -315,13 +321,16 @@ def test_callback_check_catches_a_changed_missing_or_extra_callback():
 @pytest.mark.parametrize(
     "preset, overrides, name, changed",
     [
-        ("grpo", ("--model.init_args.policy_loss", "gspo", "--model.init_args.loss_agg", "token-mean"),
+        ("grpo", ("--model.init_args.policy_loss.name", "gspo", "--model.init_args.loss_agg.name", "token-mean"),
          "grpo+policy_loss=gspo+loss_agg=token-mean", "policy_loss=gspo+loss_agg=token-mean"),
-        ("grpo", ("--model.init_args.kl_estimator", "k1"), "grpo+kl_estimator=k1", "kl_estimator=k1"),  # kl_coef 0.001
-        ("gspo", ("--model.init_args.kl_estimator", "k1"), "gspo", None),  # no KL term: the estimator is unused
-        ("grpo", ("--model.init_args.policy_loss", "rlvr_lightning.pieces.token_losses.ppo_clip"), "grpo", None),
-        ("dr-grpo", ("--model.init_args.clip_eps_high", "0.28"), "dr-grpo", None),  # a knob is not a piece
-        ("grpo", ("--model", "GSPO"), "grpo+model=GSPO+policy_loss=gspo", "model=GSPO+policy_loss=gspo"),
+        ("grpo", ("--model.init_args.kl_estimator.name", "k1"), "grpo+kl_estimator=k1", "kl_estimator=k1"),  # kl_coef 0.001
+        ("gspo", ("--model.init_args.kl_estimator.name", "k1"), "gspo", None),  # no KL term: the estimator is unused
+        ("grpo", ("--model.init_args.policy_loss.name", "rlvr_lightning.pieces.token_losses.ppo_clip"), "grpo", None),
+        ("dr-grpo", ("--model.init_args.policy_loss.knobs.clip_eps_high", "0.28"), "dr-grpo", None),  # a knob is not a piece
+        # grpo.yaml names its policy loss (ppo-clip), which a class switch keeps, as it keeps the preset's K: GSPO's
+        # loss is chosen with the class.
+        ("grpo", ("--model", "GSPO", "--model.init_args.policy_loss.name", "gspo"), "grpo+model=GSPO+policy_loss=gspo",
+         "model=GSPO+policy_loss=gspo"),
     ],
     ids=["two-pieces", "kl-estimator-with-kl", "kl-estimator-without-kl", "same-piece-by-path", "knob", "class"],
 )  # fmt: skip
@@ -332,12 +341,13 @@ def test_a_run_is_named_and_tagged_after_the_pieces_it_changes(preset, overrides
     assert tags.get("changed_pieces") == changed and tags["preset"] == preset
     by_path = {"rlvr_lightning.pieces.token_losses.ppo_clip": "ppo-clip"}  # a tag names the piece, however given
     for key in ("advantage_estimator", "policy_loss", "loss_agg", "rollout_correction"):
-        assert tags[f"piece.{key}"] == by_path.get(cli.model.hparams[key], cli.model.hparams[key])
+        given = cli.model.hparams[key]["name"]
+        assert tags[f"piece.{key}"] == by_path.get(given, given)
 
 
 def test_a_name_the_user_gives_wins_and_the_tags_still_name_the_pieces():
     grpo = REPO / "configs" / "algo" / "grpo.yaml"
-    cli = make_cli("grpo", grpo, overrides=("--model.init_args.policy_loss", "cispo",
+    cli = make_cli("grpo", grpo, overrides=("--model.init_args.policy_loss.name", "cispo",
                                             "--trainer.logger.init_args.run_name", "my-run"))  # fmt: skip
     assert cli.config.trainer.logger.init_args.run_name == "my-run"
     assert cli.trainer.logger.tags["changed_pieces"] == "policy_loss=cispo"
@@ -346,11 +356,11 @@ def test_a_name_the_user_gives_wins_and_the_tags_still_name_the_pieces():
 
 def test_a_preset_file_of_ones_own_names_the_run(tmp_path):
     """`make train ALGO=path/to/mine.yaml`: the file's name is the preset's, its pieces the reference."""
-    mine = preset_like(tmp_path, "gspo", lambda c: c["model"]["init_args"].update(policy_loss="gspo-token"))
+    mine = preset_like(tmp_path, "gspo", lambda c: c["model"]["init_args"]["policy_loss"].update(name="gspo-token"))
     cli = make_cli("mine", mine)
     assert cli.config.trainer.logger.init_args.run_name == "gspo_edited"
     assert cli.trainer.logger.tags["preset"] == "gspo_edited" and "changed_pieces" not in cli.trainer.logger.tags
-    cli = make_cli("mine", mine, overrides=("--model.init_args.policy_loss", "gspo"))
+    cli = make_cli("mine", mine, overrides=("--model.init_args.policy_loss.name", "gspo"))
     assert cli.config.trainer.logger.init_args.run_name == "gspo_edited+policy_loss=gspo"
 
 
@@ -359,12 +369,13 @@ def test_a_preset_file_of_ones_own_names_the_run(tmp_path):
 
 @pytest.mark.parametrize(
     "case",
-    ["bad-loss-agg-flag", "bad-engine-flag", "unknown-flag", "bad-type", "misspelt-preset-key", "unknown-algorithm"],
-)
+    ["bad-loss-agg-flag", "bad-engine-flag", "unknown-flag", "bad-type", "misspelt-preset-key", "unknown-algorithm",
+     "flat-knob-in-preset", "piece-args-in-preset", "bare-piece-name-in-preset", "bare-piece-name-flag"],
+)  # fmt: skip
 def test_invalid_preset_fails_at_parse_time_naming_the_key(case, capsys, tmp_path):
     grpo = REPO / "configs" / "algo" / "grpo.yaml"
     if case == "bad-loss-agg-flag":
-        err = parse_error(capsys, "grpo", grpo, overrides=("--model.init_args.loss_agg", "bogus"))
+        err = parse_error(capsys, "grpo", grpo, overrides=("--model.init_args.loss_agg.name", "bogus"))
         assert err.startswith("error: model.loss_agg='bogus'; registered: seq-mean-token-mean, "), err
     elif case == "bad-engine-flag":
         err = parse_error(capsys, "grpo", grpo, overrides=("--rollout.engine", "sglang"))
@@ -376,9 +387,26 @@ def test_invalid_preset_fails_at_parse_time_naming_the_key(case, capsys, tmp_pat
         err = parse_error(capsys, "grpo", grpo, overrides=("--model.init_args.optim.lr", "fast"))
         assert err == "error: model.optim.lr: Expected a <class 'float'>. Got value: fast", err
     elif case == "misspelt-preset-key":
-        path = preset_like(tmp_path, "grpo", lambda c: c["model"]["init_args"].update(clip_eps_hgh=0.3))
+        path = preset_like(tmp_path, "grpo", lambda c: c["model"]["init_args"].update(kl_cof=0.3))
         err = parse_error(capsys, "typo", path)
-        assert err == "error: model: Option 'clip_eps_hgh' is not accepted; did you mean model.clip_eps_high or model.clip_eps_low?", err
+        assert err == "error: model: Option 'kl_cof' is not accepted; did you mean model.kl_coef?", err
+    elif case == "flat-knob-in-preset":  # the old spelling of a knob: one line naming its section
+        path = preset_like(tmp_path, "grpo", lambda c: c["model"]["init_args"].update(clip_eps_high=0.28))
+        err = parse_error(capsys, "old", path)
+        assert err == ("error: model: Option 'clip_eps_high' is not accepted; clip_eps_high is a knob of a piece, set in "
+                       "its section: --model.init_args.policy_loss.knobs.clip_eps_high"), err  # fmt: skip
+    elif case == "piece-args-in-preset":
+        path = preset_like(tmp_path, "grpo", lambda c: c["model"]["init_args"].update(piece_args={"pass_at_k": 2}))
+        err = parse_error(capsys, "old", path)
+        assert err.startswith("error: model: Option 'piece_args.pass_at_k' is not accepted; a piece's knobs are set in "
+                              "its own section: --model.init_args.<kind>.knobs.<knob>"), err  # fmt: skip
+    elif case == "bare-piece-name-in-preset":
+        path = preset_like(tmp_path, "grpo", lambda c: c["model"]["init_args"].update(policy_loss="gspo"))
+        err = parse_error(capsys, "old", path)
+        assert err.endswith("; a piece is chosen by name: --model.init_args.policy_loss.name gspo"), err
+    elif case == "bare-piece-name-flag":
+        err = parse_error(capsys, "grpo", grpo, overrides=("--model.init_args.policy_loss", "gspo"))
+        assert err.endswith("; a piece is chosen by name: --model.init_args.policy_loss.name gspo"), err
     else:
         path = preset_like(
             tmp_path, "grpo", lambda c: c["model"].update(class_path="rlvr_lightning.algos.grpo.NoSuchAlgo")
@@ -453,24 +481,43 @@ def test_hparams_and_logged_params_are_the_effective_values_class_defaults_inclu
     def without(*keys):
         return lambda cfg: [cfg["model"]["init_args"].pop(k, None) for k in keys]
 
-    gspo = preset_like(tmp_path, "gspo", without("policy_loss", "clip_eps_low", "clip_eps_high", "num_mini_batches", "loss_agg"))
-    real = preset_like(tmp_path, "real", without("policy_loss", "tau", "num_mini_batches"))
+    gspo = preset_like(tmp_path, "gspo", without("policy_loss", "num_mini_batches", "loss_agg"))
+    real = preset_like(tmp_path, "real", without("policy_loss", "num_mini_batches"))
     for path, expected in (
-        (gspo, {"policy_loss": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "num_mini_batches": 4,
-                "advantage_estimator": "grpo", "loss_agg": "seq-mean-token-mean"}),
-        (real, {"policy_loss": "real-anchor", "tau": 0.5, "num_mini_batches": 4, "advantage_estimator": "none"}),
+        (gspo, {"policy_loss": {"name": "gspo", "knobs": {"clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "dual_clip_c": None}},
+                "num_mini_batches": 4, "advantage_estimator": {"name": "grpo", "knobs": {}},
+                "loss_agg": {"name": "seq-mean-token-mean", "knobs": {}}}),
+        (real, {"policy_loss": {"name": "real-anchor", "knobs": {"tau": 0.5}}, "num_mini_batches": 4,
+                "advantage_estimator": {"name": "none", "knobs": {}}}),
     ):  # fmt: skip
         cli = make_cli(path.stem, path)
         module, params = cli.model, logged_params(cli.config.as_dict(), cli.model)
         for key, value in expected.items():
-            assert same(module.hparams[key], value), (path.stem, key, module.hparams[key])
-            assert same(params[f"model.init_args.{key}"], value), (path.stem, key, params[f"model.init_args.{key}"])
+            assert module.hparams[key] == value, (path.stem, key, module.hparams[key])
+            flat = {f"{key}.name": value["name"], **{f"{key}.knobs.{k}": v for k, v in value["knobs"].items()}} \
+                if isinstance(value, dict) else {key: value}  # fmt: skip
+            for name, v in flat.items():
+                assert same(params[f"model.init_args.{name}"], v), (path.stem, name, params[f"model.init_args.{name}"])
         objective = module.settings.pieces.objective
-        assert objective.policy_loss.fn is policy_losses.get(expected["policy_loss"]).fn
-        assert objective.aggregate.func is loss_aggregators.get(module.hparams.loss_agg).fn
-        knobs = objective.policy_loss.knob_values(algorithm_args(module.hparams, type(module)), module.hparams.piece_args)
-        if "clip_eps_low" in expected:  # what the loss runs with
-            assert knobs == {"clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "dual_clip_c": None}
-        else:
-            assert knobs == {"tau": 0.5}
-        assert advantage_estimators.selected(module.hparams).name == expected["advantage_estimator"]
+        assert objective.policy_loss.fn is policy_losses.get(expected["policy_loss"]["name"]).fn
+        assert objective.aggregate.func is loss_aggregators.get(module.hparams.loss_agg["name"]).fn
+        assert objective.loss.keywords == expected["policy_loss"]["knobs"]  # what the loss runs with
+        assert advantage_estimators.selected(module.hparams).name == expected["advantage_estimator"]["name"]
+
+
+def test_a_knob_flag_adds_to_a_presets_knobs_and_a_files_knobs_replace_them(tmp_path):
+    """`--model.init_args.policy_loss.knobs.clip_eps_low 0.1` on DAPO keeps DAPO's clip-higher 0.28; a config file's
+    `knobs:` (or a whole `--….knobs '{…}'`) replaces the preset's, the knobs it leaves out at the loss's defaults."""
+    dapo = REPO / "configs" / "algo" / "dapo.yaml"
+    assert load(dapo)["model"]["init_args"]["policy_loss"]["knobs"] == {"clip_eps_low": 0.2, "clip_eps_high": 0.28}
+    mine = tmp_path / "low.yaml"
+    mine.write_text("model:\n  init_args:\n    policy_loss:\n      knobs: {clip_eps_low: 0.1}\n")
+    for how, configs, overrides, high in (
+        ("flag", (dapo,), ("--model.init_args.policy_loss.knobs.clip_eps_low", "0.1"), 0.28),
+        ("file", (dapo, mine), (), 0.2),
+        ("whole-flag", (dapo,), ("--model.init_args.policy_loss.knobs", "{clip_eps_low: 0.1}"), 0.2),
+    ):  # fmt: skip
+        module = make_cli("dapo", *configs, overrides=overrides).model
+        knobs = {"clip_eps_low": 0.1, "clip_eps_high": high, "dual_clip_c": None}
+        assert module.hparams.policy_loss == {"name": "ppo-clip", "knobs": knobs}, how
+        assert module.settings.pieces.objective.loss.keywords == knobs, how

@@ -59,7 +59,7 @@ def test_pass_at_k_advantages_sum_to_zero_in_every_group(k):
 
 def test_pass_at_k_larger_than_the_group_is_an_error():
     with pytest.raises(ConfigError, match=r"pass_at_k must lie in \[1, rollout.group_size=4\], got 5"):
-        advantage_estimators.get("pass-at-k").check_knobs({}, {"pass_at_k": 5}, run={"group_size": 4})
+        advantage_estimators.get("pass-at-k").check_knobs({"pass_at_k": 5}, run={"group_size": 4})
 
 
 def test_reinforce_pp_is_the_group_centred_reward_whitened_over_the_batch_tokens():

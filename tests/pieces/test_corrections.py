@@ -161,12 +161,12 @@ def test_without_mismatch_every_weight_is_one(name):
 
 def test_an_empty_band_is_a_config_error():
     with pytest.raises(ConfigError, match=r"0 ≤ is_mask_low < is_mask_high, got \[2.0, 1.0\]"):
-        rollout_corrections.get("icepop").bind({}, {"is_mask_low": 2.0, "is_mask_high": 1.0})  # its knob check
+        rollout_corrections.get("icepop").bind({"is_mask_low": 2.0, "is_mask_high": 1.0})  # its knob check
 
 
 def test_an_empty_band_stops_the_algorithm_at_construction():
     from rlvr_lightning.algos import GRPO
 
     with pytest.raises(ConfigError, match="is_mask_low < is_mask_high"):
-        GRPO(rollout_correction="mis-token", piece_args={"is_mask_low": 3.0})
-    GRPO(rollout_correction="mis-token", piece_args={"is_mask_low": 0.5})
+        GRPO(rollout_correction={"name": "mis-token", "knobs": {"is_mask_low": 3.0}})
+    GRPO(rollout_correction={"name": "mis-token", "knobs": {"is_mask_low": 0.5}})

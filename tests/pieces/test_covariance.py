@@ -146,7 +146,7 @@ def test_one_update_per_batch_still_takes_theta_old_from_its_own_pass_and_logs_t
     computes them in the separate pass even with one update per rollout batch; the step logs the
     covariance statistics the loss acted on."""
     knobs = {"clip-cov": {"clip_cov_ratio": 0.5, "clip_cov_lb": 0.0, "clip_cov_ub": 100.0}, "kl-cov": {"kl_cov_ratio": 0.2}}
-    module = attach(GRPO, tiny_policy_dir, policy_loss=name, num_mini_batches=1, piece_args=knobs[name])
+    module = attach(GRPO, tiny_policy_dir, policy_loss={"name": name, "knobs": knobs[name]}, num_mini_batches=1)
     assert module.rlvr_step.resolved.behaviour == "trainer"
     inputs = prepared(module, sample_rollout(module))
     acc = MetricAccumulator()
@@ -161,12 +161,12 @@ def test_one_update_per_batch_still_takes_theta_old_from_its_own_pass_and_logs_t
      ("clip-cov", {"clip_cov_lb": 5.0, "clip_cov_ub": 1.0}), ("kl-cov", {"kl_cov_coef": -1.0})],
 )  # fmt: skip
 def test_bad_selection_knobs_fail_when_the_module_is_built(name, knobs):
-    with pytest.raises(ConfigError, match="piece_args"):
-        GRPO(policy_loss=name, piece_args=knobs)
+    with pytest.raises(ConfigError, match=rf"^model.policy_loss={name}: .*\[.*\(given\)"):
+        GRPO(policy_loss={"name": name, "knobs": knobs})
 
 
 def test_the_selection_knobs_are_the_losses_knobs():
-    """`make list` shows a piece's knobs: the selection's (set with piece_args) are the loss's too."""
+    """`make list` shows a piece's knobs: the selection's (set in the loss's `knobs`) are the loss's too."""
     assert policy_losses.get("clip-cov").knobs == ("clip_eps_low", "clip_eps_high", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub")
     assert policy_losses.get("kl-cov").knobs == ("kl_cov_coef", "kl_cov_ratio")
 

@@ -56,24 +56,28 @@ def test_a_teacher_equal_to_the_student_leaves_the_rewards_advantage():
     assert torch.equal(adv, sequence[:, None] * MASK)
 
 
-def test_the_rewards_estimator_runs_with_its_own_knobs_and_checks():
-    """`opd_reward` selects an estimator as if on its own: `pass_at_k` from piece_args reaches pass-at-k (before,
-    piece_args refused it as read by no selected piece), and its check (k ≤ G) runs with the run's group size
-    (before, it ran with its default k = 4, which gives 0 with G = 2)."""
+def test_the_rewards_estimator_runs_with_its_own_defaults_and_checks():
+    """`opd_reward` selects an estimator that runs, and is checked, as a selected piece with its own defaults: its
+    check (k ≤ G) runs at fit start with the run's group size. A knob of the wrapped estimator given to `opd` is
+    a knob `opd` does not read: one error line. (Before the declared knobs, `pass_at_k` in the old flat knob
+    mapping reached the wrapped pass-at-k; a piece's knobs now come from its own section only.)"""
     from rlvr_lightning.pieces.selection import selected_pieces
 
     teacher = {"model_name_or_path": "embedded"}
-    h = GRPO(advantage_estimator="opd", teacher=teacher, piece_args={"opd_reward": "pass-at-k", "pass_at_k": 2}).hparams
-    rewards, logp, mask = torch.tensor([1.0, 0.0, 0.0, 0.0]), torch.zeros(4, 3), torch.ones(4, 3)  # one group of 4
-    inputs = AdvantageInputs(rewards, rewards, 4, distillation=DistillationInputs(logp, logp, mask))
+    h = GRPO(advantage_estimator={"name": "opd", "knobs": {"opd_reward": "pass-at-k"}}, teacher=teacher).hparams
+    rewards, logp, mask = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]), torch.zeros(8, 3), torch.ones(8, 3)
+    inputs = AdvantageInputs(rewards, rewards, 8, distillation=DistillationInputs(logp, logp, mask))  # a group of 8
     adv, _ = advantage_estimators.bound(h)(inputs)
-    direct = advantage_estimators.get("pass-at-k").fn(AdvantageInputs(rewards, rewards, 4), pass_at_k=2)
-    assert direct.abs().sum() > 0 and torch.equal(adv, direct[:, None] * mask)  # k = 4 = G would give all 0
-    h = GRPO(advantage_estimator="opd", teacher=teacher, piece_args={"opd_reward": "pass-at-k"}).hparams
-    assert selected_pieces(h)["opd_reward"].name == "pass-at-k"
+    direct = advantage_estimators.get("pass-at-k").fn(AdvantageInputs(rewards, rewards, 8), pass_at_k=4)
+    assert direct.abs().sum() > 0 and torch.equal(adv, direct[:, None] * mask)  # its default k = 4
+    piece, knobs = selected_pieces(h)["opd_reward"]
+    assert piece.name == "pass-at-k" and knobs == {}
     with pytest.raises(ConfigError, match=r"pass_at_k must lie in \[1, rollout.group_size=2\], got 4"):
-        for piece in selected_pieces(h).values():  # as the run's check does at fit start
-            piece.check_knobs(h, h["piece_args"], {"group_size": 2, "max_response_length": 8})
+        for piece, knobs in selected_pieces(h).values():  # as the run's check does at fit start
+            piece.check_knobs(knobs, {"group_size": 2, "max_response_length": 8})
+    with pytest.raises(ConfigError, match=r"^model.advantage_estimator=opd does not read the knob 'pass_at_k'; its knobs: "
+                                          r"opd_reward, opd_coef, opd_clip "):  # fmt: skip
+        GRPO(advantage_estimator={"name": "opd", "knobs": {"opd_reward": "pass-at-k", "pass_at_k": 2}}, teacher=teacher)
 
 
 @pytest.mark.parametrize(
@@ -83,10 +87,10 @@ def test_the_rewards_estimator_runs_with_its_own_knobs_and_checks():
         ({"teacher": {"model_name_or_path": "embedded"}}, "does not read a teacher"),
         ({"advantage_estimator": "opd", "teacher": {"model_name_or_path": "embedded"}, "policy_loss": "real-anchor"},
          "does not read"),
-        ({"advantage_estimator": "opd", "teacher": {"model_name_or_path": "embedded"},
-          "piece_args": {"opd_reward": "opd"}}, "reads the teacher itself"),
-        ({"advantage_estimator": "opd", "teacher": {"model_name_or_path": "embedded"},
-          "piece_args": {"opd_coef": 0.0}}, "opd_coef must be > 0"),
+        ({"advantage_estimator": {"name": "opd", "knobs": {"opd_reward": "opd"}},
+          "teacher": {"model_name_or_path": "embedded"}}, "reads the teacher itself"),
+        ({"advantage_estimator": {"name": "opd", "knobs": {"opd_coef": 0.0}},
+          "teacher": {"model_name_or_path": "embedded"}}, "opd_coef must be > 0"),
         ({"advantage_estimator": "opd", "teacher": {"model_name_or_path": "embedded", "servers": -1}},
          "teacher.servers must be ≥ 0"),
     ],
@@ -97,7 +101,7 @@ def test_a_teacher_without_its_estimator_or_the_reverse_is_a_one_line_error(args
 
 
 def test_the_estimator_with_a_teacher_builds():
-    module = GRPO(advantage_estimator="opd", teacher={"model_name_or_path": "embedded"}, piece_args={"opd_reward": "grpo"})
+    module = GRPO(advantage_estimator={"name": "opd", "knobs": {"opd_reward": "grpo"}}, teacher={"model_name_or_path": "embedded"})
     assert module.settings.teacher.model_name_or_path == "embedded"
     assert module.hparams["teacher"]["servers"] == 0
 
@@ -114,7 +118,8 @@ def test_the_update_trains_on_each_tokens_own_advantage(tiny_policy_dir):
     dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=2, val_data=None,
                            rollout=RolloutSettings(group_size=2, max_response_length=8, engine="hf"))  # fmt: skip
     module = standalone(
-        GRPO(advantage_estimator="opd", teacher={"model_name_or_path": str(tiny_policy_dir)}, piece_args={"opd_reward": "grpo"}), dm
+        GRPO(advantage_estimator={"name": "opd", "knobs": {"opd_reward": "grpo"}},
+             teacher={"model_name_or_path": str(tiny_policy_dir)}), dm
     )
     try:
         prompts = [[5, 6, 7], [8, 9]]

@@ -90,8 +90,8 @@ def step_loss(loss_agg: str, estimator: str, kl_coef: float, is_weight: torch.Te
     """(loss, ∂loss/∂log π_θ, stats) of one micro-batch holding the whole step, on policy (θ_old = θ:
     PPO-clip's term is −Â per token, with gradient −Â), from the objective the module composes."""
     objective = compose_objective({
-        "policy_loss": "ppo-clip", "loss_agg": loss_agg, "kl_estimator": estimator, "kl_coef": kl_coef,
-        "clip_eps_low": 0.2, "clip_eps_high": 0.2,
+        "policy_loss": {"name": "ppo-clip", "knobs": {"clip_eps_low": 0.2, "clip_eps_high": 0.2}},
+        "loss_agg": loss_agg, "kl_estimator": estimator, "kl_coef": kl_coef,
     })  # fmt: skip
     logp = LOGP.clone().requires_grad_(True)
     # `tensors` (the forward's inputs) is read only by the forward, which these tests do without.
@@ -139,8 +139,8 @@ def test_kl_term_is_not_reweighted_by_the_rollout_correction(loss_agg):
 @pytest.mark.parametrize("loss_agg", ["seq-mean-token-mean", "token-mean"])
 def test_kl_coef_zero_means_no_kl_term(loss_agg):
     """kl_coef = 0: no estimator, no reference log-probs read, no `kl` statistic; the policy term alone."""
-    objective = compose_objective({"policy_loss": "ppo-clip", "loss_agg": loss_agg, "kl_estimator": "k3",
-                                   "kl_coef": 0.0, "clip_eps_low": 0.2, "clip_eps_high": 0.2})  # fmt: skip
+    objective = compose_objective({"policy_loss": {"name": "ppo-clip", "knobs": {"clip_eps_low": 0.2, "clip_eps_high": 0.2}},
+                                   "loss_agg": loss_agg, "kl_estimator": "k3", "kl_coef": 0.0})  # fmt: skip
     assert objective.kl is None
     loss, grad, stats = step_loss(loss_agg, "k3", 0.0)  # ref_logp=None: reading it would fail
     expected_loss, expected_grad = loss_by_hand(loss_agg, "k3", 0.0)

@@ -23,7 +23,7 @@ from rlvr_lightning.pieces.kinds import (
 
 def loss(name: str, logp, old_logp, adv, mask=None, **knobs):
     mask = torch.ones_like(logp) if mask is None else mask
-    bound = policy_losses.get(name).bind({"clip_eps_low": 0.2, "clip_eps_high": 0.2, **knobs})
+    bound = policy_losses.get(name).bind(knobs)  # the others at the loss's own defaults (a clip range 0.2 / 0.2)
     return bound(TokenLossInputs(logp, old_logp, adv, mask))
 
 
@@ -190,8 +190,8 @@ def test_kimi_is_the_squared_log_ratio_to_the_behaviour_policy_and_loads_no_refe
 
     from rlvr_lightning.training.objective import compose_objective
 
-    values = {"policy_loss": "ppo-clip", "loss_agg": "token-mean", "clip_eps_low": 0.2, "clip_eps_high": 0.2,
-              "kl_estimator": "kimi", "kl_coef": 0.1}  # fmt: skip
+    values = {"policy_loss": {"name": "ppo-clip", "knobs": {"clip_eps_low": 0.2, "clip_eps_high": 0.2}},
+              "loss_agg": "token-mean", "kl_estimator": "kimi", "kl_coef": 0.1}  # fmt: skip
     objective = compose_objective(values)
     assert not objective.needs_reference and compose_objective({**values, "kl_estimator": "k3"}).needs_reference
     old = torch.tensor([[-1.0, -2.0, -0.5]])

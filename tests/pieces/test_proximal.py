@@ -67,8 +67,8 @@ def test_with_one_step_per_batch_loglinear_trains_as_the_recomputed_theta_old(la
     the rounding of two forwards laid out differently; the first batch ahead is stale (version 0 at 1)."""
     runs = {}
     for proximal in ("recompute", "loglinear"):  # every group mixed, and steps large enough to move the weights
-        module = lagged_module(max_staleness=1, rollout_correction="tis-token", proximal_policy=proximal,
-                               callbacks=[AlternatingReward()], tis_cap=1.001, optim=OptimSettings(lr=1e-2))  # fmt: skip
+        module = lagged_module(max_staleness=1, rollout_correction={"name": "tis-token", "knobs": {"tis_cap": 1.001}},
+                               proximal_policy=proximal, callbacks=[AlternatingReward()], optim=OptimSettings(lr=1e-2))  # fmt: skip
         batches = iter(module.trainer.datamodule.train_dataloader())
         steps = []
         for _ in range(2):

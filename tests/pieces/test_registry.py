@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlvr_lightning.algos import GRPO, REAL
+from rlvr_lightning.algos import DAPO, GRPO, GSPO, REAL
 from rlvr_lightning.context import Collectives
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces import KINDS, advantage_estimators, policy_losses
@@ -55,24 +55,31 @@ def test_an_algorithm_resolves_every_piece_when_built():
             GRPO(**kwargs)
 
 
-def test_knobs_come_from_the_hyper_parameters_then_piece_args_then_defaults(my_pieces):
+def test_a_piece_binds_the_knobs_its_choice_gives_else_its_own_defaults(my_pieces):
+    """(Was: knobs came from the hyper-parameters, then piece_args, then the defaults.) A piece's knobs come from
+    its own choice only; a knob it does not read is refused; one without a default must be given."""
     piece = advantage_estimators.get("my_pieces.rank_advantage")
     assert piece.name == "rank" and piece.knobs == ("rank_scale",)
-    assert piece.bind({}, None).keywords == {}  # the function's own default applies
-    assert piece.bind({}, {"rank_scale": 2.0}).keywords == {"rank_scale": 2.0}
-    assert piece.bind({"rank_scale": 3.0}, {"rank_scale": 2.0}).keywords == {"rank_scale": 3.0}
-    with pytest.raises(ConfigError, match="needs the knob 'clip_eps_low'"):
-        policy_losses.get("ppo-clip").bind({}, None)
+    assert piece.bind({}).keywords == {"rank_scale": 1.0}  # the function's own default applies
+    assert piece.bind({"rank_scale": 2.0}).keywords == {"rank_scale": 2.0}
+    assert piece.knob_values({"rank_scale": 2.0}) == {"rank_scale": 2.0}
+    with pytest.raises(ConfigError, match=r"^model.advantage_estimator=rank does not read the knob 'clip_eps_low'; its knobs: rank_scale "):
+        piece.bind({"rank_scale": 2.0, "clip_eps_low": 0.2})
+    with pytest.raises(ConfigError, match=re.escape("model.policy_loss=test-dual-clip-required needs the knob 'clip_eps_low': "
+                                                    "set it with --model.init_args.policy_loss.knobs.clip_eps_low")):  # fmt: skip
+        policy_losses.get("test-dual-clip-required").bind({})
 
 
-def test_a_users_piece_by_dotted_path_is_what_the_module_trains_with(my_pieces):
-    module = GRPO(advantage_estimator="my_pieces.rank_advantage", piece_args={"rank_scale": 0.5})
+def test_a_users_piece_by_dotted_path_with_knobs_is_what_the_module_trains_with(my_pieces):
+    module = GRPO(advantage_estimator={"name": "my_pieces.rank_advantage", "knobs": {"rank_scale": 0.5}})
     rewards = torch.tensor([1.0, 0, 0, 1, 0.2, 0.2, 0.2, 0.2])
     rollout = SimpleNamespace(correct=rewards > 0.5, group_size=4, response_lengths=torch.ones(8, dtype=torch.long))
     got, _, stats = module.settings.pieces.advantages(AdvantageInputs(rewards, rollout.correct, rollout.group_size, Collectives().sum, rollout.response_lengths))
     torch.testing.assert_close(got, 0.5 * torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0, 0, 0, 0]))
     assert stats == pytest.approx({"adv_mean": 0.0, "adv_std": float(got.std()), "adv_abs_max": 1 / 3, "adv_zero_frac": 0.5})
-    assert module.hparams.advantage_estimator == "my_pieces.rank_advantage"
+    assert module.hparams.advantage_estimator == {"name": "my_pieces.rank_advantage", "knobs": {"rank_scale": 0.5}}
+    with pytest.raises(ConfigError, match=r"^model.advantage_estimator=rank does not read the knob 'rank_scal'; its knobs: rank_scale "):
+        GRPO(advantage_estimator={"name": "my_pieces.rank_advantage", "knobs": {"rank_scal": 0.5}})
 
 
 def test_the_cli_checks_piece_names_while_parsing(my_pieces, capsys, monkeypatch, tmp_path):
@@ -82,21 +89,22 @@ def test_the_cli_checks_piece_names_while_parsing(my_pieces, capsys, monkeypatch
     monkeypatch.chdir(tmp_path)
     base = ["--config", str(REPO / "configs/base.yaml"), "--config", str(REPO / "configs/algo/grpo.yaml"),
             "--trainer.logger", "false", "--trainer.callbacks", "[]"]  # fmt: skip
-    cli = RLVRCLI(args=[*base, "--model.init_args.advantage_estimator", "my_pieces.rank_advantage",
-                        "--model.init_args.piece_args", "{rank_scale: 0.5}"], run=False)  # the README's command
-    assert cli.model.hparams.advantage_estimator == "my_pieces.rank_advantage"
-    assert cli.model.hparams.piece_args == {"rank_scale": 0.5}
+    cli = RLVRCLI(args=[*base, "--model.init_args.advantage_estimator.name", "my_pieces.rank_advantage",
+                        "--model.init_args.advantage_estimator.knobs.rank_scale", "0.5"], run=False)  # the README's command
+    assert cli.model.hparams.advantage_estimator == {"name": "my_pieces.rank_advantage", "knobs": {"rank_scale": 0.5}}
+    assert cli.model.settings.pieces.estimator.keywords == {"rank_scale": 0.5}
     with pytest.raises(SystemExit):
-        RLVRCLI(args=[*base, "--model.init_args.policy_loss", "ppo"], run=False)
+        RLVRCLI(args=[*base, "--model.init_args.policy_loss.name", "ppo"], run=False)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: model.policy_loss='ppo'; registered: ppo-clip, gspo-token, gspo, "), err
 
 
 def test_group_level_losses_compose_with_any_algorithm():
     """REAL's loss on the GRPO class: the same objective as REAL's own defaults."""
-    mixed = GRPO(policy_loss="real-bce", advantage_estimator="none", piece_args={"tau": 0.25}).settings.pieces.objective
+    real_bce = {"name": "real-bce", "knobs": {"tau": 0.25}}
+    mixed = GRPO(policy_loss=real_bce, advantage_estimator="none").settings.pieces.objective
     assert mixed.group_level and mixed.loss.keywords == {"tau": 0.25}
-    assert REAL(policy_loss="real-bce", tau=0.25).settings.pieces.objective.loss.keywords == {"tau": 0.25}
+    assert REAL(policy_loss=real_bce).settings.pieces.objective.loss.keywords == {"tau": 0.25}
 
 
 def test_list_names_every_preset_algorithm_and_piece(capsys):
@@ -114,9 +122,12 @@ def test_list_names_every_preset_algorithm_and_piece(capsys):
         assert f"--model.init_args.{registry.key}" in out.stdout
         for piece in (p for p in registry.pieces() if p.fn.__module__.startswith("rlvr_lightning.")):
             assert re.search(rf"^    {re.escape(piece.name)} .*\({re.escape(piece.docs)}\)$", out.stdout, re.M), piece.name
-    # Which knobs the algorithm's arguments feed, and which piece_args does.
-    assert "[knobs from --model.init_args: clip_eps_low, clip_eps_high, dual_clip_c]" in out.stdout
-    assert "[knobs from --model.init_args: clip_eps_low, clip_eps_high; from piece_args: clip_cov_ratio, " in out.stdout
+    # Each piece's knobs with their defaults, and each algorithm's pieces with the knobs it sets.
+    assert "[knobs: clip_eps_low=0.2, clip_eps_high=0.2, dual_clip_c=None]" in out.stdout
+    assert "[knobs: clip_eps_low=0.2, clip_eps_high=0.2, clip_cov_ratio=0.0002, clip_cov_lb=1.0, clip_cov_ub=5.0]" in out.stdout
+    assert "[knobs: pass_at_k=4]" in out.stdout and "[knobs: tis_cap=2.0]" in out.stdout
+    assert "policy_loss=ppo-clip(clip_eps_high=0.28)" in out.stdout  # DAPO's
+    assert "policy_loss=gspo(clip_eps_low=0.0003, clip_eps_high=0.0004)" in out.stdout  # GSPO's
 
 
 def test_every_builtin_piece_names_a_docs_section_that_exists():
@@ -163,7 +174,7 @@ def test_the_readme_is_a_short_guide_whose_links_exist_and_whose_example_is_the_
                 assert (page.parent / target).exists(), f"{page.name} links {target}, which does not exist"
 
 
-# A researcher's loss written before the algorithms had a dual_clip_c argument: its own default is 3.
+# A researcher's loss whose clip range has no default (the config must give it) and whose c defaults to 3.
 @policy_losses.register("test-dual-clip-own-default", anchor=None)
 def dual_clip_loss_with_own_default(x, *, clip_eps_low: float, clip_eps_high: float, dual_clip_c: float = 3.0):
     """PPO's clipped surrogate, dual-clipped at c."""
@@ -176,6 +187,9 @@ def dual_clip_loss_without_default(x, *, clip_eps_low: float, clip_eps_high: flo
     return dual_clip_loss_with_own_default(x, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, dual_clip_c=dual_clip_c)
 
 
+CLIP = {"clip_eps_low": 0.2, "clip_eps_high": 0.2}
+
+
 def dual_clipped_token_loss(module) -> float:
     """One token at ratio e² with advantage −1: the clipped surrogate's loss is e² ≈ 7.39, dual-clipped at c."""
     from rlvr_lightning.pieces.kinds import TokenLossInputs
@@ -185,31 +199,63 @@ def dual_clipped_token_loss(module) -> float:
     return float(per_token)
 
 
-def test_an_unset_algorithm_argument_leaves_a_pieces_own_default():
-    """The module's dual_clip_c defaults to None (off); a piece's own default 3 wins until the user sets it."""
-    assert dual_clipped_token_loss(GRPO(policy_loss="test-dual-clip-own-default")) == pytest.approx(3.0)
-    assert dual_clipped_token_loss(GRPO(policy_loss="test-dual-clip-own-default", dual_clip_c=2.0)) == pytest.approx(2.0)
+def test_a_knob_the_choice_leaves_unset_is_the_pieces_own_default():
+    """(Was: an unset algorithm argument left a piece's own default.) A piece's own default c = 3 applies until
+    its choice gives c; the built-in's default None is off."""
+    loss = "test-dual-clip-own-default"
+    assert dual_clipped_token_loss(GRPO(policy_loss={"name": loss, "knobs": CLIP})) == pytest.approx(3.0)
+    assert dual_clipped_token_loss(GRPO(policy_loss={"name": loss, "knobs": {**CLIP, "dual_clip_c": 2.0}})) == pytest.approx(2.0)
     assert dual_clipped_token_loss(GRPO(policy_loss="ppo-clip")) == pytest.approx(torch.e**2)  # the built-in: off
+
+
+def test_a_knob_without_a_default_is_not_fed_by_the_algorithm():
+    """A user's loss whose clip range has no default is not given the algorithm's (no knob is fed by name from
+    anything but its choice): the config must give it, and its error names the flag that does."""
+    with pytest.raises(ConfigError, match=re.escape("model.policy_loss=test-dual-clip-own-default needs the knob "
+                                                    "'clip_eps_low': set it with --model.init_args.policy_loss.knobs.clip_eps_low")):  # fmt: skip
+        DAPO(policy_loss="test-dual-clip-own-default")
 
 
 def test_a_value_a_knob_cannot_take_is_refused_at_bind_time():
     with pytest.raises(ConfigError, match=re.escape(
-        "policy_loss=test-dual-clip-required: its knob dual_clip_c takes float, got None (--model.init_args.dual_clip_c)"
+        "policy_loss=test-dual-clip-required: its knob dual_clip_c takes float, got None "
+        "(--model.init_args.policy_loss.knobs.dual_clip_c)"
     )):  # fmt: skip
-        GRPO(policy_loss="test-dual-clip-required")
-    assert dual_clipped_token_loss(GRPO(policy_loss="test-dual-clip-required", dual_clip_c=1.5)) == pytest.approx(1.5)
+        GRPO(policy_loss={"name": "test-dual-clip-required", "knobs": {**CLIP, "dual_clip_c": None}})
+    with pytest.raises(ConfigError, match=r"policy_loss=test-dual-clip-required needs the knob 'dual_clip_c'"):
+        GRPO(policy_loss={"name": "test-dual-clip-required", "knobs": CLIP})
+    required = GRPO(policy_loss={"name": "test-dual-clip-required", "knobs": {**CLIP, "dual_clip_c": 1.5}})
+    assert dual_clipped_token_loss(required) == pytest.approx(1.5)
 
 
-def test_every_algorithm_binds_the_library_pieces_as_its_arguments_say():
-    """Where an argument is left at its default, the built-in pieces' own defaults equal it (or they have
-    none): binding on purpose changes nothing for the library's algorithms."""
+def test_every_algorithm_runs_its_pieces_with_the_knobs_it_records():
+    """(Was: binding on purpose (AlgorithmArgs) changed nothing for the library's algorithms.) Every library
+    algorithm records each kind's piece with every knob it has, and its bound functions run with those values."""
     from rlvr_lightning import algos
-    from rlvr_lightning.pieces.selection import selected_pieces
-    from rlvr_lightning.training.algorithm import algorithm_args
+    from rlvr_lightning.pieces.choices import CHOICES
 
     for name in algos.__all__:
         module = getattr(algos, name)()
-        on_purpose = algorithm_args(module.hparams, type(module))
-        for piece in selected_pieces(module.hparams).values():
-            every = piece.knob_values(dict(module.hparams), module.hparams.piece_args)  # every argument feeds
-            assert piece.knob_values(on_purpose, module.hparams.piece_args) == every, (name, piece.name)
+        pieces = module.settings.pieces
+        bound = {"advantage_estimator": pieces.estimator, "policy_loss": pieces.objective.loss,
+                 "rollout_correction": pieces.correct, "proximal_policy": pieces.approximate_proximal}  # fmt: skip
+        for registry in KINDS:
+            recorded, piece = module.hparams[registry.key], registry.selected(module.settings.args)
+            assert set(recorded) == {"name", "knobs"} and recorded["name"] == piece.name, (name, registry.key)
+            assert set(recorded["knobs"]) == set(piece.knobs), (name, registry.key)
+            assert recorded["knobs"] == piece.knob_values(module.settings.args[registry.key].knobs), (name, registry.key)
+            if registry.key in bound:
+                fn = bound[registry.key]
+                assert fn.keywords == {k: recorded["knobs"][k] for k in piece.declared.taken_by[piece.fn]}, (name, registry.key)
+        assert set(CHOICES) == {registry.key for registry in KINDS}
+
+
+def test_the_algorithms_default_knobs_reach_the_loss():
+    """DAPO's clip-higher, GSPO's tiny sequence clip range and REAL's τ are the knobs of their policy_loss choice."""
+    assert DAPO().settings.pieces.objective.loss.keywords == {"clip_eps_low": 0.2, "clip_eps_high": 0.28, "dual_clip_c": None}
+    assert GSPO().settings.pieces.objective.loss.keywords == {"clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "dual_clip_c": None}
+    assert REAL().settings.pieces.objective.loss.keywords == {"tau": 0.5}
+    assert GRPO().settings.pieces.objective.loss.keywords == {"clip_eps_low": 0.2, "clip_eps_high": 0.2, "dual_clip_c": None}
+    # A choice given in full replaces the algorithm's: its knobs not given are the loss's own defaults.
+    assert DAPO(policy_loss="ppo-clip").settings.pieces.objective.loss.keywords["clip_eps_high"] == 0.2
+    assert REAL(policy_loss={"name": "real-anchor", "knobs": {"tau": 0.1}}).settings.pieces.objective.loss.keywords == {"tau": 0.1}

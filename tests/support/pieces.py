@@ -16,7 +16,9 @@ SURROGATES = [p.name for p in policy_losses.pieces() if p["level"] == "token" an
 def surrogate(name, logp, old_logp, adv, mask, eps_low=0.2, eps_high=0.2):
     """(per-token loss, stats) of the token-level policy loss `name`, with the clip range if it has one
     (its other knobs at their defaults, as the module binds them)."""
-    loss = policy_losses.get(name).bind({"clip_eps_low": eps_low, "clip_eps_high": eps_high})
+    piece = policy_losses.get(name)
+    clip = {"clip_eps_low": eps_low, "clip_eps_high": eps_high}
+    loss = piece.bind({k: v for k, v in clip.items() if k in piece.knobs})  # a loss without a clip range reads none
     return loss(TokenLossInputs(logp, old_logp, adv, mask))
 
 

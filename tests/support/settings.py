@@ -20,7 +20,7 @@ def resettle(module, **changes) -> None:
             values[name] = value
         else:
             values[group] = {**values[group], name: value}
-    module.settings = StepSettings.of(values, type(module))
+    module.settings = StepSettings.of(values)
     module.hparams.update(module.settings.hparams())
     module._step = None  # the step is built from the settings: its next use builds it with these
 

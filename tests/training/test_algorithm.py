@@ -1,5 +1,5 @@
 """An algorithm's arguments and the pieces they bind (`training.algorithm`): each argument's default through the
-classes a preset extends, the library's default that says "not set on purpose", and the advantages a bound
+classes a preset extends (a piece with its paper's knobs), and the advantages a bound
 estimator gives, per sequence, and per token only from a teacher's inputs."""
 
 from __future__ import annotations
@@ -8,25 +8,29 @@ import pytest
 import torch
 
 from rlvr_lightning.algos import DAPO, GRPO, GSPO
+from rlvr_lightning.pieces.choices import PolicyLossChoice
 from rlvr_lightning.pieces.kinds import AdvantageInputs, DistillationInputs
-from rlvr_lightning.training.algorithm import BoundPieces, algorithm_args, argument_defaults, class_defaults
+from rlvr_lightning.training.algorithm import BoundPieces, class_defaults
 
 
 def test_an_argument_left_unset_takes_the_most_derived_classs_default():
     assert class_defaults(GSPO)["num_mini_batches"] == 4  # GSPO's own, through GRPO's **kwargs
-    assert class_defaults(DAPO)["clip_eps_high"] == 0.28 and class_defaults(GRPO)["clip_eps_high"] == 0.2
+    assert class_defaults(DAPO)["policy_loss"] == PolicyLossChoice("ppo-clip", {"clip_eps_low": 0.2, "clip_eps_high": 0.28})
+    assert class_defaults(GRPO)["policy_loss"] == PolicyLossChoice("ppo-clip")  # the loss's own defaults: 0.2 / 0.2
     assert class_defaults(DAPO)["dynamic_sampling"] is True  # DAPO's own argument
 
 
-def test_the_librarys_default_is_the_base_classs_so_a_preset_sets_its_own_on_purpose():
-    assert argument_defaults(DAPO)["clip_eps_high"] == 0.2  # DAPO's 0.28 is DAPO setting it
-    args = algorithm_args(class_defaults(DAPO), DAPO)
-    assert args["clip_eps_high"] == 0.28 and args.defaults["clip_eps_high"] == 0.2
+def test_an_algorithms_default_knobs_are_its_pieces_and_reach_the_bound_loss():
+    """(Was: the library's default said "not set on purpose" through AlgorithmArgs; an algorithm now sets its
+    paper's knobs on its piece's choice, and they are what the loss is bound with.)"""
+    assert bound(DAPO).objective.loss.keywords == {"clip_eps_low": 0.2, "clip_eps_high": 0.28, "dual_clip_c": None}
+    assert bound(GSPO).objective.loss.keywords == {"clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "dual_clip_c": None}
+    assert bound(GRPO).objective.loss.keywords == {"clip_eps_low": 0.2, "clip_eps_high": 0.2, "dual_clip_c": None}
 
 
 def bound(cls, **args) -> BoundPieces:
     """The pieces `cls` binds with `args` over its defaults (the rollout correction resolved as a run does)."""
-    return BoundPieces.of(algorithm_args(class_defaults(cls) | {"rollout_correction": "none"} | args, cls))
+    return BoundPieces.of(class_defaults(cls) | {"rollout_correction": "none"} | args)
 
 
 def test_a_bound_estimators_advantages_per_sequence_and_per_token_from_a_teachers_inputs():

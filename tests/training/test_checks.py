@@ -1,5 +1,5 @@
 """Where each piece's settings are checked and recorded: a piece's own knob check (`check=`) runs wherever
-the piece is used, `piece_args` keys no selected piece reads are refused, the module records every knob
+the piece is used, a knob given to a piece that does not read it is refused, the module records every knob
 its pieces run with, token-level rollout corrections are refused under losses with one term per
 sequence, and an advantage estimator's statistics reach the step's metrics."""
 
@@ -23,30 +23,33 @@ from tests.support.settings import checked
 
 # ---- a piece's own knob check ------------------------------------------------------------------
 def test_a_group_level_loss_checks_tau_whichever_algorithm_selects_it():
-    with pytest.raises(ConfigError, match=r"^model.policy_loss=real-anchor: tau must be > 0, got 0 \[tau=0 \(from piece_args\)\]$"):
-        GRPO(policy_loss="real-anchor", advantage_estimator="none", piece_args={"tau": 0})
-    with pytest.raises(ConfigError, match=r"tau must be > 0, got -1.0 \[tau=-1.0 \(--model.init_args.tau\)\]"):
-        REAL(tau=-1.0)
-    REAL(policy_loss="ppo-clip", advantage_estimator="grpo", tau=0.0)  # no selected piece reads τ
+    with pytest.raises(ConfigError, match=r"^model.policy_loss=real-anchor: tau must be > 0, got 0 \[tau=0 \(given\)\]$"):
+        GRPO(policy_loss={"name": "real-anchor", "knobs": {"tau": 0}}, advantage_estimator="none")
+    with pytest.raises(ConfigError, match=r"tau must be > 0, got -1.0 \[tau=-1.0 \(given\)\]"):
+        REAL(policy_loss={"name": "real-anchor", "knobs": {"tau": -1.0}})
+    REAL(policy_loss="ppo-clip", advantage_estimator="grpo")  # REAL's τ is its loss's knob: gone with its loss
 
 
 def test_ratio_and_log_ratio_clip_ranges_are_checked_by_the_loss_that_reads_them():
     with pytest.raises(ConfigError, match=r"model.policy_loss=ppo-clip: the ratio's clip range needs 0 ≤ clip_eps_low ≤ 1"):
-        GRPO(clip_eps_low=1.2)
-    GRPO(policy_loss="gmpo", clip_eps_low=1.2)  # GMPO's band is in log space: e^−1.2 is a valid lower ratio bound
+        GRPO(policy_loss={"name": "ppo-clip", "knobs": {"clip_eps_low": 1.2}})
+    GRPO(policy_loss={"name": "gmpo", "knobs": {"clip_eps_low": 1.2}})  # GMPO's band is in log space: e^−1.2 is valid
     with pytest.raises(ConfigError, match=r"model.policy_loss=gmpo: the log-ratio's clip range"):
-        GRPO(policy_loss="gmpo", clip_eps_low=-0.1)
-    GRPO(policy_loss="sapo", clip_eps_low=5.0)  # SAPO reads no clip range
+        GRPO(policy_loss={"name": "gmpo", "knobs": {"clip_eps_low": -0.1}})
+    with pytest.raises(ConfigError, match=r"^model.policy_loss=sapo does not read the knob 'clip_eps_low'"):
+        GRPO(policy_loss={"name": "sapo", "knobs": {"clip_eps_low": 5.0}})  # SAPO reads no clip range
     with pytest.raises(ConfigError, match="sapo_tau_neg=0"):
-        GRPO(policy_loss="sapo", piece_args={"sapo_tau_neg": 0})
+        GRPO(policy_loss={"name": "sapo", "knobs": {"sapo_tau_neg": 0}})
 
 
 def test_a_check_that_needs_the_group_size_runs_at_fit_start_with_the_runs_value():
-    GRPO(advantage_estimator="pass-at-k", piece_args={"pass_at_k": 9})  # G is not known yet
+    GRPO(advantage_estimator={"name": "pass-at-k", "knobs": {"pass_at_k": 9}})  # G is not known yet
     piece = advantage_estimators.get("pass-at-k")
-    piece.check_knobs({}, {"pass_at_k": 8}, run={"group_size": 8})
-    with pytest.raises(ConfigError, match=r"pass_at_k=9 \(from piece_args\), group_size=8 \(the run\)"):
-        piece.check_knobs({}, {"pass_at_k": 9}, run={"group_size": 8})
+    piece.check_knobs({"pass_at_k": 8}, run={"group_size": 8})
+    with pytest.raises(ConfigError, match=r"pass_at_k=9 \(given\), group_size=8 \(the run\)"):
+        piece.check_knobs({"pass_at_k": 9}, run={"group_size": 8})
+    with pytest.raises(ConfigError, match=r"pass_at_k=4 \(its default\), group_size=2 \(the run\)"):
+        piece.check_knobs({}, run={"group_size": 2})
 
 
 def test_a_users_piece_declares_its_own_check():
@@ -60,54 +63,95 @@ def test_a_users_piece_declares_its_own_check():
 
     try:
         assert advantage_estimators.get("test-scaled-grpo").knobs == ("scale",)
-        GRPO(advantage_estimator="test-scaled-grpo", piece_args={"scale": 2.0})
+        GRPO(advantage_estimator={"name": "test-scaled-grpo", "knobs": {"scale": 2.0}})
         with pytest.raises(ConfigError, match=r"^model.advantage_estimator=test-scaled-grpo: scale must be > 0, got -2"):
-            GRPO(advantage_estimator="test-scaled-grpo", piece_args={"scale": -2.0})
+            GRPO(advantage_estimator={"name": "test-scaled-grpo", "knobs": {"scale": -2.0}})
     finally:
         advantage_estimators._pieces.pop("test-scaled-grpo")
 
 
-# ---- piece_args: refused keys, and every knob recorded ---------------------------------------
-def test_a_misspelt_piece_args_key_is_refused_listing_the_knobs_that_exist():
-    with pytest.raises(ConfigError, match=r"piece_args.pass_at_kk is read by none of the selected pieces .*knobs are: pass_at_k"):
-        GRPO(advantage_estimator="pass-at-k", piece_args={"pass_at_kk": 2})
+# ---- a knob the piece does not read: refused; every knob recorded ----------------------------
+def test_a_misspelt_knob_is_refused_listing_the_knobs_its_piece_reads():
+    """(Was: a misspelt piece_args key, refused listing the selected pieces' knobs.)"""
+    with pytest.raises(ConfigError, match=r"^model.advantage_estimator=pass-at-k does not read the knob 'pass_at_kk'; "
+                                          r"its knobs: pass_at_k \(set them with --model.init_args.advantage_estimator"
+                                          r".knobs.<knob>; [^\n]*\)$"):  # fmt: skip
+        GRPO(advantage_estimator={"name": "pass-at-k", "knobs": {"pass_at_kk": 2}})
+    with pytest.raises(ConfigError, match=r"^model.policy_loss=sapo does not read the knob 'sapo_tau_ne'; its knobs: "
+                                          r"sapo_tau_pos, sapo_tau_neg \("):  # fmt: skip
+        GRPO(policy_loss={"name": "sapo", "knobs": {"sapo_tau_ne": 1.1}})
 
 
-def test_a_misspelt_knob_is_matched_to_the_one_it_resembles():
-    with pytest.raises(ConfigError, match=r"did you mean clip_eps_high \(--model.init_args.clip_eps_high\)\?"):
-        GRPO(piece_args={"clip_eps_hihg": 0.28})
-    with pytest.raises(ConfigError, match=r"did you mean sapo_tau_neg\? "):
-        GRPO(policy_loss="sapo", piece_args={"sapo_tau_ne": 1.1})
+def test_a_knob_of_another_piece_is_one_error_line_naming_the_piece_given_it():
+    """A knob given to a piece that does not read it is refused, even where another piece of the algorithm reads
+    it: nothing feeds a knob but its own piece's section. (Was: piece_args.clip_eps_high refused as an argument of
+    the algorithm.)"""
+    with pytest.raises(ConfigError, match=r"^model.loss_agg=seq-mean-token-mean does not read the knob 'clip_eps_high'; "
+                                          r"its knobs: none \("):  # fmt: skip
+        GRPO(loss_agg={"name": "seq-mean-token-mean", "knobs": {"clip_eps_high": 0.28}})
+    with pytest.raises(ConfigError, match=r"^model.policy_loss=ppo-clip does not read the knob 'tau'; its knobs: "
+                                          r"clip_eps_low, clip_eps_high, dual_clip_c \([^\n]*\)$"):  # fmt: skip
+        REAL(policy_loss={"name": "ppo-clip", "knobs": {"tau": 0.5}}, advantage_estimator="grpo")
 
 
 @pytest.mark.parametrize("loss", ["cispo", "dppo-tv", "dppo-kl", "sapo", "gmpo", "clip-cov"])
-def test_an_algorithm_argument_no_selected_piece_reads_is_refused(loss):
-    """dual_clip_c (dual-clip PPO's c) with a loss that has no dual clip would change nothing."""
+def test_a_knob_no_selected_piece_reads_is_refused(loss):
+    """dual_clip_c (dual-clip PPO's c) given to a loss that has no dual clip would change nothing."""
     GRPO(policy_loss=loss)
-    with pytest.raises(ConfigError, match=rf"^--model.init_args.dual_clip_c=3.0 is read by none of the selected pieces \(.*policy_loss={loss}, .*ppo-clip reads it"):
-        GRPO(policy_loss=loss, dual_clip_c=3.0)
-    GRPO(policy_loss="ppo-clip", dual_clip_c=3.0)
+    with pytest.raises(ConfigError, match=rf"^model.policy_loss={loss} does not read the knob 'dual_clip_c'; its knobs: "):
+        GRPO(policy_loss={"name": loss, "knobs": {"dual_clip_c": 3.0}})
+    GRPO(policy_loss={"name": "ppo-clip", "knobs": {"dual_clip_c": 3.0}})
 
 
-def test_an_algorithm_argument_in_piece_args_is_refused_saying_which_value_the_pieces_read():
-    with pytest.raises(ConfigError, match=r"piece_args.clip_eps_high: .* \(now 0.2\); set --model.init_args.clip_eps_high 0.28"):
-        GRPO(piece_args={"clip_eps_high": 0.28})
+def test_a_choice_with_other_keys_than_name_and_knobs_is_refused():
+    with pytest.raises(ConfigError, match=r"^model.policy_loss takes \{name: <piece>, knobs: \{<knob>: <value>\}\}"):
+        GRPO(policy_loss={"name": "ppo-clip", "clip_eps_high": 0.28})
+
+
+def test_the_path_from_config_to_loss_needs_no_name_matching():
+    """The loss's knobs come from its own choice: the bound partial carries clip_eps_high=0.3 while the module has
+    no argument of that name (nor of the loss's other knobs), and another kind's knobs never reach it."""
+    import inspect
+
+    module = GRPO(policy_loss={"name": "ppo-clip", "knobs": {"clip_eps_high": 0.3}})
+    loss = module.settings.pieces.objective.loss
+    assert loss.func is policy_losses.get("ppo-clip").fn
+    assert loss.keywords == {"clip_eps_low": 0.2, "clip_eps_high": 0.3, "dual_clip_c": None}
+    for cls in type(module).__mro__:
+        if "__init__" in cls.__dict__:
+            params = inspect.signature(cls.__dict__["__init__"]).parameters
+            assert not {"clip_eps_low", "clip_eps_high", "dual_clip_c", "tis_cap", "tau", "piece_args"} & set(params), cls
+    assert "clip_eps_high" not in module.settings.args and "clip_eps_high" not in module.hparams
+    with pytest.raises(TypeError, match="clip_eps_high"):
+        GRPO(clip_eps_high=0.3)
 
 
 def test_the_module_records_every_knob_its_pieces_run_with_defaults_included():
-    assert GRPO().hparams.piece_args == {}
-    assert GRPO(advantage_estimator="pass-at-k").hparams.piece_args == {"pass_at_k": 4}
-    assert GRPO(policy_loss="sapo", piece_args={"sapo_tau_pos": 2.0}).hparams.piece_args == {
-        "sapo_tau_pos": 2.0, "sapo_tau_neg": 1.05}  # fmt: skip
-    recorded = GRPO(policy_loss="clip-cov", rollout_correction="icepop").hparams.piece_args
-    assert recorded == {"clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0, "is_mask_low": 0.5, "is_mask_high": 5.0}
+    def knobs(module) -> dict:
+        return {kind: module.hparams[kind] for kind in ("advantage_estimator", "policy_loss", "rollout_correction")}
+
+    assert knobs(GRPO(rollout_correction="none")) == {
+        "advantage_estimator": {"name": "grpo", "knobs": {}},
+        "policy_loss": {"name": "ppo-clip", "knobs": {"clip_eps_low": 0.2, "clip_eps_high": 0.2, "dual_clip_c": None}},
+        "rollout_correction": {"name": "none", "knobs": {}}}  # fmt: skip
+    assert GRPO(advantage_estimator="pass-at-k").hparams.advantage_estimator == {"name": "pass-at-k", "knobs": {"pass_at_k": 4}}
+    assert GRPO(policy_loss={"name": "sapo", "knobs": {"sapo_tau_pos": 2.0}}).hparams.policy_loss == {
+        "name": "sapo", "knobs": {"sapo_tau_pos": 2.0, "sapo_tau_neg": 1.05}}  # fmt: skip
+    recorded = GRPO(policy_loss="clip-cov", rollout_correction="icepop").hparams
+    assert recorded.policy_loss["knobs"] == {"clip_eps_low": 0.2, "clip_eps_high": 0.2, "clip_cov_ratio": 2e-4,
+                                            "clip_cov_lb": 1.0, "clip_cov_ub": 5.0}  # fmt: skip
+    assert recorded.rollout_correction == {"name": "icepop", "knobs": {"is_mask_low": 0.5, "is_mask_high": 5.0}}
+    assert "piece_args" not in recorded
+    assert all(type(recorded[k]["name"]) is str for k in ("policy_loss", "rollout_correction"))  # plain, for pickles
 
 
 def test_the_recorded_knobs_are_the_runs_mlflow_params():
     from rlvr_lightning.cli.config_logging import logged_params
 
     params = logged_params({"trainer": {"max_steps": 3}}, GRPO(advantage_estimator="pass-at-k"))
-    assert params["model.init_args.piece_args.pass_at_k"] == 4 and params["model.init_args.clip_eps_high"] == 0.2
+    assert params["model.init_args.advantage_estimator.knobs.pass_at_k"] == 4
+    assert params["model.init_args.policy_loss.name"] == "ppo-clip"
+    assert params["model.init_args.policy_loss.knobs.clip_eps_high"] == 0.2
 
 
 # ---- token-level rollout corrections under losses with one term per sequence -------------------
@@ -126,7 +170,7 @@ def test_a_dropped_token_gets_no_gradient_from_per_token_losses(loss):
     logp = torch.log(torch.tensor([[0.5, 0.25, 0.125]])).requires_grad_()
     batch, norms = one_sequence([2.0, 0.0, 1.0], logp)
     objective = compose_objective({"policy_loss": loss, "loss_agg": "seq-mean-token-mean", "kl_coef": 0.0,
-                                   "clip_eps_low": 0.2, "clip_eps_high": 0.2, "kl_estimator": "k3"})  # fmt: skip
+                                   "kl_estimator": "k3"})  # fmt: skip
     value, _ = objective.micro_batch_loss(batch, logp, norms, on_policy=True)
     value.backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[-2 / 3, 0.0, -1 / 3]]))
@@ -147,7 +191,7 @@ def test_sequence_level_corrections_weigh_a_sequence_term_whole(loss):
     GRPO(policy_loss=loss, rollout_correction="tis-sequence")
     logp = torch.log(torch.tensor([[0.5, 0.25, 0.125]])).requires_grad_()
     objective = compose_objective({"policy_loss": loss, "loss_agg": "seq-mean-token-mean", "kl_coef": 0.0,
-                                   "clip_eps_low": 0.2, "clip_eps_high": 0.2, "kl_estimator": "k3"})  # fmt: skip
+                                   "kl_estimator": "k3"})  # fmt: skip
     grads = []
     for w in (1.0, 0.5):
         batch, norms = one_sequence([w] * 3, logp)

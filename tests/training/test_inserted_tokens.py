@@ -48,7 +48,8 @@ def test_the_trained_ids_are_the_sampled_and_inserted_ids_in_order_and_only_samp
     [
         (GRPO, {}),  # per-token clipped loss, seq-mean-token-mean
         (GRPO, {"policy_loss": "gspo", "loss_agg": "seq-mean-token-mean"}),  # one ratio per sequence
-        (GRPO, {"loss_agg": "seq-mean-token-sum", "kl_estimator": "k3", "kl_coef": 0.1, "dual_clip_c": 3.0}),  # KL
+        (GRPO, {"loss_agg": "seq-mean-token-sum", "kl_estimator": "k3", "kl_coef": 0.1,
+                "policy_loss": {"name": "ppo-clip", "knobs": {"dual_clip_c": 3.0}}}),  # KL
         (REAL, {"num_mini_batches": 1}),  # group-level loss over sequence log-ratios
     ],
     ids=["grpo", "gspo", "kl", "real"],

@@ -20,8 +20,8 @@ NORMS = OptimizerStepNorms(num_seqs=2, num_tokens=5, num_groups=1, num_mixed_seq
 
 
 def objective(kl_coef: float = 0.0):
-    values = {"policy_loss": "ppo-clip", "loss_agg": "token-mean", "kl_estimator": "k3", "kl_coef": kl_coef,
-              "clip_eps_low": 0.2, "clip_eps_high": 0.2, "dual_clip_c": None, "piece_args": None}  # fmt: skip
+    values = {"policy_loss": {"name": "ppo-clip", "knobs": {"clip_eps_low": 0.2, "clip_eps_high": 0.2, "dual_clip_c": None}},
+              "loss_agg": "token-mean", "kl_estimator": "k3", "kl_coef": kl_coef}  # fmt: skip
     return compose_objective(values)
 
 

@@ -240,7 +240,7 @@ def test_a_lagged_batch_trains_on_the_engines_logprobs_and_the_sync_waits_for_th
 def test_a_lagged_batch_with_a_rollout_correction_weighs_the_trainers_theta_old_against_the_engine(lagged_module):
     import torch
 
-    module = lagged_module(rollout_correction="tis-token", tis_cap=1.5)
+    module = lagged_module(rollout_correction={"name": "tis-token", "knobs": {"tis_cap": 1.5}})
     assert module.rlvr_step.resolved.behaviour == "trainer"
     result = module.train_on_batch(next(iter(module.trainer.datamodule.train_dataloader())))
     inputs = result.inputs

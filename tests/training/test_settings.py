@@ -37,13 +37,15 @@ def test_a_group_given_as_a_dict_is_the_same_settings_and_an_unknown_key_names_t
                                        "max_grad_norm": 1.0, "fused": False}  # fmt: skip
     assert (again.settings.optim, again.settings.compute, again.settings.behaviour) == (
         module.settings.optim, module.settings.compute, module.settings.behaviour)  # fmt: skip
-    assert again.settings.args["clip_eps_high"] == 0.28
+    assert again.settings.args["policy_loss"].knobs["clip_eps_high"] == 0.28
+    assert again.settings.pieces.objective.loss.keywords == module.settings.pieces.objective.loss.keywords
     with pytest.raises(ConfigError, match="OptimSettings: .*'lrr'.*its settings are lr, weight_decay"):
         GRPO(optim={"lrr": 1e-3})
 
 
 def test_the_groups_do_not_feed_the_pieces_knobs_and_two_pass_is_reals():
-    """Only the flat algorithm arguments are the pieces' `AlgorithmArgs`; `two_pass` is REAL's argument."""
+    """Only the flat algorithm arguments are the step's `args` (the pieces read their own choices' knobs);
+    `two_pass` is REAL's argument."""
     settings = GRPO(optim=OptimSettings(lr=0.5)).settings
     assert "lr" not in settings.args and "optim" not in settings.args and "micro_batch_size" not in settings.args
     assert REAL(two_pass=True).settings.pieces.objective.two_pass
@@ -83,7 +85,7 @@ def test_the_settings_of_a_parsed_configuration_are_the_modules():
                     "--model.init_args.compute.micro_batch_size", "8"])  # fmt: skip
     settings = StepSettings.of_config(cfg.model)
     assert settings.optim.lr == 3e-5 and settings.compute.micro_batch_size == 8
-    assert settings.args["clip_eps_high"] == 0.28 and settings.optimizer_steps_per_rollout_batch == 4
+    assert settings.args["policy_loss"].knobs["clip_eps_high"] == 0.28 and settings.optimizer_steps_per_rollout_batch == 4
     built = DAPO(**cfg.model.init_args.as_dict()).settings
     assert (built.optim, built.compute, built.behaviour, dict(built.args)) == (
         settings.optim, settings.compute, settings.behaviour, dict(settings.args))  # fmt: skip
@@ -106,13 +108,18 @@ def test_a_presets_k_takes_what_it_leaves_unset_from_its_class(tmp_path):
 
 
 def test_the_recorded_hyper_parameters_are_plain_values_a_weights_only_checkpoint_loads(tmp_path):
-    """The CLI parses piece names into checked `str` subtypes; a checkpoint's hyper-parameters must hold plain
-    strings and dicts, or `torch.load(weights_only=True)` refuses the resumed run's checkpoint."""
+    """The CLI parses each piece into its choice (a dataclass) with the name a checked `str` subtype; a checkpoint's
+    hyper-parameters must hold plain strings and dicts, or `torch.load(weights_only=True)` refuses the resumed
+    run's checkpoint."""
     import torch
 
+    from rlvr_lightning.pieces.choices import AdvantageEstimatorChoice, PolicyLossChoice
     from rlvr_lightning.pieces.kinds import AdvantageEstimatorName, PolicyLossName
 
-    module = GRPO(advantage_estimator=AdvantageEstimatorName("rloo"), policy_loss=PolicyLossName("ppo-clip"))
-    assert type(module.hparams["advantage_estimator"]) is str and module.settings.args["advantage_estimator"] == "rloo"
+    module = GRPO(advantage_estimator=AdvantageEstimatorChoice(AdvantageEstimatorName("rloo")),
+                  policy_loss=PolicyLossChoice(PolicyLossName("ppo-clip"), {"clip_eps_high": 0.28}))  # fmt: skip
+    recorded = module.hparams["advantage_estimator"]
+    assert type(recorded) is dict and type(recorded["name"]) is str and recorded == {"name": "rloo", "knobs": {}}
+    assert type(module.hparams["policy_loss"]["name"]) is str and module.settings.args["advantage_estimator"].name == "rloo"
     torch.save({"hyper_parameters": dict(module.hparams)}, tmp_path / "hparams.pt")
     assert torch.load(tmp_path / "hparams.pt", weights_only=True)["hyper_parameters"]["compute"]["micro_batch_size"] == 64

@@ -25,6 +25,7 @@ import torch.distributed
 
 from rlvr_lightning.context import Collectives, StepContext
 from rlvr_lightning.models.forward import policy_forward
+from rlvr_lightning.pieces import policy_losses
 from rlvr_lightning.pieces.advantages import group_advantage
 from rlvr_lightning.pieces.covariance import kl_cov_selection
 from rlvr_lightning.pieces.kinds import TokenSelectionInputs
@@ -71,9 +72,10 @@ def rank_update(world_size: int, reduce, loss: str, max_tokens: int | None) -> t
     aggregator `loss`, REAL's loss `loss` on micro-batches of whole groups, or a loss with a token
     selection, Clip-Cov or KL-Cov), and its step context."""
     real, own_loss = loss.startswith("real-"), loss not in AGGREGATORS
-    values = {"policy_loss": loss if own_loss else "ppo-clip", "loss_agg": "token-mean" if own_loss else loss,
-              "kl_estimator": "k3", "kl_coef": 0.0, "clip_eps_low": EPS_LOW, "clip_eps_high": EPS_HIGH,
-              "piece_args": SELECTIONS.get(loss)}  # fmt: skip
+    name = loss if own_loss else "ppo-clip"
+    clip = {"clip_eps_low": EPS_LOW, "clip_eps_high": EPS_HIGH} if "clip_eps_low" in policy_losses.get(name).knobs else {}
+    values = {"policy_loss": {"name": name, "knobs": {**clip, **SELECTIONS.get(loss, {})}},
+              "loss_agg": "token-mean" if own_loss else loss, "kl_estimator": "k3", "kl_coef": 0.0}  # fmt: skip
     plan = UpdateLayout(1, 1, G if real else 3, max_tokens, 0, 1.0, float(MAX_LEN))
     rank = torch.distributed.get_rank() if world_size > 1 else 0
     step = StepContext(
