@@ -141,11 +141,12 @@ class Scoring:
 
 
 def answer_metadata(rollout: Rollout, rollout_batch: int = 0, rank: int = 0) -> list[dict[str, Any]]:
-    """What a user's function is told of each answer besides its text and gold."""
+    """What a user's function is told of each answer besides its text and gold (`index`: its place in the scored
+    batch, the G answers to a prompt side by side)."""
     truncated = rollout.truncated.tolist()
     return [{"id": rollout.batch.ids[rollout.group_of(n)], "prompt": rollout.batch.prompts[rollout.group_of(n)],
              "truncated": truncated[n], "response_tokens": len(rollout.completions[n].token_ids),
-             "rollout_batch": rollout_batch, "rank": rank} for n in range(rollout.num_sequences)]  # fmt: skip
+             "rollout_batch": rollout_batch, "rank": rank, "index": n} for n in range(rollout.num_sequences)]  # fmt: skip
 
 
 def call(fn: Callable, path: str, text: str, gold: str, metadata: dict) -> tuple[float, dict]:
