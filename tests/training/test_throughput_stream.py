@@ -218,10 +218,10 @@ def test_dapo_takes_its_first_round_from_the_throughput_stream(lagged_module):
     """DAPO's round 0 is as many groups as its first round has prompts (the batch and its extra prompts),
     taken as they finish; its refills are generated now, by the version being trained."""
     from rlvr_lightning.algos import DAPO
-    from tests.training.test_rollout_stream import HalfMixedReward
+    from tests.training.test_rollout_stream import HALF_MIXED
 
     module = lagged_module(max_staleness=2, stream_mode="throughput", module_class=DAPO, gen_batch_size=3,
-                           callbacks=[HalfMixedReward()])  # fmt: skip
+                           rewards=HALF_MIXED)  # fmt: skip
     server = module.session.engine = GatedServer(module.policy, module.trainer.datamodule.tokenizer)
     server.gate.set()
     results = run_steps(module, 3)
