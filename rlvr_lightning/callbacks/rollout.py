@@ -38,7 +38,7 @@ class AdvantageShaper(RolloutCallback):
     shaper knows its batch is fully scored when it has seen every group it asked for).
 
     `weighs_sampled_tokens_only`: True for a shaper that leaves an environment's inserted tokens (a tool's output,
-    `Completion.sampled`) out of its weights and their normalisation; a run in an environment refuses the others.
+    `Completion.sampled_mask`) out of its weights and their normalisation; a run in an environment refuses the others.
     """
 
     weighs_sampled_tokens_only: bool = False

@@ -296,8 +296,8 @@ def test_in_an_environment_the_throughput_stream_trains_episodes_with_each_token
         assert r.metrics["staleness_max"] <= 1
         for c in r.rollout.completions:
             assert len(c.versions) == len(c.token_ids) == len(c.logprobs) and c.versions == sorted(c.versions)
-            for i, s in enumerate(c.sampled):
-                if s == 0:
+            for i, s in enumerate(c.sampled_mask):
+                if not s:
                     inserted += 1
                     assert i > 0 and c.versions[i] == c.versions[i - 1] and c.logprobs[i] == 0.0
     assert inserted > 0
