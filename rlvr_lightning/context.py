@@ -71,7 +71,7 @@ class StepContext:
     total_rollout_batches: float  # the run's length in rollout batches (math.inf when unbounded)
     seed: int  # the data seed every sampling and noise seed derives from
     scoring: Any = None  # the scoring stage (`training.scoring.Scoring`): correctness and reward terms
-    scorers: tuple = ()  # rollout callbacks that see the scored rollout (and, for now, may override its verdict)
+    observers: tuple = ()  # rollout callbacks that watch each scored rollout (`on_rollout_generated`)
     teacher: Any = None  # on-policy distillation's teacher (`training.teacher`), None without one
 
     @property

@@ -2,7 +2,8 @@
 `embedded`) on one or more benchmarks with vLLM, recorded as an MLflow run: `eval/<bench>/accuracy`,
 `pass_at_<k>`, `maj_at_<k>` (with `_se` standard errors), `accuracy_greedy`, the sampling settings as
 params (`eval/<bench>/temperature`, …), and a samples table per benchmark. The scoring is the
-in-training `Evaluation` callback's own (each --bench is one of its `benchmarks`).
+in-training `Evaluation` callback's own (each --bench is one of its `benchmarks`): correctness from math-verify
+against the gold, or from `--correctness` (`environment`, or `module.function`), as a run's `rewards.correctness`.
 
     python -m rlvr_lightning.evaluate --model exports/<run>/final --bench path/to/math500.jsonl
     make eval CKPT=exports/<run>/final BENCH="embedded path/to/gsm8k.jsonl"
@@ -34,7 +35,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
     from rlvr_lightning.errors import ConfigError
     from rlvr_lightning.models.checkpoint import is_lightning_checkpoint, policy_from_checkpoint
     from rlvr_lightning.models.lora import is_adapter_dir, read_adapter
-    from rlvr_lightning.rewards.settings import RewardSettings, VerifierSettings
+    from rlvr_lightning.rewards.settings import ENVIRONMENT, RewardSettings, VerifierSettings
     from rlvr_lightning.rollout.settings import RolloutSettings
     from rlvr_lightning.training.generation import sample
     from rlvr_lightning.training.scoring import Scoring
@@ -42,6 +43,9 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
     names = [bench_name(s) for s in args.bench]
     if len(set(names)) < len(names):
         raise ConfigError(f"--bench: two benchmarks share a name ({names}); give each file a distinct stem")
+    if args.correctness == ENVIRONMENT and not (args.environment or args.tool_max_calls):
+        raise ConfigError("--correctness environment: the answers need an environment to judge them (--environment or --tool-max-calls)")
+    scoring = Scoring(RewardSettings(args.correctness, verifier=VerifierSettings(num_workers=args.verifier_workers)))
     model, adapter = args.model, None
     if is_lightning_checkpoint(model):  # a training checkpoint: its policy, as an HF directory beside it
         model = str(policy_from_checkpoint(model))
@@ -107,7 +111,6 @@ def evaluate(args: argparse.Namespace) -> dict[str, float]:
         run_name=args.run_name,
         tags={"kind": "evaluation", "model": args.model},
     )
-    scoring = Scoring(RewardSettings(verifier=VerifierSettings(num_workers=args.verifier_workers)))
     environment = eval_environment(args)
     engine = model_engine(dm, adapter)
     try:
@@ -202,6 +205,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--engine", default="vllm", choices=["vllm", "hf"])
     p.add_argument("--dtype", default="float32")
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
+    p.add_argument(
+        "--correctness", default="math-verify",
+        help="where correctness comes from, as a run's rewards.correctness: math-verify (against the gold), environment, or module.function",
+    )  # fmt: skip
     p.add_argument("--verifier-workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tracking-uri", default="sqlite:///mlruns/mlflow.db")

@@ -130,7 +130,7 @@ def _batch(vocab: int, shape: UpdateShape, device: torch.device, seed: int):
     ids = torch.randint(3, vocab, (n, P + T), generator=g)
     ones = torch.ones(n, P + T, dtype=torch.long)
     return RolloutTensors(ids, ones, torch.arange(P + T).expand(n, -1).contiguous(), torch.ones(n, T),
-                          torch.zeros(n, T), P).to(device)  # fmt: skip
+                          torch.zeros(n, T), P, torch.ones(n, T)).to(device)  # fmt: skip
 
 
 def measured(model_config, shape: UpdateShape, workdir: Path, steps: int = 2, profile: bool = False) -> dict:

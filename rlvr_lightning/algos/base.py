@@ -121,6 +121,10 @@ class RLVRModule(L.LightningModule):
             self._step = wiring.training_step(self)
         return self._step
 
+    def drop_step(self) -> None:
+        """Forget the built training step: its next use builds it again, from the module's settings as they are then."""
+        self._step = None
+
     def step_context(self):
         return wiring.step_context(self)
 

@@ -46,15 +46,17 @@ def segment_boxed(
     response_ids: list[int],
     tokenizer,
     conclude_template: str = DEFAULT_CONCLUDE,
-    sampled: list[int] | None = None,
+    sampled_mask: list[bool] | None = None,
 ) -> ScoringInput | None:
     """The scoring input of one rollout (docs/algorithms.md#oar-scoring-input-and-read-outs), or None when it has no parsable `\\boxed{}` answer
-    (none, unbalanced or empty; `\\fbox{}` counts too, as for the verifier). `sampled` (`Completion.sampled`): in an
+    (none, unbalanced or empty; `\\fbox{}` counts too, as for the verifier). `sampled_mask` (`Completion.sampled_mask`): in an
     environment, the box is the last one the model wrote itself, as the verifier reads its own words; the reasoning
     before it keeps the inserted tokens (they are context), which `OARAttribution` leaves unweighted."""
 
+    own = [True] * len(response_ids) if sampled_mask is None else sampled_mask  # None: a response outside an environment
+
     def own_text(k: int) -> str:  # the model's own words in the first k response tokens
-        ids = response_ids[:k] if not sampled else [t for t, s in zip(response_ids[:k], sampled[:k]) if s]
+        ids = [t for t, s in zip(response_ids[:k], own[:k]) if s]
         return tokenizer.decode(ids, skip_special_tokens=True)
 
     # The box the verifier scores (same extraction), so OAR reshapes the reasoning behind that answer.

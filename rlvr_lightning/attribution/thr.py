@@ -146,11 +146,11 @@ class GroupScores:
         return out
 
 
-def sampled_positions(token_ids: list[int], sampled: list[int]) -> torch.Tensor:
-    """The positions of a response's tokens that its policy sampled (all when nothing was inserted)."""
-    if not sampled:
-        return torch.arange(len(token_ids))
-    return torch.tensor([i for i, s in enumerate(sampled) if s], dtype=torch.long)
+def sampled_positions(sampled_mask: list[bool]) -> torch.Tensor:
+    """The positions of a response's tokens that its policy sampled (`Completion.sampled_mask`)."""
+    if all(sampled_mask):
+        return torch.arange(len(sampled_mask))
+    return torch.tensor([i for i, s in enumerate(sampled_mask) if s], dtype=torch.long)
 
 
 def rollout_thr(
@@ -168,8 +168,8 @@ def rollout_thr(
         if group * G not in hidden_states:
             continue
         completions = [rollout.completions[n] for n in seqs]
-        inserted = any(0 in c.sampled for c in completions)
-        where = [sampled_positions(c.token_ids, c.sampled) for c in completions]
+        inserted = any(c.has_inserted for c in completions)
+        where = [sampled_positions(c.sampled_mask) for c in completions]
         hidden = torch.cat([hidden_states[n][w.to(hidden_states[n].device)] for n, w in zip(seqs, where)])
         if isinstance(lm_head, torch.nn.Module):  # captured hidden states wait in host memory
             hidden = hidden.to(next(lm_head.parameters()).device)

@@ -215,8 +215,8 @@ class OARAttribution(AdvantageShaper):
         owns = []  # per scored rollout, the reasoning positions the policy sampled (in an environment, not all)
         for n in candidates:
             c = rollout.completions[n]
-            seg = segment_boxed(rollout.prompt_ids[n // G], c.token_ids, tok, self.conclude_template, c.sampled)
-            own = [i for i in range(seg.r1 - seg.r0) if not c.sampled or c.sampled[i]] if seg is not None else []
+            seg = segment_boxed(rollout.prompt_ids[n // G], c.token_ids, tok, self.conclude_template, c.sampled_mask)
+            own = [i for i in range(seg.r1 - seg.r0) if c.sampled_mask[i]] if seg is not None else []
             if own:
                 inputs.append(seg)
                 rows.append(n)

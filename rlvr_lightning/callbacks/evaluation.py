@@ -13,6 +13,10 @@ sample completions (prompt, completion, parsed answer, gold, reward) as the MLfl
 `benchmarks` adds named benchmarks (MATH-500, AIME24, … by path or HF name), each with its own
 sampling settings: `val/<name>/accuracy`, `val/<name>/pass_at_<k>`, `val/<name>/maj_at_<k>`,
 `val/<name>/accuracy_greedy`, with the settings recorded as MLflow params `val/<name>/temperature`, ….
+Correctness is the run's own (`rewards.correctness`): math-verify against the gold by default (with the run's
+`verifier` options), the environment's verdict, or your function; `accuracy` is its mean, and pass@k and maj@k
+count an answer correct when it has full credit (c = 1). `make eval` scores with math-verify unless given
+`--correctness`, the same values, so a run's held-out scores and `make eval` of its export agree given the run's.
 Not a Lightning validation loop: evaluation needs the engine and the verifier, not `validation_step`.
 `Evaluation.run` scores an `EvalTarget` (a sampler, the data module, the verifier, a logger), so `make eval`
 evaluates a model without a training module or a trainer. Under several ranks (FSDP) each rank scores its
@@ -300,9 +304,9 @@ class Evaluation(Callback):
         samples: dict[str, list] = {"prompt": [], "completion": [], "parsed_answer": [], "gold": [], "reward": []}
         for batch in batches:
             rollout = target.generate(batch, sampling)
-            c, m = target.scoring.correctness(rollout)
+            c, _ = target.scoring.correctness(rollout)
             correct.append(c)
-            per_problem = c.view(len(batch), sampling.group_size)  # completions are grouped per problem
+            per_problem = (c >= 1).view(len(batch), sampling.group_size)  # full credit; grouped per problem
             for metric in pass_metrics.values():
                 metric.update(per_problem)
             answers = [extract_prediction(t) for t in rollout.answer_texts]
@@ -317,7 +321,7 @@ class Evaluation(Callback):
                 for key, value in zip(samples, row):
                     samples[key].append(value)
             lengths.extend(rollout.response_lengths.tolist())
-            no_answer += m["no_answer_frac"] * len(c)
+            no_answer += sum(a is None for a in answers)  # whatever gives correctness
             n_problems += len(batch)
             for key, value in rollout.metrics.items():  # generation's: an environment's episode metrics, if any
                 episode_sums[key] = episode_sums.get(key, 0.0) + value * len(c)

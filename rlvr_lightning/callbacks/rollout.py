@@ -1,10 +1,11 @@
 """The hooks a callback can have inside the training step, and which callbacks have them.
 
-`RolloutCallback.on_rollout_generated` runs right after generation; the reward verifier returns its
-verdict on the rollout there (the step makes the scored rollout from it; nothing writes into a rollout). An `AdvantageShaper` reweights token advantages, Â'_{n,t} = Â_n · w_{n,t}: THR and
-OAR are shapers, and any number of them compose by multiplying their weights. The step's stages call
-these hooks with the step's context (policy, tokenizer, counters) and the scored batch; a shaper's
-metrics for the batch are read once the update is done (`batch_metrics`).
+`RolloutCallback.on_rollout_generated` runs right after generation and scoring: a callback watches the scored
+rollout there and changes nothing (correctness and reward terms have one owner, the module's scoring stage,
+`training.scoring`, configured by its `rewards` section). An `AdvantageShaper` reweights token advantages,
+Â'_{n,t} = Â_n · w_{n,t}: THR and OAR are shapers, and any number of them compose by multiplying their weights.
+The step's stages call these hooks with the step's context (policy, tokenizer, counters) and the scored batch; a
+shaper's metrics for the batch are read once the update is done (`batch_metrics`).
 """
 
 from __future__ import annotations
@@ -14,15 +15,15 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from rlvr_lightning.context import ScoredBatch, StepContext
-from rlvr_lightning.rollout.types import Rollout, Verdict
+from rlvr_lightning.rollout.types import Rollout
 
 
 class RolloutCallback(Callback):
     """A Lightning callback that also sees each freshly generated rollout batch."""
 
-    def on_rollout_generated(self, step: StepContext, rollout: Rollout) -> Verdict | None:
-        """After generation: a scorer (the reward verifier) returns its `Verdict` on the rollout; a callback
-        that only watches returns None. A later callback sees the rollout an earlier one scored."""
+    def on_rollout_generated(self, step: StepContext, rollout: Rollout) -> None:
+        """After generation and scoring: the scored rollout (its correctness and reward terms), to watch; it returns
+        None (the step refuses a returned value: give correctness with `rewards.correctness`)."""
         return None
 
 
@@ -37,7 +38,7 @@ class AdvantageShaper(RolloutCallback):
     shaper knows its batch is fully scored when it has seen every group it asked for).
 
     `weighs_sampled_tokens_only`: True for a shaper that leaves an environment's inserted tokens (a tool's output,
-    `Completion.sampled`) out of its weights and their normalisation; a run in an environment refuses the others.
+    `Completion.sampled_mask`) out of its weights and their normalisation; a run in an environment refuses the others.
     """
 
     weighs_sampled_tokens_only: bool = False

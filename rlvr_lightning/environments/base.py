@@ -3,10 +3,12 @@
 An answer is sampled in segments. A segment ends where the model ends its answer (EOS, a stop string of the
 sampling settings), where it writes one of the environment's `stop` strings (a tool call's closing marker), or
 at the response budget. After each, the environment sees the episodes (`environments.episodes.Episode`: the
-problem, the latest segment's text, the turns so far, a dict of its own notes) and replies to each: with text
+problem, the latest segment's text, the turns so far, its calls and notes so far) and replies to each: with text
 to append, whose tokens are context only (no loss, no KL, no entropy; they count against the budget), after
 which the model goes on; or with the end of the episode, why it ended and, if it gives one, the episode's
 reward (logged as `train/reward_environment_mean`, added to the verifier's correctness as a reward term).
+An environment writes nothing into an episode: what it ran and its notes come back in the `Reply`, and the
+episode loop keeps them.
 
 A user's environment is a subclass in the user's own module, chosen by dotted path:
 
@@ -18,8 +20,8 @@ an answer is one segment scored by the verifier alone, as it always was.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -41,12 +43,18 @@ class Reply:
     output, anything the model's code or an outside source wrote). Its text is encoded as plain text: a
     chat template's control tokens spelt there (`<|im_end|>`) stay characters and never become the tokens
     themselves; the rest of `text` is encoded as the tokenizer reads it (a turn of the environment's may use
-    them)."""
+    them).
+
+    `calls`: what the environment ran for this turn (the Python tool's `ToolCall`), appended to `Episode.calls`;
+    `notes`: entries the loop sets in `Episode.state`, the environment's own notes on the episode (its void turns
+    so far). Both are kept whether or not the episode goes on."""
 
     text: str | None = None
     stop: str = "answered"
     reward: float | None = None
     data: tuple[int, int] | None = None
+    calls: tuple[Any, ...] = ()
+    notes: Mapping[str, Any] = field(default_factory=dict)
 
     def token_ids(self, tokenizer) -> list[int]:
         """The ids appended for `text`: the environment's words as the tokenizer reads them, `data` with no

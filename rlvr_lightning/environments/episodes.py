@@ -2,7 +2,8 @@
 token ids, and sample on from there, until each answer ends or hits a limit (`environments.base`).
 
 Token-in/token-out: a completion's ids are exactly the ids the engine sampled, with the ids of each reply the
-library tokenized between them (`Completion.sampled` marks which is which); nothing the model wrote is decoded
+library tokenized between them (`Episode.add_tokens` marks which is which in `sampled_mask`, the one mask that
+goes on to the loss as `Completion.sampled_mask`); nothing the model wrote is decoded
 and encoded again. Text is decoded only for the environment to read. An engine that honours stop strings (vLLM)
 ends a segment at the environment's stop string; where one samples past it (the HF engine, or a stop string
 split across two requests), the segment is cut at the first token that completes it, and what follows is
@@ -38,6 +39,7 @@ _ONE_REPLY_AT_A_TIME = threading.Lock()
 @dataclass
 class Episode:
     """One answer in the making: its prompt and problem, its response so far, and what the environment did.
+    The loop writes it; an environment reads it and returns what it adds (`Reply.calls`, `Reply.notes`).
     Episodes of a batch generated ahead go into checkpoints as plain values (`to_state`): `calls` as dicts
     where they are dataclasses (the environment's `load_call` rebuilds them), `state` as it is."""
 
@@ -46,7 +48,7 @@ class Episode:
     answer: str = ""  # its gold answer
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    sampled: list[int] = field(default_factory=list)
+    sampled_mask: list[bool] = field(default_factory=list)  # per token of `ids`: sampled (True) or inserted (False)
     versions: list[int] = field(default_factory=list)  # the policy version of each token, where known (async)
     turns: int = 0
     turn_start: int = 0  # where the current turn's tokens begin in `ids` (after the last reply)
@@ -54,32 +56,37 @@ class Episode:
     stopped_at: str | None = None  # the environment's stop string the latest segment ended on
     stop: str | None = None  # why it ended (`Reply.stop`, or the loop's "length" / "max_turns")
     reward: float | None = None  # the environment's reward, when it gave one
-    calls: list[Any] = field(default_factory=list)  # what the environment ran for it (the Python tool's calls)
+    calls: list[Any] = field(default_factory=list)  # what the environment ran for it (`Reply.calls`, in order)
     reply_seconds: float = 0.0  # its share of the wall time its environment took to reply (a batch's, split evenly)
-    state: dict[str, Any] = field(default_factory=dict)  # the environment's own notes on it
+    state: dict[str, Any] = field(default_factory=dict)  # the environment's own notes on it (`Reply.notes`)
 
-    def add(self, ids: list[int], logprobs: list[float], sampled: int, versions: list[int] | None = None) -> None:
+    def add_tokens(self, ids: list[int], logprobs: list[float], versions: list[int] | None, *, sampled: bool) -> None:
+        """Append tokens the engine `sampled`, or that the environment inserted (`sampled=False`): the one place
+        a token's mark is made."""
         self.ids += ids
         self.logprobs += logprobs
-        self.sampled += [sampled] * len(ids)
+        self.sampled_mask += [sampled] * len(ids)
         if versions is not None:
             self.versions += versions
 
     @property
     def own_ids(self) -> list[int]:
         """The tokens the model sampled, without what the environment inserted."""
-        return [t for t, s in zip(self.ids, self.sampled) if s]
+        return [t for t, s in zip(self.ids, self.sampled_mask) if s]
 
     def completion(self, excluded: str = "") -> Completion:
         finish = "length" if self.stop == "length" else "stop"
-        sampled = self.sampled if 0 in self.sampled else []
-        return Completion(self.ids, self.logprobs, finish, list(self.versions), sampled=sampled, excluded=excluded)
+        return Completion(self.ids, self.logprobs, finish, list(self.versions), list(self.sampled_mask), excluded)
 
     def to_state(self) -> dict[str, Any]:
         return asdict(self)
 
     @staticmethod
     def from_state(state: dict[str, Any], environment: Environment) -> Episode:
+        """An episode `to_state` saved; one saved before `sampled_mask` holds `sampled` (1/0 per token) instead."""
+        state = dict(state)
+        if "sampled" in state:
+            state["sampled_mask"] = [bool(s) for s in state.pop("sampled")]
         episode = Episode(**state)
         episode.calls = [environment.load_call(c) for c in episode.calls]
         return episode
@@ -127,6 +134,15 @@ def generate_episodes(
     return [episodes[i * G : (i + 1) * G] for i in range(len(prompt_ids))]
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What one `advance_episodes` call takes episodes to."""
+
+    cap: int  # the response tokens an episode stops at in this call (a piece of a partial rollout)
+    budget: int  # the response tokens an episode may hold in all (`sampling.max_tokens`), replies included
+    version: int | None  # the policy version of tokens the engine does not version itself (None: not recorded)
+
+
 def advance_episodes(
     generate: Generate,
     tokenizer,
@@ -143,60 +159,81 @@ def advance_episodes(
     Episodes with nothing generated start with one request per prompt (`sampling`'s seed and group size); those
     stopped at an earlier cap continue with one request each, seeded from `sampling.seed`."""
     budget = sampling.max_tokens
-    cap = budget if cap is None else min(cap, budget)
+    limits = Limits(budget if cap is None else min(cap, budget), budget, version)
     stops = tuple(environment.stop)
-    segment_sampling = replace(sampling, stop=(*sampling.stop, *stops)) if stops else sampling
-    if all(not e.ids and not e.turns for e in episodes):  # a fresh batch: its groups, as one request per prompt
-        G = sampling.group_size
-        prompts = [e.prompt for e in episodes[::G]]
-        groups = generate(prompts, replace(segment_sampling, max_tokens=cap))
-        active, segments = list(range(len(episodes))), [c for group in groups for c in group]
-    else:
-        active = [n for n, e in enumerate(episodes) if e.stop is None and len(e.ids) < cap]
-        segments = continuations(generate, episodes, active, segment_sampling, cap, turn=0)
+    sampling = replace(sampling, stop=(*sampling.stop, *stops)) if stops else sampling
+    active, segments = first_segments(generate, episodes, sampling, limits.cap)
     turn = 0
     while active:
         turn += 1
-        ended = []  # the episodes whose turn ended (the others stopped at the cap mid-turn)
-        for n, segment in zip(active, segments):
-            episode = episodes[n]
-            before = len(episode.ids) - episode.turn_start  # the turn's tokens from earlier pieces
-            keep, text, hit = cut_at_stop(tokenizer, episode.ids[episode.turn_start :] + segment.token_ids, stops)
-            keep = max(0, keep - before)  # no stops: the whole segment
-            versions = segment.versions[:keep] if segment.versions else None if version is None else [version] * keep
-            episode.add(segment.token_ids[:keep], segment.logprobs[:keep], 1, versions)
-            at_cap = segment.finish_reason == "length" and hit is None
-            if at_cap and cap <= len(episode.ids) < budget:
-                continue  # stopped at the cap mid-turn: the turn goes on in a later piece
-            episode.turns += 1
-            # the kept tokens end on the stop string; the last one may carry a few characters more
-            episode.segment = text if hit is None else text[: text.find(hit) + len(hit)]
-            episode.stopped_at = hit
-            if len(episode.ids) >= budget or at_cap:
-                episode.stop = "length"
-            ended.append(episode)
+        ended = [episodes[n] for n, s in zip(active, segments) if take_segment(episodes[n], s, tokenizer, stops, limits)]
         replies = environment_replies(environment, ended) if ended else []
         for episode, reply in zip(ended, replies):
-            if episode.stop is not None:
-                continue
-            if reply.text is None:
-                episode.stop, episode.reward = reply.stop, reply.reward
-                continue
-            output = reply.token_ids(tokenizer)
-            room = budget - len(episode.ids)
-            inserted = output[:room]
-            last = episode.versions[-1] if episode.versions else version
-            versions = None if last is None else [last] * len(inserted)
-            episode.add(inserted, [0.0] * len(inserted), 0, versions)
-            episode.turn_start = len(episode.ids)
-            if output and len(output) >= room:
-                episode.stop = "length"
-            elif episode.turns >= environment.max_turns:
-                episode.stop = "max_turns"
-        active = [n for n, e in enumerate(episodes) if e.stop is None and len(e.ids) < cap]
-        if not active:
-            break
-        segments = continuations(generate, episodes, active, segment_sampling, cap, turn)
+            take_reply(episode, reply, tokenizer, environment.max_turns, limits)
+        active = unfinished(episodes, limits.cap)
+        if active:
+            segments = continuations(generate, episodes, active, sampling, limits.cap, turn)
+
+
+def unfinished(episodes: list[Episode], cap: int) -> list[int]:
+    """The episodes still going that hold fewer than `cap` response tokens."""
+    return [n for n, e in enumerate(episodes) if e.stop is None and len(e.ids) < cap]
+
+
+def first_segments(
+    generate: Generate, episodes: list[Episode], sampling: SamplingConfig, cap: int
+) -> tuple[list[int], list[Completion]]:
+    """The episodes to take on and their first segments: a fresh batch's groups as one request per prompt, else a
+    continuation of each unfinished episode."""
+    if all(not e.ids and not e.turns for e in episodes):
+        G = sampling.group_size
+        groups = generate([e.prompt for e in episodes[::G]], replace(sampling, max_tokens=cap))
+        return list(range(len(episodes))), [c for group in groups for c in group]
+    active = unfinished(episodes, cap)
+    return active, continuations(generate, episodes, active, sampling, cap, turn=0)
+
+
+def take_segment(episode: Episode, segment: Completion, tokenizer, stops: tuple[str, ...], limits: Limits) -> bool:
+    """Append the sampled `segment`, cut where its turn's text first completes a stop string; True when the turn
+    ended there (for the environment to reply), False when it stopped at the cap mid-turn (it goes on later)."""
+    before = len(episode.ids) - episode.turn_start  # the turn's tokens from earlier pieces
+    keep, text, hit = cut_at_stop(tokenizer, episode.ids[episode.turn_start :] + segment.token_ids, stops)
+    keep = max(0, keep - before)  # no stops: the whole segment
+    version = limits.version
+    versions = segment.versions[:keep] if segment.versions else None if version is None else [version] * keep
+    episode.add_tokens(segment.token_ids[:keep], segment.logprobs[:keep], versions, sampled=True)
+    at_cap = segment.finish_reason == "length" and hit is None
+    if at_cap and limits.cap <= len(episode.ids) < limits.budget:
+        return False
+    episode.turns += 1
+    # the kept tokens end on the stop string; the last one may carry a few characters more
+    episode.segment = text if hit is None else text[: text.find(hit) + len(hit)]
+    episode.stopped_at = hit
+    if len(episode.ids) >= limits.budget or at_cap:
+        episode.stop = "length"
+    return True
+
+
+def take_reply(episode: Episode, reply: Reply, tokenizer, max_turns: int, limits: Limits) -> None:
+    """The environment's reply to the turn: its calls and notes kept, then its text's ids inserted (within the
+    budget) or the episode ended. An episode already out of budget keeps the calls and notes alone."""
+    episode.calls += reply.calls
+    episode.state.update(reply.notes)
+    if episode.stop is not None:
+        return
+    if reply.text is None:
+        episode.stop, episode.reward = reply.stop, reply.reward
+        return
+    output = reply.token_ids(tokenizer)
+    room = limits.budget - len(episode.ids)
+    inserted = output[:room]
+    last = episode.versions[-1] if episode.versions else limits.version
+    episode.add_tokens(inserted, [0.0] * len(inserted), None if last is None else [last] * len(inserted), sampled=False)
+    episode.turn_start = len(episode.ids)
+    if output and len(output) >= room:
+        episode.stop = "length"
+    elif episode.turns >= max_turns:
+        episode.stop = "max_turns"
 
 
 def continuations(
@@ -247,7 +284,7 @@ def episode_metrics(episodes: list[Episode], environment: Environment) -> dict[s
     tokens = sum(len(e.ids) for e in episodes)
     out = {
         "turns_mean": sum(e.turns for e in episodes) / n,
-        "inserted_token_frac": sum(e.sampled.count(0) for e in episodes) / max(1, tokens),
+        "inserted_token_frac": sum(e.sampled_mask.count(False) for e in episodes) / max(1, tokens),
         "environment_seconds": sum(e.reply_seconds for e in episodes),
     }
     for reason in (*STOP_REASONS, *environment.stop_reasons):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from rlvr_lightning.environments.base import Environment, Reply
@@ -73,7 +73,7 @@ class ToolCall:
     data: tuple[int, int] | None = None
 
     def reply(self) -> Reply:
-        return Reply(self.appended, data=self.data)
+        return Reply(self.appended, data=self.data, calls=(self,))
 
 
 class PythonTool(Environment):
@@ -99,13 +99,16 @@ class PythonTool(Environment):
         return 2 * self.settings.max_calls + 2  # a marker that closes no code block resumes without a call
 
     def reply(self, episodes: Sequence[Episode]) -> list[Reply]:
+        """A call's output, the end of the answer, or nothing appended; each reply carries the call it made
+        (`Reply.calls`) and, after a void turn (neither a call nor an answer), the episode's count of them."""
         replies: list[Reply | None] = [None] * len(episodes)
+        notes: list[dict[str, int]] = [{} for _ in episodes]
         to_run: list[tuple[int, str]] = []
         for i, episode in enumerate(episodes):
             at_marker = episode.stopped_at is not None
             code = self.code_of(episode.segment) if at_marker else None
             if code is None and (at_marker or extract_prediction(episode.segment) is None):
-                episode.state["void_turns"] = episode.state.get("void_turns", 0) + 1  # neither a call nor an answer
+                notes[i] = {"void_turns": episode.state.get("void_turns", 0) + 1}
             if episode.stop is not None:  # out of budget: its code is not run
                 replies[i] = Reply(None, episode.stop)
             elif code is not None and len(episode.calls) >= self.settings.max_calls:
@@ -115,9 +118,8 @@ class PythonTool(Environment):
             else:  # the answer, or a marker that closed no code block: sample on with nothing appended
                 replies[i] = Reply("") if at_marker else Reply(None, "answered")
         for (i, _), call in zip(to_run, self.run([code for _, code in to_run])):
-            episodes[i].calls.append(call)
             replies[i] = call.reply()
-        return replies  # type: ignore[return-value]
+        return [replace(r, notes=n) if n else r for r, n in zip(replies, notes)]  # type: ignore[arg-type]
 
     def excluded(self, episode: Episode) -> str:
         """The stability guard that leaves this answer out of the loss, or "" (`PythonToolSettings.drop_*`)."""

@@ -199,9 +199,8 @@ def sequence_logprobs(
     P, L = len(prompt_ids), len(completion_ids)
     ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=device)
     ones = torch.ones_like(ids)
-    t = RolloutTensors(
-        ids, ones, torch.arange(P + L, device=device)[None], ones[:, P:], torch.zeros(1, L, device=device), P
-    )
+    response = ones[:, P:]
+    t = RolloutTensors(ids, ones, torch.arange(P + L, device=device)[None], response, torch.zeros(1, L, device=device), P, response)
     return policy_forward(model, t, 1.0, chunk_tokens=chunk_tokens, unpadded=True).logp[0].tolist()
 
 

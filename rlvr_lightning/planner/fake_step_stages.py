@@ -26,6 +26,7 @@ def step_stages(policy, reference, optimizer, setup: TrainerSetup) -> list[tuple
         torch.ones(n, T),
         torch.zeros(n, T),
         P,
+        torch.ones(n, T),  # every response token sampled
     )
     autocast = _autocast(setup)
 

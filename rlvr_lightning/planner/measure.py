@@ -45,7 +45,7 @@ def real_step_peak_bytes(setup: TrainerSetup, seed: int = 0) -> int:
     attention = torch.ones(n, P + T, dtype=torch.long)
     attention[0, 0] = 0
     positions = (attention.cumsum(1) - 1).clamp(min=0)
-    batch = RolloutTensors(ids, attention, positions, torch.ones(n, T), torch.zeros(n, T), P)
+    batch = RolloutTensors(ids, attention, positions, torch.ones(n, T), torch.zeros(n, T), P, torch.ones(n, T))
 
     def old_logprobs():
         if setup.separate_old_pass:

@@ -51,19 +51,42 @@ class Completion:
     # The policy version that sampled each token, where a sequence was continued across weight syncs
     # (partial rollouts); empty: every token by its rollout's `policy_version`.
     versions: list[int] = field(default_factory=list)
-    # 1 on each token the policy sampled, 0 on one an environment inserted (a tool's output, tokenized by the
-    # library; its log-prob entry is 0); empty: every token sampled. Inserted tokens are context for the tokens
-    # after them and nothing else: no loss, no KL, no entropy, no attribution weight, no normaliser count.
-    sampled: list[int] = field(default_factory=list)
+    # True on each token the policy sampled, False on one an environment inserted (a tool's output, tokenized by
+    # the library; its log-prob entry is 0), one per token of `token_ids`. Left out, every token is one the engine
+    # sampled. Inserted tokens are context for the tokens after them and nothing else: no loss, no KL, no entropy,
+    # no attribution weight, no normaliser count (`RolloutTensors.sampled_mask` carries it to the loss).
+    sampled_mask: list[bool] = None  # type: ignore[assignment]  # filled in by __post_init__
     # Why a stability guard leaves this completion out of the loss (a tool run's `drop_*`); "": it trains.
     excluded: str = ""
+
+    def __post_init__(self) -> None:
+        if self.sampled_mask is None:
+            self.sampled_mask = [True] * len(self.token_ids)
+        elif len(self.sampled_mask) != len(self.token_ids):
+            raise ValueError(f"a completion's sampled_mask has {len(self.sampled_mask)} entries for its "
+                             f"{len(self.token_ids)} tokens")  # fmt: skip
+
+    @staticmethod
+    def from_state(state: Mapping) -> Completion:
+        """A completion saved as a dict of its fields (a stream's checkpoint). One saved before `sampled_mask`
+        holds `sampled` instead: 1/0 per token, or empty where every token was sampled."""
+        state = dict(state)
+        if "sampled" in state:
+            legacy = state.pop("sampled")
+            state["sampled_mask"] = [bool(s) for s in legacy] if legacy else None
+        return Completion(**state)
 
     def versions_or(self, version: int) -> list[int]:
         return self.versions or [version] * len(self.token_ids)
 
     @property
     def num_sampled(self) -> int:
-        return sum(self.sampled) if self.sampled else len(self.token_ids)
+        return sum(self.sampled_mask)
+
+    @property
+    def has_inserted(self) -> bool:
+        """Whether an environment inserted any of its tokens."""
+        return not all(self.sampled_mask)
 
 
 @dataclass(frozen=True)
@@ -255,16 +278,14 @@ class Rollout:
         response_ids = torch.full((N, T), pad_id, dtype=torch.long)
         response_mask = torch.zeros((N, T), dtype=torch.float32)
         rollout_logp = torch.zeros((N, T), dtype=torch.float32)
-        inserted = any(c.sampled for c in self.completions)
-        sampled_mask = torch.zeros((N, T), dtype=torch.float32) if inserted else None
+        sampled_mask = torch.zeros((N, T), dtype=torch.float32)
         for n, comp in enumerate(self.completions):
             L = len(comp.token_ids)
             if L:
                 response_ids[n, :L] = torch.tensor(comp.token_ids)
                 response_mask[n, :L] = 1.0
                 rollout_logp[n, :L] = torch.tensor(comp.logprobs, dtype=torch.float32)
-                if sampled_mask is not None:
-                    sampled_mask[n, :L] = torch.tensor(comp.sampled, dtype=torch.float32) if comp.sampled else 1.0
+                sampled_mask[n, :L] = torch.tensor(comp.sampled_mask, dtype=torch.float32)
         input_ids = torch.cat([prompt_ids, response_ids], 1)
         attention_mask = torch.cat([prompt_attention, response_mask.long()], 1)
         return RolloutTensors(
@@ -302,19 +323,14 @@ class RolloutTensors:
     response_mask: torch.Tensor  # [N, T]  1 on response tokens (EOS included)
     rollout_logp: torch.Tensor  # [N, T]  engine log-probs, 0 on padding
     prompt_width: int  # P: responses start at this column of input_ids
-    # [N, T] 1 on response tokens the policy sampled, 0 on those an environment inserted (`Completion.sampled`);
-    # None: every response token was sampled.
-    sampled_mask: torch.Tensor | None = None
-
-    @property
-    def loss_mask(self) -> torch.Tensor:
-        """[N, T] the tokens the policy is trained on: its sampled response tokens (`response_mask` without what
-        an environment inserted, which stays in the sequence as context)."""
-        return self.response_mask if self.sampled_mask is None else self.response_mask * self.sampled_mask
+    # [N, T] 1 on the response tokens the policy sampled (`Completion.sampled_mask`), 0 on those an environment
+    # inserted (context, in `response_mask`) and on padding. The loss's mask starts from it (`UpdateInputs.loss_mask`
+    # also leaves out what the run masks: truncated or excluded completions).
+    sampled_mask: torch.Tensor
 
     def _map(self, fn) -> RolloutTensors:
         mapped = {f.name: getattr(self, f.name) for f in fields(self)}
-        return RolloutTensors(**{k: v if k == "prompt_width" or v is None else fn(v) for k, v in mapped.items()})
+        return RolloutTensors(**{k: v if k == "prompt_width" else fn(v) for k, v in mapped.items()})
 
     def select(self, idx: torch.Tensor) -> RolloutTensors:
         return self._map(lambda t: t[idx])
@@ -337,7 +353,7 @@ class RolloutTensors:
             self.response_mask[:, :width],
             self.rollout_logp[:, :width],
             P - lead,
-            None if self.sampled_mask is None else self.sampled_mask[:, :width],
+            self.sampled_mask[:, :width],
         )
 
     @property

@@ -26,7 +26,8 @@ class LossBatch:
     advantages: torch.Tensor  # [n, T] token advantages, reshaped by the advantage shapers if any
     old_logp: torch.Tensor  # [n, T] behaviour-policy (θ_old) log-probs, 0 on padding
     ref_logp: torch.Tensor | None  # [n, T] reference log-probs when a KL term is used
-    loss_mask: torch.Tensor  # [n, T] response tokens that enter the loss (truncated ones may be masked)
+    loss_mask: torch.Tensor  # [n, T] the tokens that enter the loss: sampled (not inserted, not padding), of
+    # completions not masked out (truncated ones where the run masks them, those a stability guard excludes)
     is_weight: torch.Tensor | None  # [n, T] the rollout correction's weights, if any
     correct: torch.Tensor  # [n] verifier correctness c (REAL's class labels)
     group_size: int  # G; sequences are stored group-contiguously
@@ -57,7 +58,7 @@ class UpdateInputs:
     tensors: RolloutTensors
     advantages: torch.Tensor  # [N, T] token advantages, with the shapers' weights known before the update
     ref_logp: torch.Tensor | None
-    loss_mask: torch.Tensor
+    loss_mask: torch.Tensor  # [N, T] as `LossBatch.loss_mask`: `tensors.sampled_mask` less the masked completions
     is_weight: torch.Tensor | None
     correct: torch.Tensor
     group_size: int

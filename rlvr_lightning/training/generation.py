@@ -1,5 +1,6 @@
-"""Generation stage: sample G completions per prompt with the rollout engine and score them with the
-rollout callbacks (the reward verifier). It returns the scored rollout; nothing writes into it later."""
+"""Generation stage: sample G completions per prompt with the rollout engine and score them with the module's
+scoring stage (`training.scoring`, the one source of correctness); the rollout callbacks then see the scored
+rollout. It returns the scored rollout; nothing writes into it later."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from rlvr_lightning.context import StepContext
 from rlvr_lightning.environments.base import Environment
 from rlvr_lightning.environments.episodes import Episode, episode_metrics, generate_episodes
+from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rollout.engine import RolloutEngine
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.seeding import derived_seed
@@ -97,21 +99,24 @@ def sampling_seed(step: StepContext, round_index: int = 0, rollout_batch: int | 
 
 
 def score_rollout(step: StepContext, rollout: Rollout, timer: StageTimer) -> Rollout:
-    """The rollout scored by the rollout callbacks that return a verdict (the reward verifier)."""
-    with timer("reward"):
-        if step.scoring is not None:
-            rollout = step.scoring.score(rollout, step.rollout_batch, step.collectives.rank)
-        for scorer in step.scorers:
-            verdict = scorer.on_rollout_generated(step, rollout)
-            if verdict is not None:
-                rollout = rollout.scored(verdict)
-    if rollout.correct is None:
+    """The rollout scored by the scoring stage, then shown to the rollout callbacks, which only watch: correctness
+    and reward terms come from the model's `rewards` section alone, and a callback that returns anything is refused
+    in one line (a verdict it returned would otherwise be dropped without a word)."""
+    if step.scoring is None:
         raise RuntimeError("nothing gave the rollout's correctness (the step's context has no scoring stage)")
+    with timer("reward"):
+        rollout = step.scoring.score(rollout, step.rollout_batch, step.collectives.rank)
+    for observer in step.observers:
+        if observer.on_rollout_generated(step, rollout) is not None:
+            raise ConfigError(
+                f"trainer.callbacks: {type(observer).__name__}.on_rollout_generated returned a value; the hook only "
+                "watches (it returns None): give correctness with --model.init_args.rewards.correctness <module.function>"
+            )
     return rollout
 
 
 def generate_and_score(step: StepContext, batch: PromptBatch, timer: StageTimer, round_index: int = 0) -> Rollout:
-    """Sample G completions per prompt and run the rollout callbacks that score them."""
+    """Sample G completions per prompt, score them, and show them to the rollout callbacks."""
     with timer("rollout"):
         rollout = generate(step, batch, step.sampling(seed=sampling_seed(step, round_index)))
     return score_rollout(step, rollout, timer)

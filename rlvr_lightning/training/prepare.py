@@ -64,7 +64,7 @@ def prepare_update(
             lockstep=step.collectives.world_size > 1,
             packed=layout.packing,
         )
-    loss_mask = t.loss_mask  # sampled response tokens: not padding, not what an environment inserted
+    loss_mask = t.sampled_mask  # sampled response tokens: not padding, not what an environment inserted
     if mask_truncated:
         loss_mask = loss_mask * (~rollout.truncated).to(device, loss_mask.dtype)[:, None]
     if any(c.excluded for c in rollout.completions):  # a tool run's stability guards
@@ -77,7 +77,7 @@ def prepare_update(
     else:
         behaviour = Precomputed(t.rollout_logp if source == "rollout" else old_logp, source)
     token_advantages = batch.advantages.to(device)[:, None] if batch.token_advantages is None else batch.token_advantages.to(device)
-    advantages = token_advantages * t.loss_mask
+    advantages = token_advantages * t.sampled_mask
     correct = rollout.correct.to(device, torch.float32)
     inputs = UpdateInputs(
         t, advantages, ref_logp, loss_mask, None, correct, G, temperature, behaviour, shaper_weights, hidden_weights

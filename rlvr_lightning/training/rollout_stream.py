@@ -181,7 +181,7 @@ class RolloutStream:
             b = dict(b)
             b["batch"] = PromptBatch(**b["batch"])
             b["sampling"] = SamplingConfig(**b["sampling"])
-            b["sequences"] = [Completion(**c) for c in b["sequences"]]
+            b["sequences"] = [Completion.from_state(c) for c in b["sequences"]]
             self.in_flight[b["index"]] = InFlightBatch(**b)  # its episodes stay dicts until `_restore_episodes`
         self._saved_episodes = any(b.episodes for b in self.in_flight.values())
 

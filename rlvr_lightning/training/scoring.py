@@ -56,7 +56,9 @@ class Scoring:
     # ---- scoring -----------------------------------------------------------------------------------------------
     def score(self, rollout: Rollout, rollout_batch: int = 0, rank: int = 0) -> Rollout:
         """The rollout with its correctness, reward terms and metrics, and the weight of correctness in its reward."""
-        metadata = answer_metadata(rollout, rollout_batch, rank)
+        correctness, functions = self.load()
+        needed = correctness is not None or functions  # what a user's function is told; math-verify needs none of it
+        metadata = answer_metadata(rollout, rollout_batch, rank) if needed else None
         correct, metrics = self.correctness(rollout, metadata)
         terms, term_metrics = self.reward_terms(rollout, metadata)
         scored = rollout.scored(Verdict(correct, {**metrics, **term_metrics}, terms))
@@ -97,7 +99,7 @@ class Scoring:
             "verifier_completions_per_s": len(texts) / max(result.seconds, 1e-9),
         }
 
-    def reward_terms(self, rollout: Rollout, metadata: list[dict]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    def reward_terms(self, rollout: Rollout, metadata: list[dict] | None) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """Each reward function's weighted term [N] and its metrics (its unweighted mean, and its own)."""
         _, functions = self.load()
         terms, metrics = {}, {}
@@ -141,11 +143,12 @@ class Scoring:
 
 
 def answer_metadata(rollout: Rollout, rollout_batch: int = 0, rank: int = 0) -> list[dict[str, Any]]:
-    """What a user's function is told of each answer besides its text and gold."""
+    """What a user's function is told of each answer besides its text and gold (`index`: its place in the scored
+    batch, the G answers to a prompt side by side)."""
     truncated = rollout.truncated.tolist()
     return [{"id": rollout.batch.ids[rollout.group_of(n)], "prompt": rollout.batch.prompts[rollout.group_of(n)],
              "truncated": truncated[n], "response_tokens": len(rollout.completions[n].token_ids),
-             "rollout_batch": rollout_batch, "rank": rank} for n in range(rollout.num_sequences)]  # fmt: skip
+             "rollout_batch": rollout_batch, "rank": rank, "index": n} for n in range(rollout.num_sequences)]  # fmt: skip
 
 
 def call(fn: Callable, path: str, text: str, gold: str, metadata: dict) -> tuple[float, dict]:

@@ -149,7 +149,7 @@ def step_metrics(
 ) -> dict[str, float]:
     """The `train/`, `time/` and `throughput/` metrics of one step (names as in verl/TRL where they exist)."""
     rollout = batch.rollout
-    mask = t.loss_mask  # the sampled tokens: an inserted one has no engine log-prob
+    mask = t.sampled_mask  # an inserted token has no engine log-prob
     lengths = rollout.response_lengths
     log_ratio = (old_logp - t.rollout_logp) * mask  # log π_old/π_rollout per token
     mismatch = log_ratio.abs()

@@ -221,4 +221,4 @@ def distillation_inputs(teacher: Any, step: Any, rollout: Rollout, t: RolloutTen
         step.collectives.world_size > 1,
         layout.packing,
     )
-    return DistillationInputs(t.rollout_logp, teacher_logp.to(step.device), t.loss_mask)
+    return DistillationInputs(t.rollout_logp, teacher_logp.to(step.device), t.sampled_mask)

@@ -231,7 +231,7 @@ class ThroughputStream:
         def group(d: dict) -> Group:
             d = {**d, "source": tuple(d["source"]), "prompt": PromptBatch(**d["prompt"])}
             if d["completions"] is not None:
-                d["completions"] = [Completion(**c) for c in d["completions"]]
+                d["completions"] = [Completion.from_state(c) for c in d["completions"]]
             return Group(**d)
 
         self.groups = [group(d) for d in state["finished"]]  # their episodes stay dicts until `_restore_episodes`

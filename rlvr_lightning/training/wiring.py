@@ -124,7 +124,7 @@ def step_context(module: Any) -> StepContext:
         total_rollout_batches=rollout_batches_total(trainer, module),
         seed=dm.hparams.seed,
         scoring=module.scoring,
-        scorers=tuple(rollout_callbacks(trainer)),
+        observers=tuple(rollout_callbacks(trainer)),
     )
 
 

@@ -401,11 +401,11 @@ def test_in_an_environment_oar_weighs_the_models_own_reasoning_and_reads_its_own
     plain = boxed_rollout(module)
     completions = list(plain.completions)
     first, second = completions[0], completions[1]  # "3+4=7,7-2=5.\boxed{5}", "3+4=7,7-2=6.\boxed{6}"
-    first_sampled = [0 if 4 <= i < 7 else 1 for i in range(len(first.token_ids))]  # "7,7" inserted
+    first_sampled = [not 4 <= i < 7 for i in range(len(first.token_ids))]  # "7,7" inserted
     box = len(plain.texts[1].split("\\boxed{")[0])
-    second_sampled = [1 if i < box else 0 for i in range(len(second.token_ids))]  # its box printed by a tool
-    completions[0] = replace(first, sampled=first_sampled)
-    completions[1] = replace(second, sampled=second_sampled)
+    second_sampled = [i < box for i in range(len(second.token_ids))]  # its box printed by a tool
+    completions[0] = replace(first, sampled_mask=first_sampled)
+    completions[1] = replace(second, sampled_mask=second_sampled)
     w, w_plain = weights(replace(plain, completions=completions)), weights(plain)
     reasoning = 12  # "3+4=7,7-2=5."
     own = [i for i in range(reasoning) if first_sampled[i]]

@@ -107,7 +107,7 @@ def test_an_environments_inserted_tokens_get_no_thr_and_change_none_of_the_sampl
             rows = (seq == j).nonzero().squeeze(1)[keep]
             states[j] = hidden[rows]
             completions.append(Completion(tokens[rows].tolist(), [0.0] * len(keep), "stop",
-                                          sampled=[mask[i] for i in keep] if keep_inserted else []))  # fmt: skip
+                                          sampled_mask=[bool(mask[i]) for i in keep]))  # fmt: skip
         rollout = Rollout(batch=PromptBatch(["p"], ["q"], ["1"]), group_size=4, prompt_ids=[[1]],
                           completions=completions, sampling=SamplingConfig(group_size=4), policy_version=0,
                           correct=torch.tensor([1.0, 0.0, 1.0, 0.0]))  # fmt: skip
@@ -274,14 +274,14 @@ def test_in_an_environment_thr_weighs_the_sampled_tokens_and_leaves_the_inserted
     """Through the module's preparation and update (THR read in the update's forward, or in the θ_old pass): the
     tokens a tool inserted weigh exactly 1 and are not counted in THR's metrics; every sampled token of a mixed
     group is reweighted (threshold `all`)."""
-    from tests.training.test_inserted_tokens import SAMPLED, with_inserted_tokens
+    from tests.environments.test_episodes import SAMPLED, with_inserted_tokens
 
     thr = THRAttribution(p=0.3, threshold="all")
     module = with_thr(GRPO, tiny_policy_dir, thr, compute=ComputeSettings(micro_batch_size=micro_batch_size))
     rollout = with_inserted_tokens(sample_rollout(module))
     scored, inputs, _ = module.rlvr_step.prepare(module.step_context(), rollout)
     gradient(module, inputs, micro_batch_size)
-    w, sampled = inputs.token_weights(), inputs.tensors.loss_mask.bool()
+    w, sampled = inputs.token_weights(), inputs.tensors.sampled_mask.bool()
     inserted = inputs.tensors.response_mask.bool() & ~sampled
     assert inserted.sum() == sum(m.count(0) for m in SAMPLED.values()) and (w[inserted] == 1.0).all()
     c = rollout.correct.view(-1, 4)

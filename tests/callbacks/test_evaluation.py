@@ -181,3 +181,31 @@ def test_an_evaluation_scores_any_sampler_without_a_trainer(tiny_policy_dir):
     assert out["val/accuracy_greedy"] == pytest.approx(sum(ci > 0 for ci in c) / 10)
     assert out["val/no_answer_frac"] == pytest.approx(sum(ci < n for ci in c) / (n * 10))
     assert evaluation.run(EvalTarget(scripted, dm, scoring), step=0) is out and len(calls) == 8  # once per step
+
+
+def credit(completion: str, gold: str, metadata: dict) -> float:
+    """A run's own correctness (`rewards.correctness`): full, half or no credit, read off the answer."""
+    return {"right": 1.0, "half": 0.5}.get(completion, 0.0)
+
+
+def test_evaluation_reports_the_runs_own_correctness(tiny_policy_dir):
+    """Evaluation scores as the run trains (`rewards.correctness`), here a function of the run's own that gives partial
+    credit and none of math-verify's metrics: accuracy is the mean credit, pass@k counts full credit only, and the
+    no-answer fraction is the answers without one, whatever gives correctness."""
+    from rlvr_lightning.callbacks.evaluation import EvalTarget
+    from rlvr_lightning.rollout.types import Completion
+    from rlvr_lightning.training.generation import to_rollout
+
+    dm = datamodule(tiny_policy_dir, val_size=4)
+    tok, n = dm.tokenizer, 4
+
+    def scripted(batch, sampling):
+        texts = ["right", "half", "none", "none"][: sampling.group_size]
+        groups = [[Completion(tok(t).input_ids + [tok.eos_token_id], [0.0], "stop") for t in texts] for _ in batch.prompts]
+        return to_rollout(tok, batch, [tok(p).input_ids for p in batch.prompts], sampling, groups, 0)
+
+    scoring = Scoring(RewardSettings(correctness="tests.callbacks.test_evaluation.credit"))
+    out = Evaluation(num_samples=n, pass_k=[1, 4]).run(EvalTarget(scripted, dm, scoring), step=0)
+    assert out["val/accuracy"] == pytest.approx(1.5 / 4)
+    assert out["val/pass_at_1"] == pytest.approx(1 / 4) and out["val/pass_at_4"] == pytest.approx(1.0)
+    assert out["val/no_answer_frac"] == 1.0 and out["val/accuracy_greedy"] == 1.0  # greedy: the first, "right"

@@ -72,20 +72,23 @@ def test_ranks_agree_on_rounds_groups_and_the_decision(case, expected):
 @pytest.mark.e2e
 def test_dapo_on_two_fsdp_ranks_with_the_hf_engine_stays_in_step(tmp_path, quick_warm_start):
     """The whole run through the CLI: FSDP2 on 2 gloo ranks, the HF engine (its sharded `generate` is a
-    collective per decoding step), rewards that differ between the ranks (tests/support/dapo_rank_probe.py)."""
+    collective per decoding step), correctness that differs between the ranks (tests/support/dapo_rank_probe.py)."""
     import json
 
     from tests.e2e.test_fsdp import fsdp_args
     from tests.support.cli import run_cli
+    from tests.support.dapo_rank_probe import UNEVEN
 
     _, model_dir = quick_warm_start
     (tmp_path / "uneven.yaml").write_text(
-        "trainer:\n  callbacks+:\n    - class_path: tests.support.dapo_rank_probe.UnevenRewards\n"
+        "trainer:\n  callbacks+:\n    - class_path: tests.support.dapo_rank_probe.RoundRecord\n"
         f"      init_args: {{out: {tmp_path / 'uneven'}}}\n"
     )
     args = fsdp_args(tmp_path, model_dir, "dapo")
     args += ["--config", str(tmp_path / "uneven.yaml"), "--rollout.engine", "hf", "--rollout_batches", "2",
-             "--model.init_args.num_mini_batches=2", "--model.init_args.compute.micro_batch_size=8"]  # fmt: skip
+             "--model.init_args.num_mini_batches=2", "--model.init_args.compute.micro_batch_size=8",
+             f"--model.init_args.rewards.correctness={UNEVEN}",  # over fsdp_args' own
+             "--data.val_data", "null"]  # no held-out evaluation: it would score with UNEVEN too, a round it counts  # fmt: skip
     proc = run_cli(args, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads((tmp_path / "uneven" / f"rank{r}.json").read_text()) for r in (0, 1)]

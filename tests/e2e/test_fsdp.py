@@ -21,6 +21,7 @@ from rlvr_lightning.rollout.types import PromptBatch, Rollout
 from rlvr_lightning.standalone import standalone
 from rlvr_lightning.training.step import StepAlgorithm
 from tests.support.cli import REPO, run_cli
+from tests.support.fsdp_probe import EVEN_LENGTH
 from tests.support.tool_args import BOXED_AS_CALLS
 
 STEPS, PROMPTS_PER_RANK, G, RESPONSE = 3, 2, 8, 40
@@ -50,7 +51,7 @@ def fsdp_args(tmp_path: Path, model_dir: Path, algo: str = "grpo") -> list[str]:
         "--trainer.logger.init_args.artifact_location", str(tmp_path / "artifacts"),
         "--data.model_name_or_path", str(model_dir), "--data.batch_size", str(PROMPTS_PER_RANK),
         "--rollout.group_size", str(G), "--data.val_size", "8", "--rollout.max_response_length", str(RESPONSE),
-        *[f"--model.init_args.{k}={v}" for k, v in HPARAMS.items()],
+        *[f"--model.init_args.{k}={v}" for k, v in HPARAMS.items()], f"--model.init_args.rewards.correctness={EVEN_LENGTH}",
     ]  # fmt: skip
 
 

@@ -24,7 +24,6 @@ WALL_CLOCK = ("time/", "throughput/", "val/seconds", "train/verifier_completions
 CALLBACKS = f"""
 trainer:
   callbacks:
-    - class_path: tests.support.rewards.ParityReward
     - class_path: rlvr_lightning.callbacks.evaluation.Evaluation
       init_args: {{every_n_steps: {EVAL_EVERY}, num_samples: 2, log_samples: 0}}
     - class_path: rlvr_lightning.callbacks.checkpoint.ResumableCheckpoint
@@ -45,7 +44,7 @@ def args_for(run_dir: Path, model_dir: Path) -> list[str]:
 
 def start(run_dir: Path, args: list[str], log: Path) -> subprocess.Popen:
     """The CLI in a process group of its own: rank 0, the rank-1 process it launches, their verifier workers."""
-    env = {**os.environ, "RLVR_CACHE_DIR": str(run_dir / "cache"), "PYTHONPATH": str(REPO)}  # for ParityReward
+    env = {**os.environ, "RLVR_CACHE_DIR": str(run_dir / "cache"), "PYTHONPATH": str(REPO)}  # for the parity correctness
     with log.open("w") as stderr:
         return subprocess.Popen([sys.executable, "-m", "rlvr_lightning", *args], cwd=run_dir, env=env,
                                 stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)  # fmt: skip

@@ -133,8 +133,8 @@ def finished_run(tmp_path: Path, algo: str):
         # own tests, and every preset is built through the CLI by entry_points/test_presets_config.py.
         # K = 4, as the paper's recipe: from the second update on the ratio leaves 1, so clip-higher can act.
         # The tests' quick warm start answers ~2% correctly, so dynamic sampling would draw round after round
-        # for mixed groups; ParityReward's correctness mixes most groups in the first round.
-        ("dapo", "DAPO", ["--trainer.callbacks+=tests.support.rewards.ParityReward"]),
+        # for mixed groups; the parity correctness mixes most groups in the first round.
+        ("dapo", "DAPO", ["--model.init_args.rewards.correctness=tests.support.rewards.parity"]),
         ("kl-cov", "GRPO", []),  # a token selection over each step: θ_old's pass, the covariance logged
     ],
 )

@@ -18,6 +18,7 @@ import pytest
 
 from tests.support.cli import REPO, run_cli
 from tests.support.resume import COMPARED, histories
+from tests.support.rewards import PARITY
 
 STEPS = 6
 KEYS = tuple(k for k in COMPARED if not k.startswith("val/"))
@@ -27,7 +28,6 @@ def args_for(run_dir: Path, model_dir: Path, *extra: str) -> list[str]:
     (run_dir / "callbacks.yaml").write_text("""
 trainer:
   callbacks:
-    - class_path: tests.support.rewards.ParityReward   # rewards the quick warm start earns, so weights move
     - class_path: tests.support.rewards.SlowFromBatch
     - class_path: rlvr_lightning.callbacks.checkpoint.ResumableCheckpoint
       init_args: {dirpath: checkpoints, every_n_steps: 0}   # only at the end, and where a signal stops the run
@@ -39,7 +39,8 @@ trainer:
             "--trainer.logger.init_args.artifact_location", str(run_dir / "artifacts"),
             "--data.model_name_or_path", str(model_dir), "--data.val_data", "null", "--rollout.engine", "hf",
             "--data.batch_size", "4", "--rollout.group_size", "4", "--rollout.max_response_length", "16",
-            "--model.init_args.optim.lr", "1e-3", *extra]  # fmt: skip
+            "--model.init_args.optim.lr", "1e-3",
+            "--model.init_args.rewards.correctness", PARITY, *extra]  # correctness the quick warm start earns  # fmt: skip
 
 
 def scored(run_dir: Path) -> int:

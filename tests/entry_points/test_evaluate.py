@@ -127,6 +127,8 @@ def test_eval_in_a_users_environment_logs_its_episode_metrics(tmp_path, quick_wa
         (["--environment", "json.dumps"], "error: --environment: 'json.dumps' is not a subclass of"),
         (["--environment", "rlvr_lightning.environments.python_tool.PythonTool", "--tool-max-calls", "2"],
          "error: --tool-max-calls and --environment: set one"),
+        (["--correctness", "environment"], "error: --correctness environment: the answers need an environment"),
+        (["--correctness", "my_missing_rewards.f"], "error: model.rewards.correctness: cannot import"),
     ],
 )
 def test_a_bad_eval_environment_is_one_line(tmp_path, tiny_policy_dir, capsys, args, message):

@@ -74,8 +74,8 @@ def test_a_tool_output_adds_no_control_token_to_the_trained_ids(tokenizer):
         tool.close()
     (made,) = episode.calls
     assert made.execution.status == "ok" and "<|im_end|>" in made.execution.stdout
-    inserted = [i for i, s in zip(episode.ids, episode.sampled) if s == 0]
-    sampled = [i for i, s in zip(episode.ids, episode.sampled) if s == 1]
+    inserted = [i for i, s in zip(episode.ids, episode.sampled_mask) if not s]
+    sampled = [i for i, s in zip(episode.ids, episode.sampled_mask) if s]
     assert sampled == call + answer
     special = set(tokenizer.all_special_ids)
     assert [i for i in episode.ids if i in special] == [tokenizer.eos_token_id]  # only the one the model sampled

@@ -1,17 +1,26 @@
 """Multi-turn generation with an environment on the real HF engine: replies inserted token-in/token-out with no
 loss, turn limits, the environment's rewards as a reward term, its stop reasons and metrics, a broken one as
-one line, and the documented example (docs/examples/my_environment.py)."""
+one line, and the documented example (docs/examples/my_environment.py).
+
+The mask the episodes make (`Episode.add_tokens` → `Completion.sampled_mask` → `RolloutTensors.sampled_mask`) is
+followed to the loss at the end: the trained ids are exactly the sampled ids with the inserted ids between them,
+and the inserted tokens get exactly zero gradient, no KL and no normaliser count, through the real loss path of
+each kind of loss."""
 
 from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 import torch
 
+from rlvr_lightning.algos import GRPO, REAL
 from rlvr_lightning.environments.base import Environment, EnvironmentFailed, Reply
 from rlvr_lightning.environments.episodes import episode_metrics, generate_episodes
+from rlvr_lightning.training.batch import optimizer_step_norms
+from tests.algos.test_base import G, attach, gradient, prepared, sample_rollout
 from tests.support.cli import REPO
 
 NOTE = "\nnote\n"
@@ -70,12 +79,12 @@ def test_replies_are_inserted_between_the_sampled_segments_with_no_loss(generati
         assert e.stop in ("done", "length")
         if e.stop == "done":  # three segments with the note's ids between them, its tokens marked inserted
             assert e.turns == 3 and e.reward == len(e.own_ids)
-            inserted = [i for i, s in enumerate(e.sampled) if s == 0]
+            inserted = [i for i, s in enumerate(e.sampled_mask) if not s]
             assert len(inserted) == 2 * len(note)
             assert [e.ids[i] for i in inserted] == note + note
             assert all(e.logprobs[i] == 0.0 for i in inserted)
             c = e.completion()
-            assert c.token_ids == e.ids and c.sampled == e.sampled and c.num_sampled == len(e.own_ids)
+            assert c.token_ids == e.ids and c.sampled_mask == e.sampled_mask and c.num_sampled == len(e.own_ids)
     assert any(e.stop == "done" for e in episodes), [e.stop for e in episodes]
     # the environment read the model's own segment text each turn
     assert {t for t, _ in env.seen} <= {1, 2, 3} and all(NOTE not in text for _, text in env.seen)
@@ -150,10 +159,10 @@ def test_the_documented_environment_gives_a_second_try_and_its_reward(generation
             continue
         assert e.stop == "answered"
         if e.turns == 1:
-            assert e.reward == 1.0 and 0 not in e.sampled
+            assert e.reward == 1.0 and all(e.sampled_mask)
         else:
             assert e.turns == 2 and e.reward in (0.0, 0.5)
-            assert [t for t, s in zip(e.ids, e.sampled) if s == 0] == hint
+            assert [t for t, s in zip(e.ids, e.sampled_mask) if not s] == hint
     assert any(e.turns == 2 and e.stop == "answered" for e in episodes), [(e.turns, e.stop) for e in episodes]
 
 
@@ -229,14 +238,14 @@ def test_a_bpe_tokenizers_episodes_keep_the_engines_ids_where_encoding_the_text_
         engine.close()
     episodes = [e for group in groups for e in group]
     five = tok("5", add_special_tokens=False).input_ids
-    replied = [e for e in episodes if 0 in e.sampled]
+    replied = [e for e in episodes if not all(e.sampled_mask)]
     assert len(replied) >= 4, [e.stop for e in episodes]
     policy = AutoModelForCausalLM.from_pretrained(bpe_policy_dir, dtype=torch.float32)
     for e in replied:
-        inserted = [i for i, s in enumerate(e.sampled) if s == 0]
+        inserted = [i for i, s in enumerate(e.sampled_mask) if not s]
         assert [e.ids[i] for i in inserted] == five * (len(inserted) // len(five)) and inserted
         trainer = sequence_logprobs(policy, e.prompt, e.ids)
-        assert max(abs(trainer[i] - e.logprobs[i]) for i, s in enumerate(e.sampled) if s) < 1e-4
+        assert max(abs(trainer[i] - e.logprobs[i]) for i, s in enumerate(e.sampled_mask) if s) < 1e-4
     # what keeping the ids prevents: the same text, encoded again, is other ids
     assert any(tok(tok.decode(e.ids), add_special_tokens=False).input_ids != e.ids for e in replied)
 
@@ -284,7 +293,7 @@ def test_episodes_advanced_in_pieces_take_whole_turns_across_the_caps(generation
         assert len(segments) == e.turns and "".join(segments) == tok.decode(e.own_ids)
         for text in segments:  # cut at its stop string, across pieces too
             assert text.count("\\boxed{") == text.endswith("\\boxed{"), text
-        inserted = [t for t, s in zip(e.ids, e.sampled) if not s]
+        inserted = [t for t, s in zip(e.ids, e.sampled_mask) if not s]
         assert inserted == (note * e.turns)[: len(inserted)] and len(inserted) >= len(note) * (e.turns - 1)
     assert env.split_stops > 0 and sum(len(s) for s in env.seen.values()) > len(episodes)  # the paths ran
 
@@ -297,7 +306,7 @@ def test_an_episode_in_flight_survives_a_checkpoint_loaded_weights_only(tmp_path
     from rlvr_lightning.sandbox import Execution
 
     call = ToolCall("print(6*7)", Execution("42\n", "", "ok", 0, 0.01), "```output\n42\n```\n", False)
-    e = Episode([1, 2], "q", "42", [5, 6, 7], [-0.5, 0.0, -0.1], [1, 0, 1], [0, 0, 1], turns=1, turn_start=2,
+    e = Episode([1, 2], "q", "42", [5, 6, 7], [-0.5, 0.0, -0.1], [True, False, True], [0, 0, 1], turns=1, turn_start=2,
                 segment="x", calls=[call], state={"void_turns": 1})  # fmt: skip
     torch.save({"episodes": [e.to_state()]}, tmp_path / "ckpt")
     (saved,) = torch.load(tmp_path / "ckpt", weights_only=True)["episodes"]
@@ -310,7 +319,121 @@ def test_a_batchs_episode_metrics_have_the_same_keys_whatever_its_episodes_did()
     from rlvr_lightning.environments.episodes import Episode
 
     env = Nudge()
-    rewarded = [Episode([1], ids=[2, 3], sampled=[1, 0], turns=3, stop="done", reward=2.0)]
-    plain = [Episode([1], ids=[2], sampled=[1], turns=1, stop="length")]
+    rewarded = [Episode([1], ids=[2, 3], sampled_mask=[True, False], turns=3, stop="done", reward=2.0)]
+    plain = [Episode([1], ids=[2], sampled_mask=[True], turns=1, stop="length")]
     assert episode_metrics(rewarded, env).keys() == episode_metrics(plain, env).keys()
     assert episode_metrics(plain, env)["reward_environment_mean"] == 0.0
+
+
+# ---- the mask to the loss: inserted tokens are context only ---------------------------------------------
+# Per completion of `sample_rollout` (lengths 2, 8, 5, 8, 3, 6, 8, 4): which response tokens an environment
+# inserted (0), the rest sampled (1). Rows 2 and 7 are untouched.
+SAMPLED = {1: [1, 1, 0, 0, 0, 1, 1, 1], 3: [1, 0, 1, 1, 0, 0, 1, 1], 4: [1, 0, 1], 5: [0, 1, 1, 1, 0, 1], 6: [1, 1, 1, 1, 1, 1, 0, 0]}
+
+
+def with_inserted_tokens(rollout):
+    completions = list(rollout.completions)
+    for n, sampled in SAMPLED.items():
+        c = completions[n]
+        assert len(sampled) == len(c.token_ids)
+        logprobs = [lp if s else 0.0 for lp, s in zip(c.logprobs, sampled)]  # an inserted token has no engine log-prob
+        completions[n] = replace(c, logprobs=logprobs, sampled_mask=[bool(s) for s in sampled])
+    return replace(rollout, completions=completions)
+
+
+def test_the_trained_ids_are_the_sampled_and_inserted_ids_in_order_and_only_sampled_ones_are_trained(tiny_policy_dir):
+    module = attach(GRPO, tiny_policy_dir)
+    rollout = with_inserted_tokens(sample_rollout(module))
+    t = rollout.tensors(pad_id=0)
+    for n, c in enumerate(rollout.completions):
+        L = len(c.token_ids)
+        assert t.input_ids[n, t.prompt_width : t.prompt_width + L].tolist() == c.token_ids
+        expected = torch.tensor(SAMPLED.get(n, [1] * L), dtype=torch.float32)
+        assert torch.equal(t.sampled_mask[n, :L], expected) and t.sampled_mask[n, L:].sum() == 0
+        assert torch.equal(t.response_mask[n, :L], torch.ones(L))  # present (attended to) all the same
+    assert torch.equal(t.trimmed().sampled_mask, t.sampled_mask[:, : t.trimmed().response_mask.shape[1]])
+    plain = sample_rollout(module).tensors(pad_id=0)  # nothing inserted: the mask is there all the same
+    assert torch.equal(plain.sampled_mask, plain.response_mask)
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs",
+    [
+        (GRPO, {}),  # per-token clipped loss, seq-mean-token-mean
+        (GRPO, {"policy_loss": "gspo", "loss_agg": "seq-mean-token-mean"}),  # one ratio per sequence
+        (GRPO, {"loss_agg": "seq-mean-token-sum", "kl_estimator": "k3", "kl_coef": 0.1,
+                "policy_loss": {"name": "ppo-clip", "knobs": {"dual_clip_c": 3.0}}}),  # KL
+        (REAL, {"num_mini_batches": 1}),  # group-level loss over sequence log-ratios
+    ],
+    ids=["grpo", "gspo", "kl", "real"],
+)
+def test_inserted_tokens_get_exactly_zero_gradient_through_the_real_update(tiny_policy_dir, cls, kwargs):
+    """The LM head's input at the position that predicts an inserted token gets exactly zero gradient (nothing
+    of the loss reads that token's log-prob), while the positions that predict sampled tokens do get one."""
+    module = attach(cls, tiny_policy_dir, **kwargs)
+    rollout = with_inserted_tokens(sample_rollout(module))
+    inputs = prepared(module, rollout)
+    for n, sampled in SAMPLED.items():  # nothing inserted enters the loss
+        assert torch.equal(inputs.loss_mask[n, : len(sampled)], torch.tensor(sampled, dtype=torch.float32))
+    norms = optimizer_step_norms(inputs, torch.arange(2 * G), module.step_context().collectives, 1.0)
+    assert norms.num_tokens == 44 - 11  # the token normaliser counts the 33 sampled tokens of the 44
+    head_inputs = []
+
+    def keep_grad(_module, args):
+        args[0].retain_grad()
+        head_inputs.append(args[0])
+
+    hook = module.policy.get_output_embeddings().register_forward_pre_hook(keep_grad)
+    try:
+        gradient(module, inputs, micro_batch_size=2 * G)
+    finally:
+        hook.remove()
+    (hidden,) = [h for h in head_inputs if h.grad is not None]  # [N, T+1, d]: column j predicts response token j
+    per_token = hidden.grad[:, :-1].abs().sum(-1)
+    T = per_token.shape[1]
+    inserted = (inputs.tensors.response_mask - inputs.tensors.sampled_mask)[:, :T].bool()
+    assert inserted.sum() == sum(s.count(0) for s in SAMPLED.values())
+    assert torch.all(per_token[inserted] == 0)  # exactly
+    trained = inputs.loss_mask[:, :T].bool()
+    assert (per_token[trained] > 0).float().mean() > 0.5  # the sampled tokens are trained
+
+
+class Chars:
+    """A tokenizer with one token per character (its code point): enough for the loop without an engine."""
+
+    def decode(self, ids, **_):
+        return "".join(map(chr, ids))
+
+    def __call__(self, text, add_special_tokens=False, split_special_tokens=False):
+        return type("Encoding", (), {"input_ids": [ord(c) for c in text]})()
+
+
+def test_the_loop_marks_each_token_as_it_appends_it_and_keeps_what_the_environment_returns():
+    """Segments are marked sampled and replies inserted as the loop appends them, in one mask the completion
+    carries on; a reply's calls and notes are kept by the loop, for the episode that ends too."""
+    from rlvr_lightning.environments.episodes import advance_episodes, start_episodes
+    from rlvr_lightning.rollout.types import Completion, SamplingConfig
+
+    segments = iter(["ab!", "cd!", "e"])
+
+    def generate(prompts, sampling):
+        ids = [[ord(c) for c in next(segments)] for _ in prompts]
+        return [[Completion(i, [-0.5] * len(i), "stop")] for i in ids]
+
+    class Notes(Environment):
+        stop = ("!",)
+
+        def reply(self, episodes):
+            (e,) = episodes
+            turn = {"calls": (f"call {e.turns}",), "notes": {"last": e.turns, f"turn {e.turns}": e.segment}}
+            return [Reply("XY", **turn) if e.turns < 3 else Reply(None, "answered", reward=1.0, **turn)]
+
+    (episode,) = start_episodes([[1]], 1)
+    advance_episodes(generate, Chars(), [episode], SamplingConfig(group_size=1, max_tokens=40), Notes())
+    assert Chars().decode(episode.ids) == "ab!XYcd!XYe" and episode.stop == "answered" and episode.reward == 1.0
+    assert episode.sampled_mask == [True] * 3 + [False] * 2 + [True] * 3 + [False] * 2 + [True]
+    assert episode.logprobs == [-0.5] * 3 + [0.0] * 2 + [-0.5] * 3 + [0.0] * 2 + [-0.5]
+    assert episode.calls == ["call 1", "call 2", "call 3"]
+    assert episode.state == {"last": 3, "turn 1": "ab!", "turn 2": "cd!", "turn 3": "e"}
+    c = episode.completion()
+    assert c.sampled_mask == episode.sampled_mask and c.num_sampled == 7 and c.sampled_mask is not episode.sampled_mask

@@ -46,12 +46,12 @@ def test_a_batch_of_calls_reads_as_the_model_sees_it():
     assert [c.execution.status for c in calls] == ["ok", "error", "timeout", "ok", "ok"]
 
 
-def inserted_spans(sampled: list[int]) -> list[tuple[int, int]]:
+def inserted_spans(sampled_mask: list[bool]) -> list[tuple[int, int]]:
     spans, start = [], None
-    for i, s in enumerate([*sampled, 1]):
-        if s == 0 and start is None:
+    for i, s in enumerate([*sampled_mask, True]):
+        if not s and start is None:
             start = i
-        elif s == 1 and start is not None:
+        elif s and start is not None:
             spans.append((start, i))
             start = None
     return spans
@@ -97,14 +97,14 @@ def test_episodes_on_a_real_engine_keep_the_sampled_ids_and_insert_the_outputs_i
     for e in episodes:
         c = e.completion(tool.excluded(e))
         assert len(c.token_ids) <= budget and len(c.token_ids) == len(c.logprobs)
-        spans = inserted_spans(c.sampled) if c.sampled else []
+        spans = inserted_spans(c.sampled_mask)
         outputs = [tok(call.appended, add_special_tokens=False).input_ids for call in e.calls]
         assert len(spans) == len(outputs)
         for (a, b), ids in zip(spans, outputs):
             assert c.token_ids[a:b] == ids[: b - a] and (b - a == len(ids) or e.stop == "length")
             assert all(lp == 0.0 for lp in c.logprobs[a:b])
         trainer = sequence_logprobs(policy, e.prompt, c.token_ids)
-        sampled = [i for i in range(len(c.token_ids)) if not c.sampled or c.sampled[i]]
+        sampled = [i for i, s in enumerate(c.sampled_mask) if s]
         assert max(abs(trainer[i] - c.logprobs[i]) for i in sampled) < 2e-3
 
 
@@ -206,3 +206,27 @@ def test_the_stability_guards_leave_their_answers_out_of_the_loss(tiny_policy_di
     rows = inputs.loss_mask.sum(1)
     assert rows[1] == 0 and rows[6] == 0
     assert all(rows[n] == len(rollout.completions[n].token_ids) for n in range(8) if n not in (1, 6))
+
+
+def test_the_tool_writes_nothing_into_the_episodes_its_calls_and_notes_come_back_in_the_replies(monkeypatch):
+    """`reply` reads the episodes: a call's record and a void turn's count are returned in the `Reply` for the
+    episode loop to keep, not written into the loop's `Episode` (no sandbox: the run is stood in for)."""
+    from dataclasses import replace
+
+    from rlvr_lightning.environments.base import Reply
+    from rlvr_lightning.environments.episodes import Episode
+    from rlvr_lightning.environments.python_tool import ToolCall
+    from rlvr_lightning.sandbox import Execution
+
+    tool = PythonTool(PythonToolSettings(max_calls=2))
+    ran = ToolCall("print(1)", Execution("1\n", "", "ok", 0, 0.01), "```output\n1\n```\n", False, (10, 12))
+    monkeypatch.setattr(tool, "run", lambda codes: [replace(ran, code=code) for code in codes])
+    calling = Episode([1], segment="```python\nprint(1)\n```\n", stopped_at="\n```\n", turns=1)
+    void = Episode([1], segment="I am not sure.", turns=2, state={"void_turns": 1})
+    answered = Episode([1], segment="So \\boxed{3}.", turns=1)
+    before = [(e.calls.copy(), dict(e.state)) for e in (calling, void, answered)]
+    call, again, answer = tool.reply([calling, void, answered])
+    assert [(e.calls, e.state) for e in (calling, void, answered)] == before  # untouched
+    assert call.calls == (replace(ran, code="print(1)"),) and call.text == ran.appended and not call.notes
+    assert again.text is None and again.notes == {"void_turns": 2} and not again.calls
+    assert answer == Reply(None, "answered")

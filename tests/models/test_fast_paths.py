@@ -34,7 +34,8 @@ def batch(rows: int, prompt: int, response: int, seed: int) -> RolloutTensors:
     mask = torch.ones_like(ids)
     mask[0, :2] = 0  # a left-padded prompt: the attention mask is not all ones
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    return RolloutTensors(ids, mask, positions, torch.ones(rows, response), torch.zeros(rows, response), prompt)
+    return RolloutTensors(ids, mask, positions, torch.ones(rows, response), torch.zeros(rows, response), prompt,
+                          torch.ones(rows, response))  # fmt: skip
 
 
 @pytest.mark.e2e

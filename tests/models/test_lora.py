@@ -30,6 +30,7 @@ from rlvr_lightning.rollout.adapters import check_adapter_dtype
 from rlvr_lightning.rollout.engine import WeightSyncError
 from rlvr_lightning.rollout.sync import FP32_SYNC_TOL, EngineSync
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
+from tests.support.rewards import PARITY
 
 ADAPTER_KEY = re.compile(r"^base_model\.model\..+\.lora_[AB]\.weight$")
 PROMPT, COMPLETION = [5, 17, 9, 30, 2], [11, 4, 27, 8, 19, 3, 22]
@@ -319,7 +320,6 @@ def test_merged_sync_reaches_vllm_and_leaves_the_trainer_unmerged(tiny_policy_di
 EXPORT_CALLBACKS = """
 trainer:
   callbacks:
-    - class_path: tests.support.rewards.ParityReward   # rewards the policy earns, so the adapter moves
     - class_path: rlvr_lightning.callbacks.checkpoint.ResumableCheckpoint
       init_args: {dirpath: checkpoints, every_n_steps: 0}
     - class_path: rlvr_lightning.callbacks.export.HFExport
@@ -344,7 +344,8 @@ def test_a_lora_run_trains_the_adapter_only_and_its_two_exports_evaluate_the_sam
     (tmp_path / "callbacks.yaml").write_text(EXPORT_CALLBACKS)
     args = [*small_run_args(tmp_path, model_dir), "--config", str(tmp_path / "callbacks.yaml"),
             "--model.init_args.lora.rank", "8", "--model.init_args.lora.sync", "adapter",
-            "--model.init_args.optim.lr", "1e-2", "--model.init_args.kl_coef", "0.01"]  # fmt: skip
+            "--model.init_args.optim.lr", "1e-2", "--model.init_args.kl_coef", "0.01",
+            "--model.init_args.rewards.correctness", PARITY]  # correctness the policy earns, so the adapter moves  # fmt: skip
     proc = run_cli(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
 

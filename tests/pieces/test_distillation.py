@@ -125,7 +125,7 @@ def test_the_update_trains_on_each_tokens_own_advantage(tiny_policy_dir):
         prompts = [[5, 6, 7], [8, 9]]
         comps = [
             Completion([20, 21, 22], [-1.0, -2.0, -0.5], "stop"),
-            Completion([23, 24], [-0.25, -3.0], "stop", sampled=[1, 0]),  # its second token inserted by a tool
+            Completion([23, 24], [-0.25, -3.0], "stop", sampled_mask=[True, False]),  # its second token inserted by a tool
             Completion([25], [-1.5], "stop"),
             Completion([26, 27, 28, 29], [-0.1, -0.2, -0.3, -0.4], "length"),
         ]
@@ -144,7 +144,7 @@ def test_the_update_trains_on_each_tokens_own_advantage(tiny_policy_dir):
                 logp = teacher(torch.tensor([prompt + comp.token_ids])).logits.log_softmax(-1)[0, len(prompt) - 1 : -1]
             t_logp = logp.gather(-1, torch.tensor(comp.token_ids)[:, None])[:, 0]
             for k, token_logp in enumerate(t_logp.tolist()):
-                sampled = not comp.sampled or comp.sampled[k]
+                sampled = comp.sampled_mask[k]
                 expected = sequence[n].item() + token_logp - comp.logprobs[k] if sampled else 0.0
                 assert inputs.advantages[n, k].item() == pytest.approx(expected, abs=1e-5), (n, k)
                 if sampled:

@@ -7,11 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlvr_lightning.callbacks.rollout import RolloutCallback
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces.kinds import ProximalInputs
 from rlvr_lightning.pieces.proximal import loglinear
-from rlvr_lightning.rollout.types import Verdict
+from rlvr_lightning.rewards.settings import RewardSettings
 from rlvr_lightning.training.settings import BehaviourSettings, OptimSettings
 
 
@@ -54,13 +53,6 @@ def test_loglinear_needs_a_rollout_correction_and_a_loss_that_reads_no_step_firs
     GRPO(proximal_policy="loglinear", rollout_correction="tis-token")
 
 
-class AlternatingReward(RolloutCallback):
-    """Every other sequence correct: each group of two is mixed, whatever the untrained policy writes."""
-
-    def on_rollout_generated(self, step, rollout) -> Verdict:
-        return Verdict(torch.tensor([float(n % 2) for n in range(rollout.num_sequences)]))
-
-
 def test_with_one_step_per_batch_loglinear_trains_as_the_recomputed_theta_old(lagged_module):
     """One optimizer step per rollout batch: the update runs at θ_old, so A-3PO's π_prox (α = 1) is the update
     forward's own log-probs, and the step (loss, TIS weights, gradient norm) is the recomputed θ_old's, up to
@@ -68,7 +60,8 @@ def test_with_one_step_per_batch_loglinear_trains_as_the_recomputed_theta_old(la
     runs = {}
     for proximal in ("recompute", "loglinear"):  # every group mixed, and steps large enough to move the weights
         module = lagged_module(max_staleness=1, rollout_correction={"name": "tis-token", "knobs": {"tis_cap": 1.001}},
-                               proximal_policy=proximal, callbacks=[AlternatingReward()], optim=OptimSettings(lr=1e-2))  # fmt: skip
+                               proximal_policy=proximal, rewards=RewardSettings(correctness="tests.support.rewards.alternating"),
+                               optim=OptimSettings(lr=1e-2))  # fmt: skip
         batches = iter(module.trainer.datamodule.train_dataloader())
         steps = []
         for _ in range(2):

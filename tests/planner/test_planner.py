@@ -204,7 +204,8 @@ def test_planning_leaves_the_callers_model_config_as_it_was():
     P, T = 4, 6
     ids = torch.randint(3, 1024, (3, P + T))
     ones = torch.ones(3, P + T, dtype=torch.long)
-    batch = RolloutTensors(ids, ones, torch.arange(P + T).expand(3, -1).contiguous(), torch.ones(3, T), torch.zeros(3, T), P)
+    batch = RolloutTensors(ids, ones, torch.arange(P + T).expand(3, -1).contiguous(), torch.ones(3, T), torch.zeros(3, T), P,
+                           torch.ones(3, T))  # fmt: skip
     with torch.no_grad():
         padded = policy_forward(model, batch, 1.0).logp
         packed = policy_forward(model, batch, 1.0, packed=True).logp

@@ -22,11 +22,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlvr_lightning.callbacks.rollout import RolloutCallback
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.rewards.settings import RewardSettings
 from rlvr_lightning.rollout.settings import EngineSite, RolloutSettings
-from rlvr_lightning.rollout.types import SamplingConfig, Verdict
+from rlvr_lightning.rollout.types import SamplingConfig
 from rlvr_lightning.rollout.vllm_engine import SleepCycle, VLLMEngine, sleep_level_for
 
 ENGINE_LOG = "rlvr_lightning.rollout.vllm_engine"
@@ -256,20 +256,6 @@ class CallLog:
         return recorded
 
 
-class ScriptedScores(RolloutCallback):
-    """Scores instead of the verifier (the tiny policy is untrained): generation round 1 all correct, so
-    dynamic sampling keeps no group and draws again; from round 2 on, half of every group correct."""
-
-    def __init__(self) -> None:
-        self.rounds = 0
-
-    def on_rollout_generated(self, step, rollout) -> Verdict:
-        self.rounds += 1
-        n = rollout.num_sequences
-        correct = torch.ones(n) if self.rounds == 1 else (torch.arange(n) % 2).float()
-        return Verdict(correct)
-
-
 @pytest.mark.parametrize("algo", ["grpo", "dapo"])
 def test_training_step_releases_engine_memory_once_between_rollouts_and_update(tiny_policy_dir, algo, monkeypatch):
     from rlvr_lightning.algos.dapo import DAPO
@@ -278,7 +264,12 @@ def test_training_step_releases_engine_memory_once_between_rollouts_and_update(t
     from rlvr_lightning.training.update import PolicyUpdate
 
     dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=2, val_data=None, rollout=RolloutSettings(engine="hf", group_size=2, max_response_length=4))  # fmt: skip
-    module = standalone(GRPO() if algo == "grpo" else DAPO(), dm, callbacks=[ScriptedScores()])
+    from tests.support import rewards
+
+    # Scripted correctness (the tiny policy is untrained): DAPO's first round keeps no group, its second does.
+    monkeypatch.setattr(rewards, "scripted", rewards.ScriptedScores())  # this test's own count of rounds
+    scripted = RewardSettings(correctness="tests.support.rewards.scripted")
+    module = standalone(GRPO(rewards=scripted) if algo == "grpo" else DAPO(rewards=scripted), dm)
     try:
         calls: list[str] = []
         module.session.engine = CallLog(module.session.engine, calls)

@@ -1,6 +1,6 @@
-"""A callback the 2-rank FSDP test (test_fsdp.py) loads into the CLI run: it records, per rank, how much
-of the policy the rank holds, every scored rollout (to replay them in one process; with a stand-in
-reward, see below), the engine's agreement with the trainer after the last sync, and the gathered final
+"""What the 2-rank FSDP test (test_fsdp.py) loads into the CLI run: a stand-in correctness (`even_length`, see
+below), and a callback that records, per rank, how much of the policy the rank holds, every scored rollout (to
+replay them in one process), the engine's agreement with the trainer after the last sync, and the gathered final
 weights."""
 
 from __future__ import annotations
@@ -15,7 +15,15 @@ from rlvr_lightning.callbacks.rollout import RolloutCallback
 from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.models.lora import adapter_weights
 from rlvr_lightning.models.weights import full_weights
-from rlvr_lightning.rollout.types import Verdict
+
+EVEN_LENGTH = "tests.support.fsdp_probe.even_length"  # `--model.init_args.rewards.correctness`
+
+
+def even_length(completion: str, gold: str, metadata: dict) -> float:
+    """The test's 60-step warm start answers almost nothing correctly, so a step can carry no learning signal at
+    all (then nothing moves and the replay comparison proves nothing). A deterministic stand-in correctness, "the
+    response has an even length", gives every step mixed groups; the replay reads the same recorded rewards."""
+    return float(metadata["response_tokens"] % 2 == 0)
 
 
 class ShardProbe(RolloutCallback):
@@ -36,16 +44,10 @@ class ShardProbe(RolloutCallback):
             if trainer.is_global_zero:
                 torch.save(adapter, self.out / "initial_adapter.pt")
 
-    def on_rollout_generated(self, step, rollout) -> Verdict:  # after the verifier scored it
-        # The test's 60-step warm start answers almost nothing correctly, so a step can carry no learning
-        # signal at all (then nothing moves and the replay comparison proves nothing). A deterministic
-        # stand-in reward, "the response has an even length", gives every step mixed groups; the replay
-        # reads the same recorded rewards.
-        rollout = rollout.scored(Verdict((rollout.response_lengths % 2 == 0).float()))
+    def on_rollout_generated(self, step, rollout) -> None:  # the scored rollout: `even_length`'s correctness
         record = {k: getattr(rollout, k) for k in ("batch", "group_size", "prompt_ids", "completions", "sampling",
                                                   "texts", "correct")}  # fmt: skip
         torch.save(record, self.out / f"rank{step.collectives.rank}_step{step.rollout_batch}.pt")
-        return Verdict(rollout.correct)
 
     def on_train_end(self, trainer, pl_module) -> None:
         weights = dict(full_weights(pl_module.policy))  # collective: every rank gathers

@@ -41,7 +41,6 @@ class PlainRun:
     optimization: Optimization
     rollout: RolloutSettings
     scoring: Scoring | None = None
-    scorers: tuple = ()
     rollout_batches: int = 0  # completed rollout batches
     results: list = field(default_factory=list)
 
@@ -50,7 +49,7 @@ class PlainRun:
             policy=self.policy, ref_policy=self.ref_policy, engines=self.session, tokenizer=self.tokenizer,
             prompts=self.prompts, sampling=self.rollout.sampling, collectives=Collectives(), device=self.policy.device,
             rollout_batch=self.rollout_batches, policy_version=self.session.policy_version,
-            total_rollout_batches=math.inf, seed=SEED, scoring=self.scoring, scorers=self.scorers,
+            total_rollout_batches=math.inf, seed=SEED, scoring=self.scoring,
         )  # fmt: skip
 
     def train_on_next_batch(self) -> StepResult | Skipped:
@@ -63,21 +62,19 @@ class PlainRun:
     def close(self) -> None:
         self.session.close()
         self.scoring.close()
-        for scorer in self.scorers:
-            getattr(scorer, "close", lambda: None)()
 
 
 def plain_step(
     algorithm: type,
     model_dir: str,
     shapers: tuple = (),
-    scorers: tuple = (),
     batch_size: int = 4,
     rollout: RolloutSettings | None = None,
     **args: Any,
 ) -> PlainRun:
     """`algorithm`'s step (an `RLVRModule` class: its defaults, with `args` over them) on the model in `model_dir`
-    and the embedded task, with `shapers` (THR, OAR) and `scorers` after math-verify's verifier, generating with the HF engine unless `rollout` says otherwise."""
+    and the embedded task, with `shapers` (THR, OAR), scored as `args`' `rewards` section says (math-verify by default),
+    generating with the HF engine unless `rollout` says otherwise."""
     rollout = rollout or RolloutSettings(group_size=4, max_response_length=12, engine="hf", temperature=1.0)
     settings = StepSettings.of_config({"class_path": f"{algorithm.__module__}.{algorithm.__name__}", "init_args": args})
     policy, ref_policy = load_policies(
@@ -104,4 +101,4 @@ def plain_step(
     optimization = Optimization(
         configured["optimizer"], configured["lr_scheduler"]["scheduler"], policy.parameters, lambda loss: loss.backward()
     )
-    return PlainRun(step, policy, ref_policy, tokenizer, prompts, session, optimization, rollout, Scoring(settings.rewards), scorers)
+    return PlainRun(step, policy, ref_policy, tokenizer, prompts, session, optimization, rollout, Scoring(settings.rewards))

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from tests.support.cli import REPO
+from tests.support.rewards import PARITY
 
 STEPS = 5
 COMPARED = ("train/reward_mean", "train/accuracy", "train/loss", "train/grad_norm", "train/entropy",
@@ -20,7 +21,6 @@ COMPARED = ("train/reward_mean", "train/accuracy", "train/loss", "train/grad_nor
 CALLBACKS = """
 trainer:
   callbacks:
-    - class_path: tests.support.rewards.ParityReward   # rewards the quick warm start earns, so weights move
     - class_path: rlvr_lightning.callbacks.evaluation.Evaluation
       init_args: {every_n_steps: 2, num_samples: 2, log_samples: 0}
     - class_path: rlvr_lightning.callbacks.checkpoint.ResumableCheckpoint
@@ -39,6 +39,7 @@ def args_for(run_dir: Path, model_dir: Path) -> list[str]:
         "--data.model_name_or_path", str(model_dir),
         "--data.batch_size", "4", "--rollout.group_size", "4", "--data.val_size", "8", "--rollout.max_response_length", "16",
         "--model.init_args.optim.lr", "1e-3",  # large steps, so a resume that got anything wrong shows in the numbers
+        "--model.init_args.rewards.correctness", PARITY,  # correctness the quick warm start earns, so weights move
     ]  # fmt: skip
 
 
@@ -76,7 +77,7 @@ def kill_after_checkpoint(run_dir: Path, args: list[str], min_step: int) -> int:
     holds metrics of a step after it (the resumed run trains that step again); the checkpoint's step."""
     import mlflow
 
-    env = {**os.environ, "RLVR_CACHE_DIR": str(run_dir / "cache"), "PYTHONPATH": str(REPO)}  # for ParityReward
+    env = {**os.environ, "RLVR_CACHE_DIR": str(run_dir / "cache"), "PYTHONPATH": str(REPO)}  # for the parity correctness
     args = [str(REPO / a) if a.startswith("configs/") else a for a in args]
     proc = subprocess.Popen([sys.executable, "-m", "rlvr_lightning", *args], cwd=run_dir, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip

@@ -1,27 +1,56 @@
-"""Rewards for runs whose policy the verifier alone would never reward."""
+"""Correctness functions (`rewards.correctness`) for runs whose policy math-verify alone would never reward, and
+for tests that need a known pattern of correct answers; and a callback that watches a run's rollout batches."""
 
 from __future__ import annotations
 
-import torch
+import hashlib
 
 from rlvr_lightning.callbacks.rollout import RolloutCallback
-from rlvr_lightning.rollout.types import Verdict
+
+PARITY = "tests.support.rewards.parity"  # `--model.init_args.rewards.correctness` of the runs that use it
 
 
-class ParityReward(RolloutCallback):
-    """A deterministic stand-in reward after the verifier's: "the completion's token ids sum to an even
-    number". An untrained or barely trained policy answers almost nothing correctly, so with the verifier's
-    rewards alone few steps would move the weights or Adam's moments (a resume that lost them would go
-    unnoticed) and few groups would be mixed (DAPO would draw round after round)."""
+def parity(completion: str, gold: str, metadata: dict) -> float:
+    """A deterministic stand-in correctness: "the answer's hash is even" (a coin per distinct answer). An untrained or barely
+    trained policy answers almost nothing correctly, so with math-verify alone few steps would move the weights or
+    Adam's moments (a resume that lost them would go unnoticed) and few groups would be mixed (DAPO would draw
+    round after round)."""
+    return float(hashlib.md5(completion.encode()).digest()[0] % 2 == 0)
 
-    def on_rollout_generated(self, step, rollout) -> Verdict:
-        return Verdict(torch.tensor([float(sum(c.token_ids) % 2 == 0) for c in rollout.completions]))
+
+def all_correct(completion: str, gold: str, metadata: dict) -> float:
+    return 1.0
+
+
+def alternating(completion: str, gold: str, metadata: dict) -> float:
+    """Every other answer correct: each group of two is mixed, whatever the untrained policy writes."""
+    return float(metadata["index"] % 2)
+
+
+def half_mixed(completion: str, gold: str, metadata: dict) -> float:
+    """Groups of two: the first answer of every other group correct, so half the groups are mixed."""
+    return float(metadata["index"] % 4 == 0)
+
+
+class ScriptedScores:
+    """Generation round 1 all correct, so dynamic sampling keeps no group and draws again; from round 2 on, every
+    other answer correct. A test sets a fresh one as `scripted` (the rounds are counted across calls)."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+
+    def __call__(self, completion: str, gold: str, metadata: dict) -> float:
+        self.rounds += metadata["index"] == 0  # a round's first answer
+        return 1.0 if self.rounds == 1 else float(metadata["index"] % 2)
+
+
+scripted = ScriptedScores()
 
 
 class SlowFromBatch(RolloutCallback):
-    """Scores nothing; counts the batches it sees into the file `RLVR_BATCH_COUNT` (where a test can watch a run
-    without opening its tracking store), and after `RLVR_SLOW_FROM_BATCH` batches every batch's scoring waits a
-    minute in the main thread: a step that waits, for the tests of a stop's bound (`callbacks/stopping.py`)."""
+    """Watches only: counts the batches it sees into the file `RLVR_BATCH_COUNT` (where a test can watch a run
+    without opening its tracking store), and after `RLVR_SLOW_FROM_BATCH` batches the step waits a minute after
+    each batch is scored, in the main thread: a step that waits, for the tests of a stop's bound (`callbacks/stopping.py`)."""
 
     def __init__(self) -> None:
         import os
@@ -29,7 +58,7 @@ class SlowFromBatch(RolloutCallback):
         self.slow_from, self.batches = int(os.environ.get("RLVR_SLOW_FROM_BATCH", "1000000")), 0
         self.count_file = os.environ.get("RLVR_BATCH_COUNT")
 
-    def on_rollout_generated(self, step, rollout) -> Verdict | None:
+    def on_rollout_generated(self, step, rollout) -> None:
         import time
 
         self.batches += 1
@@ -38,7 +67,6 @@ class SlowFromBatch(RolloutCallback):
                 f.write(str(self.batches))
         if self.batches > self.slow_from:
             time.sleep(60)
-        return None
 
 
 def half_credit_for_an_answer(completion: str, gold: str, metadata: dict) -> float:

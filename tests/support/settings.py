@@ -22,7 +22,7 @@ def resettle(module, **changes) -> None:
             values[group] = {**values[group], name: value}
     module.settings = StepSettings.of(values)
     module.hparams.update(module.settings.hparams())
-    module._step = None  # the step is built from the settings: its next use builds it with these
+    module.drop_step()  # the step is built from the settings: its next use builds it with these
 
 
 def checked(module):

@@ -159,7 +159,7 @@ def one_sequence(weights: list[float], logp: torch.Tensor) -> tuple[LossBatch, O
     T = len(weights)
     ones = torch.ones(1, T)
     ids = torch.zeros(1, 1 + T, dtype=torch.long)  # the loss reads none of these: one prompt token, T response tokens
-    tensors = RolloutTensors(ids, torch.ones_like(ids), torch.arange(1 + T)[None], ones, torch.zeros(1, T), 1)
+    tensors = RolloutTensors(ids, torch.ones_like(ids), torch.arange(1 + T)[None], ones, torch.zeros(1, T), 1, ones)
     batch = LossBatch(tensors, ones.clone(), logp.detach().clone(), None, ones, torch.tensor([weights]), torch.ones(1), 1)
     return batch, OptimizerStepNorms(1.0, float(T), 1.0, 0.0, 1, float(T))
 

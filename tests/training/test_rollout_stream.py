@@ -9,15 +9,15 @@ import threading
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from rlvr_lightning.algos import GRPO
 from rlvr_lightning.callbacks.progress import rollout_batches_total
-from rlvr_lightning.callbacks.rollout import RolloutCallback
 from rlvr_lightning.context import Collectives, StepContext
-from rlvr_lightning.rollout.types import Completion, PromptBatch, SamplingConfig, Verdict
+from rlvr_lightning.rewards.settings import RewardSettings
+from rlvr_lightning.rollout.types import Completion, PromptBatch, SamplingConfig
 from rlvr_lightning.training.generation import sampling_seed
 from rlvr_lightning.training.rollout_stream import RolloutStream
+from rlvr_lightning.training.scoring import Scoring
 from rlvr_lightning.training.step_metrics import StageTimer
 
 MAX_TOKENS = 12
@@ -62,11 +62,6 @@ class VersionedEngine:
         return groups
 
 
-class AllCorrect(RolloutCallback):
-    def on_rollout_generated(self, step, rollout):
-        return Verdict(torch.ones(len(rollout.completions)))
-
-
 class Tokenizer:
     def __call__(self, text, add_special_tokens=False):
         return SimpleNamespace(input_ids=[len(text), int(text.split()[-1])])
@@ -84,7 +79,7 @@ def context(max_steps: int, num_mini_batches: int, engine, k: int = 0, group_siz
         policy=None, ref_policy=None, engines=SimpleNamespace(engine=engine, environment=None), tokenizer=Tokenizer(), prompts=data,
         sampling=lambda seed: SamplingConfig(group_size=group_size, max_tokens=MAX_TOKENS, seed=seed),
         collectives=Collectives(), device=None, rollout_batch=k, policy_version=k, total_rollout_batches=total,
-        seed=3, scorers=(AllCorrect(),),
+        seed=3, scoring=Scoring(RewardSettings(correctness="tests.support.rewards.all_correct")),
     )  # fmt: skip
 
 
@@ -297,11 +292,11 @@ def test_real_thr_and_a_lora_policy_train_two_versions_ahead_with_partial_rollou
     through the module's steps at max_staleness 2 with partial rollouts."""
     import math
 
-    from tests.support.rewards import ParityReward
+    from tests.support.rewards import PARITY
 
     kwargs = setup()
-    # Rewards the untrained policy earns (mixed groups), so REAL's and THR's signals are not all zero.
-    kwargs["callbacks"] = [*kwargs.get("callbacks", []), ParityReward()]
+    # Correctness the untrained policy earns (mixed groups), so REAL's and THR's signals are not all zero.
+    kwargs["rewards"] = RewardSettings(correctness=PARITY)
     module = lagged_module(max_staleness=2, partial_rollouts=True, **kwargs)
     batches = iter(module.trainer.datamodule.train_dataloader())
     results = []
@@ -314,13 +309,7 @@ def test_real_thr_and_a_lora_policy_train_two_versions_ahead_with_partial_rollou
     assert module.session.policy_version == 3 and module.events.count("load_weights") == 3
 
 
-class HalfMixedReward(RolloutCallback):
-    """Groups of two: the first of every other group correct, so half the groups are mixed."""
-
-    def on_rollout_generated(self, step, rollout):
-        import torch
-
-        return Verdict(torch.tensor([float(n % 4 == 0) for n in range(rollout.num_sequences)]))
+HALF_MIXED = RewardSettings(correctness="tests.support.rewards.half_mixed")  # half the groups of two mixed
 
 
 def test_dapo_takes_its_first_round_from_the_stream_and_refills_it_with_the_current_policy(lagged_module):
@@ -330,7 +319,7 @@ def test_dapo_takes_its_first_round_from_the_stream_and_refills_it_with_the_curr
     from rlvr_lightning.algos import DAPO
 
     module = lagged_module(max_staleness=2, partial_rollouts=True, module_class=DAPO, gen_batch_size=2,
-                           callbacks=[HalfMixedReward()])  # fmt: skip
+                           rewards=HALF_MIXED)  # fmt: skip
     batches = iter(module.trainer.datamodule.train_dataloader())
     results = []
     for _ in range(3):

@@ -10,7 +10,7 @@ import torch
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rewards.settings import RewardFunction, RewardSettings, VerifierSettings
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
-from rlvr_lightning.training.scoring import Scoring
+from rlvr_lightning.training.scoring import Scoring, answer_metadata
 
 ANSWERS = ["so \\boxed{4}", "\\boxed{5}", "\\boxed{3} or \\boxed{4}", "I think 4"]
 ONE_WORKER = VerifierSettings(num_workers=1)
@@ -38,6 +38,31 @@ def test_math_verify_gives_correctness_and_its_options_are_the_sections():
     last = scored(RewardSettings(verifier=VerifierSettings(num_workers=1, multiple_boxed="last")))
     assert last.correct.tolist() == [1.0, 0.0, 1.0, 0.0]  # the last box is graded
     assert default.metrics["multiple_boxed_frac"] == 0.25 and default.metrics["no_answer_frac"] == 0.25
+
+
+def test_math_verify_alone_builds_no_metadata_and_a_users_function_gets_the_steps(monkeypatch):
+    """The metadata a user's function is told is built only where one runs: math-verify's correctness with no reward
+    function reads none of it (a rollout batch of thousands of answers would build it for nothing)."""
+    from rlvr_lightning.training import scoring as stage
+
+    built = []
+
+    def counted(rollout, rollout_batch=0, rank=0):
+        built.append((rollout_batch, rank))
+        return answer_metadata(rollout, rollout_batch, rank)
+
+    monkeypatch.setattr(stage, "answer_metadata", counted)
+    scoring = Scoring(RewardSettings(verifier=ONE_WORKER))
+    try:
+        assert scoring.score(rollout(), rollout_batch=3, rank=1).correct.tolist() == [1.0, 0.0, 0.0, 0.0]
+    finally:
+        scoring.close()
+    assert built == []
+    seen = []
+    monkeypatch.setattr(stage, "load_function", lambda path, who: lambda text, gold, metadata: seen.append(metadata) or 1.0)
+    Scoring(RewardSettings(correctness="my.correctness")).score(rollout(), rollout_batch=3, rank=1)
+    assert built == [(3, 1)]  # once per rollout batch, with the step's counters
+    assert [(m["rollout_batch"], m["rank"], m["index"], m["id"]) for m in seen] == [(3, 1, n, "p") for n in range(4)]
 
 
 def test_a_users_correctness_gives_partial_credit_and_reward_terms_add_weighted():

@@ -218,10 +218,10 @@ def test_dapo_takes_its_first_round_from_the_throughput_stream(lagged_module):
     """DAPO's round 0 is as many groups as its first round has prompts (the batch and its extra prompts),
     taken as they finish; its refills are generated now, by the version being trained."""
     from rlvr_lightning.algos import DAPO
-    from tests.training.test_rollout_stream import HalfMixedReward
+    from tests.training.test_rollout_stream import HALF_MIXED
 
     module = lagged_module(max_staleness=2, stream_mode="throughput", module_class=DAPO, gen_batch_size=3,
-                           callbacks=[HalfMixedReward()])  # fmt: skip
+                           rewards=HALF_MIXED)  # fmt: skip
     server = module.session.engine = GatedServer(module.policy, module.trainer.datamodule.tokenizer)
     server.gate.set()
     results = run_steps(module, 3)
@@ -296,8 +296,8 @@ def test_in_an_environment_the_throughput_stream_trains_episodes_with_each_token
         assert r.metrics["staleness_max"] <= 1
         for c in r.rollout.completions:
             assert len(c.versions) == len(c.token_ids) == len(c.logprobs) and c.versions == sorted(c.versions)
-            for i, s in enumerate(c.sampled):
-                if s == 0:
+            for i, s in enumerate(c.sampled_mask):
+                if not s:
                     inserted += 1
                     assert i > 0 and c.versions[i] == c.versions[i - 1] and c.logprobs[i] == 0.0
     assert inserted > 0
