@@ -205,6 +205,16 @@ def test_token_budget_bounds_every_forward_the_step_runs(tiny_policy_dir):
     torch.testing.assert_close(g_budget, g_rows, rtol=1e-4, atol=1e-6)
 
 
+def test_a_built_step_is_rebuilt_with_the_settings_a_test_resettles(tiny_policy_dir):
+    """The step is built once from the module's settings; `resettle` (a test's change of settings) must reach the
+    next step, not leave the one built before it running (every layout would then run the first one's)."""
+    module = attach(GRPO, tiny_policy_dir)
+    before = module.rlvr_step
+    assert before.layout.micro_batch_size == ComputeSettings().micro_batch_size
+    resettle(module, micro_batch_size=3)
+    assert module.rlvr_step is not before and module.rlvr_step.layout.micro_batch_size == 3
+
+
 def test_kl_cov_on_policy_adds_nothing_whatever_the_layout(tiny_policy_dir):
     """On a rollout batch's first step θ = θ_old, but θ_old comes from the separate pass, laid out
     otherwise: |log-ratio| is rounding noise there, and its gradient must not act (it would be ±β on
