@@ -21,7 +21,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from common import close, embedded_module, median, prompt_batches, run_child, write  # noqa: E402
 
-from rlvr_lightning.training import wiring
+from rlvr_lightning.algos import wiring
 from rlvr_lightning.training.settings import ComputeSettings, OptimSettings
 
 REPEATS = 8

@@ -195,7 +195,7 @@ def update_ab(args) -> dict:
     step times above carry the load of whatever else runs on the machine."""
     from common import close, prompt_batches
 
-    from rlvr_lightning.training import wiring
+    from rlvr_lightning.algos import wiring
 
     module, _ = build_ours("update_ab", args)
     result = module.train_on_batch(next(prompt_batches(module)))

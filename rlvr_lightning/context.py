@@ -95,3 +95,49 @@ class ScoredBatch:
     @property
     def group_size(self) -> int:
         return self.rollout.group_size
+
+
+class RolloutObserver:
+    """What the step calls on each freshly generated, scored rollout batch (a Lightning callback may be one)."""
+
+    def on_rollout_generated(self, step: StepContext, rollout: Rollout) -> None:
+        """After generation and scoring: the scored rollout (its correctness and reward terms), to watch; it returns
+        None (the step refuses a returned value: give correctness with `rewards.correctness`)."""
+        return None
+
+
+class AdvantageShaper(RolloutObserver):
+    """A stage that reweights token advantages (THR, OAR). Both hooks may be used at once.
+
+    Weights are positive multipliers of the token advantages, so they never flip an advantage's sign;
+    a token no shaper weighs keeps weight 1. Per rollout batch, the step calls `token_weights` once,
+    after the advantages; then, if `hidden_rows` asks for them, it hands θ_old's LM-head inputs to
+    `weights_from_hidden`, read from a forward that runs anyway (the θ_old pass, or the update's own
+    forward when that runs at θ_old), a few whole groups at a time, each group exactly once (so a
+    shaper knows its batch is fully scored when it has seen every group it asked for).
+
+    `weighs_sampled_tokens_only`: True for a shaper that leaves an environment's inserted tokens (a tool's output,
+    `Completion.sampled_mask`) out of its weights and their normalisation; a run in an environment refuses the others.
+    """
+
+    weighs_sampled_tokens_only: bool = False
+
+    def token_weights(self, step: StepContext, batch: ScoredBatch) -> torch.Tensor | None:
+        """Weights [N, T'] of the whole rollout batch computed from it and the policy at θ_old (OAR),
+        or None. Also marks the start of a rollout batch for shapers that read hidden states."""
+        return None
+
+    def hidden_rows(self, batch: ScoredBatch) -> torch.Tensor | None:
+        """Bool [N], whole groups: the sequences whose θ_old LM-head inputs `weights_from_hidden` reads."""
+        return None
+
+    def weights_from_hidden(
+        self, step: StepContext, batch: ScoredBatch, hidden: dict[int, torch.Tensor]
+    ) -> dict[int, torch.Tensor]:
+        """Weights [L_n] of sequence n from its θ_old LM-head inputs `hidden[n]` [L_n, d] (THR).
+        `hidden` holds whole groups of the rows `hidden_rows` asked for, a few groups per call."""
+        return {}
+
+    def batch_metrics(self) -> dict[str, float]:
+        """The last rollout batch's metrics (logged as `train/<key>`), read after its update."""
+        return {}

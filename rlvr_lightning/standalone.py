@@ -15,8 +15,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 
 from rlvr_lightning.algos.base import RLVRModule
+from rlvr_lightning.algos.wiring import engine_spec
 from rlvr_lightning.data.datamodule import RolloutDataModule
-from rlvr_lightning.training.wiring import engine_spec
 
 
 def standalone(

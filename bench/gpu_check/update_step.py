@@ -152,7 +152,7 @@ def measured(model_config, shape: UpdateShape, workdir: Path, steps: int = 2, pr
             policy = model_from(model_config, dtype=torch.float32).eval()
         policy.config.use_cache = False
         shard_policy(policy, mesh, param_dtype(), shape.activation_checkpointing, shape.reshard_after_forward)
-        apply_fast_paths(policy, shape.compile_layers, shape.fused_kernels)  # as the trainer's `training.wiring`
+        apply_fast_paths(policy, shape.compile_layers, shape.fused_kernels)  # as the trainer's `algos.wiring`
         optimizer = adamw(policy.parameters(), 1e-6, fused=shape.fused_adamw)
         batches = [_batch(model_config.vocab_size, shape, device, seed) for seed in range(shape.micro_batches)]
         losses: list[float] = []

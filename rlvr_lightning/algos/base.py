@@ -1,5 +1,5 @@
 """RLVRModule: the LightningModule every RLVR algorithm shares, a thin shell (docs/layout.md) over its `StepSettings`,
-the `TrainingStep` built once at fit start (`training.wiring` reads what it needs off Lightning) and the
+the `TrainingStep` built once at fit start (`algos.wiring` reads what it needs off Lightning) and the
 `EngineSession`. An algorithm is a choice of registered pieces (`rlvr_lightning.pieces`); a subclass (one per paper)
 sets its defaults and returns a `StepAlgorithm` for what its paper changes in the step (DAPO's). Manual optimisation:
 global token normalisation and several updates per rollout batch conflict with Lightning's automatic accumulation.
@@ -12,11 +12,11 @@ from typing import Any
 
 import lightning as L
 
+from rlvr_lightning.algos import wiring
 from rlvr_lightning.models.checkpoint import check_state_fits
 from rlvr_lightning.models.lora import LoraSettings
 from rlvr_lightning.pieces import choices
 from rlvr_lightning.rewards.settings import RewardSettings
-from rlvr_lightning.training import wiring
 from rlvr_lightning.training.engine_session import EngineSession
 from rlvr_lightning.training.settings import BehaviourSettings, ComputeSettings, OptimSettings, StepSettings
 from rlvr_lightning.training.step import Skipped, StepAlgorithm, StepResult, TrainingStep

@@ -16,6 +16,7 @@ from typing import Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Callback
 from torchmetrics.functional import spearman_corrcoef
 
 from rlvr_lightning.attribution.oar import (
@@ -28,8 +29,7 @@ from rlvr_lightning.attribution.oar import (
     segment_boxed,
 )
 from rlvr_lightning.attribution.thr import ReweightMode, ThresholdMode, dominant_tokens, rollout_thr, thr_token_weights
-from rlvr_lightning.callbacks.rollout import AdvantageShaper
-from rlvr_lightning.context import ScoredBatch, StepContext
+from rlvr_lightning.context import AdvantageShaper, ScoredBatch, StepContext
 from rlvr_lightning.errors import ConfigError, check_choice
 from rlvr_lightning.metrics import RunningStats, StreamSample
 from rlvr_lightning.models.lm_head import PolicyHead
@@ -37,7 +37,7 @@ from rlvr_lightning.pieces.advantages import mixed_groups
 from rlvr_lightning.seeding import OAR_NOISE_STREAM, derived_seed
 
 
-class THRAttribution(AdvantageShaper):
+class THRAttribution(AdvantageShaper, Callback):
     weighs_sampled_tokens_only = True  # `attribution.thr.rollout_thr` scores the sampled tokens; inserted ones weigh 1
 
     def __init__(
@@ -151,7 +151,7 @@ def thr_metrics(stats: RunningStats, sample: StreamSample) -> dict[str, float]:
     }
 
 
-class OARAttribution(AdvantageShaper):
+class OARAttribution(AdvantageShaper, Callback):
     """OAR (arXiv 2601.07408, docs/algorithms.md#oar): reasoning tokens' advantages reshaped by how much
     each token moves the model's own final-answer distribution; OAR-P perturbs tokens one at a time,
     OAR-G uses an input-gradient proxy. Scored once per rollout batch under θ_old."""

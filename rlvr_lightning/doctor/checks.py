@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 import torch
 
+from rlvr_lightning.algos import wiring
 from rlvr_lightning.device_defaults import (
     accelerator_of_device,
     apply_to_config,
@@ -37,7 +38,6 @@ from rlvr_lightning.models.weights import full_weights, load_into_engine
 from rlvr_lightning.rollout.settings import EngineSite, RolloutSettings
 from rlvr_lightning.rollout.sync import EngineSync, default_sync_tol
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, RolloutTensors, SamplingConfig
-from rlvr_lightning.training import wiring
 from rlvr_lightning.training.engine_setup import engine_compute_dtype
 from rlvr_lightning.training.optim import adamw
 from rlvr_lightning.training.settings import StepSettings, config_correction_fits

@@ -39,7 +39,7 @@ def engine_compute_dtype(rollout: Any, policy_config: Any, trainer_dtype: str, a
 @dataclass(frozen=True)
 class EngineSpec:
     """What builds this rank's engine and what it is handed at a sync: plain values, read from the run once
-    (`training.wiring.engine_spec`); no trainer or data module is kept."""
+    (`algos.wiring.engine_spec`); no trainer or data module is kept."""
 
     rollout: Any  # the `rollout:` settings (`rollout.settings.RolloutSettings`)
     policy_path: str  # where the policy's weights and config are

@@ -9,8 +9,7 @@ from dataclasses import replace
 
 import torch
 
-from rlvr_lightning.callbacks.rollout import AdvantageShaper
-from rlvr_lightning.context import ScoredBatch, StepContext
+from rlvr_lightning.context import AdvantageShaper, ScoredBatch, StepContext
 from rlvr_lightning.pieces.kinds import CorrectionInputs
 from rlvr_lightning.rollout.types import RolloutTensors
 from rlvr_lightning.training.batch import UpdateInputs

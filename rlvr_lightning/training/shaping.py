@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlvr_lightning.callbacks.rollout import AdvantageShaper
-from rlvr_lightning.context import ScoredBatch, StepContext
+from rlvr_lightning.context import AdvantageShaper, ScoredBatch, StepContext
 from rlvr_lightning.models.forward import response_hidden
 
 

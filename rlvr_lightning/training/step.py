@@ -15,8 +15,7 @@ from typing import Any
 
 import torch
 
-from rlvr_lightning.callbacks.rollout import AdvantageShaper
-from rlvr_lightning.context import ScoredBatch, StepContext
+from rlvr_lightning.context import AdvantageShaper, ScoredBatch, StepContext
 from rlvr_lightning.pieces.kinds import AdvantageInputs
 from rlvr_lightning.rollout.types import PromptBatch, Rollout
 from rlvr_lightning.training.algorithm import BoundPieces

@@ -1,13 +1,13 @@
 """The training step built from plain values: the parsed settings, what the algorithm changes in the step, the
 `rollout:` settings, the prompts per rollout batch, the advantage shapers and the engine session. The module builds
-it once, at fit start (`training.wiring` reads these off Lightning); a test or a script builds the same step without
+it once, at fit start (`algos.wiring` reads these off Lightning); a test or a script builds the same step without
 a Trainer."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rlvr_lightning.callbacks.rollout import AdvantageShaper
+from rlvr_lightning.context import AdvantageShaper
 from rlvr_lightning.device_defaults import Accelerator
 from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.training.checks import check_environment

@@ -9,13 +9,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from rlvr_lightning.algos import DAPO, GRPO, GSPO, REAL, DrGRPO
+from rlvr_lightning.algos import DAPO, GRPO, GSPO, REAL, DrGRPO, wiring
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 from rlvr_lightning.standalone import standalone
-from rlvr_lightning.training import wiring
 from rlvr_lightning.training.behaviour import FromUpdateForward, Precomputed, separate_pass
 from rlvr_lightning.training.settings import BehaviourSettings, ComputeSettings, OptimSettings
 from rlvr_lightning.training.step_metrics import MetricAccumulator

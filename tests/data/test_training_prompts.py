@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 
+from rlvr_lightning.algos.wiring import keep_scorable_problems
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.data.sources import ProblemRecord
 from rlvr_lightning.data.training_prompts import TrainingPrompts
 from rlvr_lightning.rewards.settings import RewardSettings, VerifierSettings
 from rlvr_lightning.rollout.types import PromptBatch
 from rlvr_lightning.training.scoring import Scoring
-from rlvr_lightning.training.wiring import keep_scorable_problems
 
 RECORDS = [ProblemRecord(f"p{i}", f"{i}+1?", str(i + 1)) for i in range(10)]
 

@@ -110,8 +110,7 @@ def test_the_doctor_reads_the_trainers_compute_dtype_as_the_run_does(precision, 
     """The run's `trainer_dtype` and the doctor's (from the configuration alone) are one function."""
     from types import SimpleNamespace
 
-    from rlvr_lightning.algos import GRPO
-    from rlvr_lightning.training import wiring
+    from rlvr_lightning.algos import GRPO, wiring
     from rlvr_lightning.training.engine_setup import trainer_compute_dtype
     from rlvr_lightning.training.settings import ComputeSettings
 

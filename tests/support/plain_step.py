@@ -1,6 +1,6 @@
 """A real training step on a real model, built without Lightning: the settings an algorithm class parses, the
 policy and its reference, the embedded task's prompts, the HF engine in an engine session, the math-verify
-verifier, AdamW with its schedule. What a run builds at fit start (`training.wiring`), from the same plain values;
+verifier, AdamW with its schedule. What a run builds at fit start (`algos.wiring`), from the same plain values;
 the step's own tests build it here."""
 
 from __future__ import annotations

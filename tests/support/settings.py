@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rlvr_lightning.training import wiring
+from rlvr_lightning.algos import wiring
 from rlvr_lightning.training.settings import BehaviourSettings, ComputeSettings, OptimSettings, StepSettings
 
 GROUPS = {"optim": OptimSettings, "compute": ComputeSettings, "behaviour": BehaviourSettings}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from rlvr_lightning.callbacks.rollout import AdvantageShaper
+from rlvr_lightning.context import AdvantageShaper
 from rlvr_lightning.training.shaping import compose_token_weights, hidden_weigher, rollout_token_weights, shaper_metrics
 
 

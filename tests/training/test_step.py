@@ -1,6 +1,6 @@
 """The training step holds plain values: it is built and run without a Trainer (`tests/support/plain_step.py`),
 nothing reachable from a built `TrainingStep` is a Trainer, a data module or a LightningModule (a run builds it
-once, at fit start, from what `training/wiring.py` reads of them), and a module's step is built once, not per
+once, at fit start, from what `algos/wiring.py` reads of them), and a module's step is built once, not per
 rollout batch."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rlvr_lightning.callbacks.attribution import THRAttribution
-from rlvr_lightning.callbacks.rollout import AdvantageShaper
+from rlvr_lightning.context import AdvantageShaper
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rollout.settings import RolloutSettings
 from rlvr_lightning.training.engine_session import EngineSession

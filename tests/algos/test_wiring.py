@@ -1,12 +1,12 @@
-"""What the module hands Lightning and takes from it (`training.wiring`): the callbacks every run adds, and the end
+"""What the module hands Lightning and takes from it (`algos.wiring`): the callbacks every run adds, and the end
 of a rollout batch: its metrics written to the loggers at once, and a skipped batch that asks to stop the run."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+from rlvr_lightning.algos import wiring
 from rlvr_lightning.callbacks.closing import CloseOnError
-from rlvr_lightning.training import wiring
 from rlvr_lightning.training.step import Skipped
 
 
