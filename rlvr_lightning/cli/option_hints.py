@@ -35,7 +35,9 @@ UNKNOWN = (
     re.compile(r"(\w+): Group '(\w+)' does not accept option '(\w+)'"),
     re.compile(r"(\w+): unrecognized arguments: --(\w+)\.(\w+)"),
     re.compile(r"unrecognized arguments: --(\w+)\.(?:init_args\.)?(?:(\w+)\.)?(\w+)"),
-    re.compile(r"^Group '(\w+)' does not accept option '(?:(\w+)\.)?(\w+)'"),  # a section's option in a config file (`rollout:`)
+    # A section's option in a config file (`rollout: {server_urls: …}`), with the `fit` subcommand or without.
+    re.compile(r"^Subcommand '\w+' does not accept option '(\w+)\.(?:init_args\.)?(?:(\w+)\.)?(\w+)'"),
+    re.compile(r"^Group '(\w+)' does not accept option '(?:(\w+)\.)?(\w+)'"),
 )
 
 
