@@ -67,9 +67,9 @@ RUNS = [
     ),  # fmt: skip
     PublishedRun(
         "NeMo-RL v0.5, 1-step off-policy, 8 H100 generate + 8 train, mean sequence 1,123",
-        ["--devices", "8", "--data.batch_size", "8", "--mean-response-length", "899", "--rollout.max_staleness", "1",
-         "--rollout.engine", "vllm-server", "--rollout.server_replicas", "8",
-         "--rollout.server_cuda_devices", '["8", "9", "10", "11", "12", "13", "14", "15"]',
+        ["--devices", "8", "--data.batch_size", "8", "--mean-response-length", "899", "--rollout.stream.max_staleness", "1",
+         "--rollout.engine", "vllm-server", "--rollout.servers.replicas", "8",
+         "--rollout.servers.cuda_devices", '["8", "9", "10", "11", "12", "13", "14", "15"]',
          "--rollout.gpu_memory_utilization", "0.8"],
         64.8, note="generation on 8 GPUs of its own, one step ahead; mean response inferred (1,123 − 224)",
     ),  # fmt: skip

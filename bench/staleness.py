@@ -1,6 +1,6 @@
 """Synchronous, one version ahead, and two versions ahead with partial rollouts in the reproducible and the
-throughput stream modes (`rollout.max_staleness` 0, 1 and 2 with `rollout.partial_rollouts`,
-`rollout.stream_mode`) on `vllm serve` replicas: the embedded default GRPO step, side by side,
+throughput stream modes (`rollout.stream.max_staleness` 0, 1 and 2 with `rollout.stream.partial_rollouts`,
+`rollout.stream.mode`) on `vllm serve` replicas: the embedded default GRPO step, side by side,
 each mode in a fresh process with its own servers. Reports the median step time of each mode, its ratio to
 the synchronous step, and the overlap achieved: the share of generation time the step did not wait for
 (1 − rollout_wait / rollout), next to the update time it could hide.
@@ -26,11 +26,11 @@ from common import embedded_module, median, prompt_batches, run_child, write  # 
 
 from rlvr_lightning.training.settings import ComputeSettings, OptimSettings
 
-MODES = {  # name → rollout settings
+MODES = {  # name → the rollout stream's settings (`rollout.stream`)
     "sync": {"max_staleness": 0},
     "one-ahead": {"max_staleness": 1},
     "two-ahead-partial": {"max_staleness": 2, "partial_rollouts": True},
-    "two-ahead-throughput": {"max_staleness": 2, "partial_rollouts": True, "stream_mode": "throughput"},
+    "two-ahead-throughput": {"max_staleness": 2, "partial_rollouts": True, "mode": "throughput"},
 }
 
 
@@ -38,7 +38,7 @@ def one(mode: str, steps: int, replicas: int) -> dict:
     from rlvr_lightning.algos import GRPO
 
     module = embedded_module(GRPO(kl_coef=0.001, optim=OptimSettings(lr=3e-5), compute=ComputeSettings(micro_batch_size=128)), engine="vllm-server",
-                             server_replicas=replicas, **MODES[mode])  # fmt: skip
+                             servers={"replicas": replicas}, stream=MODES[mode])  # fmt: skip
     batches = prompt_batches(module)
     times, ahead = [], []
     try:

@@ -57,7 +57,7 @@ CPU_DEFAULTS: dict[str, Any] = {
 # share comes back for the update, and what binds is generation, where the trainer still keeps its fp32
 # weights and AdamW state (12 bytes per parameter): 0.5, verl's default with sleep mode, leaves ~40 GiB of
 # an 80 GB card to them (a full fine-tune of up to ~3B parameters on one GPU). On GPUs the trainer does not
-# use (`rollout.server_cuda_devices`, `server_urls`) the engine is alone: vLLM's own default, 0.9. These
+# use (`rollout.servers.cuda_devices`, `servers.urls`) the engine is alone: vLLM's own default, 0.9. These
 # are constants, not a plan: `make train` plans the run before it starts and refuses one that will not fit,
 # naming the change that does (docs/planning.md).
 SHARE_AWAKE, SHARE_ASLEEP, SHARE_ALONE = 0.3, 0.5, 0.9
@@ -228,7 +228,7 @@ def config_device_defaults(cfg, accelerator: Accelerator, correction_fits: bool 
         given,
         fsdp=uses_fsdp2(cfg),
         sleep_level=int(rollout.sleep_level or 0),
-        engine_elsewhere=bool(rollout.server_urls or rollout.server_cuda_devices),
+        engine_elsewhere=bool(rollout.servers.urls or rollout.servers.cuda_devices),
         correction_fits=correction_fits,
     )
     return replace(defaults, keys=tuple(given))

@@ -75,7 +75,7 @@ def quick_warm_start(tmp_path_factory):
     return cfg, embedded_policy_path(cfg)
 
 
-# ---- a module whose rollout batches run ahead (rollout.max_staleness), without servers ------------------------
+# ---- a module whose rollout batches run ahead (rollout.stream.max_staleness), without servers ------------------------
 
 
 class SlowAheadServer:
@@ -112,18 +112,17 @@ class SlowAheadServer:
 
 @pytest.fixture
 def lagged_module(tiny_policy_dir):
-    """GRPO with rollouts generated ahead (`rollout.max_staleness`, which the settings allow only with
+    """GRPO with rollouts generated ahead (`rollout.stream.max_staleness`, which the settings allow only with
     servers) from a `SlowAheadServer`: the step's code path is the same whatever engine generates."""
     from rlvr_lightning.algos import GRPO
     from rlvr_lightning.data.datamodule import RolloutDataModule
-    from rlvr_lightning.rollout.settings import RolloutSettings
+    from rlvr_lightning.rollout.settings import RolloutSettings, StreamSettings
     from rlvr_lightning.standalone import standalone
 
     def build(max_staleness=1, partial_rollouts=False, module_class=GRPO, callbacks=(), stream_mode="reproducible",
               stale_groups="hold", **model_kwargs):  # fmt: skip
         rollout = RolloutSettings(engine="hf", group_size=2, max_response_length=4)
-        rollout.max_staleness, rollout.partial_rollouts = max_staleness, partial_rollouts  # as a server run's
-        rollout.stream_mode, rollout.stale_groups = stream_mode, stale_groups
+        rollout.stream = StreamSettings(max_staleness, partial_rollouts, stream_mode, stale_groups)  # as a server run's
         dm = RolloutDataModule(model_name_or_path=str(tiny_policy_dir), batch_size=2, val_data=None, rollout=rollout)
         return standalone(module_class(**model_kwargs), dm, callbacks=[*callbacks])
 

@@ -126,7 +126,7 @@ class DAPOStep(StepAlgorithm):
     def collect(self, step: StepContext, batch: PromptBatch, timer: StageTimer, stream: Stream | None) -> Rollout | Skipped:
         if self.sampler is None:
             return super().collect(step, batch, timer, stream)
-        # Generated ahead (rollout.max_staleness), the first round comes from the stream; the rounds that
+        # Generated ahead (rollout.stream.max_staleness), the first round comes from the stream; the rounds that
         # refill it are generated now, by the current policy.
         first = stream.collect(step, batch, timer) if stream is not None else None
         return self.sampler.collect(step, batch, timer, first)

@@ -8,15 +8,26 @@ import rlvr_lightning.algos
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.models.lora import LoraSettings
 from rlvr_lightning.planner.settings import PlanSettings
-from rlvr_lightning.rollout.settings import RolloutSettings
+from rlvr_lightning.rollout.settings import RolloutSettings, ServerSettings, StreamSettings, SyncSettings
 from rlvr_lightning.training.settings import BehaviourSettings, ComputeSettings, OptimSettings
 
-# The module's settings groups, each a section of its own here (`model.optim.lr`).
+# The settings groups of the module and of `rollout:`, each a section of its own here (`model.optim.lr`).
 GROUPS = {
     "model.optim": OptimSettings,
     "model.compute": ComputeSettings,
     "model.behaviour": BehaviourSettings,
     "model.lora": LoraSettings,
+    "rollout.servers": ServerSettings,
+    "rollout.stream": StreamSettings,
+    "rollout.sync": SyncSettings,
+}
+# Options that moved into a group under another name (`rollout.server_urls` → `rollout.servers.urls`); one that
+# kept its name in its group (`rollout.max_staleness`) is found by its name.
+RENAMED = {
+    **{f"server_{name}": f"rollout.servers.{name}" for name in ServerSettings.__dataclass_fields__},
+    "stream_mode": "rollout.stream.mode",
+    "sync_check_tol": "rollout.sync.check_tol",
+    "sync_check_every": "rollout.sync.check_every",
 }
 # How jsonargparse names an unknown option: (section, [group,] option).
 UNKNOWN = (
@@ -24,6 +35,9 @@ UNKNOWN = (
     re.compile(r"(\w+): Group '(\w+)' does not accept option '(\w+)'"),
     re.compile(r"(\w+): unrecognized arguments: --(\w+)\.(\w+)"),
     re.compile(r"unrecognized arguments: --(\w+)\.(?:init_args\.)?(?:(\w+)\.)?(\w+)"),
+    # A section's option in a config file (`rollout: {server_urls: …}`), with the `fit` subcommand or without.
+    re.compile(r"^Subcommand '\w+' does not accept option '(\w+)\.(?:init_args\.)?(?:(\w+)\.)?(\w+)'"),
+    re.compile(r"^Group '(\w+)' does not accept option '(?:(\w+)\.)?(\w+)'"),
 )
 
 
@@ -52,8 +66,8 @@ def known_options() -> dict[str, set[str]]:
 
 def option_hint(line: str) -> str:
     """For a parse error about an unknown option, the valid options it most resembles: the same name in
-    another section (`data.group_size` → `rollout.group_size`, `model.lr` → `model.optim.lr`), else the
-    closest names in its own."""
+    another section (`data.group_size` → `rollout.group_size`, `model.lr` → `model.optim.lr`), or its new name
+    (`rollout.stream_mode` → `rollout.stream.mode`), else the closest names in its own."""
     import difflib
 
     if (moved := piece_hint(line)) is not None:
@@ -67,6 +81,8 @@ def option_hint(line: str) -> str:
     if section not in options:
         return ""
     same = [f"{other}.{name}" for other, names in options.items() if other != section and name in names]
+    if name in RENAMED:
+        same.insert(0, RENAMED[name])
     close = same or [f"{section}.{n}" for n in difflib.get_close_matches(name, sorted(options[section]), n=3)]
     return f"; did you mean {' or '.join(close)}?" if close else "; every option with its value: --print_config"
 

@@ -113,7 +113,7 @@ class Setup:
 
     @property
     def sync_tol(self) -> float:
-        tol = self.rollout.sync_check_tol
+        tol = self.rollout.sync.check_tol
         return tol if tol is not None else default_sync_tol(self.engine_dtype, self.trainer_dtype)
 
     # ---- what the checks share ---------------------------------------------------------------------------
@@ -444,7 +444,7 @@ def weight_sync(s: Setup) -> Row:
     if transport is None:
         from rlvr_lightning.rollout.weight_transfer import resolve
 
-        transport = f"{resolve(s.rollout.weight_transfer)} transport"
+        transport = f"{resolve(s.rollout.sync.weight_transfer)} transport"
     if s.lora is not None:
         transport = f"LoRA r={s.lora.rank}, {s.lora.sync}" + ("" if s.lora.sync == "adapter" else f" by {transport}")
     name = "weight sync"

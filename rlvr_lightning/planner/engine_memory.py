@@ -106,7 +106,7 @@ def engine_share(spec: RunSpec, parameters: int) -> EngineShare:
     total = spec.gpu_memory_utilization * hw.memory_gib
     kv = max(0.0, total - weights - profile_gib(config, nbytes, hw))
     if spec.engine_elsewhere:
-        return EngineShare(0.0, 0.0, weights, kv, per_token, "vLLM servers on other GPUs (rollout.server_cuda_devices / server_urls)")
+        return EngineShare(0.0, 0.0, weights, kv, per_token, "vLLM servers on other GPUs (rollout.servers.cuda_devices / servers.urls)")
     asleep = total if spec.sleep_level == 0 else SLEEPING_GIB
     note = f"vLLM colocated: {spec.gpu_memory_utilization:.2f} × {hw.memory_gib:.1f} GiB" + (
         f", asleep during the update (level {spec.sleep_level})" if spec.sleep_level else ", held during the update (sleep_level 0)")

@@ -41,13 +41,13 @@ class RunSpec:
     gpu_memory_utilization: float
     sleep_level: int
     kv_cache_gib: float  # the CPU engine's KV cache
-    engine_elsewhere: bool  # servers on GPUs the trainer does not use (server_cuda_devices / server_urls)
-    max_staleness: int  # rollout.max_staleness: versions generated ahead of the update
+    engine_elsewhere: bool  # servers on GPUs the trainer does not use (rollout.servers.cuda_devices / urls)
+    max_staleness: int  # rollout.stream.max_staleness: versions generated ahead of the update
     thr: bool  # THR attribution reads the LM head's inputs in the update
     oar: bool
     whole_groups: bool = False  # micro-batches hold whole groups (a group-level loss; THR or OAR reading them)
     lora: object | None = None  # models.lora.LoraSettings of a LoRA policy
-    partial_rollouts: bool = False  # rollout.partial_rollouts in the reproducible stream: segments, each prefilled again
+    partial_rollouts: bool = False  # rollout.stream.partial_rollouts in the reproducible stream: segments, each prefilled again
     # model.compute.packing: micro-batches of real tokens only. The worst case planned has no padding, so a packed
     # forward holds the same tokens as a padded one and the plan is the same (on a GPU attention is planned
     # as a fused kernel either way: varlen packed, flash or memory-efficient padded).
@@ -159,11 +159,11 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
         gpu_memory_utilization=rollout.gpu_memory_utilization,
         sleep_level=rollout.sleep_level,
         kv_cache_gib=rollout.kv_cache_gib,
-        engine_elsewhere=bool(rollout.server_urls or rollout.server_cuda_devices),
-        max_staleness=rollout.max_staleness,
+        engine_elsewhere=bool(rollout.servers.urls or rollout.servers.cuda_devices),
+        max_staleness=rollout.stream.max_staleness,
         # The throughput stream's partial rollouts are requests frozen across a sync (vLLM keeps their KV cache):
         # generation is not cut into segments, so it is planned as one continuous batch.
-        partial_rollouts=bool(rollout.partial_rollouts) and rollout.stream_mode == "reproducible",
+        partial_rollouts=bool(rollout.stream.partial_rollouts) and rollout.stream.mode == "reproducible",
         thr="THRAttribution" in callbacks,
         oar="OARAttribution" in callbacks,
         whole_groups=step.whole_groups or bool(shapers),

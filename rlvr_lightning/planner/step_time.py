@@ -10,7 +10,7 @@ device's dense peak times the matmuls' efficiency, plus on a GPU a cost per deco
 forward and backward (`trainer_pass_seconds`: fitted to measured updates by bench/planner_fit.py); FSDP's all-gathers and reduce-scatters are bytes over the
 intra-node link, overlapped with compute (the larger of the two counts). Generation is simulated as the
 engine schedules it (`planner/generation.py`); the weight sync as the engines do it
-(`planner/weight_sync.py`). With `rollout.max_staleness` ≥ 1 generation runs beside the update; with partial
+(`planner/weight_sync.py`). With `rollout.stream.max_staleness` ≥ 1 generation runs beside the update; with partial
 rollouts a step generates one segment of each of s batches in flight, which in the steady state is one batch's
 sequences cut at the segment caps ⌈L·i/s⌉ (`partial_segments`), each piece after its prompt and the tokens
 before it (vLLM's prefix cache is reset at every weight sync, so those are prefilled again).
@@ -60,7 +60,7 @@ class StepTime:
     generation: Generation | None = None  # at the expected lengths
     worst_generation: Generation | None = None
     sync: WeightSync | None = None
-    overlapped: bool = False  # rollout.max_staleness ≥ 1: generation overlaps the update
+    overlapped: bool = False  # rollout.stream.max_staleness ≥ 1: generation overlaps the update
     notes: list[str] = field(default_factory=list)  # what the user should know (generation dominates, …)
 
     @property
@@ -306,7 +306,7 @@ def segmented_generation(
 
 
 def overlap_notes(spec: RunSpec, stages: dict[str, float], generation_at=None) -> list[str]:
-    """Where generation outlasts the update; what `rollout.max_staleness` hides (or hides already), and with
+    """Where generation outlasts the update; what `rollout.stream.max_staleness` hides (or hides already), and with
     partial rollouts, the staleness that would hide it (`generation_at(s)`: a step's generation at s segments)."""
     generation_s, sync = stages["generation"], stages.get("weight sync", 0.0)
     update = sum(stages.values()) - generation_s - sync
@@ -315,12 +315,12 @@ def overlap_notes(spec: RunSpec, stages: dict[str, float], generation_at=None) -
     if spec.max_staleness:
         how = f" with partial rollouts in {spec.max_staleness} segments" if spec.partial_rollouts else ""
         notes.append(
-            f"rollout.max_staleness {spec.max_staleness}{how}: generation ({generation_s:.1f} s) runs beside "
+            f"rollout.stream.max_staleness {spec.max_staleness}{how}: generation ({generation_s:.1f} s) runs beside "
             f"the update ({update:.1f} s): the step is the longer plus the weight sync, {overlapped:.1f} s"
         )
     elif generation_s > update:
         notes.append(
-            f"generation ({generation_s:.1f} s) outlasts the update ({update:.1f} s): --rollout.max_staleness 1 "
+            f"generation ({generation_s:.1f} s) outlasts the update ({update:.1f} s): --rollout.stream.max_staleness 1 "
             f"would run the next rollout beside the update (one step off-policy), a step of ≈ {overlapped:.1f} s "
             f"instead of {sum(stages.values()):.1f} s"
         )
@@ -328,7 +328,7 @@ def overlap_notes(spec: RunSpec, stages: dict[str, float], generation_at=None) -
         hidden = next((s for s in range(max(2, spec.max_staleness + 1), 9) if generation_at(s) <= update), None)
         if hidden is not None:
             notes.append(
-                f"partial rollouts at --rollout.max_staleness {hidden} --rollout.partial_rollouts true would cut "
+                f"partial rollouts at --rollout.stream.max_staleness {hidden} --rollout.stream.partial_rollouts true would cut "
                 f"each step's generation to {generation_at(hidden):.1f} s, hidden by the update"
             )
         elif not spec.partial_rollouts or spec.max_staleness < 8:

@@ -5,7 +5,7 @@ A batch's episodes reach their calls turn by turn: in a turn the rank's calls ru
 side by side while the engine waits (`environments.episodes`), so N answers making c calls each take about
 ⌈N·c / workers⌉ call times (expected: `plan.tool_calls_per_answer`, default the most, `max_calls`, at
 `plan.tool_call_ms`), and at the worst every answer makes `max_calls` calls that each run to the time limit:
-max_calls · ⌈N / workers⌉ · timeout_s. With `rollout.max_staleness` ≥ 1 this runs beside the update, with the
+max_calls · ⌈N / workers⌉ · timeout_s. With `rollout.stream.max_staleness` ≥ 1 this runs beside the update, with the
 rest of generation. An output's tokens are inside `rollout.max_response_length` (so in the memory plan); the
 generation model prices them as decoded tokens although vLLM prefills them, which overestimates a little.
 """

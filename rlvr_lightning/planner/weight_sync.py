@@ -1,8 +1,8 @@
 """The weight sync after each update, as the engines do it: the transfer, the engine's load, the reset of
 its prefix cache, and (colocated with sleep mode) the weights' round trip to host memory.
 
-- vLLM servers on other GPUs (`rollout.server_cuda_devices` / `server_urls`): the weights broadcast over
-  NCCL (`rollout.weight_transfer nccl`), priced at the device's link; each server loads them.
+- vLLM servers on other GPUs (`rollout.servers.cuda_devices` / `servers.urls`): the weights broadcast over
+  NCCL (`rollout.sync.weight_transfer nccl`), priced at the device's link; each server loads them.
 - vLLM colocated: under FSDP2 the trainer gathers each full tensor from its shards (over the link), then
   the engine loads it in place (`collective_rpc("reload_weights")`); without FSDP2 only the load.
   Sleep level 1 copies the weights to host memory for the update and back before the load (twice over

@@ -1,12 +1,12 @@
-"""The `nccl` weight transport (`rollout.weight_transfer: nccl`; GPU): vLLM's NCCL weight-transfer engine on the
+"""The `nccl` weight transport (`rollout.sync.weight_transfer: nccl`; GPU): vLLM's NCCL weight-transfer engine on the
 servers (`--weight-transfer-config '{"backend": "nccl"}'`), one NCCL group per replica with the trainer as rank 0,
 joined through vLLM's `/init_weight_transfer_engine` route and vLLM's own rendezvous (`nccl_common`). A sync is
 one pass over the weights for all replicas: one `/start_weight_update`, then bucket after bucket its names,
 dtypes and shapes (`/update_weights`) and its tensors, broadcast one by one, then one `/finish_weight_update`.
 Each tensor is cast to the servers' dtype (`rollout.dtype`) and copied to the GPU as it comes, and at most one
 bucket (`BUCKET_BYTES`) of these copies exists at a time. The trainer's address for the rendezvous is
-`rollout.weight_transfer_host`, else `VLLM_HOST_IP`, else the local address of the route to the replica
-(`trainer_address`); a rendezvous that does not complete within `rollout.weight_transfer_timeout_s` is an error
+`rollout.sync.weight_transfer_host`, else `VLLM_HOST_IP`, else the local address of the route to the replica
+(`trainer_address`); a rendezvous that does not complete within `rollout.sync.weight_transfer_timeout_s` is an error
 naming that address and port.
 Tested on CPU: the address choice, the bucketing and casting, the order of the routes and broadcasts (with
 stand-ins for the communicator and the HTTP routes), the rendezvous bound (with vLLM's real rendezvous store and
@@ -63,7 +63,7 @@ class NCCLTransport:
 
 class ReplicaLink:
     """One replica's end of the NCCL transfer: vLLM's weight-update routes on that server, through the
-    engine's HTTP client (`ServerClient`: its timeout, `rollout.server_request_timeout_s`, and its errors,
+    engine's HTTP client (`ServerClient`: its timeout, `rollout.servers.request_timeout_s`, and its errors,
     which name the replica and the route), and the NCCL group in which this trainer is rank 0."""
 
     def __init__(self, client, url: str, group=None) -> None:
@@ -215,15 +215,15 @@ def rendezvous(open_trainer_end: Callable, join_replica: Callable, timeout_s: fl
     if pending:
         raise WeightSyncError(
             f"the NCCL rendezvous of {where} did not complete within {timeout_s:g} s "
-            "(rollout.weight_transfer_timeout_s): the replica's workers must reach that address and port; "
-            "set rollout.weight_transfer_host to an address of this machine they can reach"
+            "(rollout.sync.weight_transfer_timeout_s): the replica's workers must reach that address and port; "
+            "set rollout.sync.weight_transfer_host to an address of this machine they can reach"
         )
     return trainer_end.result()
 
 
 def trainer_address(replica_url: str, configured: str | None = None) -> str:
     """The address of this machine at which a replica's workers reach the trainer for the NCCL
-    rendezvous: `configured` (`rollout.weight_transfer_host`) if given, else `VLLM_HOST_IP` if set
+    rendezvous: `configured` (`rollout.sync.weight_transfer_host`) if given, else `VLLM_HOST_IP` if set
     (through vLLM's `get_ip`), else the local address of this machine's route to the replica's host
     (loopback for a replica on loopback, the interface facing it otherwise), found as vLLM's `get_ip`
     finds the outgoing interface: a UDP socket's `connect` sends nothing. Not the address of this
@@ -245,6 +245,6 @@ def trainer_address(replica_url: str, configured: str | None = None) -> str:
     if address == "0.0.0.0":
         raise WeightSyncError(
             f"no address of this machine found for the NCCL rendezvous with {replica_url}: "
-            "set rollout.weight_transfer_host"
+            "set rollout.sync.weight_transfer_host"
         )
     return address

@@ -2,7 +2,7 @@
 wedged host) answers neither its requests nor `/health`, so a request to it would wait out its whole bound.
 
 A daemon thread GETs each replica's `/health` every `interval_s`; a replica that has not answered one for
-`unresponsive_s` (`rollout.server_unresponsive_s`) is marked failed (`Replica.failed`). The requests waiting
+`unresponsive_s` (`rollout.servers.unresponsive_s`) is marked failed (`Replica.failed`). The requests waiting
 on it then give up (`ReplicaSet.request`) and go to recovery: a launched replica is killed and restarted from
 the current weights, an attached one is dropped. A replica being restarted is not checked."""
 
@@ -52,7 +52,7 @@ class ReplicaWatch:
                     r.last_healthy = time.monotonic()
                 elif (silent := time.monotonic() - r.last_healthy) > self.unresponsive_s and not r.restarting:
                     log.warning(
-                        "rollout server %s has not answered a health check for %.0f s (rollout.server_unresponsive_s "
+                        "rollout server %s has not answered a health check for %.0f s (rollout.servers.unresponsive_s "
                         "= %g); taking it for frozen", r.url, silent, self.unresponsive_s,
                     )  # fmt: skip
                     r.failed.set()

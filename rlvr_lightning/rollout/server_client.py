@@ -1,7 +1,7 @@
 """The HTTP client of the `vllm serve` replicas: one pooled session, and POSTs bounded in time whose failures
 name the server, the route, the bound and the setting that sets it.
 
-The bounds (`rollout.server_request_timeout_s` replaces both when set): a generation request may take
+The bounds (`rollout.servers.request_timeout_s` replaces both when set): a generation request may take
 `GENERATION_BASE_S` plus `GENERATION_S_PER_TOKEN` for each token it asks for per sequence (its sequences decode
 side by side, so the longest bounds it; the base covers its wait behind other requests); any other route
 (weight loads, pauses, version stamps) `ROUTE_TIMEOUT_S`. A replica that stops answering is noticed sooner,
@@ -42,7 +42,7 @@ def post(session, url: str, route: str, timeout: float, bound_by: str, **kwargs)
 
 
 class ServerClient:
-    def __init__(self, request_timeout_s: float | None = None, setting: str = "rollout.server_request_timeout_s") -> None:
+    def __init__(self, request_timeout_s: float | None = None, setting: str = "rollout.servers.request_timeout_s") -> None:
         """`request_timeout_s`: how long any one request to a server may take; None: the bounds above. `setting`:
         the option that sets it, for the errors."""
         import requests

@@ -136,13 +136,13 @@ def placement(
     if cuda_devices is not None:
         if len(cuda_devices) != total:
             raise RolloutServerError(
-                f"rollout.server_cuda_devices has {len(cuda_devices)} entries; {slots} trainer rank(s) on this "
+                f"rollout.servers.cuda_devices has {len(cuda_devices)} entries; {slots} trainer rank(s) on this "
                 f"machine × {replicas} replicas each need {total}, one per replica, rank after rank"
             )
         return [(None, cuda_devices[i]) for i in mine]
     if torch.cuda.is_available() if cuda_available is None else cuda_available:
         log.warning(
-            "rollout.server_cuda_devices is not set: the rollout servers share the trainer's GPU (lower "
+            "rollout.servers.cuda_devices is not set: the rollout servers share the trainer's GPU (lower "
             "rollout.gpu_memory_utilization, or give them GPUs of their own)"
         )
         return [(None, None)] * replicas
@@ -213,7 +213,7 @@ class ServerProcess:
         self.stop()
         raise RolloutServerError(
             f"vLLM server {self.index} ({self.url}) was not healthy after {self.spec.start_timeout_s:.0f} s "
-            f"(rollout.server_start_timeout_s); last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+            f"(rollout.servers.start_timeout_s); last lines of {self.log_path}:\n{log_tail(self.log_path)}"
         )
 
     def alive(self) -> bool:

@@ -110,9 +110,9 @@ class ReplicaSet:
         try:
             ok = self.client.session.get(f"{url}/health", timeout=10).status_code == 200
         except OSError as e:
-            raise RolloutServerError(f"cannot reach the vLLM server at {url} (rollout.server_urls): {e}") from e
+            raise RolloutServerError(f"cannot reach the vLLM server at {url} (rollout.servers.urls): {e}") from e
         if not ok:
-            raise RolloutServerError(f"the vLLM server at {url} (rollout.server_urls) is not healthy")
+            raise RolloutServerError(f"the vLLM server at {url} (rollout.servers.urls) is not healthy")
 
     def post_each(self, route: str, **kwargs) -> None:
         """The same request to every replica that is not dropped, one after the other (each recovered as in
@@ -140,7 +140,7 @@ class ReplicaSet:
                 if sent_again == MAX_REISSUES:
                     raise RolloutServerLost(
                         f"rollout server {r.url}: {route} failed {MAX_REISSUES + 1} times in a row, each after "
-                        f"recovery ({err}); see its log, or the URLs in rollout.server_urls"
+                        f"recovery ({err}); see its log, or the URLs in rollout.servers.urls"
                     ) from err
                 index = self.recover(index, restarts_seen, err)
                 self.reissued_total += 1
@@ -169,7 +169,7 @@ class ReplicaSet:
             if r.failed.is_set() or r.restarts != restarts_seen:
                 raise RolloutServerError(
                     f"rollout server {r.url}: {route} abandoned, the server stopped answering its health checks "
-                    "(rollout.server_unresponsive_s)"
+                    "(rollout.servers.unresponsive_s)"
                 )
         if "error" in outcome:
             raise outcome["error"]
@@ -199,7 +199,7 @@ class ReplicaSet:
             if not live:
                 raise RolloutServerLost(
                     f"no rollout server remains: {', '.join(x.url for x in self.replicas)} stopped answering "
-                    f"(last: {error}); check them, or the URLs in rollout.server_urls"
+                    f"(last: {error}); check them, or the URLs in rollout.servers.urls"
                 )
             return live[index % len(live)]
 

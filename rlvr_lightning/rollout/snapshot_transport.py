@@ -1,4 +1,4 @@
-"""The `snapshot` weight transport (`rollout.weight_transfer: snapshot`; CPU, and any machine sharing a
+"""The `snapshot` weight transport (`rollout.sync.weight_transfer: snapshot`; CPU, and any machine sharing a
 filesystem with the servers): the weights written as safetensors shards to a fresh directory in shared memory
 (`/dev/shm`), then loaded by every replica with vLLM's own `reload_weights(weights_path=…)` through its
 `/collective_rpc` route. vLLM 0.32 ships no weight-transfer backend that runs on CPU (NCCL, CUDA IPC and the

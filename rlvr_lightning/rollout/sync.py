@@ -27,7 +27,7 @@ LOW_PRECISION_SYNC_TOL = 0.05
 
 
 def default_sync_tol(engine_dtype: str, trainer_dtype: str) -> float:
-    """The probe's tolerance when `rollout.sync_check_tol` is not set, for the engine's dtype (`rollout.dtype`,
+    """The probe's tolerance when `rollout.sync.check_tol` is not set, for the engine's dtype (`rollout.dtype`,
     resolved when `auto`) and the dtype the trainer computes in."""
     return FP32_SYNC_TOL if engine_dtype == trainer_dtype == "float32" else LOW_PRECISION_SYNC_TOL
 
@@ -53,7 +53,7 @@ class WeightSyncProbe:
         if self.last_diff > self.tol:
             raise WeightSyncError(
                 f"after the weight sync the engine's log-probs differ from the trainer's by {self.last_diff:.2e} "
-                f"(> rollout.sync_check_tol={self.tol}); the engine is not running the trained weights{by}"
+                f"(> rollout.sync.check_tol={self.tol}); the engine is not running the trained weights{by}"
             )
         trainer_moved = self.last_trainer is not None and trainer_lp != self.last_trainer
         if trainer_moved and engine_lp == self.last_engine:

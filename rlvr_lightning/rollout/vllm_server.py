@@ -10,7 +10,7 @@ other nodes) and talks to them over vLLM's HTTP API:
   routes (they need `VLLM_SERVER_DEV_MODE=1`); one paused-sync context (`_paused_sync`) does this for both.
 
 Why not the in-process `LLM`: rollouts can run on their own devices or nodes and overlap with the
-update (`rollout.max_staleness`). The replicas (`server_replicas.py`: launched by `server_process.py`, or
+update (`rollout.stream.max_staleness`). The replicas (`server_replicas.py`: launched by `server_process.py`, or
 attached) are reached through one HTTP client (`server_client.py`, every request bounded in time); launched
 ones are stopped on close and at interpreter exit. A replica that dies or freezes mid-rollout is restarted
 from the current weights (launched) or dropped (attached), and its requests are sent again with their seeds
@@ -74,10 +74,10 @@ class VLLMServerEngine:
         launched on this machine, rank after rank (see `placement`). `sync_role` (several trainer ranks sharing
         attached servers): `leader` writes the weights, `follower` only takes part in gathering them,
         `only` is a single trainer. `request_timeout_s`: how long any one request to a server may take
-        (`rollout.server_request_timeout_s`; None: `server_client`'s bounds). `unresponsive_s`: how long a replica
-        may leave its health checks unanswered before it is taken for frozen (`rollout.server_unresponsive_s`).
+        (`rollout.servers.request_timeout_s`; None: `server_client`'s bounds). `unresponsive_s`: how long a replica
+        may leave its health checks unanswered before it is taken for frozen (`rollout.servers.unresponsive_s`).
         `transfer_host`, `transfer_timeout_s`: the NCCL transport's address of this trainer and bound on its
-        rendezvous (`rollout.weight_transfer_host`, `rollout.weight_transfer_timeout_s`)."""
+        rendezvous (`rollout.sync.weight_transfer_host`, `rollout.sync.weight_transfer_timeout_s`)."""
         from rlvr_lightning.rollout.weight_transfer import make_transport, server_args
 
         spec = replace(spec, extra_args=[*spec.extra_args, *server_args(transport)])  # the caller's stays as given
@@ -275,7 +275,7 @@ class VLLMServerEngine:
             else "snapshot (servers that share this machine's filesystem)"
         )
         return (
-            f"the {self.transport.name} transport (rollout.weight_transfer; another: --rollout.weight_transfer {other})"
+            f"the {self.transport.name} transport (rollout.sync.weight_transfer; another: --rollout.sync.weight_transfer {other})"
         )
 
     @property

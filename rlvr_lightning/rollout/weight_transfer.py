@@ -1,4 +1,4 @@
-"""How the trainer's weights reach `vllm serve` replicas (`rollout.weight_transfer`): one `WeightTransport` per
+"""How the trainer's weights reach `vllm serve` replicas (`rollout.sync.weight_transfer`): one `WeightTransport` per
 engine, chosen by name.
 
 - `snapshot` (snapshot_transport.py; CPU, and any machine sharing a filesystem with the servers): safetensors
@@ -23,7 +23,7 @@ class WeightTransport(Protocol):
     """What the server engine asks of a transport. It is built from the engine (`transport(engine)`), whose
     `version` is the one being synced, whose `client` posts to the replicas and whose `spec` they run."""
 
-    name: ClassVar[str]  # as `rollout.weight_transfer` names it, and the sync's errors
+    name: ClassVar[str]  # as `rollout.sync.weight_transfer` names it, and the sync's errors
     server_args: ClassVar[list[str]]  # what every server must be started with for it
 
     def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], replicas) -> None:
@@ -43,7 +43,7 @@ def resolve(kind: str) -> str:
     if kind == "auto":
         return "nccl" if torch.cuda.is_available() else "snapshot"
     if kind not in TRANSPORTS:
-        raise ValueError(f"rollout.weight_transfer={kind!r}; valid: auto, snapshot, nccl")
+        raise ValueError(f"rollout.sync.weight_transfer={kind!r}; valid: auto, snapshot, nccl")
     return kind
 
 

@@ -41,7 +41,7 @@ def behaviour_source(
     """`update` wherever it is exact: one optimizer step per rollout batch, no rollout correction (its
     weights are needed before the update) and no loss that reads the whole step before any forward
     with grad (`reads_step_first`: the two-pass method, a token selection such as Clip-Cov's).
-    `stale` (`rollout.max_staleness` > 0: sampled by older policy versions, token by token): the trainer's
+    `stale` (`rollout.stream.max_staleness` > 0: sampled by older policy versions, token by token): the trainer's
     weights are not the behaviour policy, so θ_old is the engine's log-probs (each token's from the version
     that sampled it), unless a rollout correction (`corrected`) weighs the trainer's θ_old (the proximal
     policy of decoupled PPO) against them; `approximates_proximal`: a proximal-policy piece that needs no pass

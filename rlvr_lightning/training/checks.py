@@ -136,7 +136,7 @@ def check_behaviour_logprobs(
             if corrects_rollouts
             else "model.behaviour.logprobs=rollout"
             if behaviour.logprobs == "rollout"
-            else f"rollout.max_staleness={max_staleness}"
+            else f"rollout.stream.max_staleness={max_staleness}"
         )
         raise ConfigError(
             f"{what} uses the rollout engine's log-probs as the behaviour policy, but rollout.top_p={rollout.top_p} / "

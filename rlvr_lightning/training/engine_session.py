@@ -1,6 +1,6 @@
 """The rollout engine of one run and what lives beside it: the engine (built on first use from an
 `EngineSpec`), the weight sync with its probe and the policy version the engine holds, the rollout stream
-generating ahead (`rollout.max_staleness`) with the batches a checkpoint carries, and closing them.
+generating ahead (`rollout.stream.max_staleness`) with the batches a checkpoint carries, and closing them.
 
 A plain object: the module makes one and hands it the spec once its policy exists; the step's context holds
 it, the planner's and the doctor's derivations build their own engines from the same functions
@@ -43,11 +43,11 @@ class EngineSession:
 
     def attach(self, spec: EngineSpec) -> None:
         """What the engine is built from and synced with (the policy exists from here on); the sync probe's
-        tolerance (`rollout.sync_check_tol`; None: what the two sides' precision allows) and cadence."""
+        tolerance (`rollout.sync.check_tol`; None: what the two sides' precision allows) and cadence."""
         self.spec = spec
-        rollout = spec.rollout
-        tol = default_sync_tol(spec.engine_dtype, spec.trainer_dtype) if rollout.sync_check_tol is None else rollout.sync_check_tol
-        self.sync = EngineSync(tol=tol, check_every=rollout.sync_check_every)
+        checked = spec.rollout.sync
+        tol = default_sync_tol(spec.engine_dtype, spec.trainer_dtype) if checked.check_tol is None else checked.check_tol
+        self.sync = EngineSync(tol=tol, check_every=checked.check_every)
 
     @property
     def engine(self) -> RolloutEngine:
@@ -129,12 +129,11 @@ class EngineSession:
         """The stream of rollouts generated ahead (`rollout`: the `rollout:` settings), built on first use
         with a checkpoint's batches in flight."""
         if self.stream is None:
-            if rollout.stream_mode == "throughput":
-                self.stream = ThroughputStream(
-                    rollout.max_staleness, rollout.partial_rollouts, rollout.stale_groups == "hold", prompts
-                )
+            ahead = rollout.stream
+            if ahead.mode == "throughput":
+                self.stream = ThroughputStream(ahead.max_staleness, ahead.partial_rollouts, ahead.stale_groups == "hold", prompts)
             else:
-                self.stream = RolloutStream(rollout.max_staleness, rollout.partial_rollouts, prompts)
+                self.stream = RolloutStream(ahead.max_staleness, ahead.partial_rollouts, prompts)
             if self._stream_state is not None:
                 self.stream.load_state_dict(self._stream_state)
                 self._stream_state = None

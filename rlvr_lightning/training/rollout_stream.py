@@ -1,5 +1,5 @@
-"""Rollouts generated ahead of the trainer with bounded staleness (`rollout.max_staleness: s`), optionally
-as partial rollouts (`rollout.partial_rollouts`), on a schedule that is a function of the step alone.
+"""Rollouts generated ahead of the trainer with bounded staleness (`rollout.stream.max_staleness: s`), optionally
+as partial rollouts (`rollout.stream.partial_rollouts`), on a schedule that is a function of the step alone.
 
 The schedule (the reproducible mode: what is generated under which policy version, and where a sequence
 is interrupted, depend on the seed and the step, never on timing). At step t the servers hold version v

@@ -272,7 +272,7 @@ class StepSettings:
         prompts per rollout batch, `accelerator` where the update runs, `shapers` the names of its advantage
         shapers; `check`: run the checks that need them (a run does at its start)."""
         layout = self.layout(rollout.max_response_length, accelerator)
-        max_staleness = int(getattr(rollout, "max_staleness", 0))
+        max_staleness = int(rollout.stream.max_staleness)
         if check:
             check_run(
                 self.args,

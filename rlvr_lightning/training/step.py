@@ -43,7 +43,7 @@ class Skipped:
 class StepAlgorithm:
     """What an algorithm changes in the structure of the step. This one changes nothing (GRPO's step): the
     reward is the verifier's verdict (r = c), a rollout batch generates the dataloader's prompts, and its
-    rollout is generated now, or taken from the stream generating ahead (`rollout.max_staleness`)."""
+    rollout is generated now, or taken from the stream generating ahead (`rollout.stream.max_staleness`)."""
 
     def rewards(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         """The reward r [N] fed to the advantage estimator, and its metrics: the verdict c, plus the reward terms of
@@ -80,7 +80,7 @@ class TrainingStep:
 
     @property
     def stream(self) -> Stream | None:
-        if self.rollout_settings.max_staleness <= 0:
+        if self.rollout_settings.stream.max_staleness <= 0:
             return None
         return self.session.rollout_stream(self.rollout_settings, self.algorithm.prompts)
 

@@ -1,10 +1,10 @@
-"""The throughput mode of the rollout stream (`rollout.stream_mode: throughput`): groups are generated
+"""The throughput mode of the rollout stream (`rollout.stream.mode: throughput`): groups are generated
 continuously and trained in the order they finish. Which groups a step trains depends on timing, so two
-runs with the same seed differ; `stream_mode: reproducible` (`rollout_stream.py`) is the mode that does not.
+runs with the same seed differ; `stream.mode: reproducible` (`rollout_stream.py`) is the mode that does not.
 
 The servers always have work: the stream keeps up to (s + 1)·B groups issued and not yet trained (s·B
 between a step taking its groups and the weight sync; one request per prompt, G samples; B groups per
-step, s = `rollout.max_staleness`), taking prompts in the dataloader's order, batch after batch. With partial rollouts a weight sync freezes the requests in flight
+step, s = `rollout.stream.max_staleness`), taking prompts in the dataloader's order, batch after batch. With partial rollouts a weight sync freezes the requests in flight
 (vLLM's `/pause?mode=keep`) and they continue under the new weights; vLLM reports which version sampled
 each token (its weight-version spans), so each token keeps its version and log-prob. Their KV cache, kept
 from the old weights, is not recomputed: the log-prob vLLM reports is that of the distribution it sampled
@@ -12,7 +12,7 @@ from, so the behaviour policy stays exact. Without partial rollouts the sync wai
 flight (`mode=wait`) and every group is sampled by one version.
 
 A group issued at version u must train by step u + s (its deadline). What happens to one that would not
-is `rollout.stale_groups`:
+is `rollout.stream.stale_groups`:
   - `hold`: nothing is dropped. A step takes first the groups that later steps could not all train by
     their deadlines (earliest deadline first, waiting for them to finish), then the earliest finished.
     With that many outstanding, every group trains in time (`must_train_now`, `_can_issue`).

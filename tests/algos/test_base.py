@@ -355,7 +355,7 @@ def test_behaviour_logprobs_from_the_rollout_engine(tiny_policy_dir):
         ({"rollout_correction": "tis-token", "behaviour": BehaviourSettings(allow_filtered_rollout_logprobs=True)}, {"top_p": 0.9}, True),
         ({}, {"top_p": 0.9}, True),  # θ_old from the trainer: the engine's log-probs are only logged
         ({"rollout_correction": "tis-token"}, {}, True),
-        ({}, {"top_p": 0.9, "engine": "vllm-server", "max_staleness": 1}, False),  # θ_old from the engine
+        ({}, {"top_p": 0.9, "engine": "vllm-server", "stream": {"max_staleness": 1}}, False),  # θ_old from the engine
     ],
 )
 def test_filtered_sampling_with_rollout_logprobs_is_refused_unless_opted_in(
@@ -369,12 +369,12 @@ def test_filtered_sampling_with_rollout_logprobs_is_refused_unless_opted_in(
             checked(module)
 def test_rollouts_ahead_are_refused_where_they_cannot_run(tiny_policy_dir):
     with pytest.raises(ConfigError, match="max_staleness=2 needs rollout.engine=vllm-server"):
-        RolloutSettings(max_staleness=2)
+        RolloutSettings(stream={"max_staleness": 2})
     with pytest.raises(ConfigError, match="partial_rollouts continues sequences across weight syncs"):
-        RolloutSettings(engine="vllm-server", partial_rollouts=True)
+        RolloutSettings(engine="vllm-server", stream={"partial_rollouts": True})
     with pytest.raises(ConfigError, match="max_staleness must be an integer ≥ 0"):
-        RolloutSettings(engine="vllm-server", max_staleness=-1)
-    ahead = {"engine": "vllm-server", "max_staleness": 2}  # no server starts: the engine is built on first use
+        RolloutSettings(engine="vllm-server", stream={"max_staleness": -1})
+    ahead = {"engine": "vllm-server", "stream": {"max_staleness": 2}}  # no server starts: the engine is built on first use
     checked(attach(DAPO, tiny_policy_dir, ahead))  # dynamic sampling refills from the stream
 
 

@@ -65,7 +65,7 @@ def test_a_served_teacher_teaches_a_lora_student_generating_ahead(tmp_path, quic
     args = [*preset_args(tmp_path, "grpo-opd", student, max_response_length=16), "--rollout_batches", "2",
             "--model.init_args.teacher.model_name_or_path", str(tiny_policy_dir),
             "--model.init_args.teacher.servers", "1", "--model.init_args.lora.rank", "8",
-            "--rollout.engine", "vllm-server", "--rollout.max_staleness", "1"]  # fmt: skip
+            "--rollout.engine", "vllm-server", "--rollout.stream.max_staleness", "1"]  # fmt: skip
     proc = run_cli(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     run, history = finished_run(tmp_path, "grpo-opd")

@@ -21,8 +21,8 @@ from tests.support.cli import run_cli
 from tests.support.resume import COMPARED, STEPS, args_for, histories, kill_after_checkpoint
 from tests.support.tool_args import FIRST_RESULT_AS_CALL
 
-STREAM = ["--rollout.engine", "vllm-server", "--rollout.server_replicas", "2", "--rollout.max_staleness", "2",
-          "--rollout.partial_rollouts", "true"]  # fmt: skip
+STREAM = ["--rollout.engine", "vllm-server", "--rollout.servers.replicas", "2", "--rollout.stream.max_staleness", "2",
+          "--rollout.stream.partial_rollouts", "true"]  # fmt: skip
 LORA = ["--model.init_args.lora.rank", "8", "--model.init_args.lora.sync", "adapter", "--model.init_args.optim.lr", "1e-2"]
 STALENESS = ("train/staleness_mean", "train/staleness_max")
 TOOL = ("train/tool_calls_per_answer", "train/inserted_token_frac", "train/turns_mean", "train/stop_length_frac")

@@ -29,7 +29,7 @@ def cli_error(args: list[str], capsys) -> str:
         # The module's settings groups: a flat name finds its group, a misspelt one the group's closest option.
         (["--model.init_args.lr", "1e-5"], "did you mean model.optim.lr?"),
         (["--model.init_args.optim.lrr", "1e-5"], "did you mean model.optim.lr?"),
-        (["--model.init_args.sync_check_every", "2"], "did you mean rollout.sync_check_every?"),
+        (["--model.init_args.sync_check_every", "2"], "did you mean rollout.sync.check_every?"),
     ],
 )
 def test_an_unknown_option_names_the_options_it_resembles(args, expected, capsys):
@@ -80,6 +80,36 @@ def test_an_option_of_a_group_in_a_config_file_is_reported_with_its_group(capsys
     misspelt.write_text("model:\n  init_args:\n    compute:\n      micro_batch_sise: 8\n")
     assert "Group 'compute' does not accept option 'micro_batch_sise'; did you mean model.compute.micro_batch_size" in cli_error(
         ["--config", str(misspelt)], capsys
+    )
+
+
+@pytest.mark.parametrize(
+    "args,new",
+    [
+        (["--rollout.max_staleness", "2"], "rollout.stream.max_staleness"),  # the same name, now in a group
+        (["--rollout.weight_transfer", "nccl"], "rollout.sync.weight_transfer"),
+        (["--rollout.stream_mode", "throughput"], "rollout.stream.mode"),  # renamed in its group
+        (["--rollout.sync_check_tol", "0.01"], "rollout.sync.check_tol"),
+        (["--rollout.server_urls", "[http://h:1]"], "rollout.servers.urls"),
+        (["--rollout.server_unresponsive_s", "10"], "rollout.servers.unresponsive_s"),
+        (["--rollout.stream.max_stalness", "1"], "rollout.stream.max_staleness"),  # misspelt in its group
+    ],
+)
+def test_a_flat_rollout_option_now_in_a_group_names_its_new_spelling(args, new, capsys):
+    grpo = ["--config", str(BASE.parent / "algo" / "grpo.yaml")]
+    assert cli_error([*grpo, *args], capsys).endswith(f"; did you mean {new}?")
+
+
+@pytest.mark.parametrize(
+    "section,new",
+    [("server_urls: [http://h:1]", "rollout.servers.urls"), ("max_staleness: 2", "rollout.stream.max_staleness")],
+)
+def test_a_flat_rollout_option_in_a_config_file_names_its_new_spelling(section, new, capsys, tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text(f"rollout:\n  {section}\n")
+    name = section.partition(":")[0]
+    assert cli_error(["--config", str(old)], capsys) == (
+        f"error: Subcommand 'fit' does not accept option 'rollout.{name}'; did you mean {new}?"
     )
 
 

@@ -11,6 +11,7 @@ preset is covered by dropping it into `configs/algo/`. The CLI is `RLVRCLI(run=F
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import re
 import sys
@@ -97,7 +98,10 @@ def import_class(class_path: str) -> type:
 def same(actual, expected) -> bool:
     """Equality across YAML's spellings: PyYAML reads `1e-3` (no dot) as a string, jsonargparse as a float;
     paths come back as `Path`, lists may come back as tuples; a bool is never equal to a number; a section
-    (`data.tool`) holds what the preset sets, and the defaults of what it leaves out."""
+    (`data.tool`) holds what the preset sets, and the defaults of what it leaves out, also as a settings group
+    (`rollout.stream`)."""
+    if isinstance(expected, dict) and dataclasses.is_dataclass(actual):
+        actual = dataclasses.asdict(actual)
     if isinstance(expected, dict):
         return isinstance(actual, dict) and all(k in actual and same(actual[k], v) for k, v in expected.items())
     if isinstance(actual, Path):

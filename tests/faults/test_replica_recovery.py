@@ -68,7 +68,7 @@ def test_when_no_replica_answers_the_run_stops_with_one_line_naming_them(fake_re
     try:
         frozen.mode = "frozen"
         start = time.monotonic()
-        with pytest.raises(RolloutServerLost, match=rf"no rollout server remains: {frozen.url} stopped answering.*rollout.server_urls"):
+        with pytest.raises(RolloutServerLost, match=rf"no rollout server remains: {frozen.url} stopped answering.*rollout.servers.urls"):
             replicas.request(0, "/inference/v1/generate", json={})
         assert time.monotonic() - start < 10
     finally:

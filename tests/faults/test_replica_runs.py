@@ -12,7 +12,7 @@ from tests.support.resume import COMPARED, args_for, histories
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
 STEPS = 6
-SERVED = ["--rollout.engine", "vllm-server", "--rollout.max_staleness", "2", "--rollout.partial_rollouts", "true",
+SERVED = ["--rollout.engine", "vllm-server", "--rollout.stream.max_staleness", "2", "--rollout.stream.partial_rollouts", "true",
           "--rollout_batches", str(STEPS)]  # fmt: skip
 
 
@@ -42,7 +42,7 @@ def test_a_replica_killed_twice_leaves_the_history_unchanged(tmp_path_factory, q
 
 def test_a_frozen_replica_is_restarted_and_the_history_unchanged(tmp_path_factory, quick_warm_start, uninterrupted):
     run_dir, result = run(tmp_path_factory, quick_warm_start[1], "frozen", [(2, "freeze_replica")],
-                          extra=["--rollout.server_unresponsive_s", "10"])  # fmt: skip
+                          extra=["--rollout.servers.unresponsive_s", "10"])  # fmt: skip
     assert result.returncode == 0, result.output[-4000:]
     assert "has not answered a health check for" in result.output, result.output[-4000:]
     _, faulted = histories(run_dir, (*COMPARED, "train/replica_restarts"))

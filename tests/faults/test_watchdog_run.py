@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
 def test_a_frozen_generation_is_stopped_by_the_watchdog_with_the_stacks(tmp_path, quick_warm_start):
     args = [*args_for(tmp_path, quick_warm_start[1]), "--rollout.engine", "vllm-server", "--rollout_batches", "6",
-            "--rollout.server_unresponsive_s", "3600", "--watchdog.stall_s", "20"]  # fmt: skip
+            "--rollout.servers.unresponsive_s", "3600", "--watchdog.stall_s", "20"]  # fmt: skip
     start = time.monotonic()
     result = run_with_faults(args, tmp_path, [(2, "freeze_replica")])
     assert result.returncode == 2, result.output[-4000:]
@@ -41,7 +41,7 @@ def test_sigterm_while_a_step_waits_on_a_frozen_replica_stops_within_the_bound(t
     """SIGTERM (a preemption) while the step waits on a frozen replica that nothing else would end for an hour:
     the run stops `stop.grace_s` later at its last checkpoint, says so in one line, exits 143, MLflow KILLED."""
     args = [*args_for(tmp_path, quick_warm_start[1]), "--rollout.engine", "vllm-server", "--rollout_batches", "6",
-            "--rollout.server_unresponsive_s", "3600", "--stop.grace_s", "5"]  # fmt: skip
+            "--rollout.servers.unresponsive_s", "3600", "--stop.grace_s", "5"]  # fmt: skip
     result = run_with_faults(args, tmp_path, [(2, "freeze_replica_then_stop")])
     assert result.returncode == 143, result.output[-4000:]
     assert result.ended_s < 3 + 5 + 30, result.ended_s  # frozen 3 s before the signal, the grace, the unwinding

@@ -211,7 +211,7 @@ def test_grpo_with_thr_and_oar_g_trains_the_family_end_to_end(tmp_path, monkeypa
     args = [
         *preset_args(tmp_path, "oar-g", warm_policy, max_response_length=40), "--config", "configs/algo/thr.yaml",
         "--trainer.logger.init_args.run_name", name, "--data.train_data", str(task), "--data.val_data", "null",
-        "--rollout_batches", "2", "--rollout.sync_check_every", "1", "--model.init_args.optim.lr", "1e-3",
+        "--rollout_batches", "2", "--rollout.sync.check_every", "1", "--model.init_args.optim.lr", "1e-3",
     ]  # fmt: skip
     # The CLI runs in tmp_path, where `import rlvr_lightning` falls to the venv's editable install, which
     # may name another checkout: this one's code goes first.

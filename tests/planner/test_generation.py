@@ -291,8 +291,8 @@ def test_partial_rollouts_shorten_a_steps_generation_and_the_plan_names_the_stal
     update = (at[2] + at[4]) / 2  # an update that hides s = 4's generation, not s = 2's
     stages = {"generation": at[1], "update": update}
     notes = overlap_notes(spec, stages, lambda s: segmented_generation(spec, parameters, engine, 512, spread, s).seconds)
-    assert any("--rollout.max_staleness 1 would" in n for n in notes), notes
-    hidden = [n for n in notes if "partial rollouts at --rollout.max_staleness" in n]
+    assert any("--rollout.stream.max_staleness 1 would" in n for n in notes), notes
+    hidden = [n for n in notes if "partial rollouts at --rollout.stream.max_staleness" in n]
     assert hidden and ("max_staleness 3 " in hidden[0] or "max_staleness 4 " in hidden[0]), notes
 
 

@@ -224,7 +224,7 @@ def test_a_rendezvous_both_ends_join_returns_the_trainers_end():
 # ---- the routes' requests -----------------------------------------------------------------------
 def test_the_nccl_routes_take_the_engines_request_timeout(slow_server):
     """`update_weights` and the other routes go through the engine's HTTP client, with
-    `rollout.server_request_timeout_s`, not a fixed client timeout."""
+    `rollout.servers.request_timeout_s`, not a fixed client timeout."""
     link = ReplicaLink(ServerClient(request_timeout_s=0.5), slow_server)
     with pytest.raises(RolloutServerError, match=rf"{slow_server}: /update_weights got no answer within 0.5 s"):
         link.update_weights({"names": [], "dtype_names": [], "shapes": []})

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from rlvr_lightning.data.datamodule import RolloutDataModule
+from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rollout.server_process import RolloutServerLost
+from rlvr_lightning.rollout.settings import RolloutSettings, ServerSettings, StreamSettings, SyncSettings
 from tests.entry_points.test_presets_config import make_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,6 +28,31 @@ def test_the_rollout_section_reaches_the_data_module_and_the_logged_params(tmp_p
     params = logged_params(cli.config.as_dict(), cli.model)
     assert params["rollout.group_size"] == 4 and params["rollout.engine"] == "vllm"
     assert not any(k.startswith("data.rollout") for k in params)
+
+
+def test_the_groups_reach_the_settings_as_dataclasses_or_dicts_and_check_their_own_values(tmp_path, monkeypatch):
+    """`--rollout.servers.*`, `--rollout.stream.*`, `--rollout.sync.*`: from the command line, or in Python as
+    dataclasses or plain dicts (the same settings); an unknown key names the group's fields."""
+    monkeypatch.chdir(tmp_path)
+    cli = make_cli("grpo", REPO / "configs/algo/grpo.yaml", overrides=("--rollout.engine", "vllm-server",
+                   "--rollout.stream.max_staleness", "2", "--rollout.servers.urls", "[http://h:1]", "--rollout.sync.check_every", "3"))  # fmt: skip
+    parsed = cli.datamodule.rollout
+    assert parsed.stream == StreamSettings(max_staleness=2) and parsed.servers == ServerSettings(urls=["http://h:1"])
+    assert parsed.sync == SyncSettings(check_every=3) and parsed.servers.elsewhere
+    as_dicts = RolloutSettings(engine="vllm-server", stream={"max_staleness": 2}, servers={"urls": ["http://h:1"]},
+                               sync={"check_every": 3})  # fmt: skip
+    assert (as_dicts.stream, as_dicts.servers, as_dicts.sync) == (parsed.stream, parsed.servers, parsed.sync)
+    with pytest.raises(ConfigError, match="rollout.stream: .*'stream_mode'; its settings are max_staleness, partial_rollouts, mode, "):
+        RolloutSettings(stream={"stream_mode": "throughput"})
+    with pytest.raises(ConfigError, match="rollout.servers.unresponsive_s must be > 0 seconds"):
+        ServerSettings(unresponsive_s=0).check()
+    with pytest.raises(ConfigError, match="rollout.stream.mode=throughput generates ahead of the trainer"):
+        StreamSettings(mode="throughput").check()
+    with pytest.raises(ConfigError, match="rollout.sync.check_every must be ≥ 1"):
+        SyncSettings(check_every=0).check()
+    with pytest.raises(ConfigError, match="rollout.servers.replicas must be ≥ 1"):
+        RolloutSettings(engine="vllm-server", servers={"replicas": 0})
+    RolloutSettings(engine="vllm", servers={"replicas": 0})  # checked only where servers are launched, as before
 
 
 def test_a_lost_rollout_server_stops_with_how_to_resume(capsys, monkeypatch):

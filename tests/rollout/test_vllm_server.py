@@ -17,7 +17,7 @@ from rlvr_lightning.models.forward import sequence_logprobs
 from rlvr_lightning.models.weights import full_weights
 from rlvr_lightning.rollout.engine import WeightSyncError
 from rlvr_lightning.rollout.server_process import RolloutServerError, RolloutServerLost, ServerSpec
-from rlvr_lightning.rollout.settings import EngineSite, RolloutSettings
+from rlvr_lightning.rollout.settings import EngineSite, RolloutSettings, ServerSettings
 from rlvr_lightning.rollout.sync import FP32_SYNC_TOL, WeightSyncProbe
 from rlvr_lightning.rollout.types import SamplingConfig
 from rlvr_lightning.rollout.vllm_server import VLLMServerEngine
@@ -184,7 +184,7 @@ def test_a_failing_transport_is_named_with_the_way_to_choose_another(servers, po
     blocked.write_text("")
     servers.transport.root = blocked
     try:
-        with pytest.raises(WeightSyncError, match=r"by the snapshot transport .*--rollout.weight_transfer nccl"):
+        with pytest.raises(WeightSyncError, match=r"by the snapshot transport .*--rollout.sync.weight_transfer nccl"):
             servers.load_weights(full_weights(model), version=9)
     finally:
         servers.transport.root = root
@@ -235,16 +235,16 @@ def test_a_server_that_does_not_start_is_a_clear_error(tmp_path):
 
 
 def test_server_args_and_start_timeout_reach_the_launched_servers(tiny_policy_dir):
-    """`rollout.server_args` go on every replica's command line (vLLM refuses an unknown flag, and the
-    error's log tail shows it), and `rollout.server_start_timeout_s` bounds the wait for health."""
+    """`rollout.servers.args` go on every replica's command line (vLLM refuses an unknown flag, and the
+    error's log tail shows it), and `rollout.servers.start_timeout_s` bounds the wait for health."""
     site = EngineSite(str(tiny_policy_dir), max_model_len=64, seed=0)
     running = set(serve_processes(tiny_policy_dir))  # the other tests' shared servers
-    bad_flag = RolloutSettings(engine="vllm-server", server_args=["--not-a-vllm-flag"])
+    bad_flag = RolloutSettings(engine="vllm-server", servers={"args": ["--not-a-vllm-flag"]})
     with pytest.raises(RolloutServerError, match=r"(?s)while starting.*not-a-vllm-flag"):
         bad_flag.build_engine(site)
-    impatient = RolloutSettings(engine="vllm-server", server_start_timeout_s=0.5)
+    impatient = RolloutSettings(engine="vllm-server", servers=ServerSettings(start_timeout_s=0.5))
     start = time.monotonic()
-    with pytest.raises(RolloutServerError, match=r"not healthy after 0 s \(rollout.server_start_timeout_s\)"):
+    with pytest.raises(RolloutServerError, match=r"not healthy after 0 s \(rollout.servers.start_timeout_s\)"):
         impatient.build_engine(site)
     assert time.monotonic() - start < 60  # it did not wait for vLLM to come up
     assert set(serve_processes(tiny_policy_dir)) <= running  # neither attempt left a server behind
@@ -274,7 +274,7 @@ def server_cli_run(tmp_path, tiny_policy_dir, steps: int, *flags: str):
 
     model_dir = shutil.copytree(tiny_policy_dir, tmp_path / "policy")
     args = [*small_run_args(tmp_path, model_dir), "--rollout_batches", str(steps), "--rollout.engine", "vllm-server",
-            *flags, "--rollout.sync_check_every", "1"]  # fmt: skip
+            *flags, "--rollout.sync.check_every", "1"]  # fmt: skip
     proc = run_cli(args, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
@@ -333,9 +333,9 @@ def test_cli_run_in_throughput_mode_trains_groups_as_they_finish_within_the_stal
     requests of their own, and a sync may fall between two (or freeze one); each token keeps its version. (Two
     launched replicas streaming ahead through the CLI are tests/e2e/test_stream_resume.py's run; one version
     ahead, tests/training/test_rollout_stream.py's.)"""
-    model_dir, run, history = server_cli_run(tmp_path, quick_warm_start[1], 5, "--rollout.max_staleness", "2",
-                                           "--rollout.partial_rollouts", "true", "--rollout.stream_mode", "throughput",
-                                           "--rollout.stale_groups", "drop", *FIRST_RESULT_AS_CALL)  # fmt: skip
+    model_dir, run, history = server_cli_run(tmp_path, quick_warm_start[1], 5, "--rollout.stream.max_staleness", "2",
+                                           "--rollout.stream.partial_rollouts", "true", "--rollout.stream.mode", "throughput",
+                                           "--rollout.stream.stale_groups", "drop", *FIRST_RESULT_AS_CALL)  # fmt: skip
     assert [s for s, _ in history("train/groups_dropped")] == [0, 1, 2, 3, 4]
     assert all(0 <= v <= 2 for _, v in history("train/staleness_max"))
     assert max(v for _, v in history("train/sync_probe_max_abs_diff")) < 1e-3  # probed after every sync
@@ -352,7 +352,7 @@ def test_an_attached_server_that_dies_stops_the_run_with_how_to_resume(servers, 
         victim = servers.replicas[0].process
         os.killpg(victim.proc.pid, signal.SIGKILL)
         victim.proc.wait()
-        with pytest.raises(RolloutServerLost, match=rf"no rollout server remains: {attached.replicas[0].url} stopped answering.*rollout.server_urls"):
+        with pytest.raises(RolloutServerLost, match=rf"no rollout server remains: {attached.replicas[0].url} stopped answering.*rollout.servers.urls"):
             attached.generate([tok(PROMPTS[0]).input_ids], SamplingConfig(group_size=2, max_tokens=4))
     finally:
         attached.close()
@@ -373,9 +373,9 @@ def test_two_fsdp_ranks_share_attached_servers(tmp_path, quick_warm_start):
     launcher = VLLMServerEngine(ServerSpec(str(model_dir), max_model_len=256, dtype="float32"), replicas=1)
     try:
         url = launcher.replicas[0].url
-        args = [*fsdp_args(tmp_path, model_dir), "--rollout.engine", "vllm-server", "--rollout.server_urls", f"[{url}]",
-                "--rollout.max_staleness", "2", "--rollout.partial_rollouts", "true",
-                "--rollout.sync_check_every", "1"]  # fmt: skip
+        args = [*fsdp_args(tmp_path, model_dir), "--rollout.engine", "vllm-server", "--rollout.servers.urls", f"[{url}]",
+                "--rollout.stream.max_staleness", "2", "--rollout.stream.partial_rollouts", "true",
+                "--rollout.sync.check_every", "1"]  # fmt: skip
         proc = run_cli(args, tmp_path, timeout=600)
         assert proc.returncode == 0, proc.stderr[-4000:]
         assert launcher.replicas[0].process.alive()  # attached: the trainer left it running

@@ -24,8 +24,8 @@ def test_each_group_checks_its_own_values_when_the_module_is_built():
         GRPO(behaviour=BehaviourSettings(logprobs="engine"))
     with pytest.raises(ConfigError, match="model.num_mini_batches and model.ppo_epochs must be ≥ 1"):
         GRPO(num_mini_batches=0)
-    with pytest.raises(ConfigError, match="rollout.sync_check_every must be ≥ 1"):
-        RolloutSettings(sync_check_every=0)
+    with pytest.raises(ConfigError, match="rollout.sync.check_every must be ≥ 1"):
+        RolloutSettings(sync={"check_every": 0})
 
 
 def test_a_group_given_as_a_dict_is_the_same_settings_and_an_unknown_key_names_the_groups_fields():

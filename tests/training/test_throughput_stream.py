@@ -1,4 +1,4 @@
-"""The throughput mode of the rollout stream (`rollout.stream_mode: throughput`): which groups a step trains
+"""The throughput mode of the rollout stream (`rollout.stream.mode: throughput`): which groups a step trains
 (`must_train_now`, `choose`) on hand-checked cases and on random finishing orders, the drop and hold
 settings and the dropped-length metric on a stand-in server whose groups finish when the test says, and a
 real run on a `vllm serve` replica."""
@@ -14,7 +14,7 @@ import pytest
 
 from rlvr_lightning.environments.base import Environment, Reply
 from rlvr_lightning.errors import ConfigError
-from rlvr_lightning.rollout.settings import RolloutSettings
+from rlvr_lightning.rollout.settings import RolloutSettings, StreamSettings
 from rlvr_lightning.rollout.types import Completion, PromptBatch
 from rlvr_lightning.training.throughput_stream import Group, choose, must_train_now
 
@@ -88,12 +88,12 @@ def test_hold_trains_every_group_within_its_staleness_whatever_the_finishing_ord
 # ---- settings ---------------------------------------------------------------------------------------------
 def test_the_throughput_settings_are_checked():
     with pytest.raises(ConfigError, match="max_staleness ≥ 1"):
-        RolloutSettings(engine="vllm-server", stream_mode="throughput")
-    with pytest.raises(ConfigError, match="stale_groups=drop needs rollout.stream_mode=throughput"):
-        RolloutSettings(engine="vllm-server", max_staleness=2, stale_groups="drop")
-    with pytest.raises(ConfigError, match="stream_mode"):
-        RolloutSettings(engine="vllm-server", max_staleness=2, stream_mode="fast")
-    RolloutSettings(engine="vllm-server", max_staleness=2, stream_mode="throughput", stale_groups="drop")
+        RolloutSettings(engine="vllm-server", stream={"mode": "throughput"})
+    with pytest.raises(ConfigError, match="stale_groups=drop needs rollout.stream.mode=throughput"):
+        RolloutSettings(engine="vllm-server", stream={"max_staleness": 2, "stale_groups": "drop"})
+    with pytest.raises(ConfigError, match="rollout.stream.mode"):
+        RolloutSettings(engine="vllm-server", stream={"max_staleness": 2, "mode": "fast"})
+    RolloutSettings(engine="vllm-server", stream=StreamSettings(max_staleness=2, mode="throughput", stale_groups="drop"))
 
 
 # ---- the stream on a stand-in server whose groups finish when the test says --------------------------------
