@@ -131,7 +131,7 @@ def test_dapo_refuses_maxrl_on_its_signed_or_penalised_rewards(tiny_policy_dir):
     signal at all, and the overlong penalty goes below 0. With 0/1 rewards and no penalty it is MaxRL's own."""
     from rlvr_lightning.algos import DAPO
     from rlvr_lightning.errors import ConfigError
-    from tests.algos.test_base import attach
+    from tests.support.update_harness import attach
 
     for kwargs in ({}, {"signed_reward": False}, {"overlong_buffer_len": 0}):
         module = attach(DAPO, tiny_policy_dir, advantage_estimator="maxrl", **kwargs)

@@ -14,8 +14,8 @@ from rlvr_lightning.pieces.real import real_grad_weights, real_loss
 from rlvr_lightning.pieces.token_losses import sequence_log_ratio
 from rlvr_lightning.rollout.types import Verdict
 from rlvr_lightning.training.settings import ComputeSettings
-from tests.algos.test_base import attach, gradient, independent_logprobs, prepared, sample_rollout, with_old_logp
 from tests.support.settings import checked, resettle
+from tests.support.update_harness import attach, gradient, independent_logprobs, prepared, sample_rollout, with_old_logp
 
 TAU = 0.5
 C_TOY = torch.tensor([1.0, 0, 0, 0])

@@ -302,7 +302,7 @@ def boxed_rollout(module):
 def test_callback_weights_reasoning_tokens_only_with_mean_one(tiny_policy_dir, method):
     from rlvr_lightning.algos import GRPO
     from rlvr_lightning.callbacks.attribution import OARAttribution
-    from tests.algos.test_base import attach
+    from tests.support.update_harness import attach
 
     module = attach(GRPO, tiny_policy_dir)
     module.trainer.callbacks.append(OARAttribution(method=method))
@@ -328,7 +328,7 @@ def test_callback_weights_reasoning_tokens_only_with_mean_one(tiny_policy_dir, m
 def test_thr_and_oar_compose_multiplicatively(tiny_policy_dir):
     from rlvr_lightning.algos import GRPO
     from rlvr_lightning.callbacks.attribution import OARAttribution, THRAttribution
-    from tests.algos.test_base import attach
+    from tests.support.update_harness import attach
 
     def weights(*callbacks):
         module = attach(GRPO, tiny_policy_dir)
@@ -390,7 +390,7 @@ def test_in_an_environment_oar_weighs_the_models_own_reasoning_and_reads_its_own
 
     from rlvr_lightning.algos import GRPO
     from rlvr_lightning.callbacks.attribution import OARAttribution
-    from tests.algos.test_base import attach
+    from tests.support.update_harness import attach
 
     def weights(rollout):
         module = attach(GRPO, tiny_policy_dir)

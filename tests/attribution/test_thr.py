@@ -15,8 +15,8 @@ from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.models.forward import policy_forward
 from rlvr_lightning.training.settings import ComputeSettings
 from rlvr_lightning.training.shaping import HiddenWeigher
-from tests.algos.test_base import attach, gradient, prepared, sample_rollout
 from tests.support.settings import checked
+from tests.support.update_harness import attach, gradient, prepared, sample_rollout
 
 
 def random_group(seed=0, G=4, d=6, V=11, lengths=(3, 5, 2, 4)):

@@ -203,7 +203,7 @@ def test_a_module_built_in_python_packs_as_the_device_it_is_on_does(tiny_policy_
     """`packing` None resolves when the update is planned, from the module's own device (not this machine's:
     a CPU run on a GPU machine stays padded)."""
     from rlvr_lightning.algos import GRPO
-    from tests.algos.test_base import attach
+    from tests.support.update_harness import attach
 
     module = attach(GRPO, tiny_policy_dir)
     assert module.settings.compute.packing is None and module.device.type == "cpu"

@@ -98,7 +98,7 @@ def replay(
 @pytest.mark.e2e
 # Two step structures: full weights with token-budget micro-batches and THR, and a LoRA adapter with row
 # micro-batches. Plain GRPO on full weights is the first without THR (its own fit was dropped: THR's p = 0
-# equals its base, and that row and token-budget micro-batches give one update is algos/test_base.py's).
+# equals its base, and that row and token-budget micro-batches give one update is training/test_update.py's).
 @pytest.mark.parametrize("algo", ["thr", "grpo-opd-lora"])
 def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_path, quick_warm_start, tiny_policy_dir, algo):
     """`thr`: THR (p = 0.2) scores each rank's groups inside the sharded update's forward, with

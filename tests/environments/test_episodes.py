@@ -20,8 +20,8 @@ from rlvr_lightning.algos import GRPO, REAL
 from rlvr_lightning.environments.base import Environment, EnvironmentFailed, Reply
 from rlvr_lightning.environments.episodes import episode_metrics, generate_episodes
 from rlvr_lightning.training.batch import optimizer_step_norms
-from tests.algos.test_base import G, attach, gradient, prepared, sample_rollout
 from tests.support.cli import REPO
+from tests.support.update_harness import G, attach, gradient, prepared, sample_rollout
 
 NOTE = "\nnote\n"
 

@@ -185,7 +185,7 @@ def test_the_stability_guards_leave_their_answers_out_of_the_loss(tiny_policy_di
     from rlvr_lightning.environments.episodes import Episode
     from rlvr_lightning.environments.python_tool import ToolCall
     from rlvr_lightning.sandbox import Execution
-    from tests.algos.test_base import attach, prepared, sample_rollout
+    from tests.support.update_harness import attach, prepared, sample_rollout
 
     timed_out = ToolCall("while True: pass", Execution("", "", "timeout", None, 1.0), "", False)
     void = Episode([1], state={"void_turns": 1}, stop="answered")

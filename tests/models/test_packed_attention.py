@@ -202,8 +202,8 @@ def test_the_varlen_kernel_gets_transformers_window_and_grouped_heads(window, kv
 def module_cases():
     from rlvr_lightning.algos import GRPO, REAL
     from rlvr_lightning.callbacks.attribution import THRAttribution
-    from tests.algos.test_base import attach
     from tests.attribution.test_thr import with_thr
+    from tests.support.update_harness import attach
 
     thr = lambda d, rows: with_thr(GRPO, d, THRAttribution(p=0.3, threshold="all"), compute=ComputeSettings(micro_batch_size=rows))  # noqa: E731
     return {  # (the module, its token budget: the real tokens of about three sequences, or None: rows)
@@ -222,7 +222,7 @@ def module_cases():
 def packed_or_padded_update(tiny_policy_dir, case, packing):
     """The module's own preparation (θ_old / reference pass) and one optimizer step's gradient."""
     from rlvr_lightning.training.step_metrics import MetricAccumulator
-    from tests.algos.test_base import MAX_LEN, gradient, sample_rollout, set_engine_logprobs
+    from tests.support.update_harness import MAX_LEN, gradient, sample_rollout, set_engine_logprobs
 
     build, max_tokens = module_cases()[case]
     module = build(tiny_policy_dir)

@@ -1,4 +1,4 @@
-"""RLOO's and pass@k's advantages against their formulas and invariants, on groups small enough to
+"""RLOO's, pass@k's and MaxRL's advantages against their formulas and invariants, on groups small enough to
 check by hand."""
 
 from __future__ import annotations
@@ -91,3 +91,16 @@ def reinforce_sums(r, lengths):
         AdvantageInputs(r, r, G, reduce_sum=lambda mine: seen.append(mine) or mine, lengths=lengths)
     )
     return seen[0]
+
+
+# ---- MaxRL -----------------------------------------------------------------------------------------------
+def maxrl(rewards: list[float], G: int) -> list[float]:
+    x = torch.tensor(rewards)
+    return advantage_estimators.get("maxrl").fn(AdvantageInputs(x, (x > 0).float(), G)).tolist()
+
+
+def test_maxrl_divides_the_centred_reward_by_the_group_mean():
+    assert maxrl([1, 0, 0, 0, 1, 1, 0, 0], 4) == [3.0, -1.0, -1.0, -1.0, 1.0, 1.0, -1.0, -1.0]  # G/K − 1, −1
+    assert maxrl([0, 0, 1, 1], 2) == [0.0, 0.0, 0.0, 0.0]  # no success, or all: no signal
+    scaled = maxrl([0.5, 0, 0.25, 0.25], 4)  # r/r̄ − 1, invariant to scaling r
+    assert scaled == pytest.approx(maxrl([2, 0, 1, 1], 4)) and sum(scaled) == pytest.approx(0)

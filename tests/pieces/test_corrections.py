@@ -1,7 +1,7 @@
 """Masked rollout corrections against their formulas, on small hand-checkable tensors: MIS per token and
 IcePop weigh a token by its trainer/engine ratio inside the band, MIS per sequence weighs a sequence by
 its importance ratio ρ(y) = Π_t ρ_t inside the band, the geometric mask keeps (1) or drops (0) a
-sequence by ρ(y)^(1/|y|); outside the band the weight is 0."""
+sequence by ρ(y)^(1/|y|); outside the band the weight is 0. Then tis-geo, OPSM and KPop."""
 
 from __future__ import annotations
 
@@ -170,3 +170,63 @@ def test_an_empty_band_stops_the_algorithm_at_construction():
     with pytest.raises(ConfigError, match="is_mask_low < is_mask_high"):
         GRPO(rollout_correction={"name": "mis-token", "knobs": {"is_mask_low": 3.0}})
     GRPO(rollout_correction={"name": "mis-token", "knobs": {"is_mask_low": 0.5}})
+
+
+# ---- rollout corrections: tis-geo, OPSM, KPop ------------------------------------------------------------
+def correction(name: str, old: list[list[float]], rollout: list[list[float]], mask=None, advantages=None, **knobs):
+    old_t, rollout_t = torch.tensor(old), torch.tensor(rollout)
+    mask = torch.ones_like(old_t) if mask is None else torch.tensor(mask)
+    adv = None if advantages is None else torch.tensor(advantages)
+    return rollout_corrections.get(name).fn(CorrectionInputs(old_t, rollout_t, mask, adv), **knobs)
+
+
+def test_tis_geo_weighs_each_sequence_by_the_geometric_mean_of_its_ratios():
+    ln2 = math.log(2)
+    ln4 = 2 * ln2
+    weights, _ = correction("tis-geo", [[ln2, -ln2, 0.0], [ln2, ln2, 50.0], [ln4, ln4, 0.0]], [[0.0] * 3] * 3,
+                            mask=[[1, 1, 0], [1, 1, 0], [1, 1, 0]], tis_cap=3.0)  # fmt: skip
+    # ρ = (2, ½): geometric mean 1 (product 1); (2, 2): 2 (product 4); (4, 4): 4, capped at 3; the padded
+    # position changes none.
+    torch.testing.assert_close(weights, torch.tensor([[1.0, 1.0, 0.0], [2.0, 2.0, 0.0], [3.0, 3.0, 0.0]]))
+
+
+def test_opsm_masks_negative_sequences_whose_rollout_drifted_from_theta_old():
+    rollout = [[0.0, 0.0]] * 3
+    old = [[-0.1, -0.1], [-0.1, -0.1], [-1e-4, -1e-4]]  # mean log π_rollout − log π_old: 0.1, 0.1, exactly δ
+    weights, stats = correction("opsm", old, rollout, advantages=[[-1.0, -1.0], [1.0, 1.0], [-1.0, -1.0]], opsm_delta=1e-4)
+    assert weights.tolist() == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]  # Â ≥ 0 kept; at δ kept (strict)
+    assert stats["opsm_masked_frac"] == pytest.approx(1 / 3)
+
+
+def test_kpop_keeps_a_token_while_the_binary_kl_both_ways_stays_under_the_threshold():
+    old, rollout = [[math.log(0.5), math.log(0.3)]], [[math.log(0.25), math.log(0.3)]]
+    # p = 0.5, q = 0.25: KL(p‖q) = 0.1438, KL(q‖p) = 0.1308.
+    tight, _ = correction("kpop", old, rollout, kpop_threshold=0.1)
+    between, _ = correction("kpop", old, rollout, kpop_threshold=0.135)  # over one way only: still masked
+    loose, _ = correction("kpop", old, rollout, kpop_threshold=0.15)
+    torch.testing.assert_close(tight, torch.tensor([[0.0, 1.0]]))
+    torch.testing.assert_close(between, torch.tensor([[0.0, 1.0]]))
+    torch.testing.assert_close(loose, torch.tensor([[2.0, 1.0]]))  # kept: weighted by π_old/π_rollout
+
+
+@pytest.mark.parametrize("name", ["kpop", "icepop", "mis-token"])
+def test_a_token_the_engine_gave_probability_zero_is_dropped(name):
+    """Probability 0 under the engine (log-prob −inf) is no sample of it: the token is dropped (weight 0), not kept
+    at the clamped ratio e^20, although the trainer's probability is as tiny (their binary KL is then ~0)."""
+    weights, stats = correction(name, [[math.log(1e-9), math.log(0.5)]], [[-math.inf, math.log(0.5)]])
+    torch.testing.assert_close(weights, torch.tensor([[0.0, 1.0]]))
+    assert stats["is_masked_frac"] == 0.5
+
+
+def test_kpop_reads_the_binary_kl_of_a_tiny_probability_exactly():
+    """The engine gave the token 1e-15, the trainer 0.07: D(p‖q) = 0.07·ln(0.07/1e-15) + 0.93·ln(0.93/1) = 2.16 > φ = 2,
+    so the token is left out; a clamp of q at 1e-8 read 1.04 and kept it at the weight e^20."""
+    p, q = 0.07, 1e-15
+    exact = p * math.log(p / q) + (1 - p) * math.log((1 - p) / (1 - q))
+    assert exact == pytest.approx(2.1641, abs=1e-4)
+    from rlvr_lightning.tensor_math import binary_kl
+
+    d = binary_kl(torch.tensor([math.log(p)], dtype=torch.float64), torch.tensor([math.log(q)], dtype=torch.float64))
+    assert d.item() == pytest.approx(exact, rel=1e-9)
+    weights, _ = correction("kpop", [[math.log(p), math.log(0.5)]], [[math.log(q), math.log(0.5)]], kpop_threshold=2.0)
+    torch.testing.assert_close(weights, torch.tensor([[0.0, 1.0]]))

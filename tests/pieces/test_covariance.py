@@ -17,9 +17,9 @@ from rlvr_lightning.pieces.covariance import order_keys
 from rlvr_lightning.pieces.kinds import TokenLossInputs, TokenSelectionInputs
 from rlvr_lightning.seeding import keyed_uniform
 from rlvr_lightning.training.step_metrics import MetricAccumulator
-from tests.algos.test_base import attach, gradient, prepared, sample_rollout
 from tests.algos.test_grpo_family import off_policy_batch
 from tests.support.pieces import aggregate, surrogate
+from tests.support.update_harness import attach, gradient, prepared, sample_rollout
 
 PINNED_DRAWS = [0.0909, 0.5915, 0.5089]  # keyed_uniform((0, 3, 0, 1), [5], ·)'s first draws
 

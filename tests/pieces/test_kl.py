@@ -1,6 +1,7 @@
 """The KL penalty (docs/algorithms.md#kl-penalty) by hand: each estimator's value and its gradient with
 respect to log π_θ, alone and inside the step's loss as `compose_objective` builds it (β·KL with the
-policy term's aggregator). Every test name contains `kl`, so `pytest -k kl` runs them all.
+policy term's aggregator). Every test name but the Kimi-style regulariser's (`-k kimi`) contains `kl`, so
+`pytest -k kl` runs them.
 
 Notation: r = log π_θ − log π_ref and δ = −r = log π_ref − log π_θ (the docs' δ). By hand:
 k1 = r, ∂/∂log π_θ = 1;  k2 = ½r², ∂ = r;  k3 = e^δ − δ − 1, ∂ = 1 − e^δ (0 where the value clamp at 10 holds).
@@ -147,3 +148,26 @@ def test_kl_coef_zero_means_no_kl_term(loss_agg):
     assert loss == pytest.approx(expected_loss, rel=1e-12)
     torch.testing.assert_close(grad, expected_grad, rtol=1e-12, atol=1e-14)
     assert "kl" not in stats
+
+
+# ---- Kimi-style regulariser ------------------------------------------------------------------------------
+def test_kimi_is_the_squared_log_ratio_to_the_behaviour_policy_and_loads_no_reference():
+    from types import SimpleNamespace
+
+    from rlvr_lightning.training.objective import compose_objective
+
+    values = {"policy_loss": {"name": "ppo-clip", "knobs": {"clip_eps_low": 0.2, "clip_eps_high": 0.2}},
+              "loss_agg": "token-mean", "kl_estimator": "kimi", "kl_coef": 0.1}  # fmt: skip
+    objective = compose_objective(values)
+    assert not objective.needs_reference and compose_objective({**values, "kl_estimator": "k3"}).needs_reference
+    old = torch.tensor([[-1.0, -2.0, -0.5]])
+    logp = (old + torch.tensor([[0.0, 0.3, -0.2]])).requires_grad_()
+    mb = SimpleNamespace(old_logp=old, ref_logp=None, loss_mask=torch.ones(1, 3))  # no reference log-probs at all
+    norms = OptimizerStepNorms(num_seqs=1.0, num_tokens=3.0, num_groups=1.0, num_mixed_seqs=0.0, world_size=1, norm_const=3.0)
+    stats = {}
+    term = objective.kl_loss(mb, logp, norms, stats)
+    # τ·mean_t (log π_θ − log π_old)², no ½: (0 + 0.09 + 0.04)/3 · 0.1; its gradient 2τℓ/3 per token.
+    assert term.item() == pytest.approx(0.1 * 0.13 / 3)
+    term.backward()
+    torch.testing.assert_close(logp.grad, 2 * 0.1 * torch.tensor([[0.0, 0.3, -0.2]]) / 3)
+    torch.testing.assert_close(stats["kl"], torch.tensor([[0.0, 0.09, 0.04]]))

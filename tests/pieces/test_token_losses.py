@@ -1,7 +1,8 @@
 """GRPO math on the hand-checkable toy batch of docs/algorithms.md#worked-example.
 
 One group, G = 4, c = (1,0,0,0), L = (2,4,4,6), on policy (logp = old_logp), β = 0; and the same batch
-off policy against PPO's clipped surrogate computed by hand.
+off policy against PPO's clipped surrogate computed by hand. Then the losses the field adopted lately against their
+papers' formulas: dual-clip PPO, DPPO's trust-region masks, DRO, GMPO, SAPO and CISPO.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import math
 import pytest
 import torch
 
+from rlvr_lightning.pieces import policy_losses
 from rlvr_lightning.pieces.advantages import group_advantage, group_reward_stats
+from rlvr_lightning.pieces.kinds import TokenLossInputs
+from tests.algos.test_grpo_family import off_policy_batch
 from tests.support.pieces import SURROGATES, aggregate, kl_penalty, surrogate
 
 G, LENGTHS = 4, (2, 4, 4, 6)
@@ -246,3 +250,185 @@ def test_padding_changes_neither_loss_nor_gradient():
 def test_unknown_aggregator_is_a_clear_error():
     with pytest.raises(ValueError, match="registered: seq-mean-token-mean"):
         aggregate(torch.ones(1, 1), torch.ones(1, 1), "bnpo", 1, 1)
+
+
+def loss(name: str, logp, old_logp, adv, mask=None, **knobs):
+    mask = torch.ones_like(logp) if mask is None else mask
+    bound = policy_losses.get(name).bind(knobs)  # the others at the loss's own defaults (a clip range 0.2 / 0.2)
+    return bound(TokenLossInputs(logp, old_logp, adv, mask))
+
+
+# ---- dual-clip PPO --------------------------------------------------------------------------------------
+def test_dual_clip_caps_the_loss_of_negative_advantages_at_c_times_their_size():
+    ratio = torch.tensor([[0.5, 1.5, 2.5, 4.0, 2.9]])
+    logp = ratio.log().requires_grad_()
+    adv = torch.full((1, 5), -2.0)
+    per_tok, stats = loss("ppo-clip", logp, torch.zeros(1, 5), adv, dual_clip_c=3.0)
+    # PPO: max(2ρ, 2·clip(ρ, 0.8, 1.2)) = 1.6, 3, 5, 8, 5.8; the dual clip caps it at c·|Â| = 6.
+    torch.testing.assert_close(per_tok, torch.tensor([[1.6, 3.0, 5.0, 6.0, 5.8]]))
+    assert stats["clipped_dual"].tolist() == [[False, False, False, True, False]]
+    per_tok.sum().backward()
+    # d(2ρ)/d log π = 2ρ where the unclipped branch acts; nothing past the cap or inside the lower clip.
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 3.0, 5.0, 0.0, 5.8]]))
+
+
+def test_dual_clip_leaves_positive_advantages_and_the_default_alone():
+    logp, old = torch.tensor([[0.1, 1.6, -0.7]]), torch.zeros(1, 3)
+    for adv in (torch.ones(1, 3), -torch.ones(1, 3)):
+        plain, _ = loss("ppo-clip", logp, old, adv)
+        off, stats = loss("ppo-clip", logp, old, adv, dual_clip_c=None)
+        assert torch.equal(plain, off) and "clipped_dual" not in stats
+    positive, _ = loss("ppo-clip", logp, old, torch.ones(1, 3), dual_clip_c=3.0)
+    assert torch.equal(positive, loss("ppo-clip", logp, old, torch.ones(1, 3))[0])
+
+
+def test_dual_clip_on_gspo_acts_on_the_sequence_ratio():
+    # Sequence log-ratio mean(log 4, log 4) = log 4: s = 4 > c = 3, Â = −1: every token's term is capped at 3.
+    logp = torch.full((1, 2), math.log(4.0))
+    per_tok, stats = loss("gspo", logp, torch.zeros(1, 2), -torch.ones(1, 2), dual_clip_c=3.0)
+    torch.testing.assert_close(per_tok, torch.full((1, 2), 3.0))
+    assert stats["clipped_dual"].all()
+
+
+@pytest.mark.parametrize("c", [1.0, 0.5])
+def test_dual_clip_needs_c_above_one(c):
+    with pytest.raises(ValueError, match="dual_clip_c"):
+        policy_losses.get("ppo-clip").check_knobs({"clip_eps_low": 0.2, "clip_eps_high": 0.2, "dual_clip_c": c})
+
+
+# ---- DPPO ------------------------------------------------------------------------------------------------
+def probs(pi: list[float], mu: list[float]):
+    logp = torch.tensor([pi]).log().requires_grad_()
+    return logp, torch.tensor([mu]).log()
+
+
+@pytest.mark.parametrize("adv, masked", [(1.0, [True, False, False]), (-1.0, [False, True, False])])
+def test_dppo_tv_masks_only_the_direction_the_advantage_pushes(adv, masked):
+    # π − μ: +0.2 (left the region upwards), −0.2 (downwards), +0.009 (a rare token whose ratio is 10).
+    logp, old = probs([0.7, 0.3, 0.01], [0.5, 0.5, 0.001])
+    A = torch.full((1, 3), adv)
+    per_tok, stats = loss("dppo-tv", logp, old, A, clip_eps_low=0.15, clip_eps_high=0.15)
+    assert (stats["clipped_high"] | stats["clipped_low"]).tolist() == [masked]
+    per_tok.sum().backward()
+    ratio = torch.tensor([0.7 / 0.5, 0.3 / 0.5, 10.0])
+    expected = torch.where(torch.tensor(masked), 0.0, -adv * ratio)  # −Â·min(r, C) on the kept, C = 10
+    torch.testing.assert_close(logp.grad, expected[None], rtol=1e-4, atol=1e-6)
+
+
+def test_dppo_kl_uses_the_binary_kl_of_the_sampled_token():
+    # μ = 0.5: π = 0.6 → D = 0.0204 (kept), 0.8 → 0.2231 (up), 0.3 → 0.0872 (down); δ = 0.05.
+    logp, old = probs([0.6, 0.8, 0.3], [0.5, 0.5, 0.5])
+    up, stats_up = loss("dppo-kl", logp, old, torch.ones(1, 3), clip_eps_low=0.05, clip_eps_high=0.05)
+    down, stats_down = loss("dppo-kl", logp, old, -torch.ones(1, 3), clip_eps_low=0.05, clip_eps_high=0.05)
+    assert stats_up["clipped_high"].tolist() == [[False, True, False]]
+    assert stats_down["clipped_low"].tolist() == [[False, False, True]]
+    # KL(μ‖π) = 0.0872 at π = 0.3, KL(π‖μ) = 0.0823: a δ between them tells the direction apart.
+    _, between = loss("dppo-kl", logp, old, -torch.ones(1, 3), clip_eps_low=0.085, clip_eps_high=0.085)
+    assert between["clipped_low"].tolist() == [[False, False, True]]
+
+
+def test_dppo_caps_the_ratio_weight():
+    logp, old = probs([0.01], [0.001])
+    per_tok, _ = loss("dppo-tv", logp, old, -torch.ones(1, 1), dppo_ratio_cap=3.0)
+    per_tok.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[3.0]]))
+
+
+# ---- DRO -------------------------------------------------------------------------------------------------
+def test_dro_gradient_is_minus_the_advantage_plus_beta_times_the_log_ratio():
+    d = torch.tensor([[0.0, 0.5, -0.2]])
+    old = torch.tensor([[-1.0, -2.0, -0.5]])
+    logp = (old + d).requires_grad_()
+    A = torch.tensor([[1.0, 0.5, -1.0]])
+    per_tok, _ = loss("dro", logp, old, A, dro_beta=1.0)
+    torch.testing.assert_close(per_tok, -(A * logp - 0.5 * d**2))
+    per_tok.sum().backward()
+    # −Â + β·d; the second token sits where the log-ratio reached Â/β: no gradient.
+    torch.testing.assert_close(logp.grad, torch.tensor([[-1.0, 0.0, 0.8]]))
+
+
+# ---- GMPO and SAPO -----------------------------------------------------------------------------------------------
+def seq_mean_grad(name: str, logp, old, adv, mask, **knobs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, ∂loss/∂logp) of the policy loss `name` reduced by seq-mean-token-mean."""
+    logp.grad = None
+    per_tok, _ = policy_losses.get(name).fn(TokenLossInputs(logp, old, adv, mask), **knobs)
+    loss = aggregate(per_tok, mask, "seq-mean-token-mean", mask.shape[0], mask.sum().item())
+    loss.backward()
+    return loss.detach(), logp.grad.clone()
+
+
+def test_gmpo_by_hand():
+    # Sequence 0: Â = 2, log-ratios (0.1, 0.6): 0.6 is clipped to ε_high = 0.4 (no gradient).
+    # Sequence 1: Â = −1, log-ratios (−0.7, 0.5): −0.7 is clipped to −ε_low = −0.4; 0.5 is not (Â < 0).
+    old = torch.tensor([[-1.0, -2.0], [-1.5, -0.5]])
+    logp = (old + torch.tensor([[0.1, 0.6], [-0.7, 0.5]])).requires_grad_(True)
+    adv, mask = torch.tensor([[2.0, 2.0], [-1.0, -1.0]]), torch.ones(2, 2)
+    loss, grad = seq_mean_grad("gmpo", logp, old, adv, mask, clip_eps_low=0.4, clip_eps_high=0.4)
+    j0, j1 = 2 * math.exp((0.1 + 0.4) / 2), -1 * math.exp((-0.4 + 0.5) / 2)
+    assert loss.item() == pytest.approx(-(j0 + j1) / 2)
+    # ∂(−J_i/N)/∂ℓ_t = −Â_i·exp(mean)·(1/L_i)/N for unclipped tokens.
+    torch.testing.assert_close(grad, torch.tensor([[-j0 / 4, 0.0], [0.0, -j1 / 4]]))
+
+
+@pytest.mark.parametrize("name,knobs", [("gmpo", {"clip_eps_low": 0.4, "clip_eps_high": 0.4}), ("sapo", {})])
+def test_on_policy_the_gradient_is_grpos(name, knobs):
+    logp, _, mask = off_policy_batch(seed=6)
+    adv = torch.randn(mask.shape[0], 1, generator=torch.Generator().manual_seed(0)).expand_as(mask) * mask
+    _, grad = seq_mean_grad(name, logp, logp.detach(), adv, mask, **knobs)
+    _, grpo = seq_mean_grad("ppo-clip", logp, logp.detach(), adv, mask, clip_eps_low=0.2, clip_eps_high=0.2)
+    torch.testing.assert_close(grad, grpo)
+
+
+def test_sapo_gradient_is_the_soft_gate_derivative_with_the_temperature_of_the_advantages_sign():
+    logp, old, mask = off_policy_batch(seed=7, spread=0.5)
+    adv = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * mask
+    _, grad = seq_mean_grad("sapo", logp, old, adv, mask, sapo_tau_pos=1.0, sapo_tau_neg=2.0)
+    r = (logp.detach() - old).exp()
+    tau = torch.where(adv > 0, 1.0, 2.0)
+    s = torch.sigmoid(tau * (r - 1))
+    # d/dlogp of −(4/τ)σ(τ(r−1))·Â = −4σ(1−σ)·r·Â, then seq-mean-token-mean: / (N·L_n).
+    per_seq = mask.shape[0] * mask.sum(1, keepdim=True)
+    torch.testing.assert_close(grad, -4 * s * (1 - s) * r * adv * mask / per_seq)
+    far = (r - 1).abs() > 0.5  # the gate fades off policy instead of cutting to 0 at a clip edge
+    assert (grad[far & mask.bool() & (adv != 0)] != 0).all()
+
+
+# ---- CISPO ------------------------------------------------------------------------------------------------------
+EPS_LOW, EPS_HIGH = 0.2, 0.28
+
+
+def token_mean_grad(name: str, logp, old, adv, mask) -> torch.Tensor:
+    logp.grad = None
+    per_tok, _ = surrogate(name, logp, old, adv, mask, EPS_LOW, EPS_HIGH)
+    aggregate(per_tok, mask, "token-mean", mask.shape[0], mask.sum().item()).backward()
+    return logp.grad.clone()
+
+
+def test_the_gradient_is_the_clipped_weight_times_the_advantage_on_every_token():
+    logp, old, mask = off_policy_batch(seed=3, spread=0.4)  # ratios well outside [0.8, 1.28]
+    adv = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * mask
+    ratio = (logp.detach() - old).exp()
+    weight = ratio.clamp(1 - EPS_LOW, 1 + EPS_HIGH)
+    # ∂/∂logp of −(1/T_S) Σ sg[w]·Â·logp: no term from the weight, which is a constant.
+    expected = -weight * adv * mask / mask.sum()
+    torch.testing.assert_close(token_mean_grad("cispo", logp, old, adv, mask), expected)
+    outside = ((ratio < 1 - EPS_LOW) | (ratio > 1 + EPS_HIGH)) & mask.bool() & (adv != 0)
+    assert outside.sum() >= 5 and (expected[outside] != 0).all()  # clipped tokens keep their gradient
+
+
+def test_inside_the_band_the_gradient_is_ppos_and_outside_ppo_silences_tokens_cispo_keeps():
+    logp, old, mask = off_policy_batch(seed=4, spread=0.4)
+    adv = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2)) * mask
+    ratio = (logp.detach() - old).exp()
+    inside = (ratio > 1 - EPS_LOW) & (ratio < 1 + EPS_HIGH) & mask.bool()
+    cispo, ppo = token_mean_grad("cispo", logp, old, adv, mask), token_mean_grad("ppo-clip", logp, old, adv, mask)
+    torch.testing.assert_close(cispo[inside], ppo[inside])
+    silenced = mask.bool() & ~inside & (ppo == 0) & (adv != 0)
+    assert silenced.any() and (cispo[silenced] != 0).all()
+
+
+def test_on_policy_it_is_reinforce_with_the_token_mean():
+    logp, _, mask = off_policy_batch(seed=5)
+    adv = torch.randn(mask.shape, generator=torch.Generator().manual_seed(3)) * mask
+    grad = token_mean_grad("cispo", logp, logp.detach(), adv, mask)
+    torch.testing.assert_close(grad, -adv * mask / mask.sum())

@@ -1,5 +1,6 @@
 """The `rollout:` config section reaches the data module and the logged params; a lost server stops the
-run with how to resume; the data module's split option is honoured."""
+run with how to resume; the data module's split option is honoured; rollouts ahead (`max_staleness`) are refused
+where they cannot run."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from rlvr_lightning.algos import DAPO
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rollout.server_process import RolloutServerLost
 from rlvr_lightning.rollout.settings import RolloutSettings, ServerSettings, StreamSettings, SyncSettings
 from tests.entry_points.test_presets_config import make_cli
+from tests.support.settings import checked
+from tests.support.update_harness import attach
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,3 +80,14 @@ def test_train_split_picks_the_split_of_a_dataset_directory(tmp_path, tiny_polic
                            val_data=None, batch_size=2)  # fmt: skip
     dm.setup("fit")
     assert [r.answer for r in dm.train_records] == ["101", "102", "103", "104"]
+
+
+def test_rollouts_ahead_are_refused_where_they_cannot_run(tiny_policy_dir):
+    with pytest.raises(ConfigError, match="max_staleness=2 needs rollout.engine=vllm-server"):
+        RolloutSettings(stream={"max_staleness": 2})
+    with pytest.raises(ConfigError, match="partial_rollouts continues sequences across weight syncs"):
+        RolloutSettings(engine="vllm-server", stream={"partial_rollouts": True})
+    with pytest.raises(ConfigError, match="max_staleness must be an integer ≥ 0"):
+        RolloutSettings(engine="vllm-server", stream={"max_staleness": -1})
+    ahead = {"engine": "vllm-server", "stream": {"max_staleness": 2}}  # no server starts: the engine is built on first use
+    checked(attach(DAPO, tiny_policy_dir, ahead))  # dynamic sampling refills from the stream

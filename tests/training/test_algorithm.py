@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlvr_lightning.algos import DAPO, GRPO, GSPO
+from rlvr_lightning.algos import DAPO, GRPO, GSPO, REAL
 from rlvr_lightning.pieces.choices import PolicyLossChoice
 from rlvr_lightning.pieces.kinds import AdvantageInputs, DistillationInputs
 from rlvr_lightning.training.algorithm import BoundPieces, class_defaults
@@ -45,3 +45,22 @@ def test_a_bound_estimators_advantages_per_sequence_and_per_token_from_a_teacher
     one = torch.tensor([1.0])
     sequence, per_token, _ = opd.advantages(AdvantageInputs(one, one, 1, distillation=DistillationInputs(student, teacher, mask)))
     assert per_token.tolist() == [[0.5, 1.0, 0.0]] and sequence.tolist() == [0.75]  # the mean over its sampled tokens
+
+
+def test_group_level_losses_compose_with_any_algorithm():
+    """REAL's loss on the GRPO class: the same objective as REAL's own defaults."""
+    real_bce = {"name": "real-bce", "knobs": {"tau": 0.25}}
+    mixed = GRPO(policy_loss=real_bce, advantage_estimator="none").settings.pieces.objective
+    assert mixed.group_level and mixed.loss.keywords == {"tau": 0.25}
+    assert REAL(policy_loss=real_bce).settings.pieces.objective.loss.keywords == {"tau": 0.25}
+
+
+def test_the_algorithms_default_knobs_reach_the_loss():
+    """DAPO's clip-higher, GSPO's tiny sequence clip range and REAL's τ are the knobs of their policy_loss choice."""
+    assert DAPO().settings.pieces.objective.loss.keywords == {"clip_eps_low": 0.2, "clip_eps_high": 0.28, "dual_clip_c": None}
+    assert GSPO().settings.pieces.objective.loss.keywords == {"clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "dual_clip_c": None}
+    assert REAL().settings.pieces.objective.loss.keywords == {"tau": 0.5}
+    assert GRPO().settings.pieces.objective.loss.keywords == {"clip_eps_low": 0.2, "clip_eps_high": 0.2, "dual_clip_c": None}
+    # A choice given in full replaces the algorithm's: its knobs not given are the loss's own defaults.
+    assert DAPO(policy_loss="ppo-clip").settings.pieces.objective.loss.keywords["clip_eps_high"] == 0.2
+    assert REAL(policy_loss={"name": "real-anchor", "knobs": {"tau": 0.1}}).settings.pieces.objective.loss.keywords == {"tau": 0.1}

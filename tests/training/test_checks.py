@@ -1,7 +1,9 @@
 """Where each piece's settings are checked and recorded: a piece's own knob check (`check=`) runs wherever
 the piece is used, a knob given to a piece that does not read it is refused, the module records every knob
 its pieces run with, token-level rollout corrections are refused under losses with one term per
-sequence, and an advantage estimator's statistics reach the step's metrics."""
+sequence, and an advantage estimator's statistics reach the step's metrics. At fit start: the engine's log-probs of
+filtered sampling (top-p/top-k) are refused unless opted in, contradictory settings are clear errors, and an
+estimator's knob that does not fit the group size stops the run."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlvr_lightning.algos import GRPO, REAL
+from rlvr_lightning.algos import DAPO, GRPO, GSPO, REAL
 from rlvr_lightning.context import Collectives
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.pieces import advantage_estimators, policy_losses
@@ -18,7 +20,9 @@ from rlvr_lightning.pieces.kinds import AdvantageInputs, OptimizerStepNorms
 from rlvr_lightning.rollout.types import RolloutTensors
 from rlvr_lightning.training.batch import LossBatch
 from rlvr_lightning.training.objective import compose_objective
+from rlvr_lightning.training.settings import BehaviourSettings
 from tests.support.settings import checked
+from tests.support.update_harness import G, attach
 
 
 # ---- a piece's own knob check ------------------------------------------------------------------
@@ -224,7 +228,7 @@ def test_advantage_statistics_and_an_estimators_own_reach_the_steps_metrics():
 def test_fit_start_checks_never_call_a_piece_on_inputs_training_never_gives(tiny_policy_dir):
     """An estimator that reads `lengths` (always given in training) passes the fit-start checks: they run the
     pieces' own checks, not the pieces on dummy tensors."""
-    from tests.algos.test_base import attach
+    from tests.support.update_harness import attach
 
     @advantage_estimators.register("test-length-scaled", anchor=None)
     def length_scaled(inputs: AdvantageInputs) -> torch.Tensor:
@@ -234,3 +238,48 @@ def test_fit_start_checks_never_call_a_piece_on_inputs_training_never_gives(tiny
         checked(attach(GRPO, tiny_policy_dir, advantage_estimator="test-length-scaled"))
     finally:
         advantage_estimators._pieces.pop("test-length-scaled")
+
+
+@pytest.mark.parametrize(
+    "model_kwargs,rollout_kwargs,ok",
+    [
+        ({"rollout_correction": "tis-token"}, {"top_p": 0.9}, False),
+        ({"rollout_correction": "tis-sequence"}, {"top_k": 20}, False),
+        ({"behaviour": BehaviourSettings(logprobs="rollout")}, {"top_p": 0.95}, False),
+        ({"rollout_correction": "tis-token", "behaviour": BehaviourSettings(allow_filtered_rollout_logprobs=True)}, {"top_p": 0.9}, True),
+        ({}, {"top_p": 0.9}, True),  # θ_old from the trainer: the engine's log-probs are only logged
+        ({"rollout_correction": "tis-token"}, {}, True),
+        ({}, {"top_p": 0.9, "engine": "vllm-server", "stream": {"max_staleness": 1}}, False),  # θ_old from the engine
+    ],
+)
+def test_filtered_sampling_with_rollout_logprobs_is_refused_unless_opted_in(
+    tiny_policy_dir, model_kwargs, rollout_kwargs, ok
+):
+    module = attach(GRPO, tiny_policy_dir, rollout_kwargs, **model_kwargs)
+    if ok:
+        checked(module)
+    else:
+        with pytest.raises(ConfigError, match="allow_filtered_rollout_logprobs"):
+            checked(module)
+
+
+def test_contradictory_or_invalid_settings_are_clear_errors():
+    with pytest.raises(ConfigError, match="every weight is 1"):
+        GRPO(rollout_correction="tis-token", behaviour=BehaviourSettings(logprobs="rollout"))
+    with pytest.raises(ConfigError, match="registered: ppo-clip, gspo-token, gspo, "):
+        GRPO(policy_loss="ppo")
+    with pytest.raises(ConfigError, match="re-weights token-level losses"):
+        GRPO(policy_loss="real-anchor", rollout_correction="tis-token")
+    with pytest.raises(ConfigError, match="two_pass is for group-level"):
+        REAL(policy_loss="ppo-clip", advantage_estimator="grpo", two_pass=True)
+    with pytest.raises(ConfigError, match="valid: error, train_partial"):
+        DAPO(on_exhausted="skip")
+    assert GSPO(policy_loss="gspo-token").settings.pieces.objective.policy_loss.name == "gspo-token"
+    assert GSPO().settings.pieces.objective.policy_loss.name == "gspo"
+
+
+def test_an_estimator_knob_that_does_not_fit_the_group_size_stops_the_run_at_fit_start(tiny_policy_dir):
+    module = attach(GRPO, tiny_policy_dir, advantage_estimator={"name": "pass-at-k", "knobs": {"pass_at_k": G + 1}})
+    with pytest.raises(ConfigError, match=rf"pass_at_k must lie in \[1, rollout.group_size={G}\], got {G + 1}"):
+        checked(module)
+    checked(attach(GRPO, tiny_policy_dir, advantage_estimator={"name": "pass-at-k", "knobs": {"pass_at_k": G}}))

@@ -9,9 +9,11 @@ import math
 import pytest
 import torch
 
+from rlvr_lightning.algos import GRPO
 from rlvr_lightning.pieces.kinds import OptimizerStepNorms
 from rlvr_lightning.training.batch import LossBatch
 from rlvr_lightning.training.objective import compose_objective
+from tests.support.update_harness import attach, gradient, prepared, sample_rollout, set_engine_logprobs
 
 OLD = torch.tensor([[-1.0, -2.0, -0.5], [-0.7, -1.2, 0.0]])
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])  # 5 tokens
@@ -57,3 +59,18 @@ def test_the_correction_weighs_the_policy_term_and_the_kl_term_is_beta_times_its
     k3 = (gap.exp() - gap - 1).sum() / 5  # k3 = e^{ref − θ} − (ref − θ) − 1, token mean
     assert loss.item() == pytest.approx(-(3 - 4) / 5 + 0.5 * k3.item(), rel=1e-6)
     assert "kl" in stats
+
+
+def test_truncated_is_scales_the_policy_gradient_by_the_capped_ratio(tiny_policy_dir):
+    plain = attach(GRPO, tiny_policy_dir)
+    rollout = sample_rollout(plain)
+    inputs = prepared(plain, rollout)
+    _, g_plain = gradient(plain, inputs, 8)
+    # The engine assigned every token 1/1.5 of the trainer's probability: w = 1.5 (under the cap of 2).
+    set_engine_logprobs(rollout, inputs.behaviour.old_logp_all() - torch.log(torch.tensor(1.5)))
+    tis = attach(GRPO, tiny_policy_dir, rollout_correction={"name": "tis-token", "knobs": {"tis_cap": 2.0}})
+    tis.policy.load_state_dict(plain.policy.state_dict())
+    tis_inputs = prepared(tis, rollout)
+    torch.testing.assert_close(tis_inputs.is_weight, 1.5 * tis_inputs.loss_mask)
+    _, g_tis = gradient(tis, tis_inputs, 8)
+    torch.testing.assert_close(g_tis, 1.5 * g_plain, rtol=1e-4, atol=1e-7)

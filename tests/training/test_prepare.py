@@ -7,10 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlvr_lightning.algos import GRPO
+from rlvr_lightning.algos import DAPO, GRPO
 from rlvr_lightning.pieces.advantages import group_advantage
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
+from rlvr_lightning.training.settings import BehaviourSettings
 from tests.support.plain_step import plain_step
+from tests.support.update_harness import MAX_LEN, attach, prepared, sample_rollout, set_engine_logprobs
 
 CORRECT = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0])
 
@@ -43,3 +45,22 @@ def test_each_response_token_carries_its_sequence_advantage_and_truncated_answer
         assert inputs.behaviour.source == "update"  # one optimizer step, on policy: θ_old from the update's forward
     finally:
         run.close()
+
+
+def test_mask_truncated_takes_truncated_completions_out_of_the_loss(tiny_policy_dir):
+    module = attach(DAPO, tiny_policy_dir, mask_truncated=True)
+    rollout = sample_rollout(module)
+    inputs = prepared(module, rollout)
+    truncated = rollout.truncated
+    assert truncated.any() and (~truncated).any()
+    assert torch.equal(inputs.loss_mask[truncated], torch.zeros_like(inputs.loss_mask[truncated]))
+    torch.testing.assert_close(inputs.loss_mask[~truncated], inputs.tensors.response_mask[~truncated])
+
+
+def test_behaviour_logprobs_from_the_rollout_engine(tiny_policy_dir):
+    module = attach(GRPO, tiny_policy_dir, behaviour=BehaviourSettings(logprobs="rollout"))
+    rollout = sample_rollout(module)
+    engine_logp = -torch.rand(8, MAX_LEN, generator=torch.Generator().manual_seed(4))
+    set_engine_logprobs(rollout, engine_logp)
+    inputs = prepared(module, rollout)
+    torch.testing.assert_close(inputs.behaviour.old_logp_all(), engine_logp * inputs.tensors.response_mask)
