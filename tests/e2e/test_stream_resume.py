@@ -22,7 +22,8 @@ from tests.support.resume import COMPARED, STEPS, args_for, histories, kill_afte
 from tests.support.tool_args import FIRST_RESULT_AS_CALL
 
 STREAM = ["--rollout.engine", "vllm-server", "--rollout.servers.replicas", "2", "--rollout.stream.max_staleness", "2",
-          "--rollout.stream.partial_rollouts", "true"]  # fmt: skip
+          "--rollout.stream.partial_rollouts", "true",
+          "--model.init_args.rewards.correctness", "tests.support.rewards.parity_of_tool_answers"]  # fmt: skip
 LORA = ["--model.init_args.lora.rank", "8", "--model.init_args.lora.sync", "adapter", "--model.init_args.optim.lr", "1e-2"]
 STALENESS = ("train/staleness_mean", "train/staleness_max")
 TOOL = ("train/tool_calls_per_answer", "train/inserted_token_frac", "train/turns_mean", "train/stop_length_frac")

@@ -123,6 +123,7 @@ def task_like_completions(rollout) -> None:
     for comp, text in zip(rollout.completions, texts, strict=True):
         comp.token_ids = tok(text).input_ids
         comp.logprobs = [0.0] * len(comp.token_ids)
+        comp.sampled_mask = [True] * len(comp.token_ids)
         comp.finish_reason = "length" if len(comp.token_ids) == rollout.sampling.max_tokens else "stop"
     no_correct_in_group_1(rollout)
 

@@ -18,6 +18,13 @@ def parity(completion: str, gold: str, metadata: dict) -> float:
     return float(hashlib.md5(completion.encode()).digest()[0] % 2 == 0)
 
 
+def parity_of_tool_answers(completion: str, gold: str, metadata: dict) -> float:
+    """`parity`, but only an answer that called the tool can be correct (its output ends in a newline under
+    `tool_args.FIRST_RESULT_AS_CALL`): the policy keeps calling it, so every rollout batch has tool episodes in
+    flight (under `parity` alone it stops calling by the fourth batch)."""
+    return parity(completion, gold, metadata) if "\n" in completion else 0.0
+
+
 def all_correct(completion: str, gold: str, metadata: dict) -> float:
     return 1.0
 
