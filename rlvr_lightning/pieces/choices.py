@@ -15,7 +15,7 @@ A piece that runs inside another (on-policy distillation's `opd_reward`) runs at
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr_lightning.errors import ConfigError
@@ -38,10 +38,6 @@ class PieceChoice:
 
     def __str__(self) -> str:  # messages name the piece: `model.policy_loss=gspo`
         return str(self.name)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain values, for hyper-parameters and checkpoints (the name as a plain `str`)."""
-        return {"name": None if self.name is None else str(self.name), "knobs": dict(asdict(self)["knobs"])}
 
 
 @dataclass(frozen=True)
