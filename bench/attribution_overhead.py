@@ -1,9 +1,9 @@
 """Attribution overhead on the GRPO step: THR, OAR-G and OAR-P.
 
 One GRPO module on the embedded default (B = 16 prompts × G = 8, max 40 tokens, vLLM engine). Each
-training step runs with one of: no attribution (GRPO), THRAttribution(p = 0.2), OARAttribution
-(gradient) or OARAttribution(perturbation); the modes rotate step by step (each round in a
-different order, so drift and warm-up cancel), each on fresh rollouts of the current policy.
+training step runs with one of: no shaper (GRPO), THR (p = 0.2), OAR-G or OAR-P (the module's `shapers`
+section, the step rebuilt for each); the modes rotate step by step (each round in a different order, so drift
+and warm-up cancel), each on fresh rollouts of the current policy.
 Reports median step time and its parts per mode, and each mode's ratio to GRPO: over the whole
 step, and over the trainer side (step − rollout), where attribution lives.
 
@@ -13,6 +13,7 @@ step, and over the trainer side (step − rollout), where attribution lives.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -22,7 +23,8 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from common import close, embedded_module, median, prompt_batches, write  # noqa: E402
 
-from rlvr_lightning.training.settings import ComputeSettings, OptimSettings
+from rlvr_lightning.shapers.settings import OARSettings, ShaperSettings, THRSettings  # noqa: E402
+from rlvr_lightning.training.settings import ComputeSettings, OptimSettings  # noqa: E402
 from rlvr_lightning.training.step_metrics import StepResult  # noqa: E402
 
 PARTS = ["step", "rollout", "reward", "old_logprob", "attribution", "update", "weight_sync"]
@@ -37,23 +39,22 @@ def main() -> None:
     args = parser.parse_args()
 
     from rlvr_lightning.algos import GRPO
-    from rlvr_lightning.callbacks.attribution import OARAttribution, THRAttribution
 
-    callbacks = {
-        "grpo": None,
-        "thr": THRAttribution(p=0.2),
+    shapers = {
+        "grpo": ShaperSettings(),
+        "thr": ShaperSettings(thr=THRSettings(p=0.2)),
         # as configs/algo/oar-g.yaml and oar-p.yaml
-        "oar-g": OARAttribution(method="gradient", chunk_size=128, conclude_template="\\boxed{"),
-        "oar-p": OARAttribution(method="perturbation", conclude_template="\\boxed{"),
+        "oar-g": ShaperSettings(oar=OARSettings(method="gradient", chunk_size=128, conclude_template="\\boxed{")),
+        "oar-p": ShaperSettings(oar=OARSettings(method="perturbation", conclude_template="\\boxed{")),
     }
     modes = args.modes.split(",")
     module = embedded_module(GRPO(kl_coef=0.0, optim=OptimSettings(lr=3e-5), compute=ComputeSettings(micro_batch_size=128)), engine=args.engine)
     batches = prompt_batches(module)
-    fixed = list(module.trainer.callbacks)
     times = {m: [] for m in modes}
     for r in range(args.warmup + args.rounds):
         for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
-            module.trainer.callbacks = fixed + ([callbacks[mode]] if callbacks[mode] else [])
+            module.settings = dataclasses.replace(module.settings, shapers=shapers[mode])
+            module.drop_step()  # the next batch builds the step with this mode's shapers
             result = module.train_on_batch(next(batches))
             module.rollout_batches += 1
             if isinstance(result, StepResult) and r >= args.warmup:  # not a skipped batch

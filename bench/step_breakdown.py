@@ -1,6 +1,6 @@
 """Where step time goes, per algorithm preset.
 
-Each preset (`configs/algo/<name>.yaml`: its module and its attribution callbacks) runs in its own
+Each preset (`configs/algo/<name>.yaml`: its module, shapers included, and its callbacks) runs in its own
 process on the embedded default workload (B = 16 prompts × G = 8, max 40 tokens, vLLM engine):
 one warm-up step, then `--steps` timed steps through the real training step (`train_on_batch`). Reports
 the median seconds of each part (rollout, reward = verifier, old log-probs, attribution, update,

@@ -68,12 +68,8 @@ def load_history(client, run, columns=TABLE_METRICS) -> RunHistory:
         points = client.get_metric_history(run.info.run_id, key)
         history[key] = sorted((m.step, m.value) for m in points)
     # The module class, the pieces the run changed from its preset's (the CLI's `changed_pieces` tag, also in
-    # the run's name), and the advantage shapers (THR/OAR callbacks) from the logged config.
-    shapers = sorted(
-        v.rsplit(".", 1)[-1].removesuffix("Attribution")
-        for k, v in run.data.params.items()
-        if k.startswith("trainer.callbacks.") and k.endswith("class_path") and v.endswith("Attribution")
-    )
+    # the run's name), and the advantage shapers the run gave options (`model.init_args.shapers.thr.p`).
+    shapers = [key.upper() for key in ("thr", "oar") if any(k.startswith(f"model.init_args.shapers.{key}.") for k in run.data.params)]
     changed = [c for c in run.data.tags.get("changed_pieces", "").split("+") if c]
     algorithm = "+".join([run.data.tags.get("algorithm", "?"), *changed, *shapers])
     seconds = (run.info.end_time - run.info.start_time) / 1000 if run.info.end_time else math.nan

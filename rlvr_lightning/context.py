@@ -106,7 +106,7 @@ class RolloutObserver:
         return None
 
 
-class AdvantageShaper(RolloutObserver):
+class AdvantageShaper:
     """A stage that reweights token advantages (THR, OAR). Both hooks may be used at once.
 
     Weights are positive multipliers of the token advantages, so they never flip an advantage's sign;
@@ -118,9 +118,15 @@ class AdvantageShaper(RolloutObserver):
 
     `weighs_sampled_tokens_only`: True for a shaper that leaves an environment's inserted tokens (a tool's output,
     `Completion.sampled_mask`) out of its weights and their normalisation; a run in an environment refuses the others.
+    `runs_on_sharded_ranks`: False for a shaper whose number of policy forwards depends on each rank's own rollouts
+    (OAR's): with a policy sharded over several ranks every forward is a collective, so a run refuses it.
+
+    A run builds its shapers from the module's `shapers` section (`rlvr_lightning.shapers`); yours is a subclass
+    named there by its dotted path, with its constructor's keyword arguments.
     """
 
     weighs_sampled_tokens_only: bool = False
+    runs_on_sharded_ranks: bool = True
 
     def token_weights(self, step: StepContext, batch: ScoredBatch) -> torch.Tensor | None:
         """Weights [N, T'] of the whole rollout batch computed from it and the policy at θ_old (OAR),

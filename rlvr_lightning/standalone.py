@@ -2,7 +2,7 @@
 
 Lightning gives a module its trainer, datamodule and model only inside `fit`. `standalone()`
 wires the same objects with a bare CPU/GPU Trainer so that `module.train_on_batch`, each stage of
-`rlvr_lightning.training` and the attribution callbacks run exactly as in training. (Evaluating a
+`rlvr_lightning.training` and the advantage shapers run exactly as in training. (Evaluating a
 model needs no module: `rlvr_lightning.evaluate`.)
 """
 

@@ -1,8 +1,8 @@
 """RLVRModule: the LightningModule every RLVR algorithm shares, a thin shell (docs/layout.md) over its `StepSettings`,
-the `TrainingStep` built once at fit start (`algos.wiring` reads what it needs off Lightning) and the
-`EngineSession`. An algorithm is a choice of registered pieces (`rlvr_lightning.pieces`); a subclass (one per paper)
-sets its defaults and returns a `StepAlgorithm` for what its paper changes in the step (DAPO's). Manual optimisation:
-global token normalisation and several updates per rollout batch conflict with Lightning's automatic accumulation.
+the `TrainingStep` built once at fit start (`algos.wiring` reads what it needs off Lightning) and the `EngineSession`.
+An algorithm is a choice of registered pieces (`rlvr_lightning.pieces`); a subclass (one per paper) sets its defaults
+and returns a `StepAlgorithm` for what its paper changes in the step (DAPO's). Manual optimisation: global token
+normalisation and several updates per rollout batch conflict with Lightning's automatic accumulation.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from rlvr_lightning.models.checkpoint import check_state_fits
 from rlvr_lightning.models.lora import LoraSettings
 from rlvr_lightning.pieces import choices
 from rlvr_lightning.rewards.settings import RewardSettings
+from rlvr_lightning.shapers.settings import ShaperSettings
 from rlvr_lightning.training.engine_session import EngineSession
 from rlvr_lightning.training.settings import BehaviourSettings, ComputeSettings, OptimSettings, StepSettings
 from rlvr_lightning.training.step import Skipped, StepAlgorithm, StepResult, TrainingStep
@@ -44,6 +45,7 @@ class RLVRModule(L.LightningModule):
         lora: LoraSettings | None = None,
         teacher: TeacherSettings | None = None,
         rewards: RewardSettings = RewardSettings(),
+        shapers: ShaperSettings = ShaperSettings(),
     ) -> None:
         """Every argument is a CLI flag, `--model.init_args.<name>` (a group's: `--model.init_args.optim.lr`).
 
@@ -55,8 +57,7 @@ class RLVRModule(L.LightningModule):
             loss_agg: a registered loss aggregator: how per-token losses are reduced.
             kl_estimator: a registered KL estimator for the penalty to the frozen initial policy (when kl_coef > 0).
             rollout_correction: a registered correction of the engine ≠ trainer mismatch (`tis-token`, …) and its
-                knobs; name None (default): the device's, `none` on the CPU and `icepop` on CUDA where a token-level
-                correction applies (`rlvr_lightning.device_defaults`).
+                knobs; name None (default): the device's (`none` on the CPU, `icepop` on CUDA; `device_defaults`).
             proximal_policy: with a rollout correction, the clip's anchor: `recompute` (θ_old) or `loglinear` (A-3PO).
             kl_coef: β of the KL penalty; 0 = no KL term and no reference model (`kimi`: τ of its regulariser).
             mask_truncated: leave completions cut at max_response_length out of the loss (DAPO's overlong filtering).
@@ -68,6 +69,7 @@ class RLVRModule(L.LightningModule):
             lora: train a LoRA adapter (PEFT) instead of every weight (`models.lora.LoraSettings`).
             teacher: on-policy distillation's teacher, for `advantage_estimator: opd` (`training.teacher.TeacherSettings`).
             rewards: correctness's source and weight, your reward functions, math-verify's options (`rewards.settings`).
+            shapers: the advantage shapers, each off unless given: THR, OAR, yours (`shapers.settings`).
         """
         super().__init__()
         self.save_hyperparameters()  # a subclass's own arguments too (DAPO's), which its step algorithm reads
@@ -75,7 +77,7 @@ class RLVRModule(L.LightningModule):
                       kl_estimator=kl_estimator, rollout_correction=rollout_correction, proximal_policy=proximal_policy,
                       kl_coef=kl_coef, mask_truncated=mask_truncated, num_mini_batches=num_mini_batches,
                       ppo_epochs=ppo_epochs, optim=optim, compute=compute, behaviour=behaviour, lora=lora,
-                      teacher=teacher, rewards=rewards)  # fmt: skip
+                      teacher=teacher, rewards=rewards, shapers=shapers)  # fmt: skip
         self.settings = StepSettings.of({**self.hparams, **shared})  # groups checked, pieces bound, combination checked
         self.hparams.update(self.settings.hparams())  # every knob the pieces run with; the groups as plain dicts
         self.automatic_optimization = False

@@ -9,7 +9,7 @@ from typing import Any
 
 from rlvr_lightning.callbacks.closing import CloseOnError
 from rlvr_lightning.callbacks.progress import bar_metrics, rollout_batches_total
-from rlvr_lightning.callbacks.rollout import advantage_shapers, rollout_callbacks
+from rlvr_lightning.callbacks.rollout import rollout_callbacks
 from rlvr_lightning.context import Collectives, StepContext
 from rlvr_lightning.device_defaults import accelerator_of_device
 from rlvr_lightning.errors import ConfigError
@@ -97,9 +97,9 @@ def training_step(module: Any, check: bool = False) -> TrainingStep:
         dm.rollout,
         dm.hparams.batch_size,
         module.session,
-        shapers=advantage_shapers(module.trainer),
         accelerator=accelerator_of_device(module.device),
         environment=environment,
+        sharded_ranks=module.device_mesh is not None and module.trainer.world_size > 1,
         check=check,
     )
 

@@ -1,7 +1,7 @@
-"""The step's hooks (`rlvr_lightning.context`: `RolloutObserver`, `AdvantageShaper`) as Lightning callbacks, and
-which of a trainer's callbacks have them: a callback given with `--trainer.callbacks` watches the scored rollout
-(`RolloutCallback`), or reweights token advantages (THR and OAR: `AdvantageShaper` callbacks). The training step
-itself only knows the plain hooks; `algos.wiring` hands it the trainer's callbacks that have them.
+"""The step's observer hook (`rlvr_lightning.context.RolloutObserver`) as a Lightning callback, and which of a
+trainer's callbacks have it: a callback given with `--trainer.callbacks` that watches each scored rollout
+(`RolloutCallback`). The training step itself only knows the plain hook; `algos.wiring` hands it the trainer's
+callbacks that have it. Advantage shapers are not callbacks: they are the model's `shapers` section.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
-from rlvr_lightning.context import AdvantageShaper, RolloutObserver
+from rlvr_lightning.context import RolloutObserver
 
 
 class RolloutCallback(RolloutObserver, Callback):
@@ -18,7 +18,3 @@ class RolloutCallback(RolloutObserver, Callback):
 
 def rollout_callbacks(trainer: L.Trainer) -> list[RolloutObserver]:
     return [cb for cb in trainer.callbacks if isinstance(cb, RolloutObserver)]
-
-
-def advantage_shapers(trainer: L.Trainer) -> list[AdvantageShaper]:
-    return [cb for cb in trainer.callbacks if isinstance(cb, AdvantageShaper)]

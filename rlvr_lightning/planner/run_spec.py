@@ -116,9 +116,8 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
     settings = StepSettings.of_config(cfg.model)  # light: no module, no weights
     data, trainer = cfg.data, cfg.trainer
     rollout = RolloutSettings(**vars(cfg.rollout))
-    callbacks = [c.class_path.rsplit(".", 1)[-1] for c in (trainer.callbacks or []) if hasattr(c, "class_path")]
-    shapers = tuple(c for c in callbacks if c in ("THRAttribution", "OARAttribution"))
-    step = settings.resolve(rollout, data.batch_size, accelerator, shapers)
+    shapers = settings.shapers
+    step = settings.resolve(rollout, data.batch_size, accelerator)
     strategy = trainer.strategy
     strategy = strategy if isinstance(strategy, str) else getattr(strategy, "class_path", "")
     devices = trainer.devices
@@ -164,9 +163,9 @@ def run_spec(cfg, hardware: Hardware) -> RunSpec:
         # The throughput stream's partial rollouts are requests frozen across a sync (vLLM keeps their KV cache):
         # generation is not cut into segments, so it is planned as one continuous batch.
         partial_rollouts=bool(rollout.stream.partial_rollouts) and rollout.stream.mode == "reproducible",
-        thr="THRAttribution" in callbacks,
-        oar="OARAttribution" in callbacks,
-        whole_groups=step.whole_groups or bool(shapers),
+        thr=shapers.thr is not None,
+        oar=shapers.oar is not None,
+        whole_groups=step.whole_groups or bool(shapers.names()),
         lora=settings.lora,
         device_defaults=defaults,
         packing=step.layout.packing,

@@ -152,5 +152,15 @@ def check_environment(name: str, shapers: tuple[str, ...]) -> None:
     if shapers:
         raise ConfigError(
             f"{name} with {', '.join(shapers)}: it does not leave the inserted tokens out of its weights' "
-            "normalisation (THRAttribution and OARAttribution do: see AdvantageShaper.weighs_sampled_tokens_only)"
+            "normalisation (THR and OAR do: see AdvantageShaper.weighs_sampled_tokens_only)"
+        )
+
+
+def check_sharded_shapers(shapers: tuple[str, ...]) -> None:
+    """Shapers whose policy forwards differ between ranks (OAR's), refused on a policy sharded over several ranks,
+    where every forward is a collective and unequal counts would deadlock."""
+    if shapers:
+        raise ConfigError(
+            f"{', '.join(shapers)} does not support a policy sharded over several ranks (FSDP) yet: its number of "
+            "scoring forwards differs between ranks; use one rank or DDP"
         )

@@ -25,6 +25,7 @@ from rlvr_lightning.pieces.choices import CHOICES, choice_of
 from rlvr_lightning.pieces.kinds import policy_losses
 from rlvr_lightning.pieces.selection import knobs_run_with
 from rlvr_lightning.rewards.settings import RewardSettings
+from rlvr_lightning.shapers.settings import ShaperSettings
 from rlvr_lightning.training.algorithm import BoundPieces, class_defaults
 from rlvr_lightning.training.behaviour import BehaviourSource, behaviour_source
 from rlvr_lightning.training.checks import check_behaviour, check_run, check_teacher
@@ -182,6 +183,7 @@ class StepSettings:
     pieces: BoundPieces
     teacher: TeacherSettings | None = None  # on-policy distillation's teacher, for an estimator that reads one
     rewards: RewardSettings = RewardSettings()  # where correctness comes from, the reward terms, math-verify's options
+    shapers: ShaperSettings = ShaperSettings()  # the advantage shapers (THR, OAR, the user's)
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> StepSettings:
@@ -195,7 +197,7 @@ class StepSettings:
             group.check()
         if values["num_mini_batches"] < 1 or values["ppo_epochs"] < 1:
             raise ConfigError("model.num_mini_batches and model.ppo_epochs must be ≥ 1")
-        args = {k: v for k, v in values.items() if k not in (*groups, "lora", "teacher", "rewards")}
+        args = {k: v for k, v in values.items() if k not in (*groups, "lora", "teacher", "rewards", "shapers")}
         args.update({key: choice_of(key, values.get(key)) for key in CHOICES})
         if args["rollout_correction"].name is None:  # the device's (a module built in Python; the CLI resolved it)
             device = default_for("model.rollout_correction.name", correction_fits=correction_fits(args))
@@ -204,9 +206,11 @@ class StepSettings:
         check_behaviour(groups["behaviour"].logprobs, pieces.corrects_rollouts, pieces.proximal)
         teacher = None if values.get("teacher") is None else group_of(TeacherSettings, values.get("teacher"))
         check_teacher(args, teacher)
-        rewards = RewardSettings.of(values.get("rewards"))
+        rewards, shapers = RewardSettings.of(values.get("rewards")), ShaperSettings.of(values.get("shapers"))
         rewards.check()
-        return cls(args, **groups, lora=as_settings(values.get("lora")), pieces=pieces, teacher=teacher, rewards=rewards)
+        shapers.check()
+        return cls(args, **groups, lora=as_settings(values.get("lora")), pieces=pieces, teacher=teacher, rewards=rewards,
+                   shapers=shapers)  # fmt: skip
 
     @classmethod
     def of_config(cls, model: Any) -> StepSettings:
@@ -230,7 +234,7 @@ class StepSettings:
         lora = None if self.lora is None else asdict(self.lora)
         teacher = None if self.teacher is None else asdict(self.teacher)
         return {**self.args, **knobs_run_with(self.args), **groups, "lora": lora, "teacher": teacher,
-                "rewards": asdict(self.rewards)}
+                "rewards": asdict(self.rewards), "shapers": asdict(self.shapers)}
 
     def fsdp_param_dtype(self, accelerator: Accelerator | None = None) -> str:
         """The FSDP2 parameter dtype: the user's, else the device's default (a module built in Python; the
@@ -264,13 +268,10 @@ class StepSettings:
             p.approximates_proximal,
         )
 
-    def resolve(
-        self, rollout: Any, batch_size: int, accelerator: Accelerator | None = None, shapers: tuple[str, ...] = (),
-        check: bool = False,
-    ) -> ResolvedStep:
+    def resolve(self, rollout: Any, batch_size: int, accelerator: Accelerator | None = None, check: bool = False) -> ResolvedStep:
         """These settings on a run: `rollout` its `rollout:` section (`RolloutSettings`), `batch_size` its
-        prompts per rollout batch, `accelerator` where the update runs, `shapers` the names of its advantage
-        shapers; `check`: run the checks that need them (a run does at its start)."""
+        prompts per rollout batch, `accelerator` where the update runs; `check`: run the checks that need them (a run
+        does at its start)."""
         layout = self.layout(rollout.max_response_length, accelerator)
         max_staleness = int(rollout.stream.max_staleness)
         if check:
@@ -280,7 +281,7 @@ class StepSettings:
                 rollout,
                 self.pieces.objective,
                 layout,
-                list(shapers),
+                list(self.shapers.names()),
                 self.pieces.corrects_rollouts,
                 max_staleness,
                 self.behaviour,

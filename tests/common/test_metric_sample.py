@@ -13,12 +13,14 @@ import torch
 from torchmetrics.functional import spearman_corrcoef
 
 from rlvr_lightning.attribution.thr import dominant_tokens, rollout_thr
-from rlvr_lightning.callbacks import attribution
-from rlvr_lightning.callbacks.attribution import THRAttribution, oar_metrics, thr_metrics
 from rlvr_lightning.context import ScoredBatch
 from rlvr_lightning.metrics import RunningStats, StreamSample
 from rlvr_lightning.pieces.advantages import group_advantage
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
+from rlvr_lightning.shapers import thr as thr_shaper
+from rlvr_lightning.shapers.oar import oar_metrics
+from rlvr_lightning.shapers.settings import THRSettings
+from rlvr_lightning.shapers.thr import THRShaper, thr_metrics
 
 THR_KEYS = {
     "thr/tokens", "thr/dominant_frac", "thr/positive_frac", "thr/negative_frac", "thr/abs_p50", "thr/abs_p90",
@@ -183,9 +185,9 @@ def thr_batch(G=4, d=6, V=13, correct=(1, 0, 0, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0,
 
 def test_thr_metrics_are_computed_once_per_batch_with_the_former_keys_and_values(monkeypatch):
     calls = []
-    monkeypatch.setattr(attribution, "thr_metrics", lambda *a: calls.append(a) or thr_metrics(*a))
+    monkeypatch.setattr(thr_shaper, "thr_metrics", lambda *a: calls.append(a) or thr_metrics(*a))
     batch, hidden, step, head = thr_batch()  # groups 0, 1 and 3 mixed, group 2 all correct
-    thr = THRAttribution(p=0.2)
+    thr = THRShaper(THRSettings(p=0.2))
     G = batch.group_size
     thr.token_weights(step, batch)
     rows = thr.hidden_rows(batch)
@@ -206,9 +208,9 @@ def test_thr_metrics_are_computed_once_per_batch_with_the_former_keys_and_values
 
 def test_thr_without_a_mixed_group_logs_the_same_keys_at_once(monkeypatch):
     calls = []
-    monkeypatch.setattr(attribution, "thr_metrics", lambda *a: calls.append(a) or thr_metrics(*a))
+    monkeypatch.setattr(thr_shaper, "thr_metrics", lambda *a: calls.append(a) or thr_metrics(*a))
     batch, _, step, _ = thr_batch(correct=(1, 1, 1, 1, 0, 0, 0, 0))
-    thr = THRAttribution(p=0.2)
+    thr = THRShaper(THRSettings(p=0.2))
     thr.token_weights(step, batch)
     assert len(calls) == 1 and thr.batch_metrics() == {k: 0.0 for k in THR_KEYS}
 

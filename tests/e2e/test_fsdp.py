@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from rlvr_lightning.algos.grpo import GRPO
-from rlvr_lightning.callbacks.attribution import THRAttribution
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.models.lora import LoraSettings, load_adapter_weights
 from rlvr_lightning.models.weights import full_weights
@@ -66,13 +65,13 @@ class Recorded(StepAlgorithm):
 
 
 def replay(
-    model_dir: Path, probe: Path, callbacks=(), lora: LoraSettings | None = None, hparams: dict = HPARAMS, **algorithm
+    model_dir: Path, probe: Path, lora: LoraSettings | None = None, hparams: dict = HPARAMS, **algorithm
 ) -> dict[str, torch.Tensor]:
     """The same steps in one process: both ranks' rollouts of a step form one rollout batch (a LoRA policy
     from the run's initial adapter); the final weights as the engine gets them (a LoRA policy's merged).
     `algorithm`: more of the module's arguments (a teacher)."""
     dm = RolloutDataModule(model_name_or_path=str(model_dir), batch_size=2 * PROMPTS_PER_RANK, val_data=None, rollout=RolloutSettings(group_size=G, max_response_length=RESPONSE, engine="hf"))  # fmt: skip
-    module = standalone(GRPO(**module_args(hparams), lora=lora, **algorithm), dm, callbacks=callbacks)
+    module = standalone(GRPO(**module_args(hparams), lora=lora, **algorithm), dm)
     recorded = Recorded()
     module.step_algorithm = lambda *_: recorded  # before the step is first built
     if lora is not None:
@@ -148,7 +147,8 @@ def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_p
     )
     hparams = {**HPARAMS, "optim.lr": 1e-3} if lora is not None else HPARAMS
     distils = {} if teacher is None else {"advantage_estimator": {"name": "opd", "knobs": {"opd_reward": "grpo"}}, "teacher": teacher}
-    reference = replay(model_dir, probe, [THRAttribution(p=0.2)] if algo == "thr" else [], lora, hparams, **distils)
+    shapers = {"thr": {"p": 0.2}} if algo == "thr" else {}
+    reference = replay(model_dir, probe, lora, hparams, shapers=shapers, **distils)
     moved = max((reference[k] - p).abs().max().item() for k, p in initial.policy.state_dict().items())
     assert moved > 1e-5  # the steps changed the weights, so equality below means something
     for name, tensor in reference.items():

@@ -34,7 +34,7 @@ COMPOSED = [
     # On CPU the engine's and the trainer's log-probs agree to ~1e-6, so IcePop's [0.5, 5] band never masks
     # here; a lower bound just below 1 masks the tokens the engine found likelier by more than 5e-7.
     "--model.init_args.rollout_correction.knobs.is_mask_low=0.9999995",
-    "--trainer.callbacks+=rlvr_lightning.callbacks.attribution.THRAttribution", "--trainer.callbacks.p=0.2",
+    "--model.init_args.shapers.thr.p=0.2",
     "--model.init_args.num_mini_batches=2",
 ]  # fmt: skip
 
@@ -63,7 +63,7 @@ THIS_YEARS = [
     # sequences whose rollout log-probs came out the higher, as a real mismatch past δ would.
     "--model.init_args.rollout_correction.knobs.opsm_delta=0.0",
     "--model.init_args.kl_estimator.name=kimi", "--model.init_args.kl_coef=0.001",
-    "--trainer.callbacks+=rlvr_lightning.callbacks.attribution.THRAttribution", "--trainer.callbacks.p=0.2",
+    "--model.init_args.shapers.thr.p=0.2",
     "--model.init_args.num_mini_batches=2",
 ]  # fmt: skip
 
@@ -95,14 +95,6 @@ def assert_thr_reweighted(history) -> list[int]:
     dominant = {m.step: m.value for m in history["train/thr/dominant_frac"]}
     assert all(dominant[step] > 0 for step in scored), dominant
     return scored
-
-
-def callback_param(run, class_name: str, arg: str) -> str:
-    """The logged init arg of the configured callback of that class (params are flattened by list index)."""
-    params = run.data.params
-    (index,) = [k.split(".")[2] for k, v in params.items()
-                if k.startswith("trainer.callbacks.") and k.endswith(".class_path") and v.endswith(class_name)]  # fmt: skip
-    return params[f"trainer.callbacks.{index}.init_args.{arg}"]
 
 
 def two_batch_run(tmp_path: Path, model_dir: Path, preset: str, pieces: Sequence[str] = ()):
@@ -207,8 +199,7 @@ def test_dapo_rounds_running_out_stop_the_run_with_one_error_line(tmp_path, tiny
 
 
 THR_ON_GSPO_TOKEN = [
-    "--trainer.callbacks+=rlvr_lightning.callbacks.attribution.THRAttribution",
-    "--trainer.callbacks.p=-0.2",
+    "--model.init_args.shapers.thr.p=-0.2",
     "--model.init_args.num_mini_batches=2",
 ]  # the README's example, with two prompts per mini-batch for the 4-prompt test batch
 
@@ -221,7 +212,7 @@ THR_ON_GSPO_TOKEN = [
 def test_thr_presets_two_step_fit(tmp_path, quick_warm_start, algo, extra, p):
     _, model_dir = quick_warm_start
     run, history = two_batch_run(tmp_path, model_dir, algo, extra)
-    assert float(callback_param(run, "THRAttribution", "p")) == p
+    assert float(run.data.params["model.init_args.shapers.thr.p"]) == p
     for key in ("train/thr/dominant_frac", "train/thr/positive_frac", "train/thr/abs_p90",
                 "train/thr/abs_entropy_spearman", "time/attribution"):  # fmt: skip
         assert key in history, key
@@ -243,7 +234,7 @@ def test_oar_presets_two_step_fit(tmp_path, quick_warm_start):
         run_dir = tmp_path / algo
         run_dir.mkdir()
         run, history = two_batch_run(run_dir, model_dir, algo)
-        assert callback_param(run, "OARAttribution", "method") == ("gradient" if algo == "oar-g" else "perturbation")
+        assert run.data.params["model.init_args.shapers.oar.method"] == ("gradient" if algo == "oar-g" else "perturbation")
         for key in ("train/oar/weight_p50", "train/oar/suppressed_frac", "train/oar/boosted_frac",
                     "train/oar/no_answer_span_frac", "time/attribution"):  # fmt: skip
             assert [m.step for m in history[key]] == [0, 1], key

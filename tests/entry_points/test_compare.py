@@ -13,10 +13,11 @@ def fake_store(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = mlflow.tracking.MlflowClient(tracking_uri=uri)
     exp = client.create_experiment("rlvr_lightning", artifact_location=str(tmp_path / "artifacts"))
-    for name, slope, shaper in (("grpo", 0.001, None), ("thr", 0.002, "rlvr_lightning.callbacks.attribution.THRAttribution")):
+    for name, slope, shaper in (("grpo", 0.001, None), ("thr", 0.002, "model.init_args.shapers.thr.p")):
         run = client.create_run(exp, run_name=name, tags={"algorithm": "GRPO"})
+        client.log_param(run.info.run_id, "model.init_args.shapers.thr", "None")  # how the CLI logs a shaper left off
         if shaper:
-            client.log_param(run.info.run_id, "trainer.callbacks.3.class_path", shaper)
+            client.log_param(run.info.run_id, shaper, "0.2")
         for step in range(20):
             client.log_metric(run.info.run_id, "train/accuracy", 0.1 + slope * step, step=step)
             client.log_metric(run.info.run_id, "time/step", 1.0, step=step)

@@ -37,11 +37,8 @@ TRAINER_ATTRS = (
     "limit_val_batches",
     "precision",
 )
-# Presets whose name promises a token-attribution callback: the preset must configure it.
-ATTRIBUTION_BY_PREFIX = {
-    "thr": "rlvr_lightning.callbacks.attribution.THRAttribution",
-    "oar": "rlvr_lightning.callbacks.attribution.OARAttribution",
-}
+# Presets whose name promises an advantage shaper: the preset must configure it (`model.init_args.shapers.<key>`).
+SHAPER_BY_PREFIX = {"thr": "thr", "oar": "oar"}
 
 
 class _NoMLflow:
@@ -247,12 +244,13 @@ def test_preset_instantiates_without_training(preset, offline):
     assert not problems, "\n".join(problems)
     assert cli.model.policy is None and cli.model.ref_policy is None  # no model was built or loaded
 
-    # The callbacks: base's, then the preset's `callbacks+`; attribution presets have their attribution.
+    # The callbacks: base's, then the preset's `callbacks+`. THR and OAR presets have their shaper, built with the step.
     problems = callback_mismatches(cli.trainer.callbacks, want["callbacks"])
     assert not problems, "\n".join(problems)
-    for prefix, class_path in ATTRIBUTION_BY_PREFIX.items():
-        configured = [c["class_path"] for c in want["callbacks"]]
-        assert (class_path in configured) == preset.stem.startswith(prefix), (prefix, configured)
+    shapers = want["model"].get("init_args", {}).get("shapers") or {}
+    for prefix, key in SHAPER_BY_PREFIX.items():
+        assert (shapers.get(key) is not None) == preset.stem.startswith(prefix), (prefix, shapers)
+        assert (getattr(cli.model.settings.shapers, key) is not None) == preset.stem.startswith(prefix), prefix
     assert sum(isinstance(c, MLflowSaveConfig) for c in cli.trainer.callbacks) == 1
     assert [type(c).__name__ for c in cli.trainer.callbacks if isinstance(c, ProgressBar)] == ["RolloutProgressBar"]
 
@@ -306,17 +304,35 @@ def test_hparam_check_catches_a_value_that_differs_from_the_preset():
 
 
 def test_callback_check_catches_a_changed_missing_or_extra_callback():
-    thr, grpo = REPO / "configs" / "algo" / "thr.yaml", REPO / "configs" / "algo" / "grpo.yaml"
-    thr_specs, grpo_specs = merged(load(thr))["callbacks"], merged(load(grpo))["callbacks"]
-    changed = make_cli("thr", thr, overrides=("--trainer.callbacks.p", "0.5"))  # the last callback: THR's p
-    assert callback_mismatches(changed.trainer.callbacks, thr_specs) == ["THRAttribution.p: config 0.2, callback 0.5"]
-    plain, attributed = make_cli("grpo", grpo), make_cli("thr", thr)
-    assert callback_mismatches(plain.trainer.callbacks, thr_specs) == [
-        "rlvr_lightning.callbacks.attribution.THRAttribution: not instantiated"
-    ]
-    assert callback_mismatches(attributed.trainer.callbacks, grpo_specs) == [
-        "callbacks not in the config: ['THRAttribution']"
-    ]
+    grpo = REPO / "configs" / "algo" / "grpo.yaml"
+    specs = merged(load(grpo))["callbacks"]
+    callbacks = make_cli("grpo", grpo).trainer.callbacks
+    assert callback_mismatches(callbacks, specs) == []
+    evaluation = {**specs[0], "init_args": {**specs[0]["init_args"], "every_n_steps": 41}}
+    assert callback_mismatches(callbacks, [evaluation, *specs[1:]]) == ["Evaluation.every_n_steps: config 41, callback 40"]
+    export = {"class_path": "rlvr_lightning.callbacks.export.HFExport"}
+    assert callback_mismatches(callbacks, [*specs, export]) == ["rlvr_lightning.callbacks.export.HFExport: not instantiated"]
+    assert callback_mismatches(callbacks, specs[:-1]) == ["callbacks not in the config: ['RunSummary']"]
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("rlvr_lightning.callbacks.attribution.THRAttribution", "--model.init_args.shapers.thr.<option>"),
+     ("rlvr_lightning.callbacks.attribution.OARAttribution", "--model.init_args.shapers.oar.<option>"),
+     ("rlvr_lightning.callbacks.reward.RewardVerifier", "--model.init_args.rewards.verifier.<option>")],
+    ids=["thr", "oar", "verifier"],
+)  # fmt: skip
+def test_a_stage_given_as_a_callback_is_one_line_naming_its_section(old, new, tmp_path, capsys):
+    """THR, OAR and the reward verifier were callbacks; now they are the module's sections."""
+    args = [
+        "fit", "--config", str(BASE), "--config", str(REPO / "configs" / "algo" / "grpo.yaml"),
+        f"--trainer.callbacks+={old}", "--trainer.logger.init_args.tracking_uri", f"sqlite:///{tmp_path}/mlflow.db",
+        "--data.model_name_or_path", str(tmp_path / "no_model"),
+    ]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and new in err[0], err[-20:]
 
 
 # ---- the run's name and tags: the preset, and the pieces it changes --------------------------------------
@@ -423,7 +439,7 @@ def test_invalid_preset_fails_at_parse_time_naming_the_key(case, capsys, tmp_pat
 CONSTRUCTOR_REJECTS = {
     "module": ("grpo", lambda c: c["model"]["init_args"].update(num_mini_batches=0), "model.num_mini_batches"),
     "rollout": ("grpo", lambda c: c.setdefault("rollout", {}).update(group_size=1), "rollout.group_size must be ≥ 2"),
-    "callback": ("thr", lambda c: c["trainer"]["callbacks+"][0]["init_args"].update(p=2.0), "THRAttribution.p=2.0"),
+    "shaper": ("thr", lambda c: c["model"]["init_args"]["shapers"]["thr"].update(p=2.0), "model.shapers.thr.p=2.0"),
 }
 
 

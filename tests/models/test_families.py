@@ -23,10 +23,10 @@ from rlvr_lightning.models.embedded import TinyQwen2Spec, build_char_tokenizer, 
 from rlvr_lightning.models.embedded_task import train_test_split
 from rlvr_lightning.models.families import FAMILIES, build_tiny, family_policy
 from rlvr_lightning.models.warm_start import WarmStartConfig
-from tests.attribution.test_thr import no_correct_in_group_1, thr_update
 from tests.conftest import REPO
-from tests.e2e.test_presets import callback_param, finished_run, preset_args
+from tests.e2e.test_presets import finished_run, preset_args
 from tests.entry_points.test_cli import run_cli
+from tests.shapers.test_thr import no_correct_in_group_1, thr_update
 
 ARCHITECTURE = {"llama": "LlamaForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 TIED = {"llama": False, "gemma3": True}
@@ -199,7 +199,7 @@ OAR_KEYS = ("oar/scored", "oar/no_answer_span_frac", "oar/weight_p50", "oar/weig
 @pytest.mark.e2e
 def test_grpo_with_thr_and_oar_g_trains_the_family_end_to_end(tmp_path, monkeypatch, family, warm_policy):
     """Two GRPO steps with THR and OAR-G through the CLI, as a user composes the presets (`oar-g.yaml`
-    then `thr.yaml`: their callbacks append, THR's GRPO settings win, so the KL reference is loaded
+    then `thr.yaml`: their shapers sections merge, THR's GRPO settings win, so the KL reference is loaded
     too), on the family's warm start and its four problems. Every weight sync is probed (engine and
     trainer log-probs of one completion must agree, and move together). lr 1e-3, not the presets'
     3e-5: a step that large makes a weight the sync misses show in the engine's log-probs (at 3e-5,
@@ -221,10 +221,8 @@ def test_grpo_with_thr_and_oar_g_trains_the_family_end_to_end(tmp_path, monkeypa
     assert proc.returncode == 0, proc.stderr[-4000:]
     run, history = finished_run(tmp_path, name)
     assert run.data.tags["algorithm"] == "GRPO" and run.data.params["model.init_args.kl_coef"] == "0.001"
-    assert (
-        callback_param(run, "OARAttribution", "method") == "gradient"
-        and callback_param(run, "THRAttribution", "p") == "0.2"
-    )
+    params = run.data.params  # the two presets' shapers sections merge: OAR-G's and THR's options both hold
+    assert params["model.init_args.shapers.oar.method"] == "gradient" and params["model.init_args.shapers.thr.p"] == "0.2"
 
     def values(key: str) -> list[float]:
         assert [m.step for m in history[f"train/{key}"]] == [0, 1], key

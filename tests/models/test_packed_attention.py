@@ -201,11 +201,11 @@ def test_the_varlen_kernel_gets_transformers_window_and_grouped_heads(window, kv
 
 def module_cases():
     from rlvr_lightning.algos import GRPO, REAL
-    from rlvr_lightning.callbacks.attribution import THRAttribution
-    from tests.attribution.test_thr import with_thr
+    from rlvr_lightning.shapers.settings import THRSettings
+    from tests.shapers.test_thr import with_thr
     from tests.support.update_harness import attach
 
-    thr = lambda d, rows: with_thr(GRPO, d, THRAttribution(p=0.3, threshold="all"), compute=ComputeSettings(micro_batch_size=rows))  # noqa: E731
+    thr = lambda d, rows: with_thr(GRPO, d, THRSettings(p=0.3, threshold="all"), compute=ComputeSettings(micro_batch_size=rows))  # noqa: E731
     return {  # (the module, its token budget: the real tokens of about three sequences, or None: rows)
         # θ_old and the reference from the separate pass (two mini-batches), truncated IS on the engine's log-probs.
         "grpo-kl-tis": (

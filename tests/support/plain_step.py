@@ -67,13 +67,13 @@ class PlainRun:
 def plain_step(
     algorithm: type,
     model_dir: str,
-    shapers: tuple = (),
     batch_size: int = 4,
     rollout: RolloutSettings | None = None,
     **args: Any,
 ) -> PlainRun:
     """`algorithm`'s step (an `RLVRModule` class: its defaults, with `args` over them) on the model in `model_dir`
-    and the embedded task, with `shapers` (THR, OAR), scored as `args`' `rewards` section says (math-verify by default),
+    and the embedded task, shaped as `args`' `shapers` section says (THR, OAR), scored as its `rewards` section says
+    (math-verify by default),
     generating with the HF engine unless `rollout` says otherwise."""
     rollout = rollout or RolloutSettings(group_size=4, max_response_length=12, engine="hf", temperature=1.0)
     settings = StepSettings.of_config({"class_path": f"{algorithm.__module__}.{algorithm.__name__}", "init_args": args})
@@ -92,7 +92,7 @@ def plain_step(
         )
     )  # fmt: skip
     step = build_training_step(
-        settings, algorithm.step_algorithm(settings.args, rollout, batch_size), rollout, batch_size, session, shapers, check=True
+        settings, algorithm.step_algorithm(settings.args, rollout, batch_size), rollout, batch_size, session, check=True
     )
     optim = settings.optim
     configured = adamw_with_schedule(

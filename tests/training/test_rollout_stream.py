@@ -276,9 +276,7 @@ def _real():
 
 
 def _thr():
-    from rlvr_lightning.callbacks.attribution import THRAttribution
-
-    return {"callbacks": [THRAttribution(p=0.5)]}  # p = 0 would be the base algorithm, not scored
+    return {"shapers": {"thr": {"p": 0.5}}}  # p = 0 would be the base algorithm, not scored
 
 
 def _lora():

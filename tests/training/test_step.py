@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from rlvr_lightning.algos import DAPO, GRPO, REAL
-from rlvr_lightning.callbacks.attribution import THRAttribution
 from rlvr_lightning.data.datamodule import RolloutDataModule
 from rlvr_lightning.rewards.settings import RewardSettings
 from rlvr_lightning.rollout.settings import RolloutSettings
@@ -47,7 +46,7 @@ def lightning_objects_reachable(root) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("algorithm", "shapers"), [(GRPO, (THRAttribution(p=0.2),)), (DAPO, ()), (REAL, ())], ids=["grpo-thr", "dapo", "real"]
+    ("algorithm", "shapers"), [(GRPO, {"thr": {"p": 0.2}}), (DAPO, {}), (REAL, {})], ids=["grpo-thr", "dapo", "real"]
 )
 def test_a_step_is_built_and_trains_without_a_trainer(algorithm, shapers, quick_warm_start):
     """GRPO with THR, DAPO (dynamic sampling over mixed groups) and REAL (whose group-level loss takes no token

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from rlvr_lightning.callbacks.attribution import THRAttribution
 from rlvr_lightning.context import AdvantageShaper
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.rollout.settings import RolloutSettings
@@ -21,13 +20,16 @@ def settings(**args) -> StepSettings:
     return StepSettings.of_config({"class_path": "rlvr_lightning.algos.GRPO", "init_args": args})
 
 
-def build(step_settings, shapers=(), environment=None, check=True, batch_size=4):
-    return build_training_step(step_settings, StepAlgorithm(), ROLLOUT, batch_size, EngineSession(), shapers,
-                               environment=environment, check=check)  # fmt: skip
+def build(step_settings, environment=None, check=True, batch_size=4, sharded_ranks=False):
+    return build_training_step(step_settings, StepAlgorithm(), ROLLOUT, batch_size, EngineSession(),
+                               environment=environment, sharded_ranks=sharded_ranks, check=check)  # fmt: skip
 
 
 class WeighsInserted(AdvantageShaper):
     """A shaper that would weigh an environment's inserted tokens too."""
+
+
+INSERTED = {"custom": [{"name": f"{__name__}.WeighsInserted"}]}
 
 
 def test_the_step_has_its_settings_layout_and_a_streak_of_its_own():
@@ -38,11 +40,18 @@ def test_the_step_has_its_settings_layout_and_a_streak_of_its_own():
 
 
 def test_in_an_environment_a_shaper_that_weighs_inserted_tokens_is_refused_when_checked():
-    with pytest.raises(ConfigError, match=r"^data.tool with WeighsInserted: it does not leave the inserted tokens out"):
-        build(settings(), [WeighsInserted()], environment="data.tool")
-    build(settings(), [THRAttribution(p=0.2)], environment="data.tool")  # THR weighs the sampled tokens only
-    build(settings(), [WeighsInserted()])  # no environment: nothing is inserted
-    build(settings(), [WeighsInserted()], environment="data.tool", check=False)  # built unchecked outside a run
+    with pytest.raises(ConfigError, match=r"^data.tool with model.shapers.custom=\S+WeighsInserted: it does not leave"):
+        build(settings(shapers=INSERTED), environment="data.tool")
+    build(settings(shapers={"thr": {"p": 0.2}, "oar": {}}), environment="data.tool")  # they weigh sampled tokens only
+    build(settings(shapers=INSERTED))  # no environment: nothing is inserted
+    build(settings(shapers=INSERTED), environment="data.tool", check=False)  # built unchecked outside a run
+
+
+def test_a_shaper_whose_forwards_differ_between_ranks_is_refused_on_a_sharded_policy():
+    with pytest.raises(ConfigError, match=r"^model.shapers.oar does not support a policy sharded over several ranks"):
+        build(settings(shapers={"oar": {}}), sharded_ranks=True)
+    build(settings(shapers={"thr": {"p": 0.2}}), sharded_ranks=True)  # THR's forwards are the update's own
+    build(settings(shapers={"oar": {}}))  # one rank, or DDP
 
 
 def test_the_runs_checks_run_when_asked():
