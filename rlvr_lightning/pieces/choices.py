@@ -9,7 +9,8 @@ A flag `.knobs.<knob>` adds to the knobs a config file gave; a config file's `kn
 algorithm class sets its paper's defaults in the same form (DAPO's `policy_loss`). In Python a bare name works too:
 `GRPO(policy_loss="gspo")` is gspo at its own defaults: a choice given whole replaces the class's default choice,
 knobs included (`GSPO(policy_loss="gspo-token")` runs at 0.2/0.2, not GSPO's 3e-4/4e-4; give them with the name).
-A piece that runs inside another (on-policy distillation's `opd_reward`) runs at its own defaults.
+A piece that runs inside another (on-policy distillation's `opd_reward`) takes its knobs from a knob of that other
+(`advantage_estimator: {name: opd, knobs: {opd_reward: pass-at-k, opd_reward_knobs: {pass_at_k: 2}}}`).
 """
 
 from __future__ import annotations

@@ -117,8 +117,9 @@ advantage_estimators = Registry(
     "fn(AdvantageInputs, *, knobs) → sequence advantages [N] or token advantages [N, T], or (advantages, "
     "statistics {name: float})",
     # teacher: reads `AdvantageInputs.distillation` (the run needs `model.teacher`) and returns token advantages.
-    # wraps: the knob naming another estimator it runs inside it, bound (`Piece.wrapped`); wraps_in: its registry.
-    traits={"teacher": False, "wraps": None, "wraps_in": None},
+    # wraps: the knob naming another estimator it runs inside it, bound (`Piece.wrapped`); wraps_in: its registry;
+    # wraps_knobs: the knob holding that estimator's knobs.
+    traits={"teacher": False, "wraps": None, "wraps_in": None, "wraps_knobs": None},
 )
 policy_losses = Registry(
     "policy loss",

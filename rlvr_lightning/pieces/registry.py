@@ -88,11 +88,17 @@ class Piece:
 
     def wrapped(self, given: Mapping[str, Any] | None = None) -> Piece | None:
         """The piece of its kind this one runs inside it, named by its knob `traits["wraps"]` (on-policy
-        distillation's `opd_reward`), or None. That piece runs, and is checked, with its own defaults."""
+        distillation's `opd_reward`), or None. That piece runs, and is checked, with `wrapped_knobs`."""
         knob = self.traits.get("wraps")
         if knob is None:
             return None
         return self.traits["wraps_in"].get(self.knob_values(given)[knob])
+
+    def wrapped_knobs(self, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The knobs of the piece it wraps, from its knob `traits["wraps_knobs"]` (`opd_reward_knobs`); {} (that
+        piece's defaults) when none are given."""
+        knob = self.traits.get("wraps_knobs")
+        return dict(self.knob_values(given).get(knob) or {}) if knob else {}
 
     def bind(self, given: Mapping[str, Any] | None = None, fn: Callable | None = None) -> Callable:
         """Its function (or `fn`, one of its function traits) with its knobs fixed from `given` (the config's
@@ -102,7 +108,7 @@ class Piece:
         target = self.fn if fn is None else fn
         bound = partial(target, **self.declared.of_function(target, values))
         inner = self.wrapped(given) if fn is None else None
-        return bound if inner is None else partial(bound, **{WRAPPED: inner.bind()})
+        return bound if inner is None else partial(bound, **{WRAPPED: inner.bind(self.wrapped_knobs(given))})
 
     def check_knobs(self, given: Mapping[str, Any] | None = None, run: Mapping[str, Any] | None = None) -> None:
         """Run the piece's `check` on its knobs; one that names a run setting only when `run` gives it.

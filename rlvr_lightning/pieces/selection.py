@@ -11,13 +11,13 @@ from rlvr_lightning.pieces.registry import Piece, chosen_knobs, chosen_name
 
 def selected_pieces(values: Mapping[str, Any]) -> dict[str, tuple[Piece, Mapping[str, Any]]]:
     """The piece of each kind and the knobs the config gives it, by its config key (`policy_loss`), and each piece
-    one of them wraps, by the knob that names it (`opd_reward`), with its own defaults: it runs, and is checked, as
-    a selected piece."""
+    one of them wraps, by the knob that names it (`opd_reward`), with the knobs given for it (`opd_reward_knobs`): it
+    runs, and is checked, as a selected piece."""
     pieces = {registry.key: (registry.selected(values), chosen_knobs(values[registry.key])) for registry in KINDS}
     for piece, knobs in list(pieces.values()):
         inner = piece.wrapped(knobs)
         if inner is not None:
-            pieces[piece.traits["wraps"]] = (inner, {})
+            pieces[piece.traits["wraps"]] = (inner, piece.wrapped_knobs(knobs))
     return pieces
 
 

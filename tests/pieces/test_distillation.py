@@ -76,8 +76,31 @@ def test_the_rewards_estimator_runs_with_its_own_defaults_and_checks():
         for piece, knobs in selected_pieces(h).values():  # as the run's check does at fit start
             piece.check_knobs(knobs, {"group_size": 2, "max_response_length": 8})
     with pytest.raises(ConfigError, match=r"^model.advantage_estimator=opd does not read the knob 'pass_at_k'; its knobs: "
-                                          r"opd_reward, opd_coef, opd_clip "):  # fmt: skip
+                                          r"opd_reward, opd_coef, opd_clip, opd_reward_knobs "):  # fmt: skip
         GRPO(advantage_estimator={"name": "opd", "knobs": {"opd_reward": "pass-at-k", "pass_at_k": 2}}, teacher=teacher)
+
+
+def test_the_rewards_estimator_runs_with_the_knobs_given_for_it():
+    """`opd_reward_knobs` are the wrapped estimator's knobs: it runs, is recorded and is checked with them; a knob it
+    does not read is one error line naming it."""
+    from rlvr_lightning.pieces.selection import knobs_run_with, selected_pieces
+
+    teacher = {"model_name_or_path": "embedded"}
+    chosen = {"name": "opd", "knobs": {"opd_reward": "pass-at-k", "opd_reward_knobs": {"pass_at_k": 2}}}
+    h = GRPO(advantage_estimator=chosen, teacher=teacher).hparams
+    rewards, logp, mask = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]), torch.zeros(8, 3), torch.ones(8, 3)
+    adv, _ = advantage_estimators.bound(h)(AdvantageInputs(rewards, rewards, 8, distillation=DistillationInputs(logp, logp, mask)))
+    direct = {k: advantage_estimators.get("pass-at-k").fn(AdvantageInputs(rewards, rewards, 8), pass_at_k=k) for k in (2, 4)}
+    assert not torch.equal(direct[2], direct[4]) and torch.equal(adv, direct[2][:, None] * mask)  # k = 2, not its default 4
+    piece, knobs = selected_pieces(h)["opd_reward"]
+    assert piece.name == "pass-at-k" and knobs == {"pass_at_k": 2}
+    for piece, knobs in selected_pieces(h).values():  # k = 2 ≤ G = 2: the run's check passes
+        piece.check_knobs(knobs, {"group_size": 2, "max_response_length": 8})
+    assert knobs_run_with(h)["advantage_estimator"]["knobs"]["opd_reward_knobs"] == {"pass_at_k": 2}
+    with pytest.raises(ConfigError, match=r"^model.advantage_estimator=opd: opd_reward_knobs: pass-at-k does not read the "
+                                          r"knob 'k'; its knobs: pass_at_k"):  # fmt: skip
+        GRPO(advantage_estimator={"name": "opd", "knobs": {"opd_reward": "pass-at-k", "opd_reward_knobs": {"k": 2}}},
+             teacher=teacher)  # fmt: skip
 
 
 @pytest.mark.parametrize(
