@@ -67,11 +67,11 @@ def load_history(client, run, columns=TABLE_METRICS) -> RunHistory:
     for key in keys:
         points = client.get_metric_history(run.info.run_id, key)
         history[key] = sorted((m.step, m.value) for m in points)
-    # The module class, the pieces the run changed from its preset's (the CLI's `changed_pieces` tag, also in
-    # the run's name), and the advantage shapers the run gave options (`model.init_args.shapers.thr.p`).
-    shapers = [key.upper() for key in ("thr", "oar") if any(k.startswith(f"model.init_args.shapers.{key}.") for k in run.data.params)]
-    changed = [c for c in run.data.tags.get("changed_pieces", "").split("+") if c]
-    algorithm = "+".join([run.data.tags.get("algorithm", "?"), *changed, *shapers])
+    # The module class, then what the run changed from its preset's and the parts it has (the CLI's `changes` and
+    # `parts` tags, `run_naming.run_identity`): `GRPO+policy_loss=gspo+reward=boxed_bonus+shaper=thr`.
+    tags = run.data.tags
+    labels = [c for key in ("changes", "parts") for c in tags.get(key, "").split("+") if c]
+    algorithm = "+".join([tags.get("algorithm", "?"), *dict.fromkeys(labels)])
     seconds = (run.info.end_time - run.info.start_time) / 1000 if run.info.end_time else math.nan
     commit, warm_start = run.data.tags.get("git_commit"), run.data.tags.get("warm_start_sha256")
     return RunHistory(run.info.run_name, run.info.run_id, run.info.status, algorithm, history, seconds, commit, warm_start)

@@ -61,8 +61,11 @@ def summary_lines(trainer: L.Trainer, module) -> list[str]:
     ]
     if logger is not None:
         client, run_id = logger.experiment, logger.run_id
+        data = client.get_run(run_id).data
+        if parts := data.tags.get("parts"):  # reward functions, shapers, environment or tool, teacher (`cli.run_naming`)
+            lines.append("  parts: " + parts.replace("+", ", "))
         pass_keys = sorted(
-            (k for k in client.get_run(run_id).data.metrics if k.startswith("val/pass_at_") and not k.endswith("_se")),
+            (k for k in data.metrics if k.startswith("val/pass_at_") and not k.endswith("_se")),
             key=lambda k: int(k.rsplit("_", 1)[1]),
         )
         rows = HELD_OUT + [(f"pass@{k.rsplit('_', 1)[1]}", k, f"{k}_se") for k in pass_keys if k != "val/pass_at_1"]

@@ -27,6 +27,7 @@ from rlvr_lightning.cli.checkpoint_resume import describe_changes, read_resume_p
 from rlvr_lightning.cli.config_logging import MLflowSaveConfig
 from rlvr_lightning.cli.default_progress_bar import use_rollout_progress_bar
 from rlvr_lightning.cli.error_lines import constructor_error_line, parse_error_line, user_error_behind
+from rlvr_lightning.cli.input_checks import check_inputs
 from rlvr_lightning.cli.mlflow_resume import reopen_checkpoint_run
 from rlvr_lightning.cli.option_hints import option_hint
 from rlvr_lightning.cli.run_length import resolve_run_length
@@ -143,8 +144,10 @@ class RLVRCLI(LightningCLI):
 
     def after_instantiate_classes(self) -> None:
         super().after_instantiate_classes()
-        # After every constructor's own checks, before any weights, engine or process group.
+        # After every constructor's own checks, before any weights, engine or process group: what the run reads from
+        # outside (data, models, reward functions), then its memory plan; no MLflow run exists yet.
         if self.subcommand == "fit":
+            check_inputs(self.config["fit"])
             preflight(self.config["fit"])
         init = self.config_init[self.subcommand] if self.subcommand else self.config_init
         for name in ("watchdog", "stop"):  # every run is watched and stops on a signal (`--watchdog.*`, `--stop.*`)

@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import numbers
 import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from rlvr_lightning.models.hub import hub_problem, looks_like_path
 from rlvr_lightning.models.tasks import EMBEDDED_TASKS
 from rlvr_lightning.rewards.extraction import normalize_gold
 
@@ -27,12 +27,6 @@ SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".parquet")
 PROBLEM_FIELDS = ("problem", "question", "prompt", "query", "input")
 ANSWER_FIELDS = ("answer", "final_answer", "solution", "target", "output")
 ID_FIELDS = ("id", "unique_id", "idx", "problem_id")
-
-# Endings that only a file name has: such a string is never a hub dataset name, so when it does not
-# exist we report "not found" rather than making a (slow, confusing, possibly offline) hub request.
-_FILE_SUFFIXES = SUPPORTED_EXTENSIONS + (".csv", ".tsv", ".txt", ".arrow", ".gz", ".zst", ".bz2", ".xz")
-# Hub ids are "name" or "owner/name". On POSIX os.sep is "/", so one "/" alone cannot mean "path".
-_HF_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
 @dataclass(frozen=True)
@@ -101,12 +95,9 @@ def load_problems(
         elif suffix == ".parquet":
             rows = _iter_parquet(path)
         else:
-            raise DataSourceError(
-                f"unsupported data file type {suffix or '(no extension)'!r}: {path}; "
-                f"supported: {', '.join(SUPPORTED_EXTENSIONS)} or a Hugging Face dataset name"
-            )
+            raise DataSourceError(unsupported_file(path))
         source_name = path.stem
-    elif _looks_like_path(source):
+    elif looks_like_path(source):
         raise DataSourceError(f"data file not found: {source}")
     else:
         rows, source_name = _iter_hf(source, split, hf_config, limit, is_dir=False), f"{source}/{split}"
@@ -122,12 +113,31 @@ def load_problems(
 # Each reader yields (where, row): `where` locates the row for error messages ("file, line 3").
 
 
-def _looks_like_path(source: str) -> bool:
-    if Path(source).suffix.lower() in _FILE_SUFFIXES:
-        return True
-    if source.startswith((".", "~", "/")) or "\\" in source:  # relative/absolute/home, or a Windows path
-        return True
-    return source.count("/") > 1 or not _HF_NAME.fullmatch(source)
+def unsupported_file(path: Path) -> str:
+    suffix = path.suffix.lower()
+    return (f"unsupported data file type {suffix or '(no extension)'!r}: {path}; "
+            f"supported: {', '.join(SUPPORTED_EXTENSIONS)} or a Hugging Face dataset name")  # fmt: skip
+
+
+def check_source(source: str | os.PathLike[str] | None, option: str) -> None:
+    """Before any work, one line for a data source `load_problems` could not read: a file that does not exist or
+    whose type it does not read, or a hub dataset name on a machine that is offline without a cached copy. An
+    embedded task, a directory and a hub name the machine can reach pass (their contents are read later)."""
+    if source is None or str(source) in EMBEDDED_TASKS:
+        return
+    source = os.fspath(source)
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return
+    if path.is_file():
+        if path.suffix.lower() not in SUPPORTED_EXTENSIONS:
+            raise DataSourceError(f"{option}: {unsupported_file(path)}")
+        return
+    if looks_like_path(source):
+        raise DataSourceError(f"{option}: data file not found: {source}")
+    problem = hub_problem(source, "dataset")
+    if problem is not None:
+        raise DataSourceError(f"{option}: {problem}")
 
 
 def _decode(raw: bytes, where: str) -> str:

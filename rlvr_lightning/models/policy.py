@@ -3,13 +3,13 @@ tokenizer that goes with them."""
 
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 
 import torch
 
 from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.models.hub import hub_problem, looks_like_path
 from rlvr_lightning.models.lora import BaseModelView, LoraSettings, apply_lora
 from rlvr_lightning.parallel import checkpoint_layers, shard_policy
 
@@ -66,11 +66,26 @@ def load_frozen(path: str, mesh=None, param_dtype: str = "float32") -> torch.nn.
     return model
 
 
+def check_model_source(name_or_path: str, option: str = "data.model_name_or_path") -> None:
+    """Before any work, one line for a model the run could not load: a local directory that does not exist or holds
+    no `config.json`, or a hub model id on a machine that is offline without a cached copy. An embedded name
+    (`models.warm_start.EMBEDDED_WARM_STARTS`, resolved before this) and a hub id the machine can reach pass."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{option}={name_or_path}: not a Hugging Face model directory (it has no config.json)")
+        return
+    if path.exists() or looks_like_path(name_or_path):
+        raise ConfigError(f"{option}: model directory does not exist: {name_or_path}")
+    problem = hub_problem(name_or_path, "model")
+    if problem is not None:
+        raise ConfigError(f"{option}: {problem}")
+
+
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
-    if os.sep in path and not Path(path).exists():
-        raise ConfigError(f"data.model_name_or_path: model directory does not exist: {path}")
+    check_model_source(path)
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as err:

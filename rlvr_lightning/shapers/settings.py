@@ -6,7 +6,9 @@ token advantages before the update, each off unless given.
       oar: {method: gradient}                            # --model.init_args.shapers.oar.method gradient
       custom: [{name: my_pkg.MyShaper, knobs: {a: 1}}]   # your `AdvantageShaper` subclass and its arguments
 
-`--model.init_args.shapers.thr null` turns a preset's THR off. The shapers' weights multiply (docs/algorithms.md).
+`--model.init_args.shapers '{thr: null}'` turns a preset's THR off (the section's mapping form: once a config file has
+set THR, jsonargparse reads `--model.init_args.shapers.thr null` as a class path). The shapers' weights multiply
+(docs/algorithms.md).
 """
 
 from __future__ import annotations

@@ -20,10 +20,15 @@ def test_the_documented_reward_functions_and_environment_train_and_log_each_term
     # Room for a first answer, the hint (29 characters: tokens here) and a second. The HF engine: an environment on
     # vLLM is tests/e2e/test_tool_run.py's, and the HF engine starts in a fraction of vLLM's time.
     args = [*preset_args(tmp_path, "grpo", model_dir, max_response_length=96), "--rollout_batches", "2",
-            "--data.val_data", "null", "--rollout.engine", "hf"]  # fmt: skip
+            "--data.val_data", "null", "--rollout.engine", "hf", "--trainer.logger.init_args.run_name", "null"]  # fmt: skip
     proc = run_cli([*args, *EXAMPLE, *ENVIRONMENT], tmp_path, pythonpath=(REPO / "docs" / "examples",))
     assert proc.returncode == 0, proc.stderr[-4000:]
-    run, history = finished_run(tmp_path, "grpo")
+    # The run is named and tagged after what it adds to the preset, and its closing summary lists it.
+    name = "grpo+reward=brevity+reward=shows_work+env=SecondChance"
+    run, history = finished_run(tmp_path, name)
+    assert run.data.tags["parts"] == "reward=brevity+reward=shows_work+env=SecondChance"
+    assert f"rlvr_lightning: {name} (GRPO), 2 rollout batches" in proc.stdout
+    assert "  parts: reward=brevity, reward=shows_work, env=SecondChance" in proc.stdout
     assert run.data.params["data.environment.class_path"] == "my_environment.SecondChance"
     last = {k: v[-1].value for k, v in history.items()}
     assert 0 < last["train/reward_brevity_mean"] <= 1 and "train/reward_shows_work_steps" in last

@@ -401,7 +401,7 @@ def test_a_researchers_own_loss_and_estimator_train_and_name_the_run(tmp_path, t
     (run,) = client.search_runs([client.get_experiment_by_name("rlvr_lightning").experiment_id])
     assert run.info.run_name == name and run.info.status == "FINISHED"
     tags, params = run.data.tags, run.data.params
-    assert tags["preset"] == "grpo" and tags["changed_pieces"] == "advantage_estimator=centred+policy_loss=plain-ratio"
+    assert tags["preset"] == "grpo" and tags["changes"] == "advantage_estimator=centred+policy_loss=plain-ratio"
     assert tags["piece.advantage_estimator"] == "centred" and tags["piece.policy_loss"] == "plain-ratio"
     assert params["model.init_args.advantage_estimator.name"] == "centred" and params["imports"] == "my_rl_pieces"
     assert params["model.init_args.advantage_estimator.knobs.centred_scale"] == "0.5"
@@ -418,7 +418,7 @@ def test_make_compare_keeps_a_run_with_other_pieces_apart_from_the_presets(tmp_p
     client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     exp = client.create_experiment("rlvr_lightning", artifact_location=str(tmp_path / "artifacts"))
     for name, changed in (("grpo", None), ("grpo+policy_loss=plain-ratio", "policy_loss=plain-ratio")):
-        tags = {"algorithm": "GRPO", "preset": "grpo", **({"changed_pieces": changed} if changed else {})}
+        tags = {"algorithm": "GRPO", "preset": "grpo", **({"changes": changed} if changed else {})}
         run = client.create_run(exp, run_name=name, tags=tags)
         client.log_metric(run.info.run_id, "train/accuracy", 0.5, step=0)
         client.set_terminated(run.info.run_id)

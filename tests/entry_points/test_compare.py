@@ -13,11 +13,8 @@ def fake_store(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = mlflow.tracking.MlflowClient(tracking_uri=uri)
     exp = client.create_experiment("rlvr_lightning", artifact_location=str(tmp_path / "artifacts"))
-    for name, slope, shaper in (("grpo", 0.001, None), ("thr", 0.002, "model.init_args.shapers.thr.p")):
-        run = client.create_run(exp, run_name=name, tags={"algorithm": "GRPO"})
-        client.log_param(run.info.run_id, "model.init_args.shapers.thr", "None")  # how the CLI logs a shaper left off
-        if shaper:
-            client.log_param(run.info.run_id, shaper, "0.2")
+    for name, slope, parts in (("grpo", 0.001, None), ("thr", 0.002, "shaper=thr")):
+        run = client.create_run(exp, run_name=name, tags={"algorithm": "GRPO", **({"parts": parts} if parts else {})})
         for step in range(20):
             client.log_metric(run.info.run_id, "train/accuracy", 0.1 + slope * step, step=step)
             client.log_metric(run.info.run_id, "time/step", 1.0, step=step)
@@ -33,7 +30,7 @@ def test_compare_writes_table_and_plots_and_logs_them(tmp_path):
     out = compare(uri, "rlvr_lightning", None, tmp_path / "report")
     table = (out / "compare.md").read_text()
     assert "| grpo | GRPO | 20 | 0.100 → 0.120 |" in table
-    assert "| thr | GRPO+THR | 20 | 0.100 → 0.140 |" in table
+    assert "| thr | GRPO+shaper=thr | 20 | 0.100 → 0.140 |" in table
     for png in ("train_accuracy.png", "val_accuracy.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (report,) = [r for r in client.search_runs([exp]) if r.info.run_name == "compare"]

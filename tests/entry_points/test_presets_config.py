@@ -25,6 +25,7 @@ import yaml
 # test's capture (closed by the next test).
 from rlvr_lightning.cli import main
 from tests.conftest import REPO
+from tests.support.rewards import PARITY
 
 BASE = REPO / "configs" / "base.yaml"
 PRESETS = sorted((REPO / "configs" / "algo").glob("*.yaml"))
@@ -358,11 +359,39 @@ def test_a_run_is_named_and_tagged_after_the_pieces_it_changes(preset, overrides
     cli = make_cli(preset, REPO / "configs" / "algo" / f"{preset}.yaml", overrides=overrides)
     tags = cli.trainer.logger.tags
     assert cli.config.trainer.logger.init_args.run_name == name
-    assert tags.get("changed_pieces") == changed and tags["preset"] == preset
+    assert tags.get("changes") == changed and tags["preset"] == preset
     by_path = {"rlvr_lightning.pieces.token_losses.ppo_clip": "ppo-clip"}  # a tag names the piece, however given
     for key in ("advantage_estimator", "policy_loss", "loss_agg", "rollout_correction"):
         given = cli.model.hparams[key]["name"]
         assert tags[f"piece.{key}"] == by_path.get(given, given)
+
+
+@pytest.mark.parametrize(
+    "preset, overrides, name, parts",
+    [
+        ("grpo", ("--model.init_args.rewards.functions", "[{function: tests.support.rewards.brevity, weight: 0.1}]"),
+         "grpo+reward=brevity", "reward=brevity"),
+        ("grpo", ("--model.init_args.rewards.correctness", PARITY), "grpo+correctness=parity", "correctness=parity"),
+        ("grpo", ("--data.environment", "tests.environments.test_episodes.Nudge"), "grpo+env=Nudge", "env=Nudge"),
+        ("grpo", ("--data.tool.max_calls", "2"), "grpo+tool=python", "tool=python"),
+        ("grpo-tir", (), "grpo-tir", "tool=python"),  # its preset's tool: not a change, still a part
+        ("gspo-token", ("--model.init_args.shapers.thr.p", "-0.2"), "gspo-token+shaper=thr", "shaper=thr"),
+        ("thr", ("--model.init_args.shapers", "{thr: null}"), "thr+shaper=none", None),
+        ("grpo-opd", ("--model.init_args.teacher.model_name_or_path", "embedded"), "grpo-opd+teacher=embedded",
+         "teacher=embedded"),
+        ("grpo", ("--model.init_args.advantage_estimator.name", "opd", "--model.init_args.teacher.model_name_or_path",
+                  "embedded"), "grpo+advantage_estimator=opd+opd_reward=none+teacher=embedded", "teacher=embedded"),
+    ],
+    ids=["reward", "correctness", "environment", "tool", "tool-of-the-preset", "shaper", "shaper-off", "teacher",
+         "distillation-added"],
+)  # fmt: skip
+def test_a_run_is_named_and_tagged_after_the_parts_it_adds(preset, overrides, name, parts):
+    """A reward function, a source of correctness, an environment, the tool, an advantage shaper or a teacher the
+    preset has not joins the run's name; every part the run has is its `parts` tag."""
+    cli = make_cli(preset, REPO / "configs" / "algo" / f"{preset}.yaml", overrides=overrides)
+    tags = cli.trainer.logger.tags
+    assert cli.config.trainer.logger.init_args.run_name == name
+    assert tags.get("parts") == parts and tags.get("changes") == (name.partition("+")[2] or None)
 
 
 def test_a_name_the_user_gives_wins_and_the_tags_still_name_the_pieces():
@@ -370,7 +399,7 @@ def test_a_name_the_user_gives_wins_and_the_tags_still_name_the_pieces():
     cli = make_cli("grpo", grpo, overrides=("--model.init_args.policy_loss.name", "cispo",
                                             "--trainer.logger.init_args.run_name", "my-run"))  # fmt: skip
     assert cli.config.trainer.logger.init_args.run_name == "my-run"
-    assert cli.trainer.logger.tags["changed_pieces"] == "policy_loss=cispo"
+    assert cli.trainer.logger.tags["changes"] == "policy_loss=cispo"
     assert cli.trainer.logger.tags["piece.policy_loss"] == "cispo"
 
 
@@ -379,7 +408,7 @@ def test_a_preset_file_of_ones_own_names_the_run(tmp_path):
     mine = preset_like(tmp_path, "gspo", lambda c: c["model"]["init_args"]["policy_loss"].update(name="gspo-token"))
     cli = make_cli("mine", mine)
     assert cli.config.trainer.logger.init_args.run_name == "gspo_edited"
-    assert cli.trainer.logger.tags["preset"] == "gspo_edited" and "changed_pieces" not in cli.trainer.logger.tags
+    assert cli.trainer.logger.tags["preset"] == "gspo_edited" and "changes" not in cli.trainer.logger.tags
     cli = make_cli("mine", mine, overrides=("--model.init_args.policy_loss.name", "gspo"))
     assert cli.config.trainer.logger.init_args.run_name == "gspo_edited+policy_loss=gspo"
 
