@@ -80,10 +80,9 @@ class RLVRModule(L.LightningModule):
                       teacher=teacher, rewards=rewards, shapers=shapers)  # fmt: skip
         self.settings = StepSettings.of({**self.hparams, **shared})  # groups checked, pieces bound, combination checked
         self.hparams.update(self.settings.hparams())  # every knob the pieces run with; the groups as plain dicts
-        self.automatic_optimization = False
-        self.policy, self.ref_policy, self.teacher = None, None, None  # built in configure_model
+        self.automatic_optimization, self.policy, self.ref_policy, self.teacher = False, None, None, None  # models: configure_model
         self.rollout_batches = 0  # completed rollout batches: the x-axis of every metric
-        self.latest_val: dict[str, float] = {}
+        self.latest_val, self.last_result = {}, None  # the last held-out metrics; the last step's result (callbacks)
         self.session = EngineSession()  # the engine, weight sync, stream; attached at fit start
         self.scoring = wiring.scoring(self.settings)  # correctness and reward terms; math-verify's pool between batches
         self._step: TrainingStep | None = None  # built once, at fit start
@@ -134,7 +133,8 @@ class RLVRModule(L.LightningModule):
         return wiring.generate(self, batch, sampling)
 
     def training_step(self, batch, batch_idx: int) -> None:
-        wiring.finish_rollout_batch(self, self.train_on_batch(batch), len(batch))
+        self.last_result = self.train_on_batch(batch)  # read at the batch's end by callbacks (`CompletionsTable`)
+        wiring.finish_rollout_batch(self, self.last_result, len(batch))
         self.rollout_batches += 1
 
     def train_on_batch(self, batch) -> StepResult | Skipped:  # one step, outside Lightning's loop too (tests, benches)

@@ -30,6 +30,20 @@ def test_the_documented_reward_functions_and_environment_train_and_log_each_term
     assert f"rlvr_lightning: {name} (GRPO), 2 rollout batches" in proc.stdout
     assert "  parts: reward=brevity, reward=shows_work, env=SecondChance" in proc.stdout
     assert run.data.params["data.environment.class_path"] == "my_environment.SecondChance"
+    # The first rollout batch's completions table: two whole groups, each answer with every reward term.
+    import json
+
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    table = json.loads(open(client.download_artifacts(run.info.run_id, "samples/train_step_000000.json", str(tmp_path))).read())
+    rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+    assert len(rows) == 2 * 4 and [r["group"] for r in rows] == [0] * 4 + [1] * 4  # rollout.group_size 4
+    for r in rows:
+        assert {"prompt", "gold", "completion", "turns", "correct", "reward", "advantage", "reward/brevity",
+                "reward/shows_work"} <= set(r) and r["turns"] in (1, 2)  # fmt: skip
+    page = open(client.download_artifacts(run.info.run_id, "samples/tokens_step_000000.html", str(tmp_path))).read()
+    assert page.count('class="answer"') == 8 and ("inserted" in page) == any(r["turns"] == 2 for r in rows)
     last = {k: v[-1].value for k, v in history.items()}
     assert 0 < last["train/reward_brevity_mean"] <= 1 and "train/reward_shows_work_steps" in last
     assert 1 < max(p.value for p in history["train/turns_mean"]) <= 2  # wrong first answers had a second try

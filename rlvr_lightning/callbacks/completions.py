@@ -1,0 +1,117 @@
+"""A table of training completions in MLflow: every `every_n_steps` rollout batches, a few whole groups of the batch
+the step trained on, one row per answer with its prompt, gold, completion (the model's turns and what an environment
+inserted between them), finish reason, correctness, each reward term, the reward and its advantage. Logged with
+MLflow's `log_table` as `samples/train_step_<N>.json`, beside the held-out samples (`samples/val_step_<N>.json`), so
+the run's artifact view shows it as a table; and the same answers' token view (`callbacks.token_view`) as
+`samples/tokens_step_<N>.html`. Written by a background thread, off the step's critical path."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities import rank_zero_warn
+
+from rlvr_lightning.callbacks.token_view import token_answers, token_view_html
+from rlvr_lightning.context import ScoredBatch
+from rlvr_lightning.errors import ConfigError
+
+INSERTED_OPEN, INSERTED_CLOSE = "\n⟦inserted⟧\n", "\n⟦/inserted⟧\n"  # around an environment's text in a completion
+
+
+def turns_text(token_ids: list[int], sampled_mask: list[bool], decode) -> tuple[str, int]:
+    """The completion's text with each run of inserted tokens (a tool's output) between markers, and how many runs of
+    sampled tokens (the model's turns) it has."""
+    runs: list[tuple[bool, list[int]]] = []
+    for token, sampled in zip(token_ids, sampled_mask):
+        if runs and runs[-1][0] == sampled:
+            runs[-1][1].append(token)
+        else:
+            runs.append((sampled, [token]))
+    parts = [decode(ids) if sampled else INSERTED_OPEN + decode(ids) + INSERTED_CLOSE for sampled, ids in runs]
+    return "".join(parts), sum(sampled for sampled, _ in runs)
+
+
+def completion_rows(batch: ScoredBatch, groups: int, decode, max_chars: int, step: int) -> dict[str, list]:
+    """The table of the first `groups` groups of a scored batch: one row per answer, each column a list."""
+    rollout, G = batch.rollout, batch.group_size
+    rows = range(min(groups * G, rollout.num_sequences))
+    cut = lambda text: text if len(text) <= max_chars else text[:max_chars] + " …"  # noqa: E731
+    table: dict[str, list] = {"step": [], "group": [], "prompt": [], "gold": [], "completion": [], "turns": [],
+                              "finish_reason": [], "correct": [], "reward": [], "advantage": []}  # fmt: skip
+    for name in rollout.reward_terms:
+        table[f"reward/{name}"] = []
+    for n in rows:
+        c = rollout.completions[n]
+        text, turns = turns_text(c.token_ids, c.sampled_mask, decode)
+        table["step"].append(step)
+        table["group"].append(n // G)
+        table["prompt"].append(cut(rollout.batch.prompts[n // G]))
+        table["gold"].append(rollout.batch.answers[n // G])
+        table["completion"].append(cut(text))
+        table["turns"].append(turns)
+        table["finish_reason"].append(c.excluded and f"{c.finish_reason} (excluded: {c.excluded})" or c.finish_reason)
+        table["correct"].append(float(rollout.correct[n]))
+        table["reward"].append(float(batch.rewards[n]))
+        table["advantage"].append(float(batch.advantages[n]))
+        for name, values in rollout.reward_terms.items():
+            table[f"reward/{name}"].append(float(values[n]))
+    return table
+
+
+class CompletionsTable(Callback):
+    def __init__(self, every_n_steps: int = 10, groups: int = 2, max_chars: int = 4000, token_view: bool = True) -> None:
+        """
+        Args:
+            every_n_steps: log the completions of every n-th rollout batch (the first one included); 0: never.
+            groups: whole groups of the batch per table (rows: groups × rollout.group_size).
+            max_chars: a longer prompt or completion keeps its first `max_chars` characters.
+            token_view: also log the same answers' token view (`samples/tokens_step_<N>.html`).
+        """
+        if every_n_steps < 0 or groups < 1 or max_chars < 1:
+            raise ConfigError("CompletionsTable needs every_n_steps ≥ 0, groups ≥ 1 and max_chars ≥ 1")
+        self.every_n_steps, self.groups, self.max_chars, self.token_view = every_n_steps, groups, max_chars, token_view
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending: list[Future] = []
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs, batch, batch_idx: int) -> None:
+        step = pl_module.rollout_batches - 1  # the rollout batch just trained (`training_step` counted it)
+        result = pl_module.last_result
+        batch_result = getattr(result, "batch", None)  # None: a skipped batch (DAPO's)
+        logger = next((lg for lg in trainer.loggers if isinstance(lg, MLFlowLogger)), None)
+        if not self.every_n_steps or step % self.every_n_steps or batch_result is None or logger is None:
+            return
+        if trainer.global_rank != 0:
+            return
+        tokenizer = trainer.datamodule.tokenizer
+        table = completion_rows(batch_result, self.groups, tokenizer.decode, self.max_chars, step)
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="completions-table")
+        experiment, run_id = logger.experiment, logger.run_id
+        self._pending = [f for f in self._pending if not f.done()]
+        self._pending.append(self._writer.submit(experiment.log_table, run_id, data=table,
+                                                 artifact_file=f"samples/train_step_{step:06d}.json"))  # fmt: skip
+        if self.token_view:
+            rows = range(min(self.groups * batch_result.group_size, batch_result.rollout.num_sequences))
+            self._pending.append(self._writer.submit(log_token_view, experiment, run_id, result, rows, tokenizer.decode, step))
+
+    def teardown(self, trainer: L.Trainer, pl_module: Any, stage: str) -> None:
+        """Wait for the tables still being written; one that failed is a warning, never the run's error."""
+        for future in self._pending:
+            try:
+                future.result()
+            except Exception as err:  # noqa: BLE001 (a table is a view of the run: losing one must not fail it)
+                rank_zero_warn(f"CompletionsTable: a table could not be logged ({type(err).__name__}: {err})")
+        self._pending = []
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
+
+
+def log_token_view(experiment, run_id: str, result, rows, decode, step: int) -> None:
+    """The token view of the answers `rows` of a trained batch, as the artifact `samples/tokens_step_<N>.html`."""
+    page = token_view_html(token_answers(result, rows, decode), f"Rollout batch {step}: tokens of {len(rows)} answers")
+    experiment.log_text(run_id, page, artifact_file=f"samples/tokens_step_{step:06d}.html")

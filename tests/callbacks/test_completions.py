@@ -1,0 +1,48 @@
+"""The training completions table (`callbacks.completions`): an environment's inserted text between markers and the
+model's turns counted; one row per answer of whole groups with its reward terms, reward and advantage."""
+
+from __future__ import annotations
+
+import torch
+
+from rlvr_lightning.callbacks.completions import INSERTED_CLOSE, INSERTED_OPEN, completion_rows, turns_text
+from rlvr_lightning.context import ScoredBatch
+from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
+
+
+def decode(ids: list[int]) -> str:
+    return "".join(chr(ord("a") + i) for i in ids)
+
+
+def test_inserted_tokens_sit_between_markers_and_the_models_turns_are_counted():
+    text, turns = turns_text([0, 1, 2, 3, 4, 5], [True, True, False, False, True, True], decode)
+    assert text == "ab" + INSERTED_OPEN + "cd" + INSERTED_CLOSE + "ef" and turns == 2
+    assert turns_text([0, 1], [True, True], decode) == ("ab", 1)
+
+
+def scored_batch() -> ScoredBatch:
+    completions = [Completion([0, 1], [0.0] * 2, "stop"), Completion([2, 3, 4], [0.0] * 3, "length", sampled_mask=[True, False, True]),
+                   Completion([5], [0.0], "stop"), Completion([6, 7], [0.0] * 2, "stop", excluded="drop_no_call")]  # fmt: skip
+    rollout = Rollout(
+        batch=PromptBatch(["p0", "p1"], ["What is 1+1?", "What is 2+2?"], ["2", "4"]), group_size=2, prompt_ids=[[0], [1]],
+        completions=completions, sampling=SamplingConfig(group_size=2, max_tokens=3), policy_version=0,
+        texts=["ab", "cde", "f", "gh"], correct=torch.tensor([1.0, 0.0, 0.0, 1.0]),
+        reward_terms={"brevity": torch.tensor([0.125, 0.25, 0.375, 0.5])},
+    )  # fmt: skip
+    return ScoredBatch(rollout, torch.tensor([1.125, 0.25, 0.375, 1.5]), torch.tensor([0.5, -0.5, -0.5, 0.5]))  # exact in fp32
+
+
+def test_a_row_per_answer_of_whole_groups_with_every_reward_term_and_its_advantage():
+    table = completion_rows(scored_batch(), groups=1, decode=decode, max_chars=100, step=7)
+    assert table == {
+        "step": [7, 7], "group": [0, 0], "prompt": ["What is 1+1?"] * 2, "gold": ["2", "2"],
+        "completion": ["ab", "c" + INSERTED_OPEN + "d" + INSERTED_CLOSE + "e"], "turns": [1, 2],
+        "finish_reason": ["stop", "length"], "correct": [1.0, 0.0], "reward": [1.125, 0.25],
+        "advantage": [0.5, -0.5], "reward/brevity": [0.125, 0.25],
+    }  # fmt: skip
+
+
+def test_more_groups_than_the_batch_has_give_every_answer_and_long_text_is_cut():
+    table = completion_rows(scored_batch(), groups=5, decode=decode, max_chars=1, step=0)
+    assert table["group"] == [0, 0, 1, 1] and table["prompt"][0] == "W …" and table["completion"][0] == "a …"
+    assert table["finish_reason"][3] == "stop (excluded: drop_no_call)"
