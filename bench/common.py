@@ -35,8 +35,8 @@ def preset(name: str):
     return _instantiate(cfg["model"]), callbacks
 
 
-def embedded_module(module, callbacks=(), batch_size: int = 16, seed: int = 0, **rollout_options):
-    """`module` wired to the embedded default data/model (configs/base.yaml's sizes) outside `fit`;
+def embedded_module(module, callbacks=(), batch_size: int = 16, seed: int = 0, logger=False, **rollout_options):
+    """`module` wired to the embedded default data/model (configs/base.yaml's sizes) outside `fit`, with `logger`;
     `rollout_options`: `RolloutSettings` arguments over base.yaml's."""
     from rlvr_lightning.data.datamodule import RolloutDataModule
     from rlvr_lightning.rollout.settings import RolloutSettings
@@ -45,7 +45,7 @@ def embedded_module(module, callbacks=(), batch_size: int = 16, seed: int = 0, *
     rollout = RolloutSettings(**{"group_size": 8, "max_response_length": 40, **rollout_options})
     dm = RolloutDataModule(batch_size=batch_size, max_prompt_length=32, seed=seed, val_data=None, rollout=rollout)
     torch.manual_seed(seed)
-    return standalone(module, dm, callbacks=[*callbacks])
+    return standalone(module, dm, callbacks=[*callbacks], logger=logger)
 
 
 def close(module) -> None:

@@ -122,8 +122,7 @@ class RLVRModule(L.LightningModule):
             self._step = wiring.training_step(self)
         return self._step
 
-    def drop_step(self) -> None:
-        """Forget the built training step: its next use builds it again, from the module's settings as they are then."""
+    def drop_step(self) -> None:  # forget the built step: its next use builds it from the settings as they are then
         self._step = None
 
     def step_context(self):
@@ -133,6 +132,7 @@ class RLVRModule(L.LightningModule):
         return wiring.generate(self, batch, sampling)
 
     def training_step(self, batch, batch_idx: int) -> None:
+        self.last_result = None  # the last batch's result goes before this one's tensors are made (memory at scale)
         self.last_result = self.train_on_batch(batch)  # read at the batch's end by callbacks (`CompletionsTable`)
         wiring.finish_rollout_batch(self, self.last_result, len(batch))
         self.rollout_batches += 1

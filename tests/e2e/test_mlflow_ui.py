@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -45,12 +46,19 @@ def ui(two_step_runs):
     client = mlflow.tracking.MlflowClient(tracking_uri=two_step_runs.tracking_uri)
     experiment = client.get_experiment_by_name("rlvr_lightning")
     runs = {r.data.tags["engine"]: r for r in client.search_runs(experiment.experiment_id)}
+    with make_ui(two_step_runs.root) as (base, printed):
+        yield base, printed, runs, client
+
+
+@contextmanager
+def make_ui(root: Path):
+    """`make ui` on the MLflow store in `root`, on a free loopback port: (base URL, what it printed so far)."""
     port, venv = free_port(), Path(sys.executable).parents[1]
-    log = open(two_step_runs.root / "make-ui.log", "w+")  # noqa: SIM115 - read back below
+    log = open(root / "make-ui.log", "w+")  # noqa: SIM115 - read back below
     # -o: the venv is set up already; `make ui` must not re-run the installer from inside a test.
     server = subprocess.Popen(
         ["make", "-s", "-C", str(REPO), "-o", f"{venv}/.installed", "ui", f"VENV={venv}", f"UI_PORT={port}",
-         f"MLRUNS={two_step_runs.root}"],
+         f"MLRUNS={root}"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
@@ -64,7 +72,7 @@ def ui(two_step_runs):
                 pass
             assert server.poll() is None and time.monotonic() < deadline, Path(log.name).read_text()[-3000:]
             time.sleep(0.5)
-        yield base, Path(log.name).read_text(), runs, client
+        yield base, Path(log.name).read_text()
     finally:
         stop_process_group(server, grace_s=20)  # make, mlflow's server and its workers: one process group
         log.close()
@@ -174,3 +182,50 @@ def test_a_run_shows_its_tags_samples_table_and_system_metrics(ui, page, tmp_pat
     page.get_by_text("cpu_utilization_percentage", exact=True).first.wait_for()
     page.locator(".js-plotly-plot").first.wait_for()
     page.screenshot(path=SCREENSHOTS / "6-system-metrics.png")
+
+
+@pytest.fixture(scope="module")
+def shaped_run_ui(tmp_path_factory, quick_warm_start):
+    """`make ui` on a store with one rollout batch of GRPO with THR (every token of a mixed group weighted) and a
+    reward function, named by the CLI: (base URL, the run, the client)."""
+    import mlflow
+
+    from tests.support.cli import run_cli, small_run_args
+    from tests.support.rewards import PARITY
+
+    root = tmp_path_factory.mktemp("shaped_run")
+    flags = ["--rollout_batches", "1", "--rollout.engine", "hf", "--data.val_data", "null",
+             "--model.init_args.shapers.thr.p", "0.2", "--model.init_args.shapers.thr.threshold", "all",
+             "--model.init_args.rewards.correctness", PARITY,  # about half right: mixed groups for THR
+             "--model.init_args.rewards.functions=[{function: tests.support.rewards.brevity, weight: 0.1}]"]  # fmt: skip
+    proc = run_cli([*small_run_args(root, quick_warm_start[1]), *flags], root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{root}/mlflow.db")
+    (run,) = client.search_runs(client.get_experiment_by_name("rlvr_lightning").experiment_id)
+    with make_ui(root) as (base, _):
+        yield base, run, client
+
+
+def test_a_run_shows_its_completions_with_each_reward_term_and_its_thr_token_view(shaped_run_ui, page):
+    """The run's name says what it adds; its training completions table has a column per reward term; its token
+    view, opened from the artifact view, gives each token its THR weight (read from the page, not pixels)."""
+    base, run, _ = shaped_run_ui
+    assert run.info.run_name == "grpo+correctness=parity+reward=brevity+shaper=thr"
+    page.goto(f"{base}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}?workflowType=machine_learning")
+    page.get_by_text(run.info.run_name, exact=True).first.wait_for()
+    page.get_by_role("tab", name="Artifacts").click()
+    page.get_by_text("samples", exact=True).first.click()
+    page.get_by_text("train_step_000000.json", exact=True).first.click()
+    page.get_by_text("View as table").wait_for()
+    page.get_by_text("reward/brevity", exact=True).first.wait_for()  # a column per reward term
+    header = page.locator("main").first.inner_text()
+    assert all(column in header for column in ("completion", "correct", "reward", "advantage", "turns"))
+    page.screenshot(path=SCREENSHOTS / "7-completions-table.png")
+
+    page.get_by_text("tokens_step_000000.html", exact=True).first.click()
+    view = page.frame_locator("iframe").first
+    view.locator("span.t").first.wait_for()
+    titles = view.locator("span.t").evaluate_all("spans => spans.map(s => s.title)")
+    weights = [float(m) for t in titles for m in re.findall(r"shaper weight w \(THR, OAR\) = ([-\d.e]+)", t)]
+    assert len(weights) == len(titles) and {1.2, 0.8} & set(weights), sorted(set(weights))  # THR's 1 ± p
+    page.screenshot(path=SCREENSHOTS / "8-token-view.png")
