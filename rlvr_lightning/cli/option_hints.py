@@ -29,6 +29,8 @@ RENAMED = {
     "sync_check_tol": "rollout.sync.check_tol",
     "sync_check_every": "rollout.sync.check_every",
 }
+# Lightning's own optimizer options, which the CLI leaves out (`auto_configure_optimizers=False`).
+LIGHTNING_OPTIMIZER = re.compile(r"unrecognized arguments: --(optimizer|lr_scheduler)\b")
 # How jsonargparse names an unknown option: (section, [group,] option).
 UNKNOWN = (
     re.compile(r"(\w+): Option '(\w+)' is not accepted"),
@@ -72,6 +74,9 @@ def option_hint(line: str) -> str:
 
     if (moved := piece_hint(line)) is not None:
         return moved
+    if LIGHTNING_OPTIMIZER.search(line):
+        return ("; the algorithm makes its own AdamW and schedule: model.init_args.optim.lr, .weight_decay, "
+                ".warmup_steps, .lr_schedule, .max_grad_norm")  # fmt: skip
     found = next((m for m in (p.search(line) for p in UNKNOWN) if m is not None), None)
     if found is None:
         return ""
@@ -84,7 +89,13 @@ def option_hint(line: str) -> str:
     if name in RENAMED:
         same.insert(0, RENAMED[name])
     close = same or [f"{section}.{n}" for n in difflib.get_close_matches(name, sorted(options[section]), n=3)]
-    return f"; did you mean {' or '.join(close)}?" if close else "; every option with its value: --print_config"
+    return f"; did you mean {' or '.join(map(flag_of, close))}?" if close else "; every option with its value: --print_config"
+
+
+def flag_of(option: str) -> str:
+    """An option as `known_options` names it, spelt as a flag (less its `--`) and a config file's path spell it: the
+    algorithm's sit under `init_args` (`model.optim.lr` → `model.init_args.optim.lr`)."""
+    return "model.init_args." + option.removeprefix("model.") if option.startswith("model.") else option
 
 
 # How jsonargparse names a piece given as a bare name (`policy_loss: gspo`), and a flat option of the model.

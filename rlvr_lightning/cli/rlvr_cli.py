@@ -64,6 +64,9 @@ class RLVRCLI(LightningCLI):
             argv = [f"--{IMPORTS}", json.dumps(argv.get(IMPORTS))] if argv.get(IMPORTS) else []
         # Before the parser exists: the piece names a user's modules register are values it checks.
         load_piece_modules([str(a) for a in argv])
+        # The module makes its own optimizer and schedule (`model.optim`): Lightning's `--optimizer`/`--lr_scheduler`
+        # would parse and then fail inside `fit`, so they are not options (the hints name `model.init_args.optim`).
+        kwargs.setdefault("auto_configure_optimizers", False)
         super().__init__(RLVRModule, RolloutDataModule, *args, subclass_mode_model=True, **kwargs)
 
     def init_parser(self, **kwargs) -> LightningArgumentParser:
@@ -72,6 +75,11 @@ class RLVRCLI(LightningCLI):
         parser = super().init_parser(**kwargs)
         # Python 3.11's argparse reads `-1e-3` as an option ("expected one argument"); 3.13 reads it as the number.
         parser._negative_number_matcher = NEGATIVE_NUMBER
+        # The algorithm is a class given by name (`--model GRPO`): `--help` lists its arguments only on request.
+        parser.epilog = (
+            "The algorithm's own arguments (pieces and their knobs, optim, compute, rewards, shapers, …): "
+            "--model.help GRPO (or DAPO, DrGRPO, GSPO, REAL). Every option with its value: --print_config."
+        )
         return parser
 
     def parse_arguments(self, parser, args) -> None:

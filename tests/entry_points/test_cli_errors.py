@@ -23,13 +23,15 @@ def cli_error(args: list[str], capsys) -> str:
     "args,expected",
     [
         (["--data.group_size", "4"], "did you mean rollout.group_size?"),  # the same name in another section
-        (["--model.init_args.kl_cof", "0.3"], "did you mean model.kl_coef?"),
-        (["--model.init_args.mini_batches", "2"], "did you mean model.num_mini_batches"),
+        (["--model.init_args.kl_cof", "0.3"], "did you mean model.init_args.kl_coef?"),
+        (["--model.init_args.mini_batches", "2"], "did you mean model.init_args.num_mini_batches"),
         (["--rollout.batches_ahead", "1"], "rollout.batches_ahead 1; every option with its value: --print_config"),
         # The module's settings groups: a flat name finds its group, a misspelt one the group's closest option.
-        (["--model.init_args.lr", "1e-5"], "did you mean model.optim.lr?"),
-        (["--model.init_args.optim.lrr", "1e-5"], "did you mean model.optim.lr?"),
+        (["--model.init_args.lr", "1e-5"], "did you mean model.init_args.optim.lr?"),
+        (["--model.init_args.optim.lrr", "1e-5"], "did you mean model.init_args.optim.lr?"),
         (["--model.init_args.sync_check_every", "2"], "did you mean rollout.sync.check_every?"),
+        (["--optimizer", "Adam"], "; the algorithm makes its own AdamW and schedule: model.init_args.optim.lr, "),
+        (["--lr_scheduler", "StepLR"], "; the algorithm makes its own AdamW and schedule: model.init_args.optim.lr, "),
     ],
 )
 def test_an_unknown_option_names_the_options_it_resembles(args, expected, capsys):
@@ -39,7 +41,7 @@ def test_an_unknown_option_names_the_options_it_resembles(args, expected, capsys
 def test_an_unknown_option_in_a_config_file_is_reported_too(capsys, tmp_path):
     old = tmp_path / "old.yaml"
     old.write_text("model:\n  class_path: rlvr_lightning.algos.real.REAL\n  init_args:\n    two_pas: true\n")
-    assert "did you mean model.two_pass" in cli_error(["--config", str(old)], capsys)
+    assert "did you mean model.init_args.two_pass" in cli_error(["--config", str(old)], capsys)
 
 
 @pytest.mark.parametrize(
@@ -75,10 +77,10 @@ def test_an_old_spelling_in_a_config_file_is_one_line_naming_the_new_one(capsys,
 def test_an_option_of_a_group_in_a_config_file_is_reported_with_its_group(capsys, tmp_path):
     flat = tmp_path / "flat.yaml"
     flat.write_text("model:\n  init_args:\n    lr: 1.0e-5\n")
-    assert "did you mean model.optim.lr?" in cli_error(["--config", str(flat)], capsys)
+    assert "did you mean model.init_args.optim.lr?" in cli_error(["--config", str(flat)], capsys)
     misspelt = tmp_path / "misspelt.yaml"
     misspelt.write_text("model:\n  init_args:\n    compute:\n      micro_batch_sise: 8\n")
-    assert "Group 'compute' does not accept option 'micro_batch_sise'; did you mean model.compute.micro_batch_size" in cli_error(
+    assert "Group 'compute' does not accept option 'micro_batch_sise'; did you mean model.init_args.compute.micro_batch_size" in cli_error(
         ["--config", str(misspelt)], capsys
     )
 
@@ -127,3 +129,16 @@ def test_a_negative_number_in_scientific_notation_is_read_as_a_number(capsys, tm
     monkeypatch.chdir(tmp_path)
     err = cli_error(["--config", str(BASE.parent / "algo" / "grpo.yaml"), "--model.init_args.optim.lr", "-1e-3"], capsys)
     assert "model.optim.lr must be ≥ 0, got -0.001" in err, err
+
+
+def test_help_says_how_to_list_the_algorithms_own_arguments(capsys):
+    """In subclass mode `--help` lists `--model` alone: its epilog names `--model.help <Class>`, which lists them."""
+    from rlvr_lightning.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--help"])
+    assert exit_info.value.code == 0
+    assert "--model.help GRPO" in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit):
+        main(["fit", "--model.help", "GRPO"])
+    assert "--model.shapers.thr" in capsys.readouterr().out

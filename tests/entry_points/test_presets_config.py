@@ -438,7 +438,7 @@ def test_invalid_preset_fails_at_parse_time_naming_the_key(case, capsys, tmp_pat
     elif case == "misspelt-preset-key":
         path = preset_like(tmp_path, "grpo", lambda c: c["model"]["init_args"].update(kl_cof=0.3))
         err = parse_error(capsys, "typo", path)
-        assert err == "error: model: Option 'kl_cof' is not accepted; did you mean model.kl_coef?", err
+        assert err == "error: model: Option 'kl_cof' is not accepted; did you mean model.init_args.kl_coef?", err
     elif case == "flat-knob-in-preset":  # the old spelling of a knob: one line naming its section
         path = preset_like(tmp_path, "grpo", lambda c: c["model"]["init_args"].update(clip_eps_high=0.28))
         err = parse_error(capsys, "old", path)
