@@ -75,8 +75,11 @@ def test_two_step_fit_writes_an_mlflow_run(two_step_runs, engine):
     assert [m.step for m in history["val/accuracy"]] == [0, 2]  # before RL and after the last step
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
     assert "config.yaml" in artifacts
-    samples = sorted(a.path for a in client.list_artifacts(run.info.run_id, "samples"))
+    logged = sorted(a.path for a in client.list_artifacts(run.info.run_id, "samples"))
+    samples = [p for p in logged if "/val_step_" in p]
     assert samples == ["samples/val_step_000000.json", "samples/val_step_000002.json"]  # one per evaluation
+    # The training completions and their token view: every 10th rollout batch, the first included.
+    assert [p for p in logged if p not in samples] == ["samples/tokens_step_000000.html", "samples/train_step_000000.json"]
     table = json.loads(Path(client.download_artifacts(run.info.run_id, samples[0], str(tmp_path))).read_text())
     assert table["columns"] == ["prompt", "completion", "parsed_answer", "gold", "reward", "step"]
     assert 0 < len(table["data"]) <= 16
