@@ -286,8 +286,14 @@ def test_preset_instantiates_without_training(preset, offline):
     pieces |= {"piece.kl_estimator": h.kl_estimator["name"]} if h.kl_coef > 0 else {}
     if h.advantage_estimator["name"] == "opd":  # the estimator distillation runs inside it is a piece of the run too
         pieces["piece.opd_reward"] = h.advantage_estimator["knobs"]["opd_reward"]
+    # Its parts, read from the preset file: a shaper, a teacher, the tool (none of the presets adds a reward function).
+    init_args = want["model"].get("init_args") or {}
+    parts = [f"shaper={key}" for key in ("thr", "oar") if (init_args.get("shapers") or {}).get(key)]
+    parts += ["tool=python"] if want["data"].get("tool") else []
+    parts += [f"teacher={init_args['teacher']['model_name_or_path']}"] if init_args.get("teacher") else []
     assert logger.tags == {"algorithm": cls.__name__, "preset": preset.stem, **pieces,
-                           "model": dm.hparams.model_name_or_path, "dataset": dm.hparams.train_data}  # fmt: skip
+                           "model": dm.hparams.model_name_or_path, "dataset": dm.hparams.train_data,
+                           **({"parts": "+".join(parts)} if parts else {})}  # fmt: skip
 
     # Nothing written (no exports/, checkpoints/) but the lock beside the store that its creation takes (the real
     # client would create the store there).
@@ -313,7 +319,8 @@ def test_callback_check_catches_a_changed_missing_or_extra_callback():
     assert callback_mismatches(callbacks, [evaluation, *specs[1:]]) == ["Evaluation.every_n_steps: config 41, callback 40"]
     export = {"class_path": "rlvr_lightning.callbacks.export.HFExport"}
     assert callback_mismatches(callbacks, [*specs, export]) == ["rlvr_lightning.callbacks.export.HFExport: not instantiated"]
-    assert callback_mismatches(callbacks, specs[:-1]) == ["callbacks not in the config: ['RunSummary']"]
+    last = specs[-1]["class_path"].rsplit(".", 1)[1]
+    assert callback_mismatches(callbacks, specs[:-1]) == [f"callbacks not in the config: ['{last}']"]
 
 
 @pytest.mark.parametrize(
