@@ -9,7 +9,7 @@ from jsonargparse import Namespace
 from rlvr_lightning.data.sources import DataSourceError, check_source
 from rlvr_lightning.errors import ConfigError
 from rlvr_lightning.models.policy import check_model_source
-from rlvr_lightning.models.warm_start import EMBEDDED_WARM_STARTS
+from rlvr_lightning.models.warm_start import EMBEDDED_WARM_STARTS, resolve_policy_path
 from rlvr_lightning.rewards.loading import load_function
 from rlvr_lightning.rewards.settings import ENVIRONMENT, MATH_VERIFY, RewardSettings
 
@@ -34,3 +34,12 @@ def check_inputs(cfg: Namespace) -> None:
         load_function(rewards.correctness, "model.rewards.correctness")
     for function in rewards.functions:
         load_function(function.function)
+
+
+def build_embedded_models(cfg: Namespace) -> None:
+    """Build (or resume building) the embedded warm starts the run names, with their progress shown, before `fit`: an
+    interrupted build leaves no MLflow run behind, and the run's first step does not wait for one."""
+    teacher = cfg.model.init_args.get("teacher")
+    for name in (cfg.data.get("model_name_or_path"), teacher.get("model_name_or_path") if teacher else None):
+        if name in EMBEDDED_WARM_STARTS:
+            resolve_policy_path(name)

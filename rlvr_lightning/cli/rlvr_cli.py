@@ -27,7 +27,7 @@ from rlvr_lightning.cli.checkpoint_resume import describe_changes, read_resume_p
 from rlvr_lightning.cli.config_logging import MLflowSaveConfig
 from rlvr_lightning.cli.default_progress_bar import use_rollout_progress_bar
 from rlvr_lightning.cli.error_lines import constructor_error_line, parse_error_line, user_error_behind
-from rlvr_lightning.cli.input_checks import check_inputs
+from rlvr_lightning.cli.input_checks import build_embedded_models, check_inputs
 from rlvr_lightning.cli.mlflow_resume import reopen_checkpoint_run
 from rlvr_lightning.cli.option_hints import option_hint
 from rlvr_lightning.cli.run_length import resolve_run_length
@@ -157,6 +157,7 @@ class RLVRCLI(LightningCLI):
         if self.subcommand == "fit":
             check_inputs(self.config["fit"])
             preflight(self.config["fit"])
+            build_embedded_models(self.config["fit"])  # a warm start to build: after the plan, before any MLflow run
         init = self.config_init[self.subcommand] if self.subcommand else self.config_init
         for name in ("watchdog", "stop"):  # every run is watched and stops on a signal (`--watchdog.*`, `--stop.*`)
             if init.get(name) is not None:

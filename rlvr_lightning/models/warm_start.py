@@ -29,6 +29,7 @@ from rlvr_lightning.models.embedded_task import ArithmeticProblem, flawed_demons
 from rlvr_lightning.models.tasks import EMBEDDED_TASKS
 
 log = logging.getLogger(__name__)
+SAVE_EVERY_S = 30.0  # an interrupted warm start loses at most this much work
 EMBEDDED = "embedded"
 _FORMAT_VERSION = 2  # bump when the builder or task changes in a way the key cannot see
 SHIPPED = Path(__file__).parent / "shipped"  # warm-start weights the package ships, by their key
@@ -103,8 +104,10 @@ def _build(cfg: WarmStartConfig, out: Path) -> None:
         meta = {"config": asdict(cfg), "shipped": shipped.name}
     else:
         log.info("Building the embedded warm-start policy (%d steps) in %s", cfg.steps, out)
-        loss = warm_start(model, tokenizer, cfg)
+        partial = out.with_name(out.name + ".partial")  # the build's state, so that an interrupted one resumes
+        loss = warm_start(model, tokenizer, cfg, resume_dir=partial)
         save_policy(model, tokenizer, tmp)
+        shutil.rmtree(partial, ignore_errors=True)
         meta = {"config": asdict(cfg), "final_loss": loss, "seconds": round(time.time() - t0, 1)}
     (tmp / "warm_start.json").write_text(json.dumps(meta, indent=2))
     tmp.rename(out)  # atomic: a half-written cache entry is never picked up
@@ -118,17 +121,33 @@ def demonstration(problem, rng: random.Random, cfg: WarmStartConfig) -> list[tup
 
 
 def warm_start(
-    model: torch.nn.Module, tokenizer, cfg: WarmStartConfig, problems: Sequence[ArithmeticProblem] | None = None
+    model: torch.nn.Module,
+    tokenizer,
+    cfg: WarmStartConfig,
+    problems: Sequence[ArithmeticProblem] | None = None,
+    resume_dir: Path | None = None,
+    save_every_s: float = SAVE_EVERY_S,
 ) -> float:
     """Train `model` in place on flawed demonstrations of `cfg.task`'s training problems, or of
     `problems` (each batch samples them without replacement: at least `cfg.batch_size`, repeat a short
     list); every field of `cfg` is used but `spec`, which only sizes the embedded model. Returns the
-    last step's loss. Any HF causal LM with the embedded tokenizer works (`models.families`)."""
+    last step's loss. Any HF causal LM with the embedded tokenizer works (`models.families`).
+    A progress bar with its ETA shows every few seconds. With `resume_dir`, the build's whole state (weights,
+    optimizer, the demonstrations' random generator, the step) is saved there every `save_every_s` seconds, and a
+    build that finds it goes on from there: an interrupted build resumes and ends with the weights an uninterrupted
+    one would have, bit for bit."""
+    from tqdm.auto import tqdm
+
     train = list(problems) if problems is not None else EMBEDDED_TASKS[cfg.task](seed=cfg.task_seed)[0]
     rng = random.Random(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    start = load_build_state(resume_dir, model, opt, rng) if resume_dir is not None else 0
+    if start:
+        log.info("Resuming the warm start at step %d/%d from %s", start, cfg.steps, resume_dir)
     model.train()
-    for step in range(cfg.steps):
+    saved_at = time.monotonic()
+    progress = tqdm(total=cfg.steps, initial=start, desc="warm start", unit="step", mininterval=2.0, dynamic_ncols=True)
+    for step in range(start, cfg.steps):
         batch = rng.sample(train, cfg.batch_size)
         prompts = [tokenizer(p.prompt()).input_ids for p in batch]
         targets = [_target(tokenizer, demonstration(p, rng, cfg)) for p in batch]
@@ -140,9 +159,36 @@ def warm_start(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        progress.update(1)
         if step % 100 == 0 or step == cfg.steps - 1:
-            log.info("warm start step %d/%d loss %.4f", step + 1, cfg.steps, loss.item())
+            progress.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
+        if resume_dir is not None and time.monotonic() - saved_at > save_every_s and step + 1 < cfg.steps:
+            save_build_state(resume_dir, model, opt, rng, step + 1)
+            saved_at = time.monotonic()
+    progress.close()
     return loss.item()
+
+
+def save_build_state(directory: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: random.Random, step: int) -> None:
+    """The build's state after `step` steps, written whole or not at all (a temporary file renamed)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {"step": step, "model": model.state_dict(), "optimizer": opt.state_dict(), "rng": rng.getstate(),
+             "torch_rng": torch.get_rng_state()}  # fmt: skip
+    torch.save(state, directory / "state.pt.tmp")
+    os.replace(directory / "state.pt.tmp", directory / "state.pt")
+
+
+def load_build_state(directory: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: random.Random) -> int:
+    """The step a saved build state resumes at (0: none saved), its weights, optimizer and generators restored."""
+    path = directory / "state.pt"
+    if not path.is_file():
+        return 0
+    state = torch.load(path, weights_only=False)  # the build's own file, in this machine's cache
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    rng.setstate(state["rng"])
+    torch.set_rng_state(state["torch_rng"])
+    return int(state["step"])
 
 
 def _target(tokenizer, pieces: list[tuple[str, bool]]) -> tuple[list[int], list[bool]]:
