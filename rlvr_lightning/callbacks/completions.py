@@ -79,7 +79,7 @@ class CompletionsTable(Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs, batch, batch_idx: int) -> None:
         step = pl_module.rollout_batches - 1  # the rollout batch just trained (`training_step` counted it)
-        result = pl_module.last_result
+        result = getattr(pl_module, "last_result", None)  # an `RLVRModule`'s; another module has none
         batch_result = getattr(result, "batch", None)  # None: a skipped batch (DAPO's)
         logger = next((lg for lg in trainer.loggers if isinstance(lg, MLFlowLogger)), None)
         if not self.every_n_steps or step % self.every_n_steps or batch_result is None or logger is None:
