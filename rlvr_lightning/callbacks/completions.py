@@ -35,10 +35,15 @@ def turns_text(token_ids: list[int], sampled_mask: list[bool], decode) -> tuple[
     return "".join(parts), sum(sampled for sampled, _ in runs)
 
 
+def logged_rows(batch: ScoredBatch, groups: int) -> range:
+    """The answers of the first `groups` whole groups of a scored batch (all of them in a smaller batch)."""
+    return range(min(groups * batch.group_size, batch.rollout.num_sequences))
+
+
 def completion_rows(batch: ScoredBatch, groups: int, decode, max_chars: int, step: int) -> dict[str, list]:
     """The table of the first `groups` groups of a scored batch: one row per answer, each column a list."""
     rollout, G = batch.rollout, batch.group_size
-    rows = range(min(groups * G, rollout.num_sequences))
+    rows = logged_rows(batch, groups)
     cut = lambda text: text if len(text) <= max_chars else text[:max_chars] + " …"  # noqa: E731
     table: dict[str, list] = {"step": [], "group": [], "prompt": [], "gold": [], "completion": [], "turns": [],
                               "finish_reason": [], "correct": [], "reward": [], "advantage": []}  # fmt: skip
@@ -53,7 +58,7 @@ def completion_rows(batch: ScoredBatch, groups: int, decode, max_chars: int, ste
         table["gold"].append(rollout.batch.answers[n // G])
         table["completion"].append(cut(text))
         table["turns"].append(turns)
-        table["finish_reason"].append(c.excluded and f"{c.finish_reason} (excluded: {c.excluded})" or c.finish_reason)
+        table["finish_reason"].append(f"{c.finish_reason} (excluded: {c.excluded})" if c.excluded else c.finish_reason)
         table["correct"].append(float(rollout.correct[n]))
         table["reward"].append(float(batch.rewards[n]))
         table["advantage"].append(float(batch.advantages[n]))
@@ -91,24 +96,26 @@ class CompletionsTable(Callback):
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="completions-table")
         experiment, run_id = logger.experiment, logger.run_id
-        self._pending = [f for f in self._pending if not f.done()]
+        self._pending = self._unfinished()
         self._pending.append(self._writer.submit(experiment.log_table, run_id, data=table,
                                                  artifact_file=f"samples/train_step_{step:06d}.json"))  # fmt: skip
         if self.token_view:
-            rows = range(min(self.groups * batch_result.group_size, batch_result.rollout.num_sequences))
+            rows = logged_rows(batch_result, self.groups)
             self._pending.append(self._writer.submit(log_token_view, experiment, run_id, result, rows, tokenizer.decode, step))
+
+    def _unfinished(self) -> list[Future]:
+        """The writes still running; each finished one that failed is reported (a warning, never the run's error)."""
+        for future in self._pending:  # a table is a view of the run: losing one must not fail it
+            if future.done() and (err := future.exception()) is not None:
+                rank_zero_warn(f"CompletionsTable: a table could not be logged ({type(err).__name__}: {err})")
+        return [f for f in self._pending if not f.done()]
 
     def teardown(self, trainer: L.Trainer, pl_module: Any, stage: str) -> None:
         """Wait for the tables still being written; one that failed is a warning, never the run's error."""
-        for future in self._pending:
-            try:
-                future.result()
-            except Exception as err:  # noqa: BLE001 (a table is a view of the run: losing one must not fail it)
-                rank_zero_warn(f"CompletionsTable: a table could not be logged ({type(err).__name__}: {err})")
-        self._pending = []
         if self._writer is not None:
             self._writer.shutdown(wait=True)
             self._writer = None
+        self._pending = self._unfinished()  # every write has finished: each one that failed is reported
 
 
 def log_token_view(experiment, run_id: str, result, rows, decode, step: int) -> None:

@@ -40,6 +40,7 @@ def token_answers(result, rows: Sequence[int], decode: Callable[[list[int]], str
     batch, inputs = result.batch, result.inputs
     rollout, t = batch.rollout, inputs.tensors
     weights = inputs.token_weights()
+    weights = None if weights is None else weights.float().cpu()
     if batch.token_advantages is not None:  # distillation's own per-token advantages
         advantages = batch.token_advantages.float().cpu()
     else:
@@ -47,13 +48,12 @@ def token_answers(result, rows: Sequence[int], decode: Callable[[list[int]], str
     if weights is not None:  # Â' = Â·w; past a shaper's width its weight is 1
         w = torch.ones_like(advantages)
         width = min(w.shape[1], weights.shape[1])
-        w[:, :width] = weights[:, :width].float().cpu()
+        w[:, :width] = weights[:, :width]
         advantages = advantages * w
     mismatch = (t.rollout_logp.float() - inputs.behaviour.old_logp_all().float()).cpu()
     correction = None if inputs.is_weight is None else inputs.is_weight.float().cpu()
     loss_mask = inputs.loss_mask.bool().cpu()
     answers = []
-    weights = None if weights is None else weights.float().cpu()
     for n in rows:
         c = rollout.completions[n]
         L = len(c.token_ids)

@@ -3,6 +3,7 @@ model's turns counted; one row per answer of whole groups with its reward terms,
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rlvr_lightning.callbacks.completions import INSERTED_CLOSE, INSERTED_OPEN, completion_rows, turns_text
@@ -46,3 +47,24 @@ def test_more_groups_than_the_batch_has_give_every_answer_and_long_text_is_cut()
     table = completion_rows(scored_batch(), groups=5, decode=decode, max_chars=1, step=0)
     assert table["group"] == [0, 0, 1, 1] and table["prompt"][0] == "W …" and table["completion"][0] == "a …"
     assert table["finish_reason"][3] == "stop (excluded: drop_no_call)"
+
+
+def fail_to_log() -> None:
+    raise OSError("artifact store full")
+
+
+def test_a_table_that_fails_to_log_is_a_warning_and_never_the_runs_error():
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    from rlvr_lightning.callbacks.completions import CompletionsTable
+
+    table = CompletionsTable()
+    table._writer = ThreadPoolExecutor(max_workers=1)
+    table._pending = [table._writer.submit(fail_to_log)]
+    wait(table._pending)
+    with pytest.warns(UserWarning, match=r"a table could not be logged \(OSError: artifact store full\)"):
+        assert table._unfinished() == []  # a write that failed before the next batch's: reported then
+    table._pending = [table._writer.submit(fail_to_log)]
+    with pytest.warns(UserWarning, match="a table could not be logged"):
+        table.teardown(None, None, "fit")  # waited for, reported, not raised
+    assert table._writer is None and table._pending == []
