@@ -1,11 +1,13 @@
-"""What logging the training completions table and token view (`CompletionsTable`) costs a training step.
+"""What logging the training completions table, token view and traces (`CompletionsTable`) costs a training step.
 
 One GRPO module with THR (so that the token view carries shaper weights) and a reward function on the embedded
-default (B = 16 prompts × G = 8, max 40 tokens, vLLM engine), an MLflow logger on a temporary sqlite store. After each
-timed step the callback runs as Lightning runs it at the batch's end, logging every batch (`every_n_steps` 1, the worst
-case) at its default size (two groups); its time on the training thread is measured, then its background writes are
-waited for and timed. Reports, per logged batch, both times and their ratio to the median step time, and the ratio at
-base.yaml's every 10th batch (what a run pays).
+default (B = 16 prompts × G = 8, max 40 tokens, vLLM engine), an MLflow logger on a temporary sqlite store. After
+every fifth step the callback runs as Lightning runs it at the batch's end, at its default size (two groups in the
+table and the token view, one group traced); its time on the training thread is measured, and its background writes
+(the table, the page, the traces and MLflow's export of them) run beside the next steps, as in a run. The cost of a
+logged batch is its time on the training thread plus how much longer each of the three steps after it takes than a
+step with no write beside it (medians, side by side in one process). Then one more logged batch's background writes are waited for and
+timed alone. Reports each against the median step, per logged batch and at base.yaml's every 10th batch.
 
     .venv/bin/python bench/completions_overhead.py [--steps 6] [--engine vllm]
 """
@@ -24,6 +26,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from common import close, embedded_module, median, prompt_batches, write  # noqa: E402
+
+PERIOD = 5  # a logged batch, three steps beside its writes, one step after them
 
 
 def main() -> None:
@@ -47,31 +51,40 @@ def main() -> None:
     module = embedded_module(module, logger=logger, engine=args.engine)
     table = CompletionsTable(every_n_steps=1)
     batches = prompt_batches(module)
-    steps, main_thread, background = [], [], []
-    for i in range(args.warmup + args.steps):
+    after: dict[int, list[float]] = {k: [] for k in range(PERIOD)}  # step times by steps since the last logged batch
+    main_thread = []
+    for i in range(args.warmup + PERIOD * args.steps):
         batch = next(batches)
         t0 = time.perf_counter()
         module.last_result = module.train_on_batch(batch)
         module.rollout_batches += 1
         t1 = time.perf_counter()
-        table.on_train_batch_end(module.trainer, module, None, batch, i)
-        t2 = time.perf_counter()
-        for future in table._pending:
-            future.result()
-        t3 = time.perf_counter()
-        if i >= args.warmup and isinstance(module.last_result, StepResult):
-            steps.append(t1 - t0)
-            main_thread.append(t2 - t1)
-            background.append(t3 - t2)
+        timed = i >= args.warmup and isinstance(module.last_result, StepResult)
+        if timed:
+            after[(i - args.warmup) % PERIOD].append(t1 - t0)
+        if (i - args.warmup) % PERIOD == 0:
+            table.on_train_batch_end(module.trainer, module, None, batch, i)
+            if timed:
+                main_thread.append(time.perf_counter() - t1)
+    table.teardown(module.trainer, module, "fit")  # the last batch's writes (and MLflow's trace export) waited for
+    t0 = time.perf_counter()
+    table.on_train_batch_end(module.trainer, module, None, batch, 0)
     table.teardown(module.trainer, module, "fit")
+    written = time.perf_counter() - t0
     close(module)
-    step, on_thread, written = median(steps), median(main_thread), median(background)
+    # position 0 is the logged step itself (its writes start after it); PERIOD - 1 steps later they are long done
+    step, on_thread = median(after[0] + after[PERIOD - 1]), median(main_thread)
+    slowdown = {k: median(after[k]) - step for k in range(1, PERIOD - 1)}
+    per_logged = on_thread + sum(max(0.0, x) for x in slowdown.values())
     write("completions_overhead", {
         "workload": {"model": "embedded", "batch_size": 16, "group_size": 8, "max_response_length": 40,
-                     "engine": args.engine, "steps": args.steps, "groups_logged": table.groups, "shapers": "thr"},
-        "median_seconds": {"step": step, "on_training_thread": on_thread, "background_write": written},
-        "ratio_to_step": {"training_thread_every_batch": on_thread / step, "background_every_batch": written / step,
-                          "training_thread_every_10th_batch": on_thread / step / 10},
+                     "engine": args.engine, "steps": args.steps, "groups_logged": table.groups, "shapers": "thr",
+                     "logged": "table, token view, traces"},
+        "median_seconds": {"step": step, "on_training_thread": on_thread, "background_write_alone": written,
+                           **{f"slowdown_of_step_{k}_after": x for k, x in slowdown.items()}},
+        "steps_timed": {"logged": len(after[0]), "per_position": [len(after[k]) for k in range(PERIOD)]},
+        "ratio_to_step": {"logged_batch": per_logged / step, "every_10th_batch": per_logged / step / 10,
+                          "training_thread_every_batch": on_thread / step, "background_alone": written / step},
     })  # fmt: skip
 
 

@@ -2,8 +2,9 @@
 the step trained on, one row per answer with its prompt, gold, completion (the model's turns and what an environment
 inserted between them), finish reason, correctness, each reward term, the reward and its advantage. Logged with
 MLflow's `log_table` as `samples/train_step_<N>.json`, beside the held-out samples (`samples/val_step_<N>.json`), so
-the run's artifact view shows it as a table; and the same answers' token view (`callbacks.token_view`) as
-`samples/tokens_step_<N>.html`. Written by a background thread, off the step's critical path."""
+the run's artifact view shows it as a table; the same answers' token view (`callbacks.token_view`) as
+`samples/tokens_step_<N>.html`; and each of them as a trace in the run's Traces tab (`callbacks.episode_traces`).
+Written by a background thread, off the step's critical path."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
+from rlvr_lightning.callbacks.episode_traces import clipped, log_episode_traces, point_tracing_at
 from rlvr_lightning.callbacks.token_view import token_answers, token_view_html
 from rlvr_lightning.context import ScoredBatch
 from rlvr_lightning.errors import ConfigError
 
+_UNSET = object()
 INSERTED_OPEN, INSERTED_CLOSE = "\n⟦inserted⟧\n", "\n⟦/inserted⟧\n"  # around an environment's text in a completion
 
 
@@ -44,7 +47,6 @@ def completion_rows(batch: ScoredBatch, groups: int, decode, max_chars: int, ste
     """The table of the first `groups` groups of a scored batch: one row per answer, each column a list."""
     rollout, G = batch.rollout, batch.group_size
     rows = logged_rows(batch, groups)
-    cut = lambda text: text if len(text) <= max_chars else text[:max_chars] + " …"  # noqa: E731
     table: dict[str, list] = {"step": [], "group": [], "prompt": [], "gold": [], "completion": [], "turns": [],
                               "finish_reason": [], "correct": [], "reward": [], "advantage": []}  # fmt: skip
     for name in rollout.reward_terms:
@@ -54,9 +56,9 @@ def completion_rows(batch: ScoredBatch, groups: int, decode, max_chars: int, ste
         text, turns = turns_text(c.token_ids, c.sampled_mask, decode)
         table["step"].append(step)
         table["group"].append(n // G)
-        table["prompt"].append(cut(rollout.batch.prompts[n // G]))
+        table["prompt"].append(clipped(rollout.batch.prompts[n // G], max_chars))
         table["gold"].append(rollout.batch.answers[n // G])
-        table["completion"].append(cut(text))
+        table["completion"].append(clipped(text, max_chars))
         table["turns"].append(turns)
         table["finish_reason"].append(f"{c.finish_reason} (excluded: {c.excluded})" if c.excluded else c.finish_reason)
         table["correct"].append(float(rollout.correct[n]))
@@ -68,19 +70,29 @@ def completion_rows(batch: ScoredBatch, groups: int, decode, max_chars: int, ste
 
 
 class CompletionsTable(Callback):
-    def __init__(self, every_n_steps: int = 10, groups: int = 2, max_chars: int = 4000, token_view: bool = True) -> None:
+    def __init__(
+        self, every_n_steps: int = 10, groups: int = 2, max_chars: int = 4000, token_view: bool = True,
+        traced_groups: int = 1,
+    ) -> None:  # fmt: skip
         """
         Args:
             every_n_steps: log the completions of every n-th rollout batch (the first one included); 0: never.
             groups: whole groups of the batch per table (rows: groups × rollout.group_size).
-            max_chars: a longer prompt or completion keeps its first `max_chars` characters.
+            max_chars: a longer prompt, completion, code or output keeps its first `max_chars` characters.
             token_view: also log the same answers' token view (`samples/tokens_step_<N>.html`).
+            traced_groups: of those groups, how many to log as MLflow traces of the run, an answer each (its turns,
+                tool calls and score); 0: none. MLflow stores a trace in ~30 ms of CPU on a small machine, so the
+                default keeps to one group (bench/completions_overhead.py).
         """
-        if every_n_steps < 0 or groups < 1 or max_chars < 1:
-            raise ConfigError("CompletionsTable needs every_n_steps ≥ 0, groups ≥ 1 and max_chars ≥ 1")
+        if every_n_steps < 0 or groups < 1 or max_chars < 1 or traced_groups < 0:
+            raise ConfigError("CompletionsTable needs every_n_steps ≥ 0, groups ≥ 1, max_chars ≥ 1 and traced_groups ≥ 0")
         self.every_n_steps, self.groups, self.max_chars, self.token_view = every_n_steps, groups, max_chars, token_view
+        self.traced_groups = traced_groups
         self._writer: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
+        # The process's tracking URI before traces were pointed at the run's store (MLflow exports them in the
+        # background: flushed at the end, then the URI restored); `_UNSET` while no trace was started.
+        self._uri_before: str | None | object = _UNSET
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs, batch, batch_idx: int) -> None:
         step = pl_module.rollout_batches - 1  # the rollout batch just trained (`training_step` counted it)
@@ -99,9 +111,15 @@ class CompletionsTable(Callback):
         self._pending = self._unfinished()
         self._pending.append(self._writer.submit(experiment.log_table, run_id, data=table,
                                                  artifact_file=f"samples/train_step_{step:06d}.json"))  # fmt: skip
+        rows = logged_rows(batch_result, self.groups)
         if self.token_view:
-            rows = logged_rows(batch_result, self.groups)
             self._pending.append(self._writer.submit(log_token_view, experiment, run_id, result, rows, tokenizer.decode, step))
+        if self.traced_groups:
+            if self._uri_before is _UNSET:
+                self._uri_before = point_tracing_at(experiment.tracking_uri)
+            traced = logged_rows(batch_result, min(self.groups, self.traced_groups))
+            self._pending.append(self._writer.submit(log_episode_traces, experiment, logger.experiment_id, run_id,
+                                                     batch_result, traced, tokenizer.decode, step, self.max_chars))  # fmt: skip
 
     def _unfinished(self) -> list[Future]:
         """The writes still running; each finished one that failed is reported (a warning, never the run's error)."""
@@ -116,6 +134,12 @@ class CompletionsTable(Callback):
             self._writer.shutdown(wait=True)
             self._writer = None
         self._pending = self._unfinished()  # every write has finished: each one that failed is reported
+        if self._uri_before is not _UNSET:
+            import mlflow
+
+            mlflow.flush_trace_async_logging()  # the traces MLflow's exporter still holds reach the store now
+            point_tracing_at(self._uri_before)  # type: ignore[arg-type]
+            self._uri_before = _UNSET
 
 
 def log_token_view(experiment, run_id: str, result, rows, decode, step: int) -> None:

@@ -22,7 +22,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from typing import Any
 
 from rlvr_lightning.environments.base import Environment, EnvironmentFailed, Reply
@@ -59,6 +59,10 @@ class Episode:
     calls: list[Any] = field(default_factory=list)  # what the environment ran for it (`Reply.calls`, in order)
     reply_seconds: float = 0.0  # its share of the wall time its environment took to reply (a batch's, split evenly)
     state: dict[str, Any] = field(default_factory=dict)  # the environment's own notes on it (`Reply.notes`)
+    # What happened, in order, as plain values (`Completion.events`: an answer's trace in MLflow): each turn the model
+    # took and each reply the environment gave, with its token range and wall-clock window.
+    events: list[dict[str, Any]] = field(default_factory=list)
+    turn_started_ns: int = 0  # when the generation call that began the current turn started
 
     def add_tokens(self, ids: list[int], logprobs: list[float], versions: list[int] | None, *, sampled: bool) -> None:
         """Append tokens the engine `sampled`, or that the environment inserted (`sampled=False`): the one place
@@ -76,7 +80,9 @@ class Episode:
 
     def completion(self, excluded: str = "") -> Completion:
         finish = "length" if self.stop == "length" else "stop"
-        return Completion(self.ids, self.logprobs, finish, list(self.versions), list(self.sampled_mask), excluded)
+        return Completion(
+            self.ids, self.logprobs, finish, list(self.versions), list(self.sampled_mask), excluded, list(self.events)
+        )
 
     def to_state(self) -> dict[str, Any]:
         return asdict(self)
@@ -162,16 +168,20 @@ def advance_episodes(
     limits = Limits(budget if cap is None else min(cap, budget), budget, version)
     stops = tuple(environment.stop)
     sampling = replace(sampling, stop=(*sampling.stop, *stops)) if stops else sampling
+    started = time.time_ns()
     active, segments = first_segments(generate, episodes, sampling, limits.cap)
     turn = 0
     while active:
         turn += 1
-        ended = [episodes[n] for n, s in zip(active, segments) if take_segment(episodes[n], s, tokenizer, stops, limits)]
-        replies = environment_replies(environment, ended) if ended else []
+        ended = [
+            episodes[n] for n, s in zip(active, segments) if take_segment(episodes[n], s, tokenizer, stops, limits, started)
+        ]
+        replies, window = environment_replies(environment, ended) if ended else ([], (0, 0))
         for episode, reply in zip(ended, replies):
-            take_reply(episode, reply, tokenizer, environment.max_turns, limits)
+            take_reply(episode, reply, tokenizer, environment.max_turns, limits, window)
         active = unfinished(episodes, limits.cap)
         if active:
+            started = time.time_ns()
             segments = continuations(generate, episodes, active, sampling, limits.cap, turn)
 
 
@@ -193,10 +203,15 @@ def first_segments(
     return active, continuations(generate, episodes, active, sampling, cap, turn=0)
 
 
-def take_segment(episode: Episode, segment: Completion, tokenizer, stops: tuple[str, ...], limits: Limits) -> bool:
-    """Append the sampled `segment`, cut where its turn's text first completes a stop string; True when the turn
-    ended there (for the environment to reply), False when it stopped at the cap mid-turn (it goes on later)."""
+def take_segment(
+    episode: Episode, segment: Completion, tokenizer, stops: tuple[str, ...], limits: Limits, started_ns: int
+) -> bool:
+    """Append the sampled `segment` (from a generation call begun at `started_ns`), cut where its turn's text first
+    completes a stop string; True when the turn ended there (for the environment to reply), False when it stopped
+    at the cap mid-turn (it goes on later)."""
     before = len(episode.ids) - episode.turn_start  # the turn's tokens from earlier pieces
+    if before == 0:
+        episode.turn_started_ns = started_ns
     keep, text, hit = cut_at_stop(tokenizer, episode.ids[episode.turn_start :] + segment.token_ids, stops)
     keep = max(0, keep - before)  # no stops: the whole segment
     version = limits.version
@@ -211,14 +226,29 @@ def take_segment(episode: Episode, segment: Completion, tokenizer, stops: tuple[
     episode.stopped_at = hit
     if len(episode.ids) >= limits.budget or at_cap:
         episode.stop = "length"
+    event = {"kind": "turn", "tokens": [episode.turn_start, len(episode.ids)],
+             "ns": [episode.turn_started_ns, time.time_ns()], "stopped_at": hit}  # fmt: skip
+    episode.events.append(event)
     return True
 
 
-def take_reply(episode: Episode, reply: Reply, tokenizer, max_turns: int, limits: Limits) -> None:
-    """The environment's reply to the turn: its calls and notes kept, then its text's ids inserted (within the
-    budget) or the episode ended. An episode already out of budget keeps the calls and notes alone."""
+def take_reply(
+    episode: Episode, reply: Reply, tokenizer, max_turns: int, limits: Limits, window: tuple[int, int]
+) -> None:
+    """The environment's reply to the turn (given in the wall-clock `window`, in ns): its calls and notes kept, then
+    its text's ids inserted (within the budget) or the episode ended. An episode already out of budget keeps the
+    calls and notes alone. Each reply is one of the episode's `events`."""
     episode.calls += reply.calls
     episode.state.update(reply.notes)
+    start = len(episode.ids)
+    insert_reply(episode, reply, tokenizer, max_turns, limits)
+    event = {"kind": "reply", "tokens": [start, len(episode.ids)], "ns": list(window), "stop": episode.stop,
+             "reward": reply.reward, "calls": [plain_value(c) for c in reply.calls]}  # fmt: skip
+    episode.events.append(event)
+
+
+def insert_reply(episode: Episode, reply: Reply, tokenizer, max_turns: int, limits: Limits) -> None:
+    """The reply's text's ids inserted (within the budget), or the episode ended."""
     if episode.stop is not None:
         return
     if reply.text is None:
@@ -234,6 +264,11 @@ def take_reply(episode: Episode, reply: Reply, tokenizer, max_turns: int, limits
         episode.stop = "length"
     elif episode.turns >= max_turns:
         episode.stop = "max_turns"
+
+
+def plain_value(call: Any) -> Any:
+    """One of `Reply.calls` as plain values: a dataclass (the Python tool's `ToolCall`) as a dict of its fields."""
+    return asdict(call) if is_dataclass(call) and not isinstance(call, type) else call
 
 
 def continuations(
@@ -254,15 +289,16 @@ def continuations(
     return [c for _, c in sorted(out, key=lambda x: x[0])]
 
 
-def environment_replies(environment: Environment, episodes: list[Episode]) -> list[Reply]:
-    """`environment.reply(episodes)`, checked: one `Reply` per episode, and whatever it raises as one line."""
+def environment_replies(environment: Environment, episodes: list[Episode]) -> tuple[list[Reply], tuple[int, int]]:
+    """`environment.reply(episodes)`, checked: one `Reply` per episode, and whatever it raises as one line; with
+    the wall-clock window (ns) the environment took."""
     name = type(environment).__name__
     one_at_a_time = contextlib.nullcontext() if environment.concurrent_replies else _ONE_REPLY_AT_A_TIME
     try:
         with one_at_a_time:
-            start = time.perf_counter()
+            start, clock = time.time_ns(), time.perf_counter()
             replies = list(environment.reply(episodes))
-            seconds = time.perf_counter() - start
+            seconds, end = time.perf_counter() - clock, time.time_ns()
     except Exception as err:
         message = " ".join(str(err).split())
         raise EnvironmentFailed(f"data.environment: {name}.reply raised {type(err).__name__}: {message}") from err
@@ -272,7 +308,7 @@ def environment_replies(environment: Environment, episodes: list[Episode]) -> li
     share = seconds / max(1, len(episodes))
     for episode in episodes:
         episode.reply_seconds += share
-    return replies
+    return replies, (start, end)
 
 
 def episode_metrics(episodes: list[Episode], environment: Environment) -> dict[str, float]:

@@ -184,20 +184,26 @@ def test_a_run_shows_its_tags_samples_table_and_system_metrics(ui, page, tmp_pat
     page.screenshot(path=SCREENSHOTS / "6-system-metrics.png")
 
 
+RUN_NAME = "grpo+correctness=parity+reward=brevity+shaper=thr+tool=python"
+
+
 @pytest.fixture(scope="module")
 def shaped_run_ui(tmp_path_factory, quick_warm_start):
-    """`make ui` on a store with one rollout batch of GRPO with THR (every token of a mixed group weighted) and a
-    reward function, named by the CLI: (base URL, the run, the client)."""
+    """`make ui` on a store with one rollout batch of GRPO with THR (every token of a mixed group weighted), a
+    reward function and the Python tool (each answer's first result is a call), named by the CLI: (base URL, the
+    run, the client)."""
     import mlflow
 
     from tests.support.cli import run_cli, small_run_args
     from tests.support.rewards import PARITY
+    from tests.support.tool_args import FIRST_RESULT_AS_CALL
 
     root = tmp_path_factory.mktemp("shaped_run")
     flags = ["--rollout_batches", "1", "--rollout.engine", "hf", "--data.val_data", "null",
              "--model.init_args.shapers.thr.p", "0.2", "--model.init_args.shapers.thr.threshold", "all",
              "--model.init_args.rewards.correctness", PARITY,  # about half right: mixed groups for THR
-             "--model.init_args.rewards.functions=[{function: tests.support.rewards.brevity, weight: 0.1}]"]  # fmt: skip
+             "--model.init_args.rewards.functions=[{function: tests.support.rewards.brevity, weight: 0.1}]",
+             *FIRST_RESULT_AS_CALL]  # fmt: skip
     proc = run_cli([*small_run_args(root, quick_warm_start[1]), *flags], root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{root}/mlflow.db")
@@ -210,7 +216,7 @@ def test_a_run_shows_its_completions_with_each_reward_term_and_its_thr_token_vie
     """The run's name says what it adds; its training completions table has a column per reward term; its token
     view, opened from the artifact view, gives each token its THR weight (read from the page, not pixels)."""
     base, run, _ = shaped_run_ui
-    assert run.info.run_name == "grpo+correctness=parity+reward=brevity+shaper=thr"
+    assert run.info.run_name == RUN_NAME
     page.goto(f"{base}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}?workflowType=machine_learning")
     page.get_by_text(run.info.run_name, exact=True).first.wait_for()
     page.get_by_role("tab", name="Artifacts").click()
@@ -229,3 +235,31 @@ def test_a_run_shows_its_completions_with_each_reward_term_and_its_thr_token_vie
     weights = [float(m) for t in titles for m in re.findall(r"shaper weight w \(THR, OAR\) = ([-\d.e]+)", t)]
     assert len(weights) == len(titles) and {1.2, 0.8} & set(weights), sorted(set(weights))  # THR's 1 ± p
     page.screenshot(path=SCREENSHOTS / "8-token-view.png")
+
+
+def test_a_two_turn_tool_answer_is_a_trace_with_its_tool_calls_code_and_output(shaped_run_ui, page):
+    """The run's Traces tab lists its traced answers; a two-turn answer that called the tool opens on its spans in
+    order, and its tool span shows the code the model wrote and what it printed (read from the page)."""
+    base, run, client = shaped_run_ui
+    traces = client.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id)
+    assert len(traces) == 4  # one group (G = 4) of the one rollout batch
+    spans = {t.info.trace_id: sorted(t.data.spans, key=lambda s: s.start_time_ns) for t in traces}
+    called = [i for i, s in spans.items() if "python" in [x.name for x in s] and "turn 2" in [x.name for x in s]]
+    assert called, {i: [x.name for x in s] for i, s in spans.items()}
+    trace = called[0]
+    tool = next(s for s in spans[trace] if s.name == "python")
+    page.goto(f"{base}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}?workflowType=machine_learning")
+    page.get_by_role("tab", name="Traces").click()
+    for trace_id in spans:
+        page.get_by_text(trace_id, exact=True).wait_for()  # each one listed
+    page.get_by_text(trace, exact=True).click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_text("turn 2", exact=True).wait_for()
+    tree = dialog.inner_text()
+    assert tree.index("turn 1") < tree.index("python") < tree.index("turn 2") < tree.index("score")
+    dialog.get_by_text("python", exact=True).first.click()
+    dialog.get_by_text("observation", exact=True).wait_for()
+    shown = dialog.inner_text()
+    code, printed = tool.inputs["code"], tool.outputs["stdout"].strip()
+    assert re.search(rf"code\s+{re.escape(code)}\s", shown) and re.search(rf"stdout\s+{re.escape(printed)}\s", shown), shown
+    page.screenshot(path=SCREENSHOTS / "9-tool-trace.png")

@@ -20,6 +20,7 @@ from rlvr_lightning.algos import GRPO, REAL
 from rlvr_lightning.environments.base import Environment, EnvironmentFailed, Reply
 from rlvr_lightning.environments.episodes import episode_metrics, generate_episodes
 from rlvr_lightning.training.batch import optimizer_step_norms
+from tests.support.char_tokenizer import Chars
 from tests.support.cli import REPO
 from tests.support.update_harness import G, attach, gradient, prepared, sample_rollout
 
@@ -300,17 +301,20 @@ def test_episodes_advanced_in_pieces_take_whole_turns_across_the_caps(generation
 
 def test_an_episode_in_flight_survives_a_checkpoint_loaded_weights_only(tmp_path):
     """A batch generated ahead goes into the checkpoint with its episodes as plain values, loadable the way
-    LightningCLI loads one, and the Python tool rebuilds its calls."""
-    from rlvr_lightning.environments.episodes import Episode
+    LightningCLI loads one, and the Python tool rebuilds its calls; what happened so far (its trace's events) too."""
+    from rlvr_lightning.environments.episodes import Episode, plain_value
     from rlvr_lightning.environments.python_tool import PythonTool, ToolCall
     from rlvr_lightning.sandbox import Execution
 
-    call = ToolCall("print(6*7)", Execution("42\n", "", "ok", 0, 0.01), "```output\n42\n```\n", False)
+    call = ToolCall("print(6*7)", Execution("42\n", "", "ok", 0, 0.01), "```output\n42\n```\n", False, (10, 13))
+    events = [{"kind": "turn", "tokens": [0, 1], "ns": [1, 2], "stopped_at": "```"},
+              {"kind": "reply", "tokens": [1, 2], "ns": [3, 4], "stop": None, "reward": None, "calls": [plain_value(call)]}]  # fmt: skip
     e = Episode([1, 2], "q", "42", [5, 6, 7], [-0.5, 0.0, -0.1], [True, False, True], [0, 0, 1], turns=1, turn_start=2,
-                segment="x", calls=[call], state={"void_turns": 1})  # fmt: skip
+                segment="x", calls=[call], state={"void_turns": 1}, events=events, turn_started_ns=5)  # fmt: skip
     torch.save({"episodes": [e.to_state()]}, tmp_path / "ckpt")
     (saved,) = torch.load(tmp_path / "ckpt", weights_only=True)["episodes"]
     assert Episode.from_state(saved, PythonTool()) == e
+    assert Episode.from_state(saved, PythonTool()).completion().events == events
 
 
 def test_a_batchs_episode_metrics_have_the_same_keys_whatever_its_episodes_did():
@@ -398,16 +402,6 @@ def test_inserted_tokens_get_exactly_zero_gradient_through_the_real_update(tiny_
     assert (per_token[trained] > 0).float().mean() > 0.5  # the sampled tokens are trained
 
 
-class Chars:
-    """A tokenizer with one token per character (its code point): enough for the loop without an engine."""
-
-    def decode(self, ids, **_):
-        return "".join(map(chr, ids))
-
-    def __call__(self, text, add_special_tokens=False, split_special_tokens=False):
-        return type("Encoding", (), {"input_ids": [ord(c) for c in text]})()
-
-
 def test_the_loop_marks_each_token_as_it_appends_it_and_keeps_what_the_environment_returns():
     """Segments are marked sampled and replies inserted as the loop appends them, in one mask the completion
     carries on; a reply's calls and notes are kept by the loop, for the episode that ends too."""
@@ -437,3 +431,43 @@ def test_the_loop_marks_each_token_as_it_appends_it_and_keeps_what_the_environme
     assert episode.state == {"last": 3, "turn 1": "ab!", "turn 2": "cd!", "turn 3": "e"}
     c = episode.completion()
     assert c.sampled_mask == episode.sampled_mask and c.num_sampled == 7 and c.sampled_mask is not episode.sampled_mask
+    # what happened, in order, for the answer's trace: each turn and each reply with its token range and calls
+    assert [(e["kind"], e["tokens"]) for e in c.events] == [("turn", [0, 3]), ("reply", [3, 5]), ("turn", [5, 8]),
+                                                           ("reply", [8, 10]), ("turn", [10, 11]), ("reply", [11, 11])]  # fmt: skip
+    assert [e["calls"] for e in c.events if e["kind"] == "reply"] == [["call 1"], ["call 2"], ["call 3"]]
+    assert [e["stop"] for e in c.events if e["kind"] == "reply"] == [None, None, "answered"]
+    assert [e["stopped_at"] for e in c.events if e["kind"] == "turn"] == ["!", "!", None]
+    times = [t for e in c.events for t in e["ns"]]
+    assert all(0 < t for t in times) and all(e["ns"][0] <= e["ns"][1] for e in c.events)
+    assert c == replace(c, events=[])  # wall-clock times: not part of a completion's value
+
+
+def test_a_turn_cut_by_a_partial_rollouts_cap_is_one_turn_from_its_first_piece():
+    """A turn sampled in two pieces (a weight sync between them) is one turn in the answer's events, spanning
+    the first piece's generation call to the one that ended it."""
+    from rlvr_lightning.environments.episodes import advance_episodes, start_episodes
+    from rlvr_lightning.rollout.types import Completion, SamplingConfig
+
+    pieces = iter(["abc", "d!", "e"])
+
+    def generate(prompts, sampling):
+        text = next(pieces)[: sampling.max_tokens]
+        time.sleep(0.002)  # the calls' windows apart
+        return [[Completion([ord(c) for c in text], [-0.5] * len(text), "length" if len(text) == 3 else "stop")]]
+
+    class Echo(Environment):
+        stop = ("!",)
+
+        def reply(self, episodes):
+            return [Reply("X") if e.turns < 2 else Reply(None) for e in episodes]
+
+    (episode,) = start_episodes([[1]], 1)
+    sampling = SamplingConfig(group_size=1, max_tokens=40)
+    advance_episodes(generate, Chars(), [episode], sampling, Echo(), cap=3)  # "abc": stopped at the cap mid-turn
+    assert episode.events == [] and Chars().decode(episode.ids) == "abc"
+    first_call = episode.turn_started_ns
+    advance_episodes(generate, Chars(), [episode], sampling, Echo())
+    assert Chars().decode(episode.ids) == "abcd!Xe"
+    turns = [e for e in episode.events if e["kind"] == "turn"]
+    assert [e["tokens"] for e in turns] == [[0, 5], [6, 7]]
+    assert turns[0]["ns"][0] == first_call < turns[0]["ns"][1] < turns[1]["ns"][0]
