@@ -68,3 +68,19 @@ def test_a_table_that_fails_to_log_is_a_warning_and_never_the_runs_error():
     with pytest.warns(UserWarning, match="a table could not be logged"):
         table.teardown(None, None, "fit")  # waited for, reported, not raised
     assert table._writer is None and table._pending == []
+
+
+def test_a_table_that_traced_points_the_process_tracking_uri_back_at_teardown(tmp_path, monkeypatch):
+    import os
+
+    import mlflow
+
+    from rlvr_lightning.callbacks.completions import CompletionsTable
+    from rlvr_lightning.callbacks.episode_traces import point_tracing_at
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    mlflow.set_tracking_uri(None)
+    table = CompletionsTable()
+    table._uri_before = point_tracing_at(f"sqlite:///{tmp_path}/mlflow.db")  # as its first traced batch does
+    table.teardown(None, None, "fit")
+    assert "MLFLOW_TRACKING_URI" not in os.environ
