@@ -19,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from rlvr_lightning.callbacks.episode_traces import clipped, log_episode_traces, point_tracing_at
 from rlvr_lightning.callbacks.token_view import token_answers, token_view_html
 from rlvr_lightning.context import ScoredBatch
+from rlvr_lightning.rollout.types import Rollout
 from rlvr_lightning.errors import ConfigError
 
 _UNSET = object()
@@ -43,30 +44,31 @@ def logged_rows(batch: ScoredBatch, groups: int) -> range:
     return range(min(groups * batch.group_size, batch.rollout.num_sequences))
 
 
+def answer_columns(rollout: Rollout, n: int, decode, max_chars: int) -> dict[str, Any]:
+    """What every samples table shows of answer n of a scored rollout: its prompt, gold, completion (an environment's
+    text between markers), the model's turns, finish reason, correctness and each reward term."""
+    c, b = rollout.completions[n], rollout.group_of(n)
+    text, turns = turns_text(c.token_ids, c.sampled_mask, decode) if c.has_inserted else (rollout.texts[n], 1)
+    finish = f"{c.finish_reason} (excluded: {c.excluded})" if c.excluded else c.finish_reason
+    return {"prompt": clipped(rollout.batch.prompts[b], max_chars), "gold": rollout.batch.answers[b],
+            "completion": clipped(text, max_chars), "turns": turns, "finish_reason": finish,
+            "correct": float(rollout.correct[n]),
+            **{f"reward/{name}": float(values[n]) for name, values in rollout.reward_terms.items()}}  # fmt: skip
+
+
+def table_of(rows: list[dict[str, Any]]) -> dict[str, list]:
+    """Rows as MLflow's `log_table` takes them: a list per column, the columns in the first row's order."""
+    return {key: [row[key] for row in rows] for key in (rows[0] if rows else {})}
+
+
 def completion_rows(batch: ScoredBatch, groups: int, decode, max_chars: int, step: int) -> dict[str, list]:
-    """The table of the first `groups` groups of a scored batch: one row per answer, each column a list."""
-    rollout, G = batch.rollout, batch.group_size
-    rows = logged_rows(batch, groups)
-    table: dict[str, list] = {"step": [], "group": [], "prompt": [], "gold": [], "completion": [], "turns": [],
-                              "finish_reason": [], "correct": [], "reward": [], "advantage": []}  # fmt: skip
-    for name in rollout.reward_terms:
-        table[f"reward/{name}"] = []
-    for n in rows:
-        c = rollout.completions[n]
-        text, turns = turns_text(c.token_ids, c.sampled_mask, decode)
-        table["step"].append(step)
-        table["group"].append(n // G)
-        table["prompt"].append(clipped(rollout.batch.prompts[n // G], max_chars))
-        table["gold"].append(rollout.batch.answers[n // G])
-        table["completion"].append(clipped(text, max_chars))
-        table["turns"].append(turns)
-        table["finish_reason"].append(f"{c.finish_reason} (excluded: {c.excluded})" if c.excluded else c.finish_reason)
-        table["correct"].append(float(rollout.correct[n]))
-        table["reward"].append(float(batch.rewards[n]))
-        table["advantage"].append(float(batch.advantages[n]))
-        for name, values in rollout.reward_terms.items():
-            table[f"reward/{name}"].append(float(values[n]))
-    return table
+    """The table of the first `groups` groups of a scored batch: one row per answer, with its reward and advantage."""
+    rollout = batch.rollout
+    return table_of([
+        {"step": step, "group": rollout.group_of(n), **answer_columns(rollout, n, decode, max_chars),
+         "reward": float(batch.rewards[n]), "advantage": float(batch.advantages[n])}
+        for n in logged_rows(batch, groups)
+    ])  # fmt: skip
 
 
 class CompletionsTable(Callback):

@@ -7,8 +7,10 @@ policy improves (seen on the embedded default), so greedy accuracy is logged bes
 (`rlvr_lightning.metrics`), with its standard error `val/pass_at_<k>_se`, for each k in `pass_k`
 (MLflow metric names cannot contain "@"), and `val/maj_at_<k>` (majority vote over the extracted
 answers of the first k samples) for each k in `maj_k`. Every evaluation also logs a bounded table of
-sample completions (prompt, completion, parsed answer, gold, reward) as the MLflow artifact
-`samples/<prefix>_step_<N>.json`.
+sample completions as the MLflow artifact `samples/<prefix>_step_<N>.json`: the first answer to each of the first
+`log_samples` problems with the columns of the training completions table (`callbacks.completions`: prompt, gold,
+completion with its turns, finish reason, correctness, each reward term) and its parsed answer and reward (w_c·c + Σ
+terms: the run's reward functions run on these answers alone); held-out answers train nothing, so no advantage.
 
 `benchmarks` adds named benchmarks (MATH-500, AIME24, … by path or HF name), each with its own
 sampling settings: `val/<name>/accuracy`, `val/<name>/pass_at_<k>`, `val/<name>/maj_at_<k>`,
@@ -36,6 +38,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 
+from rlvr_lightning.callbacks.completions import answer_columns, table_of
 from rlvr_lightning.callbacks.periodic import is_due
 from rlvr_lightning.data.sources import ProblemRecord
 from rlvr_lightning.errors import ConfigError
@@ -265,7 +268,7 @@ class Evaluation(Callback):
             parts, sharded = rank_batches(task.records, target.rank, target.world_size, self.batch_size)
             batches = [target.data.collate(part) for part in parts]
             score = partial(self._score, target, batches, sharded=sharded)
-            metrics, samples = score(task.sampling, task.pass_k, task.maj_k)
+            metrics, samples = score(task.sampling, task.pass_k, task.maj_k, self.log_samples, self.max_sample_chars)
             if self.greedy:
                 greedy, _ = score(replace(task.sampling, group_size=1, temperature=0.0), [], [])
                 metrics["accuracy_greedy"] = greedy["accuracy"]
@@ -278,30 +281,28 @@ class Evaluation(Callback):
             logger.log_metrics(out, step=step)
         return out
 
-    def _log_samples(self, logger: Logger, samples: dict[str, list], step: int, prefix: str) -> None:
+    def _log_samples(self, logger: Logger, samples: list[dict], step: int, prefix: str) -> None:
         experiment = getattr(logger, "experiment", None)
-        if not self.log_samples or not samples["prompt"] or not hasattr(experiment, "log_table"):
+        if not samples or not hasattr(experiment, "log_table"):
             return
-        table = {k: v[: self.log_samples] for k, v in samples.items()}
-        for key in ("prompt", "completion"):
-            table[key] = [t if len(t) <= self.max_sample_chars else t[: self.max_sample_chars] + " …" for t in table[key]]
         experiment.log_table(
             logger.run_id,
-            data=table | {"step": [step] * len(table["prompt"])},
+            data=table_of([{"step": step, **row} for row in samples]),
             artifact_file=f"samples/{prefix.replace('/', '_')}_step_{step:06d}.json",
         )
 
     @staticmethod
     def _score(
-        target: EvalTarget, batches, sampling, pass_k: list[int], maj_k: list[int], sharded: bool = False
-    ) -> tuple[dict[str, float], dict[str, list]]:
+        target: EvalTarget, batches, sampling, pass_k: list[int], maj_k: list[int], log_rows: int = 0,
+        max_chars: int = 2000, sharded: bool = False,
+    ) -> tuple[dict[str, float], list[dict]]:  # fmt: skip
         correct, lengths, no_answer, n_problems = [], [], 0.0, 0
         episode_sums: dict[str, float] = {}  # an environment's episode metrics, weighted by completions
         # Under several ranks each scores its share (`rank_batches`): the torchmetrics states below
         # synchronise in compute(), the plain sums through the strategy.
         pass_metrics = {k: PassAtK(k) for k in pass_k}
         maj_metrics = {k: MajAtK(k) for k in maj_k}
-        samples: dict[str, list] = {"prompt": [], "completion": [], "parsed_answer": [], "gold": [], "reward": []}
+        samples: list[dict] = []  # the samples table's rows: the first answer to each of the first `log_rows` problems
         for batch in batches:
             rollout = target.generate(batch, sampling)
             c, _ = target.scoring.correctness(rollout)
@@ -315,11 +316,8 @@ class Evaluation(Callback):
                     [answers[i * sampling.group_size : (i + 1) * sampling.group_size] for i in range(len(batch))],
                     per_problem,
                 )
-            for i in range(len(batch)):  # the first sample of each problem
-                n = i * sampling.group_size
-                row = (batch.prompts[i], rollout.texts[n], answers[n], batch.answers[i], float(c[n]))
-                for key, value in zip(samples, row):
-                    samples[key].append(value)
+            if len(samples) < log_rows:
+                samples += held_out_rows(target, rollout, c, answers, log_rows - len(samples), max_chars)
             lengths.extend(rollout.response_lengths.tolist())
             no_answer += sum(a is None for a in answers)  # whatever gives correctness
             n_problems += len(batch)
@@ -346,6 +344,25 @@ class Evaluation(Callback):
             "num_problems": n_problems,
         }, samples
 
+
+
+def held_out_rows(
+    target: EvalTarget, rollout: Rollout, correct: torch.Tensor, answers: list[str | None], limit: int, max_chars: int
+) -> list[dict]:
+    """The first answer to each of the first `limit` problems of a held-out rollout as samples-table rows, scored as
+    training scores an answer: its correctness `correct` (already computed), each reward term (the run's reward
+    functions, run on these answers only), and the reward they make, w_c·c + Σ terms."""
+    picked = [i * rollout.group_size for i in range(min(limit, len(rollout.batch)))]
+    first = replace(
+        rollout, group_size=1, completions=[rollout.completions[n] for n in picked], texts=[rollout.texts[n] for n in picked],
+        own_texts=[rollout.own_texts[n] for n in picked] if rollout.own_texts else (),
+        reward_terms={name: values[picked] for name, values in rollout.reward_terms.items()},
+    )  # fmt: skip
+    scored = target.scoring.with_terms(first, correct[picked])
+    rewards = scored.reward_with_terms(scored.correct)
+    decode = target.data.tokenizer.decode
+    return [{**answer_columns(scored, k, decode, max_chars), "parsed_answer": answers[n], "reward": float(rewards[k])}
+            for k, n in enumerate(picked)]  # fmt: skip
 
 
 def rank_batches(records: list, rank: int, world: int, batch_size: int) -> tuple[list[list], bool]:

@@ -60,8 +60,18 @@ class Scoring:
         needed = correctness is not None or functions  # what a user's function is told; math-verify needs none of it
         metadata = answer_metadata(rollout, rollout_batch, rank) if needed else None
         correct, metrics = self.correctness(rollout, metadata)
+        return self.with_terms(rollout, correct, metrics, metadata)
+
+    def with_terms(
+        self, rollout: Rollout, correct: torch.Tensor, metrics: dict[str, float] | None = None,
+        metadata: list[dict] | None = None,
+    ) -> Rollout:  # fmt: skip
+        """The rollout with correctness `correct` [N] (given, not computed again: the held-out samples table's), each
+        reward term on its answers, the metrics, and the weight of correctness in its reward."""
+        if metadata is None and self.load()[1]:
+            metadata = answer_metadata(rollout)
         terms, term_metrics = self.reward_terms(rollout, metadata)
-        scored = rollout.scored(Verdict(correct, {**metrics, **term_metrics}, terms))
+        scored = rollout.scored(Verdict(correct, {**(metrics or {}), **term_metrics}, terms))
         if self.settings.correctness == ENVIRONMENT:  # its verdict is c, not a term beside it
             scored = replace(scored, reward_terms={k: v for k, v in scored.reward_terms.items() if k != ENVIRONMENT})
         return replace(scored, correctness_weight=self.settings.correctness_weight)

@@ -209,3 +209,45 @@ def test_evaluation_reports_the_runs_own_correctness(tiny_policy_dir):
     assert out["val/accuracy"] == pytest.approx(1.5 / 4)
     assert out["val/pass_at_1"] == pytest.approx(1 / 4) and out["val/pass_at_4"] == pytest.approx(1.0)
     assert out["val/no_answer_frac"] == 1.0 and out["val/accuracy_greedy"] == 1.0  # greedy: the first, "right"
+
+
+def shortness(completion: str, gold: str, metadata: dict) -> float:
+    """A reward function of the run's: 1 / the answer's length in characters."""
+    return 1.0 / len(completion)
+
+
+def test_the_held_out_samples_table_scores_each_first_answer_as_training_would(tiny_policy_dir, tmp_path):
+    """The samples table of an evaluation, read back from a real MLflow store: the first answer to each of the first
+    `log_samples` problems, across batches, with its correctness, each reward term (the run's reward function, run on
+    these answers) and the reward they make, w_c·c + w·f, as the training table's columns name them."""
+    import json
+
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    from rlvr_lightning.callbacks.evaluation import EvalTarget
+    from rlvr_lightning.rollout.types import Completion
+    from rlvr_lightning.training.generation import to_rollout
+
+    dm = datamodule(tiny_policy_dir, val_size=5)
+    tok = dm.tokenizer
+
+    def scripted(batch, sampling):
+        texts = ["half", "right", "right", "none"][: sampling.group_size]
+        groups = [[Completion(tok(t).input_ids + [tok.eos_token_id], [0.0], "stop") for t in texts] for _ in batch.prompts]
+        return to_rollout(tok, batch, [tok(p).input_ids for p in batch.prompts], sampling, groups, 0)
+
+    rewards = {"correctness": "tests.callbacks.test_evaluation.credit", "correctness_weight": 2.0,
+               "functions": [{"function": "tests.callbacks.test_evaluation.shortness", "weight": 0.5}]}  # fmt: skip
+    logger = MLFlowLogger(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_location=str(tmp_path / "artifacts"))
+    evaluation = Evaluation(num_samples=4, greedy=False, batch_size=2, log_samples=3)
+    evaluation.run(EvalTarget(scripted, dm, Scoring(RewardSettings.of(rewards)), logger), step=7)
+    path = logger.experiment.download_artifacts(logger.run_id, "samples/val_step_000007.json", str(tmp_path))
+    table = json.loads(open(path).read())
+    assert table["columns"] == ["step", "prompt", "gold", "completion", "turns", "finish_reason", "correct",
+                                "reward/shortness", "parsed_answer", "reward"]  # fmt: skip
+    rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+    prompts = dm.collate(dm.val_records).prompts
+    assert [r["prompt"] for r in rows] == prompts[:3]  # 3 problems over two batches of 2
+    for r in rows:
+        assert r["completion"] == "half" and r["correct"] == 0.5 and r["reward/shortness"] == 0.5 * 0.25
+        assert r["reward"] == 2.0 * 0.5 + 0.5 * 0.25 and r["step"] == 7 and r["turns"] == 1

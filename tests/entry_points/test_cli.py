@@ -81,7 +81,8 @@ def test_two_step_fit_writes_an_mlflow_run(two_step_runs, engine):
     # The training completions and their token view: every 10th rollout batch, the first included.
     assert [p for p in logged if p not in samples] == ["samples/tokens_step_000000.html", "samples/train_step_000000.json"]
     table = json.loads(Path(client.download_artifacts(run.info.run_id, samples[0], str(tmp_path))).read_text())
-    assert table["columns"] == ["prompt", "completion", "parsed_answer", "gold", "reward", "step"]
+    assert table["columns"] == ["step", "prompt", "gold", "completion", "turns", "finish_reason", "correct",
+                                "parsed_answer", "reward"]  # fmt: skip
     assert 0 < len(table["data"]) <= 16
     assert "val/maj_at_8" in history and "val/pass_at_8_se" in history
     export = Path(run.data.tags["export/final"])  # HFExport of configs/base.yaml, under the working directory
