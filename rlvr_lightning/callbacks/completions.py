@@ -19,8 +19,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from rlvr_lightning.callbacks.episode_traces import clipped, log_episode_traces, point_tracing_at
 from rlvr_lightning.callbacks.token_view import token_answers, token_view_html
 from rlvr_lightning.context import ScoredBatch
-from rlvr_lightning.rollout.types import Rollout
 from rlvr_lightning.errors import ConfigError
+from rlvr_lightning.rollout.types import Rollout
 
 _UNSET = object()
 INSERTED_OPEN, INSERTED_CLOSE = "\n⟦inserted⟧\n", "\n⟦/inserted⟧\n"  # around an environment's text in a completion
