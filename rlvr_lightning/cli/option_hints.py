@@ -77,11 +77,10 @@ def option_hint(line: str) -> str:
     if LIGHTNING_OPTIMIZER.search(line):
         return ("; the algorithm makes its own AdamW and schedule: model.init_args.optim.lr, .weight_decay, "
                 ".warmup_steps, .lr_schedule, .max_grad_norm")  # fmt: skip
-    found = next((m for m in (p.search(line) for p in UNKNOWN) if m is not None), None)
+    found = unknown_option(line)
     if found is None:
         return ""
-    *path, name = [part for part in found.groups() if part]
-    section = ".".join(path)
+    section, name = found
     options = known_options()
     if section not in options:
         return ""
@@ -90,6 +89,52 @@ def option_hint(line: str) -> str:
         same.insert(0, RENAMED[name])
     close = same or [f"{section}.{n}" for n in difflib.get_close_matches(name, sorted(options[section]), n=3)]
     return f"; did you mean {' or '.join(map(flag_of, close))}?" if close else "; every option with its value: --print_config"
+
+
+def unknown_option(line: str) -> tuple[str, str] | None:
+    """(its section, the option) of a parse error about an unknown option (`("model.optim", "lrr")`), else None."""
+    found = next((m for m in (p.search(line) for p in UNKNOWN) if m is not None), None)
+    if found is None:
+        return None
+    *path, name = [part for part in found.groups() if part]
+    return ".".join(path), name
+
+
+def files_setting(line: str, args: list[str]) -> list[str]:
+    """The config files given with `--config` in `args` that set the unknown option of a parse error (none: a flag
+    set it, or the error is of another kind). jsonargparse names the option and its group but not the file."""
+    import yaml
+
+    found = unknown_option(line)
+    if found is None:
+        return []
+    wanted = ".".join(found)
+    files = [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
+    files += [b for a, b in zip(args, args[1:]) if a == "--config"]
+    hits = []
+    for name in files:
+        try:
+            with open(name) as f:
+                loaded = yaml.safe_load(f)
+        except (OSError, yaml.YAMLError):  # not a file (a YAML string), or one jsonargparse reports itself
+            continue
+        if wanted in set(dotted_keys(loaded)):
+            hits.append(name)
+    return hits
+
+
+def dotted_keys(tree, prefix: str = ""):
+    """Each key path of a parsed config file, dotted, without `init_args` and a leading subcommand (`fit`): the
+    option's path as a parse error names it."""
+    if not isinstance(tree, dict):
+        return
+    for key, value in tree.items():
+        if key == "init_args" or (not prefix and key == "fit"):
+            yield from dotted_keys(value, prefix)
+            continue
+        path = f"{prefix}.{key}" if prefix else str(key)
+        yield path
+        yield from dotted_keys(value, path)
 
 
 def flag_of(option: str) -> str:

@@ -29,7 +29,7 @@ from rlvr_lightning.cli.default_progress_bar import use_rollout_progress_bar
 from rlvr_lightning.cli.error_lines import constructor_error_line, parse_error_line, user_error_behind
 from rlvr_lightning.cli.input_checks import build_embedded_models, check_inputs
 from rlvr_lightning.cli.mlflow_resume import reopen_checkpoint_run
-from rlvr_lightning.cli.option_hints import option_hint
+from rlvr_lightning.cli.option_hints import files_setting, option_hint
 from rlvr_lightning.cli.run_length import resolve_run_length
 from rlvr_lightning.cli.run_naming import run_identity
 from rlvr_lightning.console import verbose
@@ -90,7 +90,9 @@ class RLVRCLI(LightningCLI):
             if verbose():  # -v: jsonargparse's whole account too
                 print(str(err), file=sys.stderr)
             line = parse_error_line(err)
-            print(f"error: {line}{option_hint(line)}", file=sys.stderr)
+            files = files_setting(line, list(sys.argv[1:] if args is None else args))
+            where = f" (set in {' and '.join(files)})" if files else ""
+            print(f"error: {line}{where}{option_hint(line)}", file=sys.stderr)
             sys.exit(2)
 
     def _parse_ckpt_path(self) -> None:

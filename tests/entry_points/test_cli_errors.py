@@ -80,9 +80,19 @@ def test_an_option_of_a_group_in_a_config_file_is_reported_with_its_group(capsys
     assert "did you mean model.init_args.optim.lr?" in cli_error(["--config", str(flat)], capsys)
     misspelt = tmp_path / "misspelt.yaml"
     misspelt.write_text("model:\n  init_args:\n    compute:\n      micro_batch_sise: 8\n")
-    assert "Group 'compute' does not accept option 'micro_batch_sise'; did you mean model.init_args.compute.micro_batch_size" in cli_error(
-        ["--config", str(misspelt)], capsys
-    )
+    assert (f"Group 'compute' does not accept option 'micro_batch_sise' (set in {misspelt}); did you mean "
+            "model.init_args.compute.micro_batch_size") in cli_error(["--config", str(misspelt)], capsys)  # fmt: skip
+
+
+def test_an_unknown_option_in_a_config_file_names_the_file_that_sets_it(capsys, tmp_path):
+    """Of the config files given, the one that sets the unknown option is named (a preset, the user's own file);
+    one set by a flag names none."""
+    fine, bad = tmp_path / "fine.yaml", tmp_path / "bad.yaml"
+    fine.write_text("data:\n  batch_size: 4\n")
+    bad.write_text("trainer:\n  max_stepz: 4\n")
+    line = cli_error(["--config", str(fine), f"--config={bad}"], capsys)
+    assert f"max_stepz' (set in {bad}); did you mean trainer.max_steps" in line and str(fine) not in line
+    assert "set in" not in cli_error(["--config", str(fine), "--data.batch_sise", "4"], capsys)
 
 
 @pytest.mark.parametrize(
@@ -111,7 +121,7 @@ def test_a_flat_rollout_option_in_a_config_file_names_its_new_spelling(section, 
     old.write_text(f"rollout:\n  {section}\n")
     name = section.partition(":")[0]
     assert cli_error(["--config", str(old)], capsys) == (
-        f"error: Subcommand 'fit' does not accept option 'rollout.{name}'; did you mean {new}?"
+        f"error: Subcommand 'fit' does not accept option 'rollout.{name}' (set in {old}); did you mean {new}?"
     )
 
 
