@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--answer-field")
     p.add_argument("--prompt-template", default="{problem}")
     p.add_argument("--use-chat-template", action="store_true")
-    p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark")
+    p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark whose prompt fits")
     p.add_argument("--n", type=int, default=8, help="samples per problem")
     p.add_argument("--k", type=int, nargs="+", default=[1, 4, 8], help="k of pass@k (and maj@k for k > 1)")
     p.add_argument("--temperature", type=float, default=1.0)
@@ -224,4 +224,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from rlvr_lightning.console import quiet_libraries
+
+    main(quiet_libraries(sys.argv[1:]))  # before vLLM is imported, as `make train` does; -v prints everything

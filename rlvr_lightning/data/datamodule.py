@@ -186,22 +186,32 @@ class RolloutDataModule(L.LightningDataModule):
     ) -> list[ProblemRecord]:
         """Problems from an embedded task (`EMBEDDED_TASKS`; its train or test part: `embedded_part`, else
         `split`), a file or an HF dataset (`fields`: `problem_field`, `answer_field`, `id_field` of
-        `load_problems`), without those whose templated prompt is longer than `max_prompt_tokens` (counted)."""
-        if source in EMBEDDED_TASKS:
-            records = embedded_records(embedded_part or split, task=source)[:limit]
-        else:
-            records = load_problems(source, split=split, limit=limit, **fields)
+        `load_problems`), without those whose templated prompt is longer than `max_prompt_tokens` (counted): the
+        first `limit` of those that fit, reading the source only as far as they take."""
+
+        def read(n: int | None) -> list[ProblemRecord]:
+            if source in EMBEDDED_TASKS:
+                return embedded_records(embedded_part or split, task=source)[:n]
+            return load_problems(source, split=split, limit=n, **fields)
+
         if max_prompt_tokens is None:
-            return records
-        kept = [r for r in records if len(self.prompt_ids(r.problem)) <= max_prompt_tokens]
-        if len(kept) < len(records):
-            log.warning(
-                "%s: dropped %d of %d problems whose prompt is longer than %d tokens",
-                source,
-                len(records) - len(kept),
-                len(records),
-                max_prompt_tokens,
-            )
+            return read(limit)
+        wanted = limit
+        while True:
+            records = read(limit)
+            fits = [len(self.prompt_ids(r.problem)) <= max_prompt_tokens for r in records]
+            if wanted is None or sum(fits) >= wanted or len(records) < limit:
+                break
+            limit = max(1, 2 * limit)  # too many of those read were too long: read twice as far
+        kept, seen = [], 0
+        for record, fit in zip(records, fits):
+            if wanted is not None and len(kept) == wanted:
+                break
+            seen += 1
+            kept += [record] if fit else []
+        if len(kept) < seen:
+            log.warning("%s: dropped %d of %d problems whose prompt is longer than %d tokens", source,
+                        seen - len(kept), seen, max_prompt_tokens)  # fmt: skip
         return kept
 
     def format_prompt(self, problem: str) -> str:

@@ -174,7 +174,8 @@ def test_a_run_shows_its_tags_samples_table_and_system_metrics(ui, page, tmp_pat
     page.get_by_text("val_step_000000.json", exact=True).first.click()
     page.get_by_text("View as table").wait_for()
     table = json.loads(Path(client.download_artifacts(run.info.run_id, "samples/val_step_000000.json", str(tmp_path))).read_text())
-    page.get_by_text(table["data"][0][0], exact=True).first.wait_for()  # the first sample's prompt, as a cell
+    prompt = table["data"][0][table["columns"].index("prompt")]
+    page.get_by_text(prompt, exact=True).first.wait_for()  # the first sample's prompt, as a cell
     assert "\n".join(table["columns"]) in page.locator("main").first.inner_text()  # the header row, in order
     page.screenshot(path=SCREENSHOTS / "5-samples-table.png")
 

@@ -15,11 +15,12 @@ BASE = ["fit", "--config", "configs/base.yaml", "--config", "configs/algo/grpo.y
 
 
 def run_cli(
-    args: list[str], tmp_path: Path, timeout: int = 420, pythonpath: tuple[Path, ...] = ()
+    args: list[str], tmp_path: Path, timeout: int = 420, pythonpath: tuple[Path, ...] = (), module: str = "rlvr_lightning"
 ) -> subprocess.CompletedProcess:
     """The CLI as a user runs it, from a scratch directory (relative outputs such as `exports/` land
     there, not in the repository); `configs/…` arguments point into the repository. `pythonpath`: a
-    user's own directories (their piece modules), after this checkout."""
+    user's own directories (their piece modules), after this checkout. `module`: another entry point
+    (`rlvr_lightning.evaluate`, what `make eval` runs)."""
     # PYTHONPATH: this checkout (and its tests' stand-in callbacks), whichever one the venv installed.
     path = os.pathsep.join(map(str, (REPO, *pythonpath)))
     env = {**os.environ, "RLVR_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
@@ -30,7 +31,7 @@ def run_cli(
     if args and args[0] == "fit" and not any(a.startswith("--plan.") for a in args):
         args.append("--plan.check=false")  # the planner's own tests run it; here it would only add seconds
     return subprocess.run(
-        [sys.executable, "-m", "rlvr_lightning", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+        [sys.executable, "-m", module, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
         timeout=timeout,
     )  # fmt: skip
 
