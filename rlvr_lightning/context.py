@@ -73,6 +73,9 @@ class StepContext:
     scoring: Any = None  # the scoring stage (`training.scoring.Scoring`): correctness and reward terms
     observers: tuple = ()  # rollout callbacks that watch each scored rollout (`on_rollout_generated`)
     teacher: Any = None  # on-policy distillation's teacher (`training.teacher`), None without one
+    # The first groups of this batch whose per-token entropy the step's result keeps (`StepResult.token_entropy`):
+    # those a token view will show (`callbacks.completions`); 0 on the batches it does not log.
+    entropy_groups: int = 0
 
     @property
     def engine(self) -> RolloutEngine:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlvr_lightning.callbacks.closing import CloseOnError
+from rlvr_lightning.callbacks.completions import CompletionsTable
 from rlvr_lightning.callbacks.progress import bar_metrics, rollout_batches_total
 from rlvr_lightning.callbacks.rollout import rollout_callbacks
 from rlvr_lightning.context import Collectives, StepContext
@@ -125,6 +126,8 @@ def step_context(module: Any) -> StepContext:
         seed=dm.hparams.seed,
         scoring=module.scoring,
         observers=tuple(rollout_callbacks(trainer)),
+        entropy_groups=max((c.entropy_groups(module.rollout_batches) for c in trainer.callbacks
+                            if isinstance(c, CompletionsTable)), default=0),  # fmt: skip
     )
 
 

@@ -96,12 +96,21 @@ class CompletionsTable(Callback):
         # background: flushed at the end, then the URI restored); `_UNSET` while no trace was started.
         self._uri_before: str | None | object = _UNSET
 
+    def logs(self, rollout_batch: int) -> bool:
+        """Whether rollout batch `rollout_batch` (0-based) is one this table logs."""
+        return bool(self.every_n_steps) and rollout_batch % self.every_n_steps == 0
+
+    def entropy_groups(self, rollout_batch: int) -> int:
+        """The groups of rollout batch `rollout_batch` whose per-token entropy its token view shows (the step keeps
+        it: `StepContext.entropy_groups`); 0 where it logs no token view."""
+        return self.groups if self.token_view and self.logs(rollout_batch) else 0
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs, batch, batch_idx: int) -> None:
         step = pl_module.rollout_batches - 1  # the rollout batch just trained (`training_step` counted it)
         result = getattr(pl_module, "last_result", None)  # an `RLVRModule`'s; another module has none
         batch_result = getattr(result, "batch", None)  # None: a skipped batch (DAPO's)
         logger = next((lg for lg in trainer.loggers if isinstance(lg, MLFlowLogger)), None)
-        if not self.every_n_steps or step % self.every_n_steps or batch_result is None or logger is None:
+        if not self.logs(step) or batch_result is None or logger is None:
             return
         if trainer.global_rank != 0:
             return

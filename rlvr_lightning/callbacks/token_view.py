@@ -1,7 +1,7 @@
 """A token view of a trained rollout batch: a self-contained HTML page (no network, no script from elsewhere) where each
 sampled answer's tokens are shaded by a chosen quantity: the token advantage Â·w, the advantage shapers' weight w (THR,
-OAR), the engine's log-prob minus the trainer's θ_old log-prob (the train–inference mismatch), and the rollout
-correction's weight. Tokens an environment inserted are boxed and grey, tokens left out of the loss struck through; each
+OAR), the engine's log-prob minus the trainer's θ_old log-prob (the train–inference mismatch), the rollout
+correction's weight, and the policy's entropy at each token (the update's first forward of it). Tokens an environment inserted are boxed and grey, tokens left out of the loss struck through; each
 token's values are in its tooltip, and each answer's range of the chosen quantity is written above it.
 How to read it for THR and OAR: docs/metrics.md#the-token-view."""
 
@@ -20,6 +20,7 @@ QUANTITIES = {
     "weight": ("shaper weight w (THR, OAR)", 1.0),
     "mismatch": ("engine − trainer log-prob", 0.0),
     "correction": ("rollout correction weight", 1.0),
+    "entropy": ("policy entropy (nats)", 0.0),
 }
 
 
@@ -52,6 +53,7 @@ def token_answers(result, rows: Sequence[int], decode: Callable[[list[int]], str
         advantages = advantages * w
     mismatch = (t.rollout_logp.float() - inputs.behaviour.old_logp_all().float()).cpu()
     correction = None if inputs.is_weight is None else inputs.is_weight.float().cpu()
+    entropy = getattr(result, "token_entropy", None)  # the first rows' own, where the step kept them
     loss_mask = inputs.loss_mask.bool().cpu()
     answers = []
     for n in rows:
@@ -62,8 +64,10 @@ def token_answers(result, rows: Sequence[int], decode: Callable[[list[int]], str
             "weight": row_values(weights, n, L, 1.0),
             "mismatch": row_values(mismatch, n, L, None),
             "correction": row_values(correction, n, L, None if correction is not None else 1.0),
+            "entropy": row_values(entropy, n, L, None) if entropy is not None and n < len(entropy) else [None] * L,
         }
-        for key in ("advantage", "mismatch", "correction"):  # defined on the tokens the policy sampled only
+        values["entropy"] = [None if v is None or v != v else v for v in values["entropy"]]  # NaN: not kept
+        for key in ("advantage", "mismatch", "correction", "entropy"):  # defined on the tokens the policy sampled only
             values[key] = [v if s else None for v, s in zip(values[key], c.sampled_mask)]
         masked = [bool(s) and not bool(m) for s, m in zip(c.sampled_mask, row_values(loss_mask, n, L, 0.0))]
         title = (f"answer {n} (group {n // rollout.group_size}) · correct {float(rollout.correct[n]):g} · "

@@ -97,8 +97,9 @@ class TrainingStep:
             return rollout
         step.engine.release_memory()  # vLLM sleep mode (rollout.sleep_level); the weight sync wakes it
         scored, inputs, prepare_metrics = self.prepare(step, rollout, timer)
+        update = self.update
         with timer("update"):
-            update_metrics = self.update.run(step, inputs, len(rollout.batch), optimization)
+            update_metrics = update.run(step, inputs, len(rollout.batch), optimization)
         self.session.sync_weights(rollout, timer)
         behaviour_metrics = getattr(inputs.behaviour, "metrics", dict)()  # a correction read in the update's forwards
         metrics = {
@@ -109,7 +110,7 @@ class TrainingStep:
             **rollout.staleness(step.policy_version),
             **getattr(step.engine, "fault_counts", dict)(),  # servers: replicas restarted, requests sent again
         }
-        return StepResult(scored, inputs, inputs.token_weights(), metrics, timer.finish())
+        return StepResult(scored, inputs, inputs.token_weights(), metrics, timer.finish(), update.token_entropy)
 
     def prepare(
         self, step: StepContext, rollout: Rollout, timer: StageTimer | None = None

@@ -26,6 +26,9 @@ class StepResult(NamedTuple):
     token_weights: torch.Tensor | None  # [N, T] the advantage shapers' weights, composed (None: no shaper)
     metrics: dict[str, float]  # the update's, the rollout correction's, the reward's and the shapers' (no `train/` prefix)
     times: dict[str, float]  # seconds per stage
+    # [rows, T] the policy's per-token entropy in the update's first forward of each of the first rows (the batch's
+    # first `StepContext.entropy_groups` groups; NaN past a row's response); None when none was asked for.
+    token_entropy: torch.Tensor | None = None
 
     @property
     def rollout(self) -> Rollout:
@@ -61,16 +64,24 @@ class MetricAccumulator:
     micro-batch were these: bench/host_reads.py). The sums are in float64, with the same operations in the same order as Python's floats: the same values
     (but for a NaN, which a min or max now keeps where Python's `max` could drop it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, kept_entropy_rows: int = 0) -> None:
         self.sums: dict[str, torch.Tensor] = {}
         self.counts: dict[str, torch.Tensor | float] = {}
         self.extremes: dict[str, torch.Tensor | float] = {}
+        self.kept_entropy_rows = kept_entropy_rows  # sequences [0, k) whose per-token entropy is kept, on the CPU
+        self.kept_entropy: dict[int, torch.Tensor] = {}
 
     def add(self, key: str, value: torch.Tensor, weight: torch.Tensor | float = 1.0) -> None:
         self.sums[key] = self.sums.get(key, 0.0) + value.detach().double() * weight
         self.counts[key] = self.counts.get(key, 0.0) + weight
 
-    def add_tokens(self, stats: dict[str, torch.Tensor], entropy: torch.Tensor | None, mask: torch.Tensor) -> None:
+    def add_tokens(
+        self, stats: dict[str, torch.Tensor], entropy: torch.Tensor | None, mask: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> None:
+        """A micro-batch's per-token statistics over `mask`; with its sequences' indices `rows`, the entropy of those
+        among the first `kept_entropy_rows` seen for the first time is kept."""
+        if entropy is not None and rows is not None and self.kept_entropy_rows:
+            self.keep_entropy(entropy, rows)
         n_tok = mask.sum().double()
         per_token = dict(stats)
         if entropy is not None:
@@ -82,6 +93,23 @@ class MetricAccumulator:
                 self.add(key, masked_mean(value.float(), mask), weight=n_tok)
         if "ratio" in stats:
             self._extreme("ratio_max", (stats["ratio"] * mask).max(), torch.maximum, 0.0)
+
+    def keep_entropy(self, entropy: torch.Tensor, rows: torch.Tensor) -> None:
+        wanted = [k for k, n in enumerate(rows.tolist()) if n < self.kept_entropy_rows and n not in self.kept_entropy]
+        if wanted:  # one read back, of the few rows kept
+            picked = entropy[wanted].detach().float().cpu()
+            for k, values in zip(wanted, picked):
+                self.kept_entropy[int(rows[k])] = values
+
+    def token_entropy(self) -> torch.Tensor | None:
+        """[kept_entropy_rows, T] the kept rows' entropy (NaN where a row has none: past its response, or not seen)."""
+        if not self.kept_entropy_rows:
+            return None
+        width = max((len(v) for v in self.kept_entropy.values()), default=0)
+        out = torch.full((self.kept_entropy_rows, width), float("nan"))
+        for n, values in self.kept_entropy.items():
+            out[n, : len(values)] = values
+        return out
 
     def add_padding(self, attention_mask: torch.Tensor, packed: bool = False) -> None:
         """A forward's [rows × width] inputs: `padding_frac` is the share of all slots that are padding

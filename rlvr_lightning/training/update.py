@@ -57,10 +57,11 @@ class PolicyUpdate:
         self.objective, self.layout, self.guard = objective, layout, guard
         self.updates_since_rollout = 0  # optimizer steps taken since the rollout: 0 = θ is still θ_old
         self.step_key: tuple[int, ...] = (0,)  # names the optimizer step in the token selection's random draws
+        self.token_entropy: torch.Tensor | None = None  # the last run's kept rows' entropy (`StepResult.token_entropy`)
 
     def run(self, step: StepContext, inputs: UpdateInputs, num_prompts: int, opt: Optimization) -> dict[str, float]:
         layout, G = self.layout, inputs.group_size
-        acc = MetricAccumulator()
+        acc = MetricAccumulator(kept_entropy_rows=step.entropy_groups * G)
         self.updates_since_rollout = 0
         for epoch in range(layout.ppo_epochs):
             # Mini-batches hold whole groups: prompt-level split, sequences stay group-contiguous.
@@ -84,6 +85,7 @@ class PolicyUpdate:
                 acc.add("grad_norm", grad_norm.detach())
         metrics = acc.result()
         metrics["lr"] = opt.scheduler.get_last_lr()[0]
+        self.token_entropy = acc.token_entropy()
         return metrics
 
     def accumulate_gradients(
@@ -111,7 +113,7 @@ class PolicyUpdate:
             loss, stats = self.objective.micro_batch_loss(mb, forward.logp, norms, mb_selected, self.at_theta_old(inputs))
             backward(loss)
             if acc is not None:
-                acc.add_tokens(stats, forward.entropy, mb.loss_mask)
+                acc.add_tokens(stats, forward.entropy, mb.loss_mask, idx)
                 acc.add_padding(mb.tensors.attention_mask, packed=self.layout.packing)
             step_loss += loss.detach()  # already globally normalised: the step's loss is their sum
         return step_loss
@@ -190,7 +192,7 @@ class PolicyUpdate:
             backward(surrogate + kl)
             step_loss = step_loss + kl.detach()
             if acc is not None:
-                acc.add_tokens(stats, forward.entropy, mb.loss_mask)
+                acc.add_tokens(stats, forward.entropy, mb.loss_mask, idx)
                 acc.add_padding(mb.tensors.attention_mask, packed=self.layout.packing)
         if acc is not None:
             acc.add_tokens(objective.sequence_stats(s_bar, correct, G), None, inputs.loss_mask[rows])

@@ -43,13 +43,14 @@ class PlainRun:
     scoring: Scoring | None = None
     rollout_batches: int = 0  # completed rollout batches
     results: list = field(default_factory=list)
+    entropy_groups: int = 0  # the groups whose per-token entropy each result keeps (a token view's)
 
     def context(self) -> StepContext:
         return StepContext(
             policy=self.policy, ref_policy=self.ref_policy, engines=self.session, tokenizer=self.tokenizer,
             prompts=self.prompts, sampling=self.rollout.sampling, collectives=Collectives(), device=self.policy.device,
             rollout_batch=self.rollout_batches, policy_version=self.session.policy_version,
-            total_rollout_batches=math.inf, seed=SEED, scoring=self.scoring,
+            total_rollout_batches=math.inf, seed=SEED, scoring=self.scoring, entropy_groups=self.entropy_groups,
         )  # fmt: skip
 
     def train_on_next_batch(self) -> StepResult | Skipped:
