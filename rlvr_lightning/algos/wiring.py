@@ -126,9 +126,16 @@ def step_context(module: Any) -> StepContext:
         seed=dm.hparams.seed,
         scoring=module.scoring,
         observers=tuple(rollout_callbacks(trainer)),
-        entropy_groups=max((c.entropy_groups(module.rollout_batches) for c in trainer.callbacks
-                            if isinstance(c, CompletionsTable)), default=0),  # fmt: skip
+        entropy_groups=token_view_groups(trainer, module.rollout_batches),
     )
+
+
+def token_view_groups(trainer: Any, rollout_batch: int) -> int:
+    """The groups of rollout batch `rollout_batch` whose per-token entropy the step keeps: those the run's token view
+    shows, on rank 0, which alone logs it (no collective depends on it)."""
+    if trainer.global_rank != 0:
+        return 0
+    return max((c.entropy_groups(rollout_batch) for c in trainer.callbacks if isinstance(c, CompletionsTable)), default=0)
 
 
 def keep_scorable_problems(scoring: Any, dm: Any) -> None:

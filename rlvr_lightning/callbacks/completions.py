@@ -16,49 +16,18 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from rlvr_lightning.callbacks.episode_traces import clipped, log_episode_traces, point_tracing_at
+from rlvr_lightning.callbacks.answer_rows import answer_columns, table_of
+from rlvr_lightning.callbacks.episode_traces import log_episode_traces, point_tracing_at
 from rlvr_lightning.callbacks.token_view import token_answers, token_view_html
 from rlvr_lightning.context import ScoredBatch
 from rlvr_lightning.errors import ConfigError
-from rlvr_lightning.rollout.types import Rollout
 
 _UNSET = object()
-INSERTED_OPEN, INSERTED_CLOSE = "\n⟦inserted⟧\n", "\n⟦/inserted⟧\n"  # around an environment's text in a completion
-
-
-def turns_text(token_ids: list[int], sampled_mask: list[bool], decode) -> tuple[str, int]:
-    """The completion's text with each run of inserted tokens (a tool's output) between markers, and how many runs of
-    sampled tokens (the model's turns) it has."""
-    runs: list[tuple[bool, list[int]]] = []
-    for token, sampled in zip(token_ids, sampled_mask):
-        if runs and runs[-1][0] == sampled:
-            runs[-1][1].append(token)
-        else:
-            runs.append((sampled, [token]))
-    parts = [decode(ids) if sampled else INSERTED_OPEN + decode(ids) + INSERTED_CLOSE for sampled, ids in runs]
-    return "".join(parts), sum(sampled for sampled, _ in runs)
 
 
 def logged_rows(batch: ScoredBatch, groups: int) -> range:
     """The answers of the first `groups` whole groups of a scored batch (all of them in a smaller batch)."""
     return range(min(groups * batch.group_size, batch.rollout.num_sequences))
-
-
-def answer_columns(rollout: Rollout, n: int, decode, max_chars: int) -> dict[str, Any]:
-    """What every samples table shows of answer n of a scored rollout: its prompt, gold, completion (an environment's
-    text between markers), the model's turns, finish reason, correctness and each reward term."""
-    c, b = rollout.completions[n], rollout.group_of(n)
-    text, turns = turns_text(c.token_ids, c.sampled_mask, decode) if c.has_inserted else (rollout.texts[n], 1)
-    finish = f"{c.finish_reason} (excluded: {c.excluded})" if c.excluded else c.finish_reason
-    return {"prompt": clipped(rollout.batch.prompts[b], max_chars), "gold": rollout.batch.answers[b],
-            "completion": clipped(text, max_chars), "turns": turns, "finish_reason": finish,
-            "correct": float(rollout.correct[n]),
-            **{f"reward/{name}": float(values[n]) for name, values in rollout.reward_terms.items()}}  # fmt: skip
-
-
-def table_of(rows: list[dict[str, Any]]) -> dict[str, list]:
-    """Rows as MLflow's `log_table` takes them: a list per column, the columns in the first row's order."""
-    return {key: [row[key] for row in rows] for key in (rows[0] if rows else {})}
 
 
 def completion_rows(batch: ScoredBatch, groups: int, decode, max_chars: int, step: int) -> dict[str, list]:
@@ -92,8 +61,9 @@ class CompletionsTable(Callback):
         self.traced_groups = traced_groups
         self._writer: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
-        # The process's tracking URI before traces were pointed at the run's store (MLflow exports them in the
-        # background: flushed at the end, then the URI restored); `_UNSET` while no trace was started.
+        self._tracing = False  # a trace was started: MLflow exports them in the background, flushed at the end
+        # The process's tracking URI before traces were pointed at the run's store, restored at the end; `_UNSET`
+        # where it was not moved (no trace yet, or it was the run's store already).
         self._uri_before: str | None | object = _UNSET
 
     def logs(self, rollout_batch: int) -> bool:
@@ -126,8 +96,12 @@ class CompletionsTable(Callback):
         if self.token_view:
             self._pending.append(self._writer.submit(log_token_view, experiment, run_id, result, rows, tokenizer.decode, step))
         if self.traced_groups:
-            if self._uri_before is _UNSET:
-                self._uri_before = point_tracing_at(experiment.tracking_uri)
+            if not self._tracing:
+                import mlflow
+
+                self._tracing = True
+                if mlflow.get_tracking_uri() != experiment.tracking_uri:  # moving it resets MLflow's tracing settings
+                    self._uri_before = point_tracing_at(experiment.tracking_uri)
             traced = logged_rows(batch_result, min(self.groups, self.traced_groups))
             self._pending.append(self._writer.submit(log_episode_traces, experiment, logger.experiment_id, run_id,
                                                      batch_result, traced, tokenizer.decode, step, self.max_chars))  # fmt: skip
@@ -140,15 +114,24 @@ class CompletionsTable(Callback):
         return [f for f in self._pending if not f.done()]
 
     def teardown(self, trainer: L.Trainer, pl_module: Any, stage: str) -> None:
-        """Wait for the tables still being written; one that failed is a warning, never the run's error."""
+        self.finish()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: Any, exception: BaseException) -> None:
+        self.finish()  # a failed or stopped fit skips `teardown`: its tables and traces are written all the same
+
+    def finish(self) -> None:
+        """Wait for the tables and traces still being written (one that failed is a warning, never the run's error),
+        then give the process its own tracking URI back."""
         if self._writer is not None:
             self._writer.shutdown(wait=True)
             self._writer = None
         self._pending = self._unfinished()  # every write has finished: each one that failed is reported
-        if self._uri_before is not _UNSET:
+        if self._tracing:
             import mlflow
 
             mlflow.flush_trace_async_logging()  # the traces MLflow's exporter still holds reach the store now
+            self._tracing = False
+        if self._uri_before is not _UNSET:
             point_tracing_at(self._uri_before)  # type: ignore[arg-type]
             self._uri_before = _UNSET
 

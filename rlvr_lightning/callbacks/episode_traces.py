@@ -11,8 +11,9 @@ to the one that ended it (batched with the other answers of its batch), a reply 
 a tool call the reply's start plus the call's own time. An answer in one piece records no times: its spans sit at the
 moment the trace is written. The scoring span holds values only.
 
-MLflow exports traces to the process's tracking store (`mlflow.set_tracking_uri`): the writer points it at the run's
-store while it writes them and restores the process's own at the end.
+MLflow exports traces to the process's tracking store (`mlflow.set_tracking_uri`): `CompletionsTable` points it at the
+run's store before its first trace (unless it is there already) and restores the process's own when the fit ends,
+however it ends.
 """
 
 from __future__ import annotations
@@ -22,18 +23,19 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rlvr_lightning.callbacks.answer_rows import clipped, finish_of, reward_terms_of
 from rlvr_lightning.context import ScoredBatch
+from rlvr_lightning.environments.episodes import plain_value
 from rlvr_lightning.rewards.extraction import extract_prediction
 
 
-def clipped(text: str, max_chars: int) -> str:
-    """`text`, or its first `max_chars` characters and an ellipsis."""
-    return text if len(text) <= max_chars else text[:max_chars] + " …"
-
-
 def json_safe(value: Any) -> Any:
-    """`value` as JSON values: what a user's environment put in its calls may be any object (written as its repr)."""
-    return json.loads(json.dumps(value, default=repr))
+    """`value` as JSON values: what a user's environment put in its calls may be any object (written as its repr),
+    or hold what JSON cannot (a tuple as a key, itself): then the whole value as its repr."""
+    try:
+        return json.loads(json.dumps(value, default=repr))
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def point_tracing_at(tracking_uri: str | None) -> str | None:
@@ -50,45 +52,58 @@ def log_episode_traces(
     client, experiment_id: str, run_id: str, batch: ScoredBatch, rows: Sequence[int], decode: Callable, step: int,
     max_chars: int,
 ) -> list[str]:  # fmt: skip
-    """One trace per answer `rows` of a scored batch, linked to the run; their trace ids."""
-    return [trace_answer(client, experiment_id, run_id, batch, n, decode, step, max_chars) for n in rows]
+    """One trace per answer `rows` of a scored batch, linked to the run; their trace ids. An answer whose trace
+    cannot be made (a user's call that is no JSON value) ends as a failed trace and the others are still made;
+    the first error is raised at the end."""
+    traces, errors = [], []
+    for n in rows:
+        try:
+            traces.append(trace_answer(client, experiment_id, run_id, batch, n, decode, step, max_chars))
+        except Exception as err:  # noqa: BLE001 - reported by the caller, the other answers traced
+            errors.append(err)
+    if errors:
+        raise errors[0]
+    return traces
 
 
 def trace_answer(
     client, experiment_id: str, run_id: str, batch: ScoredBatch, n: int, decode: Callable, step: int, max_chars: int
 ) -> str:
-    rollout, G = batch.rollout, batch.group_size
-    c = rollout.completions[n]
+    rollout = batch.rollout
+    c, b = rollout.completions[n], rollout.group_of(n)
     events = c.events or [{"kind": "turn", "tokens": [0, len(c.token_ids)], "ns": [None, None], "stopped_at": None}]
-    start = events[0]["ns"][0]
-    tags = {"step": str(step), "group": str(n // G), "answer": str(n % G), "correct": str(int(rollout.correct[n]))}
-    inputs = {"prompt": clipped(rollout.batch.prompts[n // G], max_chars), "gold": rollout.batch.answers[n // G]}
+    correct = float(rollout.correct[n])
+    tags = {"step": str(step), "group": str(b), "answer": str(n % rollout.group_size), "correct": f"{correct:g}"}
+    inputs = {"prompt": clipped(rollout.batch.prompts[b], max_chars), "gold": rollout.batch.answers[b]}
     root = client.start_trace("episode", span_type="AGENT", inputs=inputs, tags=tags, experiment_id=experiment_id,
-                              run_id=run_id, start_time_ns=start)  # fmt: skip
-    trace, parent = root.trace_id, root.span_id
-    span = lambda name, kind, window, **kw: span_in(client, trace, parent, name, kind, window, **kw)  # noqa: E731
-    turn = 0
-    for event in events:
-        a, b = event["tokens"]
-        text = clipped(decode(c.token_ids[a:b]), max_chars)
-        if event["kind"] == "turn":
-            turn += 1
-            span(f"turn {turn}", "LLM", event["ns"], inputs={"context_tokens": len(rollout.prompt_ids[n // G]) + a},
-                 outputs={"text": text}, attributes={"tokens": b - a, "stopped_at": event["stopped_at"]})  # fmt: skip
-            continue
-        for call in event["calls"]:
-            tool_span(span, call, event["ns"][0], text, max_chars)
-        if not event["calls"] and (text or event["stop"] not in (None, "answered") or event["reward"] is not None):
-            span("environment", "TOOL", event["ns"], outputs={"inserted": text, "stop": event["stop"],
-                                                             "reward": event["reward"]})  # fmt: skip
-    end = events[-1]["ns"][1]
-    own = rollout.answer_texts[n]
-    scores = {"extracted_answer": extract_prediction(own), "gold": rollout.batch.answers[n // G],
-              "correct": float(rollout.correct[n]), "reward": float(batch.rewards[n]),
-              "advantage": float(batch.advantages[n]), "finish_reason": c.finish_reason, "excluded": c.excluded,
-              **{f"reward/{name}": float(values[n]) for name, values in rollout.reward_terms.items()}}  # fmt: skip
-    span("score", "EVALUATOR", [end, end], inputs={"answer": clipped(own, max_chars)}, outputs=scores)
-    outputs = {"completion": clipped(rollout.texts[n], max_chars), "correct": scores["correct"], "reward": scores["reward"]}
+                              run_id=run_id, start_time_ns=events[0]["ns"][0])  # fmt: skip
+    trace = root.trace_id
+    span = lambda name, kind, window, **kw: span_in(client, trace, root.span_id, name, kind, window, **kw)  # noqa: E731
+    try:
+        turn = 0
+        for event in events:
+            a, b_ = event["tokens"]
+            text = clipped(decode(c.token_ids[a:b_]), max_chars)
+            if event["kind"] == "turn":
+                turn += 1
+                span(f"turn {turn}", "LLM", event["ns"], inputs={"context_tokens": len(rollout.prompt_ids[b]) + a},
+                     outputs={"text": text}, attributes={"tokens": b_ - a, "stopped_at": event["stopped_at"]})  # fmt: skip
+                continue
+            for call in event["calls"]:
+                tool_span(span, plain_value(call), event["ns"][0], text, max_chars)
+            if not event["calls"] and (text or event["stop"] not in (None, "answered") or event["reward"] is not None):
+                span("environment", "TOOL", event["ns"], outputs={"inserted": text, "stop": event["stop"],
+                                                                 "reward": event["reward"]})  # fmt: skip
+        end = events[-1]["ns"][1]
+        own = rollout.answer_texts[n]
+        scores = {"extracted_answer": extract_prediction(own), "gold": rollout.batch.answers[b], "correct": correct,
+                  **reward_terms_of(rollout, n), "reward": float(batch.rewards[n]),
+                  "advantage": float(batch.advantages[n]), "finish_reason": finish_of(c)}  # fmt: skip
+        span("score", "EVALUATOR", [end, end], inputs={"answer": clipped(own, max_chars)}, outputs=scores)
+    except BaseException:
+        client.end_trace(trace, status="ERROR")  # never left open in MLflow's trace manager
+        raise
+    outputs = {"completion": clipped(rollout.texts[n], max_chars), "correct": correct, "reward": scores["reward"]}
     client.end_trace(trace, outputs=outputs, end_time_ns=end)
     return trace
 
@@ -96,7 +111,8 @@ def trace_answer(
 def tool_span(span: Callable, call: Any, start_ns: int | None, inserted: str, max_chars: int) -> None:
     """A tool call's span: the Python tool's (its code, output and how it ended), or a user's call as it is."""
     execution = call.get("execution") if isinstance(call, dict) else None
-    if not isinstance(execution, dict) or "code" not in call:
+    known = {"stdout", "stderr", "status", "exit_code", "seconds"}
+    if not isinstance(execution, dict) or "code" not in call or not known <= set(execution):  # a user's own call
         span("call", "TOOL", [start_ns, start_ns], inputs={"call": json_safe(call)}, outputs={"inserted": inserted})
         return
     data = call.get("data")

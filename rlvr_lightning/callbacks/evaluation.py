@@ -38,7 +38,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 
-from rlvr_lightning.callbacks.completions import answer_columns, table_of
+from rlvr_lightning.callbacks.answer_rows import answer_columns, table_of
 from rlvr_lightning.callbacks.periodic import is_due
 from rlvr_lightning.data.sources import ProblemRecord
 from rlvr_lightning.errors import ConfigError
@@ -61,7 +61,7 @@ class Benchmark:
     problem_field: str | None = None
     answer_field: str | None = None
     id_field: str | None = None
-    limit: int | None = None  # the first N problems
+    limit: int | None = None  # the first N problems whose prompt fits
     n: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -316,7 +316,7 @@ class Evaluation(Callback):
                     [answers[i * sampling.group_size : (i + 1) * sampling.group_size] for i in range(len(batch))],
                     per_problem,
                 )
-            if len(samples) < log_rows:
+            if target.rank == 0 and len(samples) < log_rows:  # rank 0 alone logs them
                 samples += held_out_rows(target, rollout, c, answers, log_rows - len(samples), max_chars)
             lengths.extend(rollout.response_lengths.tolist())
             no_answer += sum(a is None for a in answers)  # whatever gives correctness

@@ -109,8 +109,8 @@ def files_setting(line: str, args: list[str]) -> list[str]:
     if found is None:
         return []
     wanted = ".".join(found)
-    files = [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
-    files += [b for a, b in zip(args, args[1:]) if a == "--config"]
+    files = [a.split("=", 1)[1] if "=" in a else b  # in the command line's order; `-c` is LightningCLI's alias
+             for a, b in zip(args, [*args[1:], ""]) if a in ("--config", "-c") or a.startswith(("--config=", "-c="))]
     hits = []
     for name in files:
         try:

@@ -59,8 +59,9 @@ class Episode:
     calls: list[Any] = field(default_factory=list)  # what the environment ran for it (`Reply.calls`, in order)
     reply_seconds: float = 0.0  # its share of the wall time its environment took to reply (a batch's, split evenly)
     state: dict[str, Any] = field(default_factory=dict)  # the environment's own notes on it (`Reply.notes`)
-    # What happened, in order, as plain values (`Completion.events`: an answer's trace in MLflow): each turn the model
-    # took and each reply the environment gave, with its token range and wall-clock window.
+    # What happened, in order (`Completion.events`: an answer's trace in MLflow): each turn the model took and each
+    # reply the environment gave, with its token range, wall-clock window and calls (the objects `calls` holds;
+    # `to_state` saves them as `calls` are saved).
     events: list[dict[str, Any]] = field(default_factory=list)
     turn_started_ns: int = 0  # when the generation call that began the current turn started
 
@@ -210,7 +211,7 @@ def take_segment(
     completes a stop string; True when the turn ended there (for the environment to reply), False when it stopped
     at the cap mid-turn (it goes on later)."""
     before = len(episode.ids) - episode.turn_start  # the turn's tokens from earlier pieces
-    if before == 0:
+    if before == 0 or not episode.turn_started_ns:  # a turn's first piece (or one resumed from an older checkpoint)
         episode.turn_started_ns = started_ns
     keep, text, hit = cut_at_stop(tokenizer, episode.ids[episode.turn_start :] + segment.token_ids, stops)
     keep = max(0, keep - before)  # no stops: the whole segment
@@ -243,7 +244,7 @@ def take_reply(
     start = len(episode.ids)
     insert_reply(episode, reply, tokenizer, max_turns, limits)
     event = {"kind": "reply", "tokens": [start, len(episode.ids)], "ns": list(window), "stop": episode.stop,
-             "reward": reply.reward, "calls": [plain_value(c) for c in reply.calls]}  # fmt: skip
+             "reward": reply.reward, "calls": list(reply.calls)}  # fmt: skip
     episode.events.append(event)
 
 
@@ -267,7 +268,8 @@ def insert_reply(episode: Episode, reply: Reply, tokenizer, max_turns: int, limi
 
 
 def plain_value(call: Any) -> Any:
-    """One of `Reply.calls` as plain values: a dataclass (the Python tool's `ToolCall`) as a dict of its fields."""
+    """One of `Reply.calls` as plain values: a dataclass (the Python tool's `ToolCall`) as a dict of its fields, as a
+    checkpoint saves it."""
     return asdict(call) if is_dataclass(call) and not isinstance(call, type) else call
 
 

@@ -58,10 +58,10 @@ class Completion:
     sampled_mask: list[bool] = None  # type: ignore[assignment]  # filled in by __post_init__
     # Why a stability guard leaves this completion out of the loss (a tool run's `drop_*`); "": it trains.
     excluded: str = ""
-    # What happened in an answer given in turns, in order, as plain values (`environments.episodes.Episode.events`):
-    # each model turn {"kind": "turn", "tokens": [start, end), "ns": [t0, t1], "stopped_at"} and each environment
-    # reply {"kind": "reply", "tokens", "ns", "stop", "reward", "calls": [its calls' fields]}; empty for an answer
-    # in one piece. What its trace in MLflow shows (`callbacks.episode_traces`); wall-clock times, so not compared.
+    # What happened in an answer given in turns, in order (`environments.episodes.Episode.events`): each model turn
+    # {"kind": "turn", "tokens": [start, end), "ns": [t0, t1], "stopped_at"} and each environment reply {"kind":
+    # "reply", "tokens", "ns", "stop", "reward", "calls": [its calls, as dicts once saved]}; empty for an answer in
+    # one piece. What its trace in MLflow shows (`callbacks.episode_traces`); wall-clock times, so not compared.
     events: list[dict] = field(default_factory=list, compare=False)
 
     def __post_init__(self) -> None:

@@ -27,7 +27,8 @@ class StepResult(NamedTuple):
     metrics: dict[str, float]  # the update's, the rollout correction's, the reward's and the shapers' (no `train/` prefix)
     times: dict[str, float]  # seconds per stage
     # [rows, T] the policy's per-token entropy in the update's first forward of each of the first rows (the batch's
-    # first `StepContext.entropy_groups` groups; NaN past a row's response); None when none was asked for.
+    # first `StepContext.entropy_groups` groups); read it within each row's response length (past it: padding or
+    # NaN). None when none was asked for.
     token_entropy: torch.Tensor | None = None
 
     @property
@@ -95,14 +96,18 @@ class MetricAccumulator:
             self._extreme("ratio_max", (stats["ratio"] * mask).max(), torch.maximum, 0.0)
 
     def keep_entropy(self, entropy: torch.Tensor, rows: torch.Tensor) -> None:
-        wanted = [k for k, n in enumerate(rows.tolist()) if n < self.kept_entropy_rows and n not in self.kept_entropy]
-        if wanted:  # one read back, of the few rows kept
+        if len(self.kept_entropy) == self.kept_entropy_rows:  # all kept: no read back for the later micro-batches
+            return
+        indices = rows.tolist()  # a read back, on the batches a token view logs only, until their rows are kept
+        wanted = [k for k, n in enumerate(indices) if n < self.kept_entropy_rows and n not in self.kept_entropy]
+        if wanted:
             picked = entropy[wanted].detach().float().cpu()
             for k, values in zip(wanted, picked):
-                self.kept_entropy[int(rows[k])] = values
+                self.kept_entropy[indices[k]] = values
 
     def token_entropy(self) -> torch.Tensor | None:
-        """[kept_entropy_rows, T] the kept rows' entropy (NaN where a row has none: past its response, or not seen)."""
+        """[kept_entropy_rows, T] the kept rows' entropy: each row as wide as the micro-batch it was forwarded in (its
+        padding's values are not the policy's at a token of it), NaN past that width or for a row not seen."""
         if not self.kept_entropy_rows:
             return None
         width = max((len(v) for v in self.kept_entropy.values()), default=0)

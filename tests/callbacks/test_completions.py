@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlvr_lightning.callbacks.completions import INSERTED_CLOSE, INSERTED_OPEN, completion_rows, turns_text
+from rlvr_lightning.callbacks.answer_rows import INSERTED_CLOSE, INSERTED_OPEN, table_of, turns_text
+from rlvr_lightning.callbacks.completions import completion_rows
 from rlvr_lightning.context import ScoredBatch
 from rlvr_lightning.rollout.types import Completion, PromptBatch, Rollout, SamplingConfig
 
@@ -70,7 +71,10 @@ def test_a_table_that_fails_to_log_is_a_warning_and_never_the_runs_error():
     assert table._writer is None and table._pending == []
 
 
-def test_a_table_that_traced_points_the_process_tracking_uri_back_at_teardown(tmp_path, monkeypatch):
+@pytest.mark.parametrize("end", ["teardown", "on_exception"])
+def test_a_table_that_traced_points_the_process_tracking_uri_back_however_the_fit_ends(end, tmp_path, monkeypatch):
+    """A fit that fails or is stopped skips `teardown` (Lightning calls `on_exception`): the process gets its own
+    tracking URI back either way."""
     import os
 
     import mlflow
@@ -81,6 +85,29 @@ def test_a_table_that_traced_points_the_process_tracking_uri_back_at_teardown(tm
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     mlflow.set_tracking_uri(None)
     table = CompletionsTable()
-    table._uri_before = point_tracing_at(f"sqlite:///{tmp_path}/mlflow.db")  # as its first traced batch does
-    table.teardown(None, None, "fit")
+    table._tracing, table._uri_before = True, point_tracing_at(f"sqlite:///{tmp_path}/mlflow.db")  # as its first traced batch
+    if end == "teardown":
+        table.teardown(None, None, "fit")
+    else:
+        table.on_exception(None, None, RuntimeError("stopped"))
     assert "MLFLOW_TRACKING_URI" not in os.environ
+
+
+def test_a_column_only_some_rows_have_is_kept_and_filled_with_none():
+    """An evaluation's rows come from several batches, and a reward term (the environment's) from only those where
+    it gave one: the table keeps every column."""
+    assert table_of([{"a": 1}, {"a": 2, "reward/environment": 0.5}]) == {"a": [1, 2], "reward/environment": [None, 0.5]}
+    assert table_of([]) == {}
+
+
+def test_turns_are_the_episodes_own_where_it_recorded_them():
+    """A turn the environment answered with nothing inserted leaves no mark in the tokens; the episode's events count
+    it, as its trace shows it."""
+    from rlvr_lightning.callbacks.answer_rows import answer_columns
+
+    events = [{"kind": "turn", "tokens": [0, 1]}, {"kind": "reply", "tokens": [1, 1]}, {"kind": "turn", "tokens": [1, 2]},
+              {"kind": "reply", "tokens": [2, 3]}, {"kind": "turn", "tokens": [3, 4]}]  # fmt: skip
+    c = Completion([0, 1, 2, 3], [0.0] * 4, "stop", sampled_mask=[True, True, False, True], events=events)
+    rollout = Rollout(batch=PromptBatch(["p"], ["q"], ["1"]), group_size=1, prompt_ids=[[0]], completions=[c],
+                      sampling=SamplingConfig(group_size=1), policy_version=0, texts=["abcd"], correct=torch.tensor([1.0]))  # fmt: skip
+    assert answer_columns(rollout, 0, decode, 100)["turns"] == 3  # the tokens show two runs of the model's

@@ -93,6 +93,7 @@ def test_an_unknown_option_in_a_config_file_names_the_file_that_sets_it(capsys, 
     line = cli_error(["--config", str(fine), f"--config={bad}"], capsys)
     assert f"max_stepz' (set in {bad}); did you mean trainer.max_steps" in line and str(fine) not in line
     assert "set in" not in cli_error(["--config", str(fine), "--data.batch_sise", "4"], capsys)
+    assert f"(set in {bad})" in cli_error(["-c", str(bad)], capsys)  # LightningCLI's short form
 
 
 @pytest.mark.parametrize(
