@@ -134,3 +134,23 @@ def test_tracing_pointed_at_a_runs_store_is_pointed_back(tmp_path, monkeypatch):
     assert previous is None and os.environ["MLFLOW_TRACKING_URI"] == mlflow.get_tracking_uri() != default
     point_tracing_at(previous)
     assert "MLFLOW_TRACKING_URI" not in os.environ and mlflow.get_tracking_uri() == default
+
+
+def test_an_answer_whose_trace_fails_ends_as_a_failed_trace_and_the_others_are_traced(store):
+    """A user's call shaped like the tool's but with a time that is no number: its answer's trace ends failed (not
+    left open in MLflow), the next answer is traced, and the error reaches the caller (a warning there)."""
+    client, experiment, run = store
+    bad_call = {"code": "x", "execution": {"stdout": "", "stderr": "", "status": "ok", "exit_code": 0, "seconds": "fast"}}
+    events = [{"kind": "turn", "tokens": [0, 2], "ns": [1, 2], "stopped_at": None},
+              {"kind": "reply", "tokens": [2, 2], "ns": [3, 4], "stop": None, "reward": None, "calls": [bad_call]}]  # fmt: skip
+    bad = Completion([ord("a"), ord("b")], [-0.5] * 2, "stop", events=events)
+    good = Completion([ord(c) for c in ANSWER], [-0.5] * len(ANSWER), "stop")
+    with pytest.raises(TypeError):
+        log_episode_traces(client, experiment, run, scored([bad, good]), [0, 1], Chars().decode, 0, 100)
+    import mlflow
+
+    mlflow.flush_trace_async_logging()
+    traces = client.search_traces(locations=[experiment], run_id=run)
+    assert sorted(t.info.state for t in traces) == ["ERROR", "OK"]
+    (ok,) = [t for t in traces if t.info.state == "OK"]
+    assert [s.name for s in sorted(ok.data.spans, key=lambda s: s.start_time_ns)] == ["episode", "turn 1", "score"]
