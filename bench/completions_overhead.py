@@ -50,6 +50,7 @@ def main() -> None:
                   rewards={"functions": [{"function": "my_rewards.brevity", "weight": 0.1}]})  # fmt: skip
     module = embedded_module(module, logger=logger, engine=args.engine)
     table = CompletionsTable(every_n_steps=1)
+    module.trainer.callbacks.append(table)  # as in a run: the step keeps the logged groups' entropy for its token view
     batches = prompt_batches(module)
     after: dict[int, list[float]] = {k: [] for k in range(PERIOD)}  # step times by steps since the last logged batch
     main_thread = []

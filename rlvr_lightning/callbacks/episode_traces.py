@@ -53,7 +53,7 @@ def log_episode_traces(
     max_chars: int,
 ) -> list[str]:  # fmt: skip
     """One trace per answer `rows` of a scored batch, linked to the run; their trace ids. An answer whose trace
-    cannot be made (a user's call that is no JSON value) ends as a failed trace and the others are still made;
+    cannot be made (a call shaped like the tool's whose fields are not) ends as a failed trace, the others are made;
     the first error is raised at the end."""
     traces, errors = [], []
     for n in rows:
