@@ -445,12 +445,12 @@ def test_invalid_preset_fails_at_parse_time_naming_the_key(case, capsys, tmp_pat
     elif case == "misspelt-preset-key":
         path = preset_like(tmp_path, "grpo", lambda c: c["model"]["init_args"].update(kl_cof=0.3))
         err = parse_error(capsys, "typo", path)
-        assert err == "error: model: Option 'kl_cof' is not accepted; did you mean model.init_args.kl_coef?", err
+        assert err == f"error: model: Option 'kl_cof' is not accepted (set in {path}); did you mean model.init_args.kl_coef?", err
     elif case == "flat-knob-in-preset":  # the old spelling of a knob: one line naming its section
         path = preset_like(tmp_path, "grpo", lambda c: c["model"]["init_args"].update(clip_eps_high=0.28))
         err = parse_error(capsys, "old", path)
-        assert err == ("error: model: Option 'clip_eps_high' is not accepted; clip_eps_high is a knob of a piece, set in "
-                       "its section: --model.init_args.policy_loss.knobs.clip_eps_high"), err  # fmt: skip
+        assert err == (f"error: model: Option 'clip_eps_high' is not accepted (set in {path}); clip_eps_high is a knob of "
+                       "a piece, set in its section: --model.init_args.policy_loss.knobs.clip_eps_high"), err  # fmt: skip
     elif case == "piece-args-in-preset":
         path = preset_like(tmp_path, "grpo", lambda c: c["model"]["init_args"].update(piece_args={"pass_at_k": 2}))
         err = parse_error(capsys, "old", path)
