@@ -119,4 +119,10 @@ def test_in_an_environment_oar_weighs_the_models_own_reasoning_and_reads_its_own
     assert (w[0, 4:7] == 1).all() and w[0, own].mean().item() == pytest.approx(1.0, abs=1e-5)
     assert (w[0, own] != 1).any() and (w[0, reasoning:] == 1).all()
     assert (w[1] == 1).all()
-    assert torch.equal(w[2:], w_plain[2:])
+    if method == "gradient":  # rollouts in a batch are independent: exactly
+        assert torch.equal(w[2:], w_plain[2:])
+    else:  # the perturbed copies of all rollouts share batches (ordered by column, each batch recomputing from its
+        # first perturbed column): other rows' masks change the batches, hence the rounding, which the divergences'
+        # differences amplify and near-tied tokens' weights follow (up to 0.013 on a Sapphire Rapids Xeon with the
+        # pinned AVX2 kernels; exact on others): the same weights, to rounding
+        torch.testing.assert_close(w[2:], w_plain[2:], rtol=0, atol=3e-2)
