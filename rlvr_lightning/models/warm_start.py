@@ -86,9 +86,9 @@ def _lr_at(step: int, cfg: WarmStartConfig) -> float:
 
 
 def shipped_weights(cfg: WarmStartConfig) -> Path:
-    """Where the package ships a warm start's weights (the default one's): built here they would follow this
-    CPU's kernels (its vector width, its matmul library's code path) and differ from machine to machine, so
-    every machine starts from these instead, the weights the results pages were made from."""
+    """Where the package ships a warm start's weights, which every machine then starts from instead of building them:
+    the default's (the weights the results pages were made from, built before the CPU kernels were pinned, so that
+    no build under the pin reproduces them) and `embedded-tir`'s (built under the pin: 2000 steps take minutes)."""
     return SHIPPED / f"embedded-{cfg.key()}.safetensors"
 
 

@@ -169,9 +169,11 @@ def test_a_run_names_the_warm_start_it_began_from(quick_warm_start, monkeypatch,
     assert warm_start.warm_start_digest(str(tiny_policy_dir)) is None  # a model's own path names it
 
 
-def test_the_default_warm_start_is_the_shipped_one_on_every_machine(tmp_path, monkeypatch):
-    """Built here it would follow this CPU's kernels; every machine starts from the weights the package ships (the
-    results pages' `66d538c8f3b0`), with no training, and transformers loads them."""
+@pytest.mark.parametrize("name,digest", [("embedded", "66d538c8f3b0"), ("embedded-tir", "733e46ce7e61")])
+def test_the_shipped_warm_starts_are_the_ones_every_machine_starts_from(name, digest, tmp_path, monkeypatch):
+    """Built here it would cost minutes (`embedded-tir`: 2000 steps) and, without the pinned kernels, follow this CPU's;
+    every machine starts from the weights the package ships (the default's are the results pages' `66d538c8f3b0`),
+    with no training, and transformers loads them."""
     import hashlib
 
     import torch
@@ -181,12 +183,12 @@ def test_the_default_warm_start_is_the_shipped_one_on_every_machine(tmp_path, mo
     from rlvr_lightning.models import warm_start
 
     monkeypatch.setenv("RLVR_CACHE_DIR", str(tmp_path))
-    cfg = warm_start.WarmStartConfig()
+    cfg = warm_start.EMBEDDED_WARM_STARTS[name]
     shipped = warm_start.shipped_weights(cfg)
-    assert shipped.is_file(), "the default warm start's key no longer names the shipped weights"
+    assert shipped.is_file(), f"{name}'s key no longer names the shipped weights"
     monkeypatch.setattr(warm_start, "warm_start", lambda *a, **k: pytest.fail("the shipped warm start was trained"))
     path = warm_start.embedded_policy_path(cfg)
-    assert hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()[:12] == "66d538c8f3b0"
+    assert hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()[:12] == digest
     assert json.loads((path / "warm_start.json").read_text())["shipped"] == shipped.name
     model = AutoModelForCausalLM.from_pretrained(path)
     for name, tensor in load_file(shipped).items():
