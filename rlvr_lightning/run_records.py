@@ -25,8 +25,11 @@ class RunRecord:
     model: str  # data.model_name_or_path
     start_time: int  # ms since the epoch: of two records of one name, the later run wins
 
-    def matches(self, max_steps: int, model: str) -> bool:
-        return self.max_steps == str(max_steps) and self.model == model
+    def matches(self, max_steps: int, model: str, warm_start: str | None = None) -> bool:
+        """Trained with this budget from this model, and from these weights where the run and the caller know
+        their digest (`warm_start`: `warm_start_digest`)."""
+        same_weights = warm_start is None or self.run.warm_start in (None, warm_start)
+        return self.max_steps == str(max_steps) and self.model == model and same_weights
 
 
 def record_from_mlflow(client, run, columns) -> RunRecord:

@@ -229,15 +229,20 @@ EMBEDDED_WARM_STARTS = {  # a name usable as data.model_name_or_path → the war
 }
 
 
-def warm_start_digest(name_or_path: str) -> str | None:
+def warm_start_digest(name_or_path: str, build: bool = True) -> str | None:
     """The sha256 (first 12 hex digits) of an embedded warm start's weights; None for any other model (its name
     or path says what it is). The warm start is built where it is first used, and a build on another machine
     or with other library versions need not be bit-identical: runs that began from different builds are not
-    comparable, and this digest (an MLflow tag of each run) tells them apart."""
+    comparable, and this digest (an MLflow tag of each run) tells them apart. `build` False: None for a warm start
+    neither shipped nor built here yet (not known without building it)."""
     cfg = EMBEDDED_WARM_STARTS.get(name_or_path)
     if cfg is None:
         return None
-    weights = embedded_policy_path(cfg) / "model.safetensors"
+    cached = cache_root() / f"embedded-{cfg.key()}" / "model.safetensors"
+    if build or cached.is_file():
+        weights = embedded_policy_path(cfg) / "model.safetensors"
+    else:
+        weights = shipped_weights(cfg)
     return hashlib.sha256(weights.read_bytes()).hexdigest()[:12] if weights.is_file() else None
 
 

@@ -26,9 +26,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from rlvr_lightning.results.grid import open_comparison_run, preset_model, run_name, steps_per_rollout_batch, train
+from rlvr_lightning.results.grid import open_comparison_run, preset_start, run_name, steps_per_rollout_batch, train
 from rlvr_lightning.results.page import write_page
-from rlvr_lightning.results.records import finished_runs, record_finished_runs
+from rlvr_lightning.results.records import finished_before, finished_runs, record_finished_runs
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> None:
             for preset in presets:
                 name = run_name(preset.stem, seed)
                 budget = str(args.rollout_batches * steps_per_rollout_batch(preset))
-                if (name, budget, preset_model(preset, args)) in done:
-                    print(f"[results] {name}: finished before, with this budget and model (--resume)", flush=True)
+                if finished_before(done, name, budget, *preset_start(preset, args)):
+                    print(f"[results] {name}: finished before, with this budget and warm start (--resume)", flush=True)
                     continue
                 print(f"[results] training {name} …", flush=True)
                 outcomes[name] = train(preset, seed, args)

@@ -38,6 +38,16 @@ def preset_model(preset: Path, args: argparse.Namespace) -> str:
     return "embedded"
 
 
+def preset_start(preset: Path, args: argparse.Namespace) -> tuple[str, str | None]:
+    """(model, the digest of its warm start's weights) a preset's runs begin from now: a run recorded from other
+    weights of the same name (a warm start built before the CPU kernels were pinned) is not one of its runs. None:
+    a model that is no embedded warm start, or one not known without building it (then any run of it counts)."""
+    from rlvr_lightning.models.warm_start import warm_start_digest
+
+    model = preset_model(preset, args)
+    return model, warm_start_digest(model, build=False)
+
+
 def run_name(preset: str, seed: int) -> str:
     return f"{preset}-seed{seed}"
 

@@ -68,7 +68,7 @@ def test_a_preset_on_its_own_task_keeps_its_warm_start_and_pairs_with_its_baseli
     for preset, values in finals.items():
         model = "embedded" if preset == "grpo" else "embedded-tir"
         for seed, final in enumerate(values):
-            tags = {"algorithm": "GRPO", "warm_start_sha256": "7311f2959bb2" if preset != "grpo" else "66d538c8f3b0"}
+            tags = {"algorithm": "GRPO", "warm_start_sha256": "733e46ce7e61" if preset != "grpo" else "66d538c8f3b0"}
             run = client.create_run(exp, run_name=f"{preset}-seed{seed}", tags=tags)
             log_budget(client, run, "60", model)
             for key in ("val/accuracy", "val/accuracy_greedy"):
@@ -91,4 +91,28 @@ def test_a_preset_on_its_own_task_keeps_its_warm_start_and_pairs_with_its_baseli
     trained.clear()  # --model still sets every run's warm start: then the runs on embedded-tir do not count
     main(["--resume", "--model", "embedded-balanced", "--algos", "grpo-tir", "--seeds", "1", "--tracking-uri", uri,
           "--out", str(out), "--log-dir", str(tmp_path / "logs")])  # fmt: skip
+    assert trained == [("grpo-tir", 0)]
+
+
+def test_a_run_from_other_weights_of_its_warm_start_is_trained_again(tmp_path, monkeypatch):
+    """`embedded-tir` now ships the weights built under the pinned kernels; a run recorded from the build before the
+    pin (another digest) is not one of its runs: `--resume` trains it again. A run whose digest was never tagged
+    cannot tell, and counts."""
+    import mlflow
+
+    import rlvr_lightning.results as results
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("results", artifact_location=str(tmp_path / "artifacts"))
+    for seed, digest in enumerate(["d007cd076800", None]):
+        tags = {"algorithm": "GRPO", **({"warm_start_sha256": digest} if digest else {})}
+        run = client.create_run(exp, run_name=f"grpo-tir-seed{seed}", tags=tags)
+        log_budget(client, run, "60", "embedded-tir")
+        client.log_metric(run.info.run_id, "val/accuracy", 0.1, step=0)
+        client.set_terminated(run.info.run_id)
+    trained = []
+    monkeypatch.setattr(results, "train", lambda preset, seed, args: (trained.append((preset.stem, seed)), (0, 1.0))[1])
+    main(["--resume", "--algos", "grpo-tir", "--seeds", "2", "--tracking-uri", uri, "--out", str(tmp_path / "R.md"),
+          "--log-dir", str(tmp_path / "logs")])  # fmt: skip
     assert trained == [("grpo-tir", 0)]
