@@ -151,5 +151,7 @@ def test_fsdp2_two_cpu_ranks_shard_train_like_one_process_and_sync_engines(tmp_p
     reference = replay(model_dir, probe, lora, hparams, shapers=shapers, **distils)
     moved = max((reference[k] - p).abs().max().item() for k, p in initial.policy.state_dict().items())
     assert moved > 1e-5  # the steps changed the weights, so equality below means something
+    # To the rounding of two ranks' reductions against one process's: within 1e-6 on some CPUs, 3.0e-6 on a Sapphire
+    # Rapids Xeon (pinned AVX2 kernels); a wrong update misses by the order of the steps' own movement (`moved`).
     for name, tensor in reference.items():
-        torch.testing.assert_close(gathered[name], tensor, rtol=0, atol=1e-6, msg=name)
+        torch.testing.assert_close(gathered[name], tensor, rtol=0, atol=5e-6, msg=name)
