@@ -28,8 +28,13 @@ class RunRecord:
     def matches(self, max_steps: int, model: str, warm_start: str | None = None) -> bool:
         """Trained with this budget from this model, and from these weights where the run and the caller know
         their digest (`warm_start`: `warm_start_digest`)."""
-        same_weights = warm_start is None or self.run.warm_start in (None, warm_start)
-        return self.max_steps == str(max_steps) and self.model == model and same_weights
+        return self.max_steps == str(max_steps) and self.model == model and same_weights(self.run.warm_start, warm_start)
+
+
+def same_weights(recorded: str | None, current: str | None) -> bool:
+    """Whether a run recorded from warm-start digest `recorded` began from the weights of digest `current`: equal, or
+    one of them unknown (a run that never tagged it, a warm start not known without building it)."""
+    return recorded is None or current is None or recorded == current
 
 
 def record_from_mlflow(client, run, columns) -> RunRecord:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rlvr_lightning.results.grid import preset_start, run_name, steps_per_rollout_batch
 from rlvr_lightning.results.stats import METRICS, PresetRuns
-from rlvr_lightning.run_records import RunRecord, read_records, record_from_mlflow, write_record
+from rlvr_lightning.run_records import RunRecord, read_records, record_from_mlflow, same_weights, write_record
 
 
 def records_dir(args: argparse.Namespace) -> Path:
@@ -55,7 +55,7 @@ def finished_runs(args: argparse.Namespace) -> set[tuple[str, str, str, str | No
 def finished_before(done: set[tuple[str, str, str, str | None]], name: str, budget: str, model: str, digest: str | None) -> bool:
     """Whether `finished_runs` holds run `name` with this budget and model, from these weights where it knows their
     digest (as `RunRecord.matches`)."""
-    return any(d[:3] == (name, budget, model) and d[3] in (None, digest) for d in done)
+    return any(d[:3] == (name, budget, model) and same_weights(d[3], digest) for d in done)
 
 
 def load_presets(records: dict[str, RunRecord], presets: list[Path], args: argparse.Namespace) -> dict[str, PresetRuns]:
